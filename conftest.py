@@ -1,0 +1,55 @@
+"""Session-wide set-up: Hypothesis profiles, vLLM's hash seed, markers.
+
+Profiles (choose with HYPOTHESIS_PROFILE):
+  dev      fast local iteration (default outside CI)
+  ci       derandomized, fixed example budget, no deadline, no database writes
+  nightly  long randomized runs with the example database
+  fuzz     what `python -m fuzz run` uses: effectively unbounded examples,
+           the wall-clock budget is enforced by the runner
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, Phase, Verbosity, settings
+
+_COMMON = dict(
+    deadline=None,  # scheduler steps vary with machine load; never a timing flake
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("dev", max_examples=30, **_COMMON)
+settings.register_profile(
+    "ci",
+    max_examples=int(os.environ.get("FUZZ_CI_EXAMPLES", "150")),
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    **_COMMON,
+)
+settings.register_profile("nightly", max_examples=20_000, print_blob=True, **_COMMON)
+settings.register_profile(
+    "fuzz",
+    max_examples=10**9,
+    print_blob=True,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+    **_COMMON,
+)
+settings.register_profile("debug", max_examples=10, verbosity=Verbosity.verbose, **_COMMON)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Importing the adapter sets vLLM's offline environment before vLLM loads.
+    from fuzz import adapter
+
+    adapter.init_hashing()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    from fuzz import adapter
+
+    return [
+        f"vllm {adapter.VLLM_VERSION}; hypothesis profile {settings._current_profile}"
+    ]

@@ -1,0 +1,52 @@
+"""Running a truncation scenario on a real KVCacheManager (no Hypothesis here)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import event, note, target
+
+from fuzz import adapter
+from fuzz.model import TruncationObservation
+from strategies.scenarios import TruncationScenario
+
+__all__ = ["REJECTIONS", "run_truncation_scenario"]
+
+# Layouts vLLM's resolver or constructors refused, by reason (for the report).
+REJECTIONS: Counter[str] = Counter()
+
+
+def run_truncation_scenario(scenario: TruncationScenario) -> TruncationObservation | None:
+    """Populate, evict, look up and truncate. None when vLLM refused the layout."""
+    note(f"scenario: {scenario!r}")
+    try:
+        harness = adapter.ManagerHarness(scenario.layout)
+    except adapter.InvalidLayout as exc:
+        reason = str(exc).split(";")[0][:80]
+        REJECTIONS[reason] += 1
+        event(f"layout rejected by vLLM: {reason}")
+        return None
+    for i in range(len(scenario.prompts)):
+        if not harness.prefill(scenario.prompt_tokens(i), scenario.prefill_chunk):
+            event("prefill ran out of blocks (LRU pressure)")
+    replay = scenario.replay_tokens()
+    cached = harness.per_group_cached_block_ids(replay)
+    victims: set[int] = set()
+    for group, cut in enumerate(scenario.evict_from):
+        if cut is not None and cached[group]:
+            victims.update(cached[group][cut % (len(cached[group]) + 1):])
+    if victims:
+        harness.evict(victims)
+    found = harness.lookup(replay, scenario.lookup_mode)
+    endpoint = scenario.endpoint.resolve(found.hits, harness.scheduler_block_size)
+    hits = found.hits
+    event(f"lookup={found.mode}")
+    event("hits diverge" if len(set(hits)) > 1 else "hits agree")
+    event("endpoint misaligned" if endpoint % harness.scheduler_block_size else "endpoint aligned")
+    if any(h % harness.scheduler_block_size for h in hits):
+        event("partial (sub-block) hit")
+    target(float(max(hits, default=0) - min(hits, default=0)), label="per-group hit gap")
+    obs = harness.observe_truncate(found, endpoint, context=repr(scenario))
+    event("truncate raised" if obs.error else "truncate returned")
+    note(obs.describe())
+    return obs

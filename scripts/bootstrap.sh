@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Idempotent set-up of the lean CPU environment in .venv (or $FUZZ_VENV).
+# A second run with unchanged requirements does nothing: the stamp file holds a
+# hash of the requirement files that built the environment.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${FUZZ_VENV:-$root/.venv}"
+python="${FUZZ_PYTHON:-python3.11}"
+command -v "$python" >/dev/null 2>&1 || python=python3
+
+stamp_now="$(cat "$root/requirements/lean.txt" "$root/requirements/constraints.txt" | sha256sum | cut -d' ' -f1)"
+if [[ -f "$venv/.fuzz-stamp" && "$(cat "$venv/.fuzz-stamp")" == "$stamp_now" ]]; then
+  exit 0
+fi
+
+echo "bootstrap: building $venv (lean CPU install of vLLM 0.33.0)" >&2
+start=$(date +%s)
+[[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
+pip=("$venv/bin/pip" install --quiet --disable-pip-version-check)
+"${pip[@]}" -c "$root/requirements/constraints.txt" -r "$root/requirements/lean.txt"
+# --no-deps: vLLM's declared deps would replace the CPU torch with a CUDA build
+# and pull GPU kernel packages that vllm.v1.core never imports.
+"${pip[@]}" --no-deps -c "$root/requirements/constraints.txt" vllm==0.33.0
+"$venv/bin/python" -c "import vllm, vllm.v1.core.sched.scheduler; assert vllm.__version__ == '0.33.0', vllm.__version__"
+echo "$stamp_now" > "$venv/.fuzz-stamp"
+echo "bootstrap: done in $(( $(date +%s) - start ))s" >&2

@@ -1,0 +1,132 @@
+"""Cache-hit scenarios for the truncation target, built by construction.
+
+A scenario is pure data: prompts that share prefixes (so cache hits really
+happen), a per-group eviction plan (so per-group hits diverge), a replay
+prompt, a lookup mode and an endpoint rule. :mod:`fuzz.targets` runs it on a
+real ``KVCacheManager`` through the adapter.
+
+Prompts are slices of one shared token sequence plus per-prompt suffixes, so
+every prompt shares a prefix with the replay. Shrinking goes towards fewer and
+shorter prompts, no evictions, a joint lookup and an endpoint at the hit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+from fuzz.model import LayoutDraw
+from strategies.specs import kv_cache_layouts
+
+__all__ = ["EndpointRule", "TruncationScenario", "endpoint_rules", "truncation_scenarios"]
+
+LOOKUP_MODES = ("joint", "per_group", "connector")
+ANCHORS = ("min_hit", "max_hit", "first_hit", "zero")
+
+
+@dataclass(frozen=True)
+class EndpointRule:
+    """How to pick ``n`` once the lookup's hits are known.
+
+    ``n = floor(anchor / S) * S + steps * S + remainder`` (clamped at 0), where
+    ``S`` is the scheduler block size (LCM of the group block sizes). A
+    non-zero ``remainder`` makes the endpoint misaligned on purpose, like the
+    scheduler's ``partial_tail`` before it rounds down.
+    """
+
+    anchor: str
+    steps: int
+    remainder: int
+
+    def resolve(self, hits: tuple[int, ...], scheduler_block_size: int) -> int:
+        s = scheduler_block_size
+        base = {
+            "min_hit": min(hits, default=0),
+            "max_hit": max(hits, default=0),
+            "first_hit": hits[0] if hits else 0,
+            "zero": 0,
+        }[self.anchor]
+        aligned = max(0, (base // s + self.steps) * s)
+        return aligned + self.remainder % s
+
+
+@dataclass(frozen=True)
+class TruncationScenario:
+    layout: LayoutDraw
+    shared: tuple[int, ...]
+    prompts: tuple[tuple[int, int], ...]  # (shared prefix length, suffix length)
+    prefill_chunk: int | None
+    evict_from: tuple[int | None, ...]  # per group: evict blocks from this index on
+    replay: tuple[int, int]  # (shared prefix length, tail length >= 1)
+    lookup_mode: str
+    endpoint: EndpointRule
+
+    def prompt_tokens(self, i: int) -> list[int]:
+        keep, suffix = self.prompts[i]
+        # Suffix tokens live above the shared vocabulary, so a suffix never
+        # matches the replay by accident and each prompt's suffix is its own.
+        return list(self.shared[:keep]) + [10_000 + 100 * i + j for j in range(suffix)]
+
+    def replay_tokens(self) -> list[int]:
+        keep, tail = self.replay
+        return list(self.shared[:keep]) + [9_000 + j for j in range(tail)]
+
+    def __repr__(self) -> str:
+        return (
+            f"TruncationScenario({self.layout!r}, prompts={list(self.prompts)}, "
+            f"chunk={self.prefill_chunk}, evict_from={list(self.evict_from)}, "
+            f"replay={self.replay}, lookup={self.lookup_mode!r}, endpoint={self.endpoint})"
+        )
+
+
+def endpoint_rules(*, max_steps: int = 2) -> st.SearchStrategy[EndpointRule]:
+    """Endpoint rules: at, below or above an anchor hit, optionally misaligned.
+
+    Shrinks to ``EndpointRule("min_hit", 0, 0)``: the aligned common hit.
+    """
+    if max_steps < 0:
+        raise ValueError(f"max_steps={max_steps} < 0")
+    return st.builds(
+        EndpointRule,
+        anchor=st.sampled_from(ANCHORS),
+        steps=st.integers(-max_steps, max_steps),
+        remainder=st.one_of(st.just(0), st.integers(1, 64)),
+    )
+
+
+@st.composite
+def _scenarios(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw], max_prompts: int) -> TruncationScenario:
+    layout = draw(layouts, label="layout")
+    s = layout.scheduler_block_size
+    shared_len = draw(st.integers(0, 8 * s), label="shared length")
+    shared = tuple(draw(st.lists(st.integers(0, 500), min_size=shared_len, max_size=shared_len), label="shared"))
+    n_prompts = draw(st.integers(1, max_prompts), label="prompts")
+    prompts = tuple(
+        (draw(st.integers(0, shared_len), label=f"prompt[{i}] prefix"), draw(st.integers(1, 2 * s), label=f"prompt[{i}] suffix"))
+        for i in range(n_prompts)
+    )
+    chunk = draw(st.one_of(st.none(), st.integers(1, 4).map(lambda k: k * layout.hash_block_size)), label="prefill chunk")
+    evict_from = tuple(
+        draw(st.one_of(st.none(), st.integers(0, 12)), label=f"evict_from[{g}]")
+        for g in range(len(layout.groups))
+    )
+    replay = (draw(st.integers(0, shared_len), label="replay prefix"), draw(st.integers(1, 2 * s), label="replay tail"))
+    mode = draw(st.sampled_from(LOOKUP_MODES), label="lookup mode")
+    endpoint = draw(endpoint_rules(), label="endpoint")
+    return TruncationScenario(layout, shared, prompts, chunk, evict_from, replay, mode, endpoint)
+
+
+def truncation_scenarios(
+    *,
+    layouts: st.SearchStrategy[LayoutDraw] | None = None,
+    max_prompts: int = 4,
+) -> st.SearchStrategy[TruncationScenario]:
+    """Truncation scenarios over ``layouts`` (default: hybrid layouts with full
+    attention and Mamba plus up to two other drawable groups).
+    """
+    if max_prompts < 1:
+        raise ValueError(f"max_prompts={max_prompts} < 1")
+    if layouts is None:
+        layouts = kv_cache_layouts(min_groups=2, max_groups=4, required=("FullAttentionSpec", "MambaSpec"))
+    return _scenarios(layouts, max_prompts)
