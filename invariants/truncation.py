@@ -231,19 +231,24 @@ def check_misaligned_endpoint_rejected(obs: TruncationObservation) -> None:
         )
 
 
-TRUNCATION_CHECKS: tuple[Callable[[TruncationObservation], None], ...] = (
-    check_must_cover_groups_cover_endpoint,
-    check_whole_state_groups_clamped,
-    check_no_unexpected_failure,
-    check_output_is_prefix_of_input,
-    check_input_lists_unchanged,
-    check_refcounts_and_hashes_unchanged,
-    check_pool_free_count_unchanged,
-    check_scratch_groups_stay_empty,
-    check_misaligned_endpoint_rejected,
-)
+# Invariant name (as in InvariantViolation.invariant) -> its check.
+TRUNCATION_CHECKS: dict[str, Callable[[TruncationObservation], None]] = {
+    "must-cover": check_must_cover_groups_cover_endpoint,
+    "whole-state-clamped": check_whole_state_groups_clamped,
+    "no-unexpected-failure": check_no_unexpected_failure,
+    "prefix-view": check_output_is_prefix_of_input,
+    "input-unchanged": check_input_lists_unchanged,
+    "refcounts-unchanged": check_refcounts_and_hashes_unchanged,
+    "pool-unchanged": check_pool_free_count_unchanged,
+    "scratch-empty": check_scratch_groups_stay_empty,
+    "misaligned-rejected": check_misaligned_endpoint_rejected,
+}
 
 
-def check_all_truncation_invariants(obs: TruncationObservation) -> None:
-    for check in TRUNCATION_CHECKS:
+def check_all_truncation_invariants(
+    obs: TruncationObservation, only: str | None = None
+) -> None:
+    """Run every truncation check (or just the one named ``only``)."""
+    checks = TRUNCATION_CHECKS.values() if only is None else [TRUNCATION_CHECKS[only]]
+    for check in checks:
         check(obs)

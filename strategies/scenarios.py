@@ -12,7 +12,7 @@ shorter prompts, no evictions, a joint lookup and an endpoint at the hit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
@@ -22,7 +22,9 @@ from strategies.specs import kv_cache_layouts
 __all__ = ["EndpointRule", "TruncationScenario", "endpoint_rules", "truncation_scenarios"]
 
 LOOKUP_MODES = ("joint", "per_group", "connector")
-ANCHORS = ("min_hit", "max_hit", "first_hit", "zero")
+# "cover_hit" is the shortest hit among must-cover (attention-like) groups:
+# the boundary the scheduler's full-attention-driven lookup reports.
+ANCHORS = ("cover_hit", "min_hit", "max_hit", "zero")
 
 
 @dataclass(frozen=True)
@@ -39,14 +41,10 @@ class EndpointRule:
     steps: int
     remainder: int
 
-    def resolve(self, hits: tuple[int, ...], scheduler_block_size: int) -> int:
+    def resolve(self, anchors: dict[str, int], scheduler_block_size: int) -> int:
+        """``anchors`` maps every name in ``ANCHORS`` to a token count."""
         s = scheduler_block_size
-        base = {
-            "min_hit": min(hits, default=0),
-            "max_hit": max(hits, default=0),
-            "first_hit": hits[0] if hits else 0,
-            "zero": 0,
-        }[self.anchor]
+        base = anchors[self.anchor]
         aligned = max(0, (base // s + self.steps) * s)
         return aligned + self.remainder % s
 
@@ -83,14 +81,14 @@ class TruncationScenario:
 def endpoint_rules(*, max_steps: int = 2) -> st.SearchStrategy[EndpointRule]:
     """Endpoint rules: at, below or above an anchor hit, optionally misaligned.
 
-    Shrinks to ``EndpointRule("min_hit", 0, 0)``: the aligned common hit.
+    Shrinks to ``EndpointRule("cover_hit", 0, 0)``: the aligned attention hit.
     """
     if max_steps < 0:
         raise ValueError(f"max_steps={max_steps} < 0")
     return st.builds(
         EndpointRule,
         anchor=st.sampled_from(ANCHORS),
-        steps=st.integers(-max_steps, max_steps),
+        steps=st.one_of(st.just(0), st.integers(-max_steps, max_steps)),
         remainder=st.one_of(st.just(0), st.integers(1, 64)),
     )
 
@@ -99,7 +97,7 @@ def endpoint_rules(*, max_steps: int = 2) -> st.SearchStrategy[EndpointRule]:
 def _scenarios(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw], max_prompts: int) -> TruncationScenario:
     layout = draw(layouts, label="layout")
     s = layout.scheduler_block_size
-    shared_len = draw(st.integers(0, 8 * s), label="shared length")
+    shared_len = draw(st.integers(0, 6 * s), label="shared length")
     shared = tuple(draw(st.lists(st.integers(0, 500), min_size=shared_len, max_size=shared_len), label="shared"))
     n_prompts = draw(st.integers(1, max_prompts), label="prompts")
     prompts = tuple(
@@ -112,6 +110,13 @@ def _scenarios(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw], max_prom
         for g in range(len(layout.groups))
     )
     replay = (draw(st.integers(0, shared_len), label="replay prefix"), draw(st.integers(1, 2 * s), label="replay tail"))
+    # Size the pool from what the prompts need, so hits survive by default and
+    # LRU pressure is a drawn choice (factor 1 with little slack), not an accident.
+    longest = max(keep + suffix for keep, suffix in prompts + (replay,))
+    per_prompt = sum(-(-longest // g.block_size) + 1 for g in layout.groups)
+    factor = draw(st.integers(1, 4), label="pool / longest prompt")
+    slack = draw(st.integers(0, 8), label="pool slack")
+    layout = replace(layout, num_blocks=per_prompt * factor + slack + 1)
     mode = draw(st.sampled_from(LOOKUP_MODES), label="lookup mode")
     endpoint = draw(endpoint_rules(), label="endpoint")
     return TruncationScenario(layout, shared, prompts, chunk, evict_from, replay, mode, endpoint)

@@ -14,10 +14,11 @@ from strategies.scenarios import TruncationScenario, truncation_scenarios
 from strategies.specs import kv_cache_layouts
 
 
-def check_truncation_scenario(scenario: TruncationScenario) -> None:
+def check_truncation_scenario(scenario: TruncationScenario, only: str | None = None) -> None:
+    """Run ``scenario`` and check every truncation invariant (or only one)."""
     obs = run_truncation_scenario(scenario)
     if obs is not None:
-        check_all_truncation_invariants(obs)
+        check_all_truncation_invariants(obs, only)
 
 
 @given(scenario=truncation_scenarios())

@@ -8,6 +8,7 @@ from hypothesis import event, note, target
 
 from fuzz import adapter
 from fuzz.model import TruncationObservation
+from invariants.classification import Behaviour, behaviour_of
 from strategies.scenarios import TruncationScenario
 
 __all__ = ["REJECTIONS", "run_truncation_scenario"]
@@ -38,8 +39,15 @@ def run_truncation_scenario(scenario: TruncationScenario) -> TruncationObservati
     if victims:
         harness.evict(victims)
     found = harness.lookup(replay, scenario.lookup_mode)
-    endpoint = scenario.endpoint.resolve(found.hits, harness.scheduler_block_size)
     hits = found.hits
+    cover = [h for h, g in zip(hits, harness.groups) if g.prefix_cacheable and behaviour_of(g.spec_class) is Behaviour.MUST_COVER]
+    anchors = {
+        "cover_hit": min(cover, default=0),
+        "min_hit": min(hits, default=0),
+        "max_hit": max(hits, default=0),
+        "zero": 0,
+    }
+    endpoint = scenario.endpoint.resolve(anchors, harness.scheduler_block_size)
     event(f"lookup={found.mode}")
     event("hits diverge" if len(set(hits)) > 1 else "hits agree")
     event("endpoint misaligned" if endpoint % harness.scheduler_block_size else "endpoint aligned")
@@ -48,5 +56,9 @@ def run_truncation_scenario(scenario: TruncationScenario) -> TruncationObservati
     target(float(max(hits, default=0) - min(hits, default=0)), label="per-group hit gap")
     obs = harness.observe_truncate(found, endpoint, context=repr(scenario))
     event("truncate raised" if obs.error else "truncate returned")
+    for g in obs.groups:
+        if g.info.prefix_cacheable and behaviour_of(g.info.spec_class) is Behaviour.MAY_BE_SHORT:
+            if len(g.input_before) < endpoint // g.info.block_size:
+                event("whole-state group shorter than the endpoint")
     note(obs.describe())
     return obs

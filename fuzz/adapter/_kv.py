@@ -47,7 +47,7 @@ from fuzz.model import (  # noqa: E402
     TruncationObservation,
 )
 
-__all__ = [
+__all__ = [  # re-exported by fuzz.adapter
     "VLLM_VERSION",
     "ManagerHarness",
     "PLANTED_TRUNCATE_BUGS",
@@ -462,6 +462,7 @@ def _variant(
     mamba_keeps_all: bool = False,
     shifted: bool = False,
     scratch_gets_null: bool = False,
+    leaks_block: bool = False,
 ) -> Callable[[KVCacheManager, KVCacheBlocks, int], KVCacheBlocks]:
     def truncate(self: KVCacheManager, blocks: KVCacheBlocks, n: int) -> KVCacheBlocks:
         out: list[list[Any]] = []
@@ -495,6 +496,8 @@ def _variant(
                     if not b.is_null:
                         b.ref_cnt += 1
             out.append(view)
+        if leaks_block and self.block_pool.get_num_free_blocks() > 0:
+            self.block_pool.get_new_blocks(1)
         return self.create_kv_cache_blocks(tuple(out))
 
     return truncate
@@ -533,6 +536,10 @@ PLANTED_TRUNCATE_BUGS: dict[str, tuple[str, Callable[..., Any]]] = {
     "scratch_gets_null": (
         "non-prefix-cacheable groups come back holding the null block",
         _variant(scratch_gets_null=True),
+    ),
+    "leaks_block": (
+        "slices correctly but takes a block from the free pool and never returns it",
+        _variant(leaks_block=True),
     ),
 }
 

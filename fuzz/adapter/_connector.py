@@ -1,0 +1,198 @@
+"""A scripted KV connector, loaded by vLLM by module path.
+
+vLLM builds the scheduler-side connector itself (``KVConnectorFactory`` with
+``KVTransferConfig(kv_connector="ScriptedConnector",
+kv_connector_module_path="fuzz.adapter._connector")``), so the scenario cannot
+hand it constructor arguments. Its behaviour lives in the process-global
+:data:`SCRIPT`, which the scheduler harness resets per scenario: what each
+``get_num_new_matched_tokens`` call answers, and whether the connector claims
+``supports_divergent_local_hybrid_hits``. The connector never loads or saves
+anything; it records every question the scheduler asked and every allocation
+it was told about, for the invariants.
+
+Replies are described by :class:`ExternalReply` (pure data, no vLLM), so
+strategies can draw them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    SupportsHMA,
+)
+
+__all__ = [
+    "CONNECTOR_MODULE",
+    "CONNECTOR_NAME",
+    "REPLY_KINDS",
+    "SCRIPT",
+    "AllocRecord",
+    "ConnectorScript",
+    "ExternalReply",
+    "QueryRecord",
+    "ScriptedConnector",
+]
+
+CONNECTOR_NAME = "ScriptedConnector"
+CONNECTOR_MODULE = __name__
+
+# "store":     the external store holds the first ``store_len`` prompt tokens;
+#              the reply is what lies past the local hit, capped so at least
+#              the last token is recomputed (how real sync connectors answer).
+# "zero":      no external hit.
+# "undecided": ``None`` ("ask again later") for the first ``undecided``
+#              queries, then the "store" answer.
+# "over":      over-reports: the whole rest of the prompt plus ``extra``
+#              tokens, breaking the connector contract on purpose.
+REPLY_KINDS = ("store", "zero", "undecided", "over")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExternalReply:
+    """What the external store answers for one request."""
+
+    kind: str = "zero"
+    store_len: int = 0
+    undecided: int = 0
+    extra: int = 0
+    load_async: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in REPLY_KINDS:
+            raise ValueError(f"kind={self.kind!r} is not one of {REPLY_KINDS}")
+
+    def answer(self, num_tokens: int, num_computed: int, asked_before: int) -> int | None:
+        """The token count to return to vLLM (``None`` = cannot decide yet)."""
+        if self.kind == "zero":
+            return 0
+        if self.kind == "over":
+            return num_tokens - num_computed + self.extra
+        if self.kind == "undecided" and asked_before < self.undecided:
+            return None
+        return max(0, min(self.store_len, num_tokens - 1) - num_computed)
+
+    @property
+    def honest(self) -> bool:
+        return self.kind != "over"
+
+    def __repr__(self) -> str:
+        if self.kind == "zero":
+            return "zero"
+        if self.kind == "over":
+            return f"over(+{self.extra})"
+        text = f"store({self.store_len})"
+        if self.kind == "undecided":
+            text = f"undecided({self.undecided})->{text}"
+        return text + (" async" if self.load_async else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryRecord:
+    """One ``get_num_new_matched_tokens(request, num_computed_tokens)`` call."""
+
+    request_id: str
+    num_tokens: int
+    num_computed_tokens: int
+    reply: int | None
+    load_async: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocRecord:
+    """One ``update_state_after_alloc(request, blocks, num_external_tokens)`` call."""
+
+    request_id: str
+    block_ids: tuple[tuple[int, ...], ...]
+    num_external_tokens: int
+
+
+@dataclasses.dataclass
+class ConnectorScript:
+    """The scenario's instructions to the connector, plus what it recorded."""
+
+    divergent_hits: bool = True
+    default: ExternalReply = dataclasses.field(default_factory=ExternalReply)
+    replies: dict[str, ExternalReply] = dataclasses.field(default_factory=dict)
+    queries: list[QueryRecord] = dataclasses.field(default_factory=list)
+    allocs: list[AllocRecord] = dataclasses.field(default_factory=list)
+    finished: list[str] = dataclasses.field(default_factory=list)
+    loads_in_flight: set[str] = dataclasses.field(default_factory=set)
+
+    def reset(self, *, divergent_hits: bool) -> None:
+        self.divergent_hits = divergent_hits
+        self.default = ExternalReply()
+        self.replies.clear()
+        self.queries.clear()
+        self.allocs.clear()
+        self.finished.clear()
+        self.loads_in_flight.clear()
+
+    def reply_for(self, request_id: str) -> ExternalReply:
+        return self.replies.get(request_id, self.default)
+
+    def times_asked(self, request_id: str) -> int:
+        return sum(q.request_id == request_id for q in self.queries)
+
+
+SCRIPT = ConnectorScript()
+
+
+class _Metadata(KVConnectorMetadata):
+    pass
+
+
+class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
+    """Scheduler-side connector whose answers come from :data:`SCRIPT`."""
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.script = SCRIPT
+
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        return self.script.divergent_hits
+
+    # -- scheduler side ---------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        plan = self.script.reply_for(request.request_id)
+        asked = self.script.times_asked(request.request_id)
+        reply = plan.answer(request.num_tokens, num_computed_tokens, asked)
+        load_async = bool(plan.load_async and reply)
+        self.script.queries.append(
+            QueryRecord(request.request_id, request.num_tokens, num_computed_tokens, reply, load_async)
+        )
+        return reply, load_async
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        ids = tuple(tuple(g) for g in blocks.get_block_ids())
+        self.script.allocs.append(AllocRecord(request.request_id, ids, num_external_tokens))
+        if num_external_tokens and self.script.reply_for(request.request_id).load_async:
+            self.script.loads_in_flight.add(request.request_id)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        return _Metadata()
+
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        self.script.finished.append(request.request_id)
+        return False, None
+
+    def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        self.script.finished.append(request.request_id)
+        return False, None
+
+    # -- worker side: never used, the scheduler runs alone ------------------
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        raise NotImplementedError("the scripted connector never loads KV")
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        raise NotImplementedError("the scripted connector never loads KV")
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        raise NotImplementedError("the scripted connector never saves KV")
+
+    def wait_for_save(self) -> None:
+        raise NotImplementedError("the scripted connector never saves KV")

@@ -1,0 +1,68 @@
+"""Each truncation invariant catches a planted bug; unmodified vLLM passes.
+
+A planted bug swaps ``KVCacheManager.truncate_computed_blocks`` for a wrong
+variant (see ``fuzz.adapter.PLANTED_TRUNCATE_BUGS``) for the test's duration.
+The property target must then fail with the invariant named here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz import adapter
+from fuzz.hunting import hunt
+import functools
+
+from fuzz.targets.target_truncate import check_truncation_scenario
+from invariants.truncation import TRUNCATION_CHECKS
+from strategies.scenarios import truncation_scenarios
+from strategies.specs import kv_cache_layouts
+
+HYBRID = truncation_scenarios()
+# Scratch groups only appear among the "other" kinds; force one in.
+WITH_SCRATCH = truncation_scenarios(
+    layouts=kv_cache_layouts(
+        min_groups=3, max_groups=4, required=("FullAttentionSpec", "MambaSpec", "CircularBufferSpec")
+    )
+)
+
+PLANTED = [
+    ("pre_fix_assert_all", "no-unexpected-failure", HYBRID),
+    ("blanket_min", "must-cover", HYBRID),
+    ("mutates_input", "input-unchanged", HYBRID),
+    ("touches_refcounts", "refcounts-unchanged", HYBRID),
+    ("no_alignment_check", "misaligned-rejected", HYBRID),
+    ("mamba_keeps_all", "whole-state-clamped", HYBRID),
+    ("shifted_view", "prefix-view", HYBRID),
+    ("scratch_gets_null", "scratch-empty", WITH_SCRATCH),
+    ("leaks_block", "pool-unchanged", HYBRID),
+]
+
+
+def test_every_planted_bug_and_every_invariant_has_a_test() -> None:
+    assert sorted(b for b, _, _ in PLANTED) == sorted(adapter.PLANTED_TRUNCATE_BUGS)
+    assert sorted(i for _, i, _ in PLANTED) == sorted(TRUNCATION_CHECKS)
+
+
+@pytest.mark.parametrize(("bug", "invariant", "scenarios"), PLANTED, ids=[p[0] for p in PLANTED])
+def test_planted_truncation_bug_is_found(bug: str, invariant: str, scenarios) -> None:
+    """The named check alone catches the bug (so no other check is needed for it)."""
+    only_this_check = functools.partial(check_truncation_scenario, only=invariant)
+    with adapter.planted_truncate_bug(bug):
+        result = hunt(only_this_check, scenarios, max_examples=1500, seed=0)
+    assert result.found, f"planted bug {bug!r} survived {result.examples} examples"
+    assert result.violation.invariant == invariant, str(result.violation)
+
+
+def test_unplanted_vllm_passes_the_same_budget() -> None:
+    result = hunt(check_truncation_scenario, HYBRID, max_examples=1000, seed=0)
+    assert not result.found, str(result.violation)
+
+
+def test_the_pre_fix_crash_shrinks_to_the_seed_shape() -> None:
+    """Shrunk, the pre-fix failure is the seed's: FA + Mamba, Mamba short."""
+    with adapter.planted_truncate_bug("pre_fix_assert_all"):
+        result = hunt(check_truncation_scenario, HYBRID, max_examples=1500, seed=0, shrink=True)
+    assert result.found
+    message = str(result.violation)
+    assert "MambaSpec" in message and "short whole-state groups" in message, message
