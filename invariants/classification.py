@@ -23,6 +23,8 @@ and checks every entry here against what vLLM itself declares
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 
@@ -33,6 +35,7 @@ __all__ = [
     "KNOWN_UNBUILDABLE",
     "UnclassifiedSpec",
     "behaviour_of",
+    "provisional",
     "question_for",
 ]
 
@@ -120,7 +123,7 @@ KNOWN_UNBUILDABLE: dict[str, str] = {
     _KI + "SinkFullAttentionSpec": (
         "vLLM 0.33.0 defect: KVCacheCoordinator passes needs_kv_cache_zeroing= "
         "to every manager, SinkFullAttentionManager.__init__ does not accept it "
-        "(TypeError); see tests/test_known_vllm_bugs.py"
+        "(TypeError); see tests/known_bugs/test_sink_full_attention_manager.py"
     ),
 }
 
@@ -149,3 +152,18 @@ def behaviour_of(qualname: str) -> Behaviour:
         return CLASSIFIED[qualname].behaviour
     except KeyError:
         raise UnclassifiedSpec(question_for(qualname)) from None
+
+
+@contextlib.contextmanager
+def provisional(qualname: str, behaviour: Behaviour) -> Iterator[None]:
+    """Classify ``qualname`` as ``behaviour`` for the duration (a hypothesis to
+    test against vLLM's current code, never a substitute for a table entry)."""
+    previous = CLASSIFIED.get(qualname)
+    CLASSIFIED[qualname] = Classification(behaviour, "provisional hypothesis")
+    try:
+        yield
+    finally:
+        if previous is None:
+            del CLASSIFIED[qualname]
+        else:
+            CLASSIFIED[qualname] = previous

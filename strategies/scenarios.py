@@ -94,7 +94,13 @@ def endpoint_rules(*, max_steps: int = 2) -> st.SearchStrategy[EndpointRule]:
 
 
 @st.composite
-def _scenarios(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw], max_prompts: int) -> TruncationScenario:
+def _scenarios(
+    draw: st.DrawFn,
+    layouts: st.SearchStrategy[LayoutDraw],
+    max_prompts: int,
+    lookup_modes: tuple[str, ...],
+    evicting_kinds: frozenset[str] | None,
+) -> TruncationScenario:
     layout = draw(layouts, label="layout")
     s = layout.scheduler_block_size
     shared_len = draw(st.integers(0, 6 * s), label="shared length")
@@ -107,7 +113,9 @@ def _scenarios(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw], max_prom
     chunk = draw(st.one_of(st.none(), st.integers(1, 4).map(lambda k: k * layout.hash_block_size)), label="prefill chunk")
     evict_from = tuple(
         draw(st.one_of(st.none(), st.integers(0, 12)), label=f"evict_from[{g}]")
-        for g in range(len(layout.groups))
+        if evicting_kinds is None or spec.kind in evicting_kinds
+        else None
+        for g, spec in enumerate(layout.groups)
     )
     replay = (draw(st.integers(0, shared_len), label="replay prefix"), draw(st.integers(1, 2 * s), label="replay tail"))
     # Size the pool from what the prompts need, so hits survive by default and
@@ -117,7 +125,7 @@ def _scenarios(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw], max_prom
     factor = draw(st.integers(1, 4), label="pool / longest prompt")
     slack = draw(st.integers(0, 8), label="pool slack")
     layout = replace(layout, num_blocks=per_prompt * factor + slack + 1)
-    mode = draw(st.sampled_from(LOOKUP_MODES), label="lookup mode")
+    mode = draw(st.sampled_from(lookup_modes), label="lookup mode")
     endpoint = draw(endpoint_rules(), label="endpoint")
     return TruncationScenario(layout, shared, prompts, chunk, evict_from, replay, mode, endpoint)
 
@@ -126,12 +134,20 @@ def truncation_scenarios(
     *,
     layouts: st.SearchStrategy[LayoutDraw] | None = None,
     max_prompts: int = 4,
+    lookup_modes: tuple[str, ...] = LOOKUP_MODES,
+    evicting_kinds: tuple[str, ...] | None = None,
 ) -> st.SearchStrategy[TruncationScenario]:
     """Truncation scenarios over ``layouts`` (default: hybrid layouts with full
     attention and Mamba plus up to two other drawable groups).
+
+    ``lookup_modes`` restricts how the replay is looked up; ``evicting_kinds``
+    restricts evictions to groups of those spec kinds (default: any group).
     """
     if max_prompts < 1:
         raise ValueError(f"max_prompts={max_prompts} < 1")
+    if not lookup_modes or set(lookup_modes) - set(LOOKUP_MODES):
+        raise ValueError(f"lookup_modes={lookup_modes} must be a non-empty subset of {LOOKUP_MODES}")
     if layouts is None:
         layouts = kv_cache_layouts(min_groups=2, max_groups=4, required=("FullAttentionSpec", "MambaSpec"))
-    return _scenarios(layouts, max_prompts)
+    kinds = None if evicting_kinds is None else frozenset(evicting_kinds)
+    return _scenarios(layouts, max_prompts, tuple(lookup_modes), kinds)

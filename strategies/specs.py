@@ -35,7 +35,6 @@ _SAME_BLOCK_SIZE_KINDS = frozenset({"ChunkedLocalAttentionSpec"})
 _PREFERRED = ("FullAttentionSpec", "MambaSpec")
 
 
-@cache
 def drawable_kinds() -> tuple[str, ...]:
     """Spec class names the strategies draw: every class in the installed vLLM
     that the classification table marks must-cover, may-be-short or scratch,

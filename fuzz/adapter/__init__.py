@@ -23,6 +23,7 @@ from fuzz.adapter._kv import (
     spec_class_by_name,
     spec_classes,
     spec_facts,
+    temporary_spec_subclass,
 )
 
 __all__ = [
@@ -41,4 +42,32 @@ __all__ = [
     "spec_class_by_name",
     "spec_classes",
     "spec_facts",
+    "temporary_spec_subclass",
+]
+
+# --- scheduler tier (fuzz/adapter/_scheduler.py, fuzz/adapter/_connector.py) ---
+from fuzz.adapter._connector import (  # noqa: E402
+    REPLY_KINDS,
+    ExternalReply,
+)
+from fuzz.adapter._scheduler import (  # noqa: E402
+    PLANTED_SCHEDULER_BUGS,
+    AdmissionObservation,
+    PoolObservation,
+    SchedulerDraw,
+    SchedulerHarness,
+    StepObservation,
+    planted_scheduler_bug,
+)
+
+__all__ += [
+    "PLANTED_SCHEDULER_BUGS",
+    "REPLY_KINDS",
+    "AdmissionObservation",
+    "ExternalReply",
+    "PoolObservation",
+    "SchedulerDraw",
+    "SchedulerHarness",
+    "StepObservation",
+    "planted_scheduler_bug",
 ]

@@ -101,6 +101,9 @@ def spec_classes() -> list[type]:
                 walk(sub)
 
     walk(_ki.KVCacheSpec)
+    for qual, cls in list(found.items()):
+        if id(cls) in _RETIRED_SPEC_CLASSES:
+            del found[qual]
     with contextlib.suppress(ImportError, AttributeError):
         from vllm.v1 import kv_cache_spec_registry as reg
 
@@ -445,6 +448,26 @@ class ManagerHarness:
             vllm_version=VLLM_VERSION,
             context=context,
         )
+
+
+# Temporary test classes, hidden from discovery once their block ends (Python
+# keeps subclasses alive in __subclasses__ for as long as anything refers to them).
+_RETIRED_SPEC_CLASSES: set[int] = set()
+
+
+@contextlib.contextmanager
+def temporary_spec_subclass(base_kind: str, name: str) -> Iterator[type]:
+    """Define a new frozen-dataclass ``KVCacheSpec`` subclass of ``base_kind``
+    for the duration (what a vLLM contributor adding a spec type does); after
+    the block, :func:`spec_classes` no longer reports it."""
+    base = spec_class_by_name(base_kind)
+    cls = dataclasses.dataclass(frozen=True, kw_only=True)(
+        type(name, (base,), {"__module__": "tests.planted_specs", "__qualname__": name})
+    )
+    try:
+        yield cls
+    finally:
+        _RETIRED_SPEC_CLASSES.add(id(cls))
 
 
 # ---------------------------------------------------------------------------
