@@ -1,0 +1,85 @@
+"""The strategies generate valid inputs by construction, judged by vLLM itself."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+
+from fuzz import adapter
+from fuzz.model import LayoutDraw
+from strategies.scenarios import EndpointRule, truncation_scenarios
+from strategies.specs import kv_cache_layouts, spec_draws
+
+
+@given(layout=kv_cache_layouts())
+def test_vllm_resolver_accepts_every_drawn_layout(layout: LayoutDraw) -> None:
+    scheduler_bs, hash_bs = adapter.resolve_block_sizes(layout)
+    assert scheduler_bs == layout.scheduler_block_size == math.lcm(*(g.block_size for g in layout.groups))
+    assert hash_bs == layout.hash_block_size
+    for g in layout.groups:
+        assert g.block_size % hash_bs == 0, (g, hash_bs)
+
+
+@given(layout=kv_cache_layouts())
+def test_vllm_builds_a_manager_for_every_drawn_layout(layout: LayoutDraw) -> None:
+    harness = adapter.ManagerHarness(layout)
+    assert harness.num_free_blocks == layout.num_blocks - 1  # the null block
+
+
+def test_single_group_layouts_hash_at_their_block_size() -> None:
+    @given(kv_cache_layouts(max_groups=1))
+    def check(layout: LayoutDraw) -> None:
+        assert layout.hash_block_size == layout.groups[0].block_size
+
+    check()
+
+
+def test_the_hybrid_default_always_holds_full_attention_and_mamba() -> None:
+    @given(truncation_scenarios())
+    def check(scenario) -> None:
+        kinds = [g.kind for g in scenario.layout.groups]
+        assert "FullAttentionSpec" in kinds and "MambaSpec" in kinds
+
+    check()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(min_groups=3, max_groups=2), "min_groups <= max_groups"),
+        (dict(required=("FullAttentionSpec",) * 5), "more kinds than max_groups"),
+        (dict(kinds=("NoSuchSpec",)), "not drawable"),
+        (dict(max_multiplier=0), "max_multiplier=0 < 1"),
+    ],
+)
+def test_bad_layout_arguments_fail_at_once(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        kv_cache_layouts(**kwargs)
+
+
+def test_bad_spec_and_scenario_arguments_fail_at_once() -> None:
+    with pytest.raises(ValueError, match="not drawable"):
+        spec_draws(kinds=("CrossAttentionSpec",))
+    with pytest.raises(ValueError, match="max_prompts=0 < 1"):
+        truncation_scenarios(max_prompts=0)
+    with pytest.raises(ValueError, match="lookup_modes"):
+        truncation_scenarios(lookup_modes=("psychic",))
+
+
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        # scheduler block 8; the attention hit is 21 tokens -> aligned down to 16
+        (EndpointRule("cover_hit", 0, 0), 16),
+        (EndpointRule("cover_hit", -1, 0), 8),
+        (EndpointRule("cover_hit", -5, 0), 0),  # clamped at zero
+        (EndpointRule("max_hit", 1, 0), 40),  # 37 -> 32, one block more
+        (EndpointRule("min_hit", 0, 3), 3),  # min hit 5 -> 0, misaligned by 3
+        (EndpointRule("zero", 0, 11), 3),  # remainder is taken modulo the block
+    ],
+)
+def test_endpoint_rule_arithmetic(rule: EndpointRule, expected: int) -> None:
+    anchors = {"cover_hit": 21, "min_hit": 5, "max_hit": 37, "zero": 0}
+    assert rule.resolve(anchors, 8) == expected
