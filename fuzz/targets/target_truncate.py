@@ -1,12 +1,15 @@
 """Property targets for ``KVCacheManager.truncate_computed_blocks``.
 
 Lookup results are produced the real way (prefill, free, evict, look up), then
-truncated at a drawn endpoint; every truncation invariant is checked.
+truncated at a drawn endpoint; every truncation invariant is checked. The
+strategy factories and the check are shared with ``python -m fuzz run``
+(see :mod:`fuzz.registry`), so pytest and the campaign run the same thing.
 """
 
 from __future__ import annotations
 
 from hypothesis import given
+from hypothesis import strategies as st
 
 from fuzz.targets.truncation import run_truncation_scenario
 from invariants.truncation import check_all_truncation_invariants
@@ -21,13 +24,23 @@ def check_truncation_scenario(scenario: TruncationScenario, only: str | None = N
         check_all_truncation_invariants(obs, only)
 
 
-@given(scenario=truncation_scenarios())
+def hybrid_scenarios() -> st.SearchStrategy[TruncationScenario]:
+    """Full attention + Mamba (+ up to two other groups)."""
+    return truncation_scenarios()
+
+
+def any_layout_scenarios() -> st.SearchStrategy[TruncationScenario]:
+    """Any 1-4 group layout of every drawable spec kind."""
+    return truncation_scenarios(layouts=kv_cache_layouts(min_groups=1, max_groups=4))
+
+
+@given(scenario=hybrid_scenarios())
 def fuzz_truncate_hybrid(scenario: TruncationScenario) -> None:
     """Full attention + Mamba (+ up to two other groups), real lookups."""
     check_truncation_scenario(scenario)
 
 
-@given(scenario=truncation_scenarios(layouts=kv_cache_layouts(min_groups=1, max_groups=4)))
+@given(scenario=any_layout_scenarios())
 def fuzz_truncate_any_layout(scenario: TruncationScenario) -> None:
     """Any 1-4 group layout of every drawable spec kind, real lookups."""
     check_truncation_scenario(scenario)

@@ -2,34 +2,34 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
-from hypothesis import event, note, target
+from hypothesis import note, target
 
 from fuzz import adapter
+from fuzz.telemetry import observe_gap, observe_layout, reach, reject
 from fuzz.model import TruncationObservation
 from invariants.classification import Behaviour, behaviour_of
 from strategies.scenarios import TruncationScenario
 
-__all__ = ["REJECTIONS", "run_truncation_scenario"]
+__all__ = ["LAST_RUN", "run_truncation_scenario"]
 
-# Layouts vLLM's resolver or constructors refused, by reason (for the report).
-REJECTIONS: Counter[str] = Counter()
+# The most recent (scenario, observation): after Hypothesis shrinks a failure
+# it replays the minimal example last, so this is what a repro is written from.
+LAST_RUN: dict[str, object] = {}
 
 
 def run_truncation_scenario(scenario: TruncationScenario) -> TruncationObservation | None:
     """Populate, evict, look up and truncate. None when vLLM refused the layout."""
+    LAST_RUN.clear()
     note(f"scenario: {scenario!r}")
     try:
         harness = adapter.ManagerHarness(scenario.layout)
     except adapter.InvalidLayout as exc:
-        reason = str(exc).split(";")[0][:80]
-        REJECTIONS[reason] += 1
-        event(f"layout rejected by vLLM: {reason}")
+        reject(str(exc).split(";")[0][:80])
         return None
+    observe_layout([g.kind for g in scenario.layout.groups])
     for i in range(len(scenario.prompts)):
         if not harness.prefill(scenario.prompt_tokens(i), scenario.prefill_chunk):
-            event("prefill ran out of blocks (LRU pressure)")
+            reach("prefill ran out of blocks (LRU pressure)")
     replay = scenario.replay_tokens()
     cached = harness.per_group_cached_block_ids(replay)
     victims: set[int] = set()
@@ -48,17 +48,20 @@ def run_truncation_scenario(scenario: TruncationScenario) -> TruncationObservati
         "zero": 0,
     }
     endpoint = scenario.endpoint.resolve(anchors, harness.scheduler_block_size)
-    event(f"lookup={found.mode}")
-    event("hits diverge" if len(set(hits)) > 1 else "hits agree")
-    event("endpoint misaligned" if endpoint % harness.scheduler_block_size else "endpoint aligned")
+    reach(f"lookup={found.mode}")
+    reach("hits diverge" if len(set(hits)) > 1 else "hits agree")
+    reach("endpoint misaligned" if endpoint % harness.scheduler_block_size else "endpoint aligned")
     if any(h % harness.scheduler_block_size for h in hits):
-        event("partial (sub-block) hit")
-    target(float(max(hits, default=0) - min(hits, default=0)), label="per-group hit gap")
+        reach("partial (sub-block) hit")
+    gap = max(hits, default=0) - min(hits, default=0)
+    target(float(gap), label="per-group hit gap")
+    observe_gap(gap, harness.scheduler_block_size)
     obs = harness.observe_truncate(found, endpoint, context=repr(scenario))
-    event("truncate raised" if obs.error else "truncate returned")
+    reach("truncate raised" if obs.error else "truncate returned")
     for g in obs.groups:
         if g.info.prefix_cacheable and behaviour_of(g.info.spec_class) is Behaviour.MAY_BE_SHORT:
             if len(g.input_before) < endpoint // g.info.block_size:
-                event("whole-state group shorter than the endpoint")
+                reach("whole-state group shorter than the endpoint")
     note(obs.describe())
+    LAST_RUN.update(scenario=scenario, observation=obs)
     return obs

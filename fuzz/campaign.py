@@ -1,0 +1,187 @@
+"""The pytest module ``python -m fuzz run`` executes (with pytest-xdist).
+
+Not collected by the normal test run (its name matches no collection
+pattern); the runner passes it explicitly with the campaign configuration in
+the ``FUZZ_CAMPAIGN`` environment variable (JSON). Each item is one
+(target, slot) pair and fuzzes its target in rounds of fresh seeds until its
+time slice ends: the example database (shared by every worker) carries what
+one round found into the next and across runs. Each worker writes its
+progress to ``<stats_dir>/<worker>.json`` about once a second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hyp_seed
+from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.stateful import run_state_machine_as_test
+
+from fuzz import adapter, telemetry
+from fuzz.registry import get_target
+
+CONFIG: dict[str, Any] = json.loads(os.environ.get("FUZZ_CAMPAIGN", "{}") or "{}")
+ROUND_EXAMPLES = int(CONFIG.get("round_examples", 100))
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+ITEMS = [(t, s) for t in CONFIG.get("targets", []) for s in range(CONFIG.get("slots", 1))]
+
+_STATE: dict[str, Any] = {"examples": {}, "seconds": {}, "failures": [], "keys": set(), "rounds": 0}
+_last_flush = 0.0
+
+
+def _flush(force: bool = False) -> None:
+    global _last_flush
+    if not CONFIG or (not force and time.monotonic() - _last_flush < 1.0):
+        return
+    _last_flush = time.monotonic()
+    path = Path(CONFIG["stats_dir"]) / f"{WORKER}.json"
+    data = {
+        "worker": WORKER,
+        "examples": _STATE["examples"],
+        "seconds": _STATE["seconds"],
+        "rounds": _STATE["rounds"],
+        "failures": _STATE["failures"],
+        "telemetry": telemetry.snapshot(),
+        "vllm_version": adapter.VLLM_VERSION,
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def _failing_line(exc: BaseException) -> str:
+    """The deepest frame in vLLM or in our invariants: the dedup key's second half."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    for frame in reversed(frames):
+        if "/vllm/" in frame.filename or "/invariants/" in frame.filename:
+            return f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno}"
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
+def _blob(exc: BaseException) -> str | None:
+    for line in getattr(exc, "__notes__", []):
+        if "reproduce_failure" in line:
+            return line.strip()
+    return None
+
+
+def _record_failure(target_name: str, seed: int | None, exc: BaseException) -> None:
+    invariant = getattr(exc, "invariant", type(exc).__name__)
+    line = _failing_line(exc)
+    key = f"{target_name}|{invariant}|{line}"
+    if key in _STATE["keys"]:
+        return
+    _STATE["keys"].add(key)
+    digest = hashlib.sha1(key.encode()).hexdigest()[:8]
+    stem = f"{target_name}-{invariant}-{digest}".replace("/", "_")
+    repro_dir = Path(CONFIG["repro_dir"])
+    repro_dir.mkdir(parents=True, exist_ok=True)
+    message = str(exc)
+    repro_file = None
+    writer = get_target(target_name).repro_writer()
+    if writer is not None:
+        source = writer(target=target_name, seed=seed, invariant=invariant, violation=message)
+        if source:
+            repro_file = repro_dir / f"test_{stem.replace('-', '_')}.py"
+            repro_file.write_text(source)
+    meta = {
+        "target": target_name,
+        "invariant": invariant,
+        "failing_line": line,
+        "key": key,
+        "seed": seed,
+        "campaign_seed": CONFIG.get("seed"),
+        "blob": _blob(exc),
+        "violation": message[:4000],
+        "vllm_version": adapter.VLLM_VERSION,
+        "repro": None if repro_file is None else repro_file.name,
+        "found_after_s": round(time.time() - CONFIG["start"], 3),
+        "worker": WORKER,
+    }
+    (repro_dir / f"{stem}.json").write_text(json.dumps(meta, indent=2))
+    _STATE["failures"].append(meta)
+    _flush(force=True)
+
+
+def _round_settings(phases: list[Phase], database: Any) -> settings:
+    return settings(
+        max_examples=ROUND_EXAMPLES,
+        database=database,
+        deadline=None,
+        phases=phases,
+        derandomize=False,
+        print_blob=True,
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+    )
+
+
+def _run_round(target_name: str, seed: int | None, database: Any, reuse: bool) -> None:
+    strategy, check, machine = get_target(target_name).load()
+    phases = [Phase.generate, Phase.target, Phase.shrink]
+    if reuse:
+        phases.insert(0, Phase.reuse)
+
+    def counted(value: Any) -> None:
+        _STATE["examples"][target_name] = _STATE["examples"].get(target_name, 0) + 1
+        _flush()
+        check(value)
+
+    if machine is not None:
+        class Counted(machine):  # type: ignore[misc, valid-type]
+            def teardown(self) -> None:
+                _STATE["examples"][target_name] = _STATE["examples"].get(target_name, 0) + 1
+                _flush()
+                super().teardown()
+
+        if seed is not None:
+            random.seed(seed)
+        run_state_machine_as_test(Counted, settings=_round_settings(phases, database))
+        return
+    test = _round_settings(phases, database)(given(strategy)(counted))
+    if seed is not None:
+        test = hyp_seed(seed)(test)
+    test()
+
+
+@pytest.mark.parametrize(("target_name", "slot"), ITEMS, ids=[f"{t}#{s}" for t, s in ITEMS])
+def test_campaign(target_name: str, slot: int) -> None:
+    # The budget is fuzzing time: each target gets an equal share on every
+    # worker (slots == workers), counted from when the item starts, so the
+    # start-up (importing vLLM, ~5-10 s) comes on top of it.
+    deadline = time.time() + CONFIG["budget"] / max(len(CONFIG["targets"]), 1)
+    database = DirectoryBasedExampleDatabase(CONFIG["db"]) if CONFIG.get("db") else None
+    base = CONFIG.get("seed")
+    plant = CONFIG.get("plant")
+    planted = adapter.planted_truncate_bug(plant) if plant else contextlib.nullcontext()
+    found = []
+    started = time.time()
+    with planted:
+        rnd = 0
+        while time.time() < deadline:
+            seed = None if base is None else base * 1_000_003 + slot * 10_007 + rnd
+            try:
+                # Once this item found something, stop replaying it from the
+                # database every round and look for other failures.
+                _run_round(target_name, seed, database, reuse=not found)
+            except Exception as exc:  # noqa: BLE001 - every failure is a finding
+                found.append(exc)
+                _record_failure(target_name, seed, exc)
+            rnd += 1
+            _STATE["rounds"] += 1
+            if len(found) >= 5:
+                break
+    _STATE["seconds"][target_name] = _STATE["seconds"].get(target_name, 0.0) + time.time() - started
+    _flush(force=True)
+    if found:
+        pytest.fail(f"{len(found)} violation(s) in {target_name}; first: {str(found[0])[:2000]}", pytrace=False)

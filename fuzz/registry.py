@@ -1,0 +1,74 @@
+"""The fuzz targets ``python -m fuzz`` knows, by name.
+
+Each target names (lazily, so listing is instant) a strategy factory and a
+check function, or a Hypothesis state machine. The same objects back the
+``fuzz_*`` pytest targets, so a campaign and a test run exercise one thing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["TARGETS", "Target", "default_targets", "get_target"]
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    summary: str
+    module: str
+    strategy: str | None = None  # zero-argument factory returning the strategy
+    check: str | None = None  # function(example) raising on a violation
+    machine: str | None = None  # RuleBasedStateMachine class (stateful targets)
+    repro: str | None = None  # "module:function" writing a standalone repro
+    default: bool = True
+
+    def load(self) -> tuple[Any, Callable[[Any], None] | None, type | None]:
+        mod = importlib.import_module(self.module)
+        strategy = getattr(mod, self.strategy)() if self.strategy else None
+        check = getattr(mod, self.check) if self.check else None
+        machine = getattr(mod, self.machine) if self.machine else None
+        return strategy, check, machine
+
+    def repro_writer(self) -> Callable[..., str] | None:
+        if not self.repro:
+            return None
+        module, func = self.repro.split(":")
+        return getattr(importlib.import_module(module), func)
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in [
+        Target(
+            "truncate-hybrid",
+            "truncate_computed_blocks on real lookups: full attention + Mamba (+ up to 2 groups)",
+            "fuzz.targets.target_truncate",
+            strategy="hybrid_scenarios",
+            check="check_truncation_scenario",
+            repro="fuzz.repro:truncation_repro_from_last_run",
+        ),
+        Target(
+            "truncate-any-layout",
+            "truncate_computed_blocks on real lookups: any 1-4 group layout of every drawable spec",
+            "fuzz.targets.target_truncate",
+            strategy="any_layout_scenarios",
+            check="check_truncation_scenario",
+            repro="fuzz.repro:truncation_repro_from_last_run",
+        ),
+    ]
+}
+
+
+def get_target(name: str) -> Target:
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise KeyError(f"unknown target {name!r}; known: {', '.join(TARGETS)}") from None
+
+
+def default_targets() -> list[Target]:
+    return [t for t in TARGETS.values() if t.default]

@@ -1,0 +1,133 @@
+"""Campaign reports: a summary table, Markdown, and a self-contained HTML page.
+
+The HTML page draws its plots as inline SVG, so it needs no network, no
+JavaScript and no plotting library.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+__all__ = ["summary_table", "write_reports"]
+
+
+def summary_table(total: dict, elapsed: float) -> str:
+    rows = [("target", "examples", "examples/s", "violations")]
+    fails: dict[str, set[str]] = {}
+    for f in total["failures"]:
+        fails.setdefault(f["target"], set()).add(f["key"])
+    for name in sorted(set(total["examples"]) | set(fails)):
+        n = total["examples"].get(name, 0)
+        secs = total["seconds"].get(name) or elapsed
+        rows.append((name, str(n), f"{n / max(secs, 1e-9):.1f}", str(len(fails.get(name, ())))))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _md_counter(title: str, counter: dict[str, int], limit: int = 30) -> list[str]:
+    if not counter:
+        return [f"### {title}", "", "(none)", ""]
+    total = sum(counter.values())
+    out = [f"### {title}", "", "| value | count | share |", "|---|---:|---:|"]
+    for k, v in sorted(counter.items(), key=lambda kv: -kv[1])[:limit]:
+        out.append(f"| {k} | {v} | {100 * v / total:.1f}% |")
+    return out + [""]
+
+
+def _svg_bars(title: str, counter: dict[str, int], *, numeric_keys: bool = False) -> str:
+    if not counter:
+        return f"<p>{html.escape(title)}: no data</p>"
+    items = sorted(counter.items(), key=(lambda kv: int(kv[0])) if numeric_keys else (lambda kv: -kv[1]))[:25]
+    width, bar_h, label_w = 760, 18, 330
+    height = 30 + bar_h * len(items)
+    peak = max(v for _, v in items)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        f'aria-label="{html.escape(title)}">',
+        f'<text x="0" y="16" font-size="14" font-weight="bold">{html.escape(title)}</text>',
+    ]
+    for i, (label, value) in enumerate(items):
+        y = 26 + i * bar_h
+        w = (width - label_w - 60) * value / peak
+        parts.append(f'<text x="{label_w - 6}" y="{y + 13}" font-size="12" text-anchor="end">{html.escape(str(label)[:48])}</text>')
+        parts.append(f'<rect x="{label_w}" y="{y + 2}" width="{w:.1f}" height="{bar_h - 4}" fill="#4c78a8"/>')
+        parts.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 13}" font-size="12">{value}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def write_reports(total: dict, report_dir: Path, *, repro_dir: Path, elapsed: float, config: dict) -> tuple[Path, Path]:
+    report_dir.mkdir(parents=True, exist_ok=True)
+    tel = total["telemetry"]
+    n = sum(total["examples"].values())
+    header = [
+        "# Fuzz campaign report",
+        "",
+        f"- vLLM {total['vllm_version']}; targets: {', '.join(config['targets'])}",
+        f"- budget {config['budget']:.0f}s, wall {elapsed:.1f}s, workers {config['slots']}, seed {config['seed']}",
+        f"- examples: {n} ({n / max(elapsed, 1e-9):.1f}/s)",
+        f"- planted bug: {config.get('plant') or 'none (unmodified vLLM)'}",
+        "",
+        "## Summary",
+        "",
+        "```",
+        summary_table(total, elapsed),
+        "```",
+        "",
+        "## Violations",
+        "",
+    ]
+    failures = {f["key"]: f for f in total["failures"]}
+    if not failures:
+        header.append("None.")
+    for f in failures.values():
+        repro = f.get("repro")
+        link = f"[{repro}]({Path(repro_dir, repro).resolve().as_uri()})" if repro else "(no standalone repro for this target)"
+        first = f["violation"].splitlines()[0] if f["violation"] else ""
+        header += [
+            f"- **{f['invariant']}** in `{f['target']}` at `{f['failing_line']}` after {f['found_after_s']}s: {first}",
+            f"  - repro: {link}; replay: `python -m fuzz replay {Path(repro_dir, repro or '')}`",
+        ]
+    md = header + ["", "## Coverage", ""]
+    md += _md_counter("Branches reached", tel.get("branches", {}))
+    md += _md_counter("Spec types drawn (per group)", tel.get("spec_kinds", {}))
+    md += _md_counter("Group layouts drawn", tel.get("layouts", {}), limit=20)
+    md += _md_counter("Per-group hit gap (max - min, in scheduler blocks)", tel.get("hit_gap", {}))
+    md += _md_counter("Configurations rejected by vLLM", tel.get("rejections", {}))
+    md_path = report_dir / "report.md"
+    md_path.write_text("\n".join(md) + "\n")
+
+    body = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>Fuzz campaign report</title>",
+        "<style>body{font-family:sans-serif;max-width:900px;margin:2em auto}pre{background:#f4f4f4;padding:1em}</style>",
+        "</head><body>",
+        "<h1>Fuzz campaign report</h1>",
+        "<pre>" + html.escape("\n".join(header[2:6])) + "</pre>",
+        "<h2>Summary</h2><pre>" + html.escape(summary_table(total, elapsed)) + "</pre>",
+        "<h2>Violations</h2>",
+    ]
+    if not failures:
+        body.append("<p>None.</p>")
+    else:
+        body.append("<ul>")
+        for f in failures.values():
+            repro = f.get("repro")
+            link = f"<a href='{html.escape(Path(repro_dir, repro).resolve().as_uri())}'>{html.escape(repro)}</a>" if repro else "no repro"
+            body.append(f"<li><b>{html.escape(f['invariant'])}</b> in {html.escape(f['target'])} "
+                        f"at <code>{html.escape(f['failing_line'])}</code>: {link}</li>")
+        body.append("</ul>")
+    body.append("<h2>Coverage</h2>")
+    body.append(_svg_bars("Per-group hit gap (scheduler blocks)", tel.get("hit_gap", {}), numeric_keys=True))
+    body.append(_svg_bars("Branches reached", tel.get("branches", {})))
+    body.append(_svg_bars("Spec types drawn", tel.get("spec_kinds", {})))
+    body.append(_svg_bars("Group layouts drawn", tel.get("layouts", {})))
+    body.append(_svg_bars("Rejected configurations", tel.get("rejections", {})))
+    body.append("<h2>Raw data</h2><pre>" + html.escape(json.dumps(tel, indent=1, sort_keys=True)[:20000]) + "</pre>")
+    body.append("</body></html>")
+    html_path = report_dir / "report.html"
+    html_path.write_text("\n".join(body))
+    return md_path, html_path

@@ -1,0 +1,47 @@
+"""What a fuzz campaign reached, counted per process.
+
+Targets call :func:`reach` instead of ``hypothesis.event`` (it does both), and
+record the layouts and hit gaps they drew; the campaign runner snapshots the
+counters into its progress files and the report aggregates them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import event
+
+__all__ = ["COUNTERS", "observe_gap", "observe_layout", "reach", "reject", "snapshot"]
+
+COUNTERS: dict[str, Counter[str]] = {
+    "branches": Counter(),  # reach() labels
+    "spec_kinds": Counter(),  # spec class drawn, once per group
+    "layouts": Counter(),  # sorted kinds of a layout
+    "hit_gap": Counter(),  # max - min per-group hit, in scheduler blocks
+    "rejections": Counter(),  # layouts vLLM refused, by reason
+}
+
+
+def reach(label: str) -> None:
+    """Label a branch this example reached (Hypothesis statistics + campaign report)."""
+    event(label)
+    COUNTERS["branches"][label] += 1
+
+
+def reject(reason: str) -> None:
+    reach(f"layout rejected by vLLM: {reason}")
+    COUNTERS["rejections"][reason] += 1
+
+
+def observe_layout(kinds: list[str]) -> None:
+    for k in kinds:
+        COUNTERS["spec_kinds"][k] += 1
+    COUNTERS["layouts"][" + ".join(sorted(kinds))] += 1
+
+
+def observe_gap(gap_tokens: int, scheduler_block_size: int) -> None:
+    COUNTERS["hit_gap"][str(gap_tokens // max(scheduler_block_size, 1))] += 1
+
+
+def snapshot() -> dict[str, dict[str, int]]:
+    return {name: dict(c) for name, c in COUNTERS.items()}

@@ -1,0 +1,100 @@
+"""``python -m fuzz``: exit codes, one-line usage errors, repros, reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fuzz import adapter
+from fuzz.cli import UsageError, main, parse_duration
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _fuzz(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fuzz", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("10m", 600), ("1h", 3600), ("1m30s", 90)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "ten", "0s", "5x"])
+def test_bad_durations_are_usage_errors(text: str) -> None:
+    with pytest.raises(UsageError, match="--budget"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--budget", "soon"], "--budget 'soon'"),
+        (["run", "--workers", "0"], "--workers '0'"),
+        (["run", "--target", "nope"], "--target nope: unknown target"),
+        (["run", "--vllm-src", "/nonexistent/vllm"], "--vllm-src /nonexistent/vllm: no vllm/__init__.py"),
+        (["run", "--plant", "nope"], "--plant nope: unknown"),
+        (["replay", "/nonexistent/repro.py"], "not a repro .py file"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(argv, message, capsys) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_unknown_flag_exits_2(capsys) -> None:
+    assert main(["run", "--no-such-flag"]) == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_list_names_every_target(capsys) -> None:
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "truncate-hybrid" in out and "truncate-any-layout" in out
+
+
+def test_planted_bug_campaign_writes_a_repro_that_fails_then_passes(tmp_path: Path) -> None:
+    """End to end: a planted pre-fix bug is found, shrunk and written as a
+    standalone repro that fails on the buggy vLLM and passes on the fixed one."""
+    repros, report, junit = tmp_path / "repros", tmp_path / "report", tmp_path / "junit.xml"
+    proc = _fuzz(
+        "run", "--budget", "8s", "--target", "truncate-hybrid", "--seed", "3",
+        "--plant", "pre_fix_assert_all", "--db", str(tmp_path / "db"),
+        "--repro-dir", str(repros), "--report-dir", str(report), "--junit", str(junit),
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    metas = [json.loads(p.read_text()) for p in repros.glob("*.json")]
+    assert metas and metas[0]["invariant"] == "no-unexpected-failure", metas
+    assert metas[0]["vllm_version"] == adapter.VLLM_VERSION and metas[0]["blob"]
+    repro = repros / metas[0]["repro"]
+    source = repro.read_text()
+    assert "kvtrunc" in source and "import fuzz" not in source and "from fuzz" not in source
+    assert f"vLLM version: {adapter.VLLM_VERSION}" in source
+    assert "failures" in junit.read_text()
+    assert "<svg" in (report / "report.html").read_text()
+    assert "no-unexpected-failure" in (report / "report.md").read_text()
+
+    # The repro fails while the bug is planted and passes on unmodified vLLM.
+    with adapter.planted_truncate_bug("pre_fix_assert_all"):
+        assert pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(repros), "-c", "/dev/null", str(repro)]) == 1
+    assert pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(repros), "-c", "/dev/null", str(repro)]) == 0
+    replay = _fuzz("replay", str(repro))
+    assert replay.returncode == 0 and "PASSES now" in replay.stdout, replay.stdout
+
+
+def test_clean_campaign_exits_0_with_reports(tmp_path: Path) -> None:
+    proc = _fuzz(
+        "run", "--budget", "4s", "--target", "truncate-any-layout", "--seed", "1",
+        "--db", str(tmp_path / "db"), "--repro-dir", str(tmp_path / "r"), "--report-dir", str(tmp_path / "rep"),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "truncate-any-layout" in proc.stdout and "examples/s" in proc.stdout
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "Branches reached" in md and "Spec types drawn" in md
