@@ -8,7 +8,8 @@ venv="${FUZZ_VENV:-$root/.venv}"
 python="${FUZZ_PYTHON:-python3.11}"
 command -v "$python" >/dev/null 2>&1 || python=python3
 
-stamp_now="$(cat "$root/requirements/lean.txt" "$root/requirements/constraints.txt" | sha256sum | cut -d' ' -f1)"
+reqs=("$root/requirements/lean.txt" "$root/requirements/no-deps.txt" "$root/requirements/constraints.txt")
+stamp_now="$(cat "${reqs[@]}" | sha256sum | cut -d' ' -f1)"
 if [[ -f "$venv/.fuzz-stamp" && "$(cat "$venv/.fuzz-stamp")" == "$stamp_now" ]]; then
   exit 0
 fi
@@ -18,9 +19,8 @@ start=$(date +%s)
 [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
 pip=("$venv/bin/pip" install --quiet --disable-pip-version-check)
 "${pip[@]}" -c "$root/requirements/constraints.txt" -r "$root/requirements/lean.txt"
-# --no-deps: vLLM's declared deps would replace the CPU torch with a CUDA build
-# and pull GPU kernel packages that vllm.v1.core never imports.
-"${pip[@]}" --no-deps -c "$root/requirements/constraints.txt" vllm==0.33.0
+# --no-deps: see requirements/no-deps.txt for why.
+"${pip[@]}" --no-deps -c "$root/requirements/constraints.txt" -r "$root/requirements/no-deps.txt"
 "$venv/bin/python" -c "import vllm, vllm.v1.core.sched.scheduler; assert vllm.__version__ == '0.33.0', vllm.__version__"
 echo "$stamp_now" > "$venv/.fuzz-stamp"
 echo "bootstrap: done in $(( $(date +%s) - start ))s" >&2

@@ -14,5 +14,5 @@ command -v "$python" >/dev/null 2>&1 || python=python3
 PIP_CONSTRAINT= "$venv/bin/pip" install --quiet "vllm==0.33.0" hypothesis pytest pytest-xdist
 "$venv/bin/python" -c "import vllm; assert vllm.__version__ == '0.33.0'"
 # run-tests.sh / run-fuzz.sh skip their lean bootstrap when this stamp matches.
-cat "$root/requirements/lean.txt" "$root/requirements/constraints.txt" | sha256sum | cut -d' ' -f1 > "$venv/.fuzz-stamp"
+cat "$root/requirements/lean.txt" "$root/requirements/no-deps.txt" "$root/requirements/constraints.txt" | sha256sum | cut -d' ' -f1 > "$venv/.fuzz-stamp"
 echo "full install ready in $venv"
