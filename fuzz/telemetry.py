@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hypothesis import event
+import hypothesis
 
-__all__ = ["COUNTERS", "observe_gap", "observe_layout", "reach", "reject", "snapshot"]
+__all__ = ["COUNTERS", "note", "observe_gap", "observe_layout", "reach", "reject", "snapshot", "target"]
 
 COUNTERS: dict[str, Counter[str]] = {
     "branches": Counter(),  # reach() labels
@@ -24,8 +24,21 @@ COUNTERS: dict[str, Counter[str]] = {
 
 def reach(label: str) -> None:
     """Label a branch this example reached (Hypothesis statistics + campaign report)."""
-    event(label)
+    if hypothesis.currently_in_test_context():
+        hypothesis.event(label)
     COUNTERS["branches"][label] += 1
+
+
+def note(text: str) -> None:
+    """``hypothesis.note`` inside a test; nothing outside (pinned replays)."""
+    if hypothesis.currently_in_test_context():
+        hypothesis.note(text)
+
+
+def target(value: float, label: str) -> None:
+    """``hypothesis.target`` inside a test; nothing outside."""
+    if hypothesis.currently_in_test_context():
+        hypothesis.target(value, label=label)
 
 
 def reject(reason: str) -> None:

@@ -66,3 +66,15 @@ def test_the_pre_fix_crash_shrinks_to_the_seed_shape() -> None:
     assert result.found
     message = str(result.violation)
     assert "MambaSpec" in message and "short whole-state groups" in message, message
+
+
+def test_the_seed_scenario_is_pinned_and_catches_the_pre_fix_crash() -> None:
+    """The seed's case, replayed outside Hypothesis: passes on vLLM 0.33.0 and
+    fails under the planted pre-fix assert."""
+    from fuzz.targets.target_truncate import SEED_PR_51468
+    from invariants.truncation import InvariantViolation
+
+    check_truncation_scenario(SEED_PR_51468)
+    with adapter.planted_truncate_bug("pre_fix_assert_all"):
+        with pytest.raises(InvariantViolation, match="no-unexpected-failure"):
+            check_truncation_scenario(SEED_PR_51468)

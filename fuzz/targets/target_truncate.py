@@ -8,12 +8,13 @@ strategy factories and the check are shared with ``python -m fuzz run``
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from fuzz.targets.truncation import run_truncation_scenario
 from invariants.truncation import check_all_truncation_invariants
-from strategies.scenarios import TruncationScenario, truncation_scenarios
+from fuzz.model import LayoutDraw, SpecDraw
+from strategies.scenarios import EndpointRule, TruncationScenario, truncation_scenarios
 from strategies.specs import kv_cache_layouts
 
 
@@ -34,6 +35,24 @@ def any_layout_scenarios() -> st.SearchStrategy[TruncationScenario]:
     return truncation_scenarios(layouts=kv_cache_layouts(min_groups=1, max_groups=4))
 
 
+# The seed (vLLM PR 51468): full attention + Mamba with 16-token blocks, a
+# 4-block prefix cached, the Mamba state evicted, the replay's full-attention
+# hit (64 tokens) deeper than Mamba's (0): truncating at 64 must clamp Mamba.
+SEED_PR_51468 = TruncationScenario(
+    layout=LayoutDraw(
+        (SpecDraw("FullAttentionSpec", 16), SpecDraw("MambaSpec", 16)), hash_block_size=16, num_blocks=32
+    ),
+    shared=tuple(range(96)),
+    prompts=((64, 0),),
+    prefill_chunk=16,
+    evict_from=(None, 0),
+    replay=(80, 16),
+    lookup_mode="per_group",
+    endpoint=EndpointRule("cover_hit", 0, 0),
+)
+
+
+@example(scenario=SEED_PR_51468)
 @given(scenario=hybrid_scenarios())
 def fuzz_truncate_hybrid(scenario: TruncationScenario) -> None:
     """Full attention + Mamba (+ up to two other groups), real lookups."""

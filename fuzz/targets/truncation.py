@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from hypothesis import note, target
 
 from fuzz import adapter
-from fuzz.telemetry import observe_gap, observe_layout, reach, reject
+from fuzz.telemetry import note, observe_gap, observe_layout, reach, reject, target
 from fuzz.model import TruncationObservation
 from invariants.classification import Behaviour, behaviour_of
 from strategies.scenarios import TruncationScenario
