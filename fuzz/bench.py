@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     from strategies.scenarios import truncation_scenarios
     from strategies.specs import kv_cache_layouts
 
+    from fuzz import telemetry
+
     print(f"vLLM {adapter.VLLM_VERSION}; benchmark of the truncate-level target")
     print("(2-core shared machine: medians; compare ratios, not absolute numbers)\n")
     hybrid = hybrid_scenarios()
@@ -84,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         rates = _rate(check_truncation_scenario, strategy, args.examples, args.repeats)
         share = _vllm_share(check_truncation_scenario, strategy, max(args.examples // 2, 100))
         print(f"{name:<22} examples/s {_fmt(rates)}   time inside vLLM code {100 * share:.0f}%")
+    layouts = sum(telemetry.COUNTERS["layouts"].values())
+    rejected = sum(telemetry.COUNTERS["rejections"].values())
+    print(f"layouts vLLM rejected: {rejected} of {layouts + rejected} drawn {dict(telemetry.COUNTERS['rejections'])}")
 
     with_scratch = truncation_scenarios(
         layouts=kv_cache_layouts(min_groups=3, max_groups=4, required=("FullAttentionSpec", "MambaSpec", "CircularBufferSpec"))
