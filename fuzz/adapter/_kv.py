@@ -62,6 +62,7 @@ __all__ = [  # re-exported by fuzz.adapter
     "spec_base_class",
     "spec_classes",
     "spec_class_by_name",
+    "spec_prefix_cacheable",
 ]
 
 VLLM_VERSION: str = vllm.__version__
@@ -75,6 +76,15 @@ def init_hashing() -> None:
     if not _hashing_ready:
         _kcu.init_none_hash(sha256)
         _hashing_ready = True
+
+
+def spec_prefix_cacheable(spec: Any) -> bool:
+    """Whether vLLM lets ``spec``'s group take part in prefix caching.
+
+    ``KVCacheSpec.prefix_cacheable`` arrived in vLLM 0.29; before it every
+    group with a manager was prefix-cacheable, which is what the default says.
+    """
+    return bool(getattr(spec, "prefix_cacheable", True))
 
 
 def qualified_name(cls: type) -> str:
@@ -218,7 +228,7 @@ def spec_facts(cls: type) -> SpecFacts:
             manager = None if found is None else found.__name__
     return SpecFacts(
         qualname=qualified_name(cls),
-        prefix_cacheable=None if sample is None else bool(sample.prefix_cacheable),
+        prefix_cacheable=None if sample is None else spec_prefix_cacheable(sample),
         kind=kind,
         manager=manager,
         is_mamba_subclass=issubclass(cls, _ki.MambaSpec),
@@ -314,7 +324,7 @@ class ManagerHarness:
                     for s in getattr(g.kv_cache_spec, "kv_cache_specs", {}).values()
                 ),
                 block_size=mgr.block_size,
-                prefix_cacheable=bool(g.kv_cache_spec.prefix_cacheable),
+                prefix_cacheable=spec_prefix_cacheable(g.kv_cache_spec),
             )
             for i, (g, mgr) in enumerate(
                 zip(self.config.kv_cache_groups, self.manager.coordinator.single_type_managers)
@@ -496,7 +506,7 @@ def _variant(
             strict=True,
         ):
             spec = group.kv_cache_spec
-            if not spec.prefix_cacheable:
+            if not spec_prefix_cacheable(spec):
                 out.append([self.block_pool.null_block] if scratch_gets_null else [])
                 continue
             if check_alignment:
