@@ -29,6 +29,7 @@ step ending at ``E`` is in block ``ceil(E / B) - 1``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +66,8 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 __all__ = ["ReferenceHybridConnector"]
+
+_DEBUG = bool(os.environ.get("KVTRUNC_CONNECTOR_DEBUG"))
 
 
 @dataclass
@@ -141,6 +144,7 @@ class ReferenceHybridConnector(KVConnectorBase_V1, SupportsHMA):
         # scheduler side
         self._requests: dict[str, "Request"] = {}
         self._plans: dict[str, _Plan] = {}
+        self._lied: set[str] = set()
         self._loads: list[_LoadJob] = []
         # worker side
         self._layers: dict[str, Any] = {}
@@ -206,8 +210,15 @@ class ReferenceHybridConnector(KVConnectorBase_V1, SupportsHMA):
         end = found
         if behaviour.mode == "withhold":
             end = min(end, (start + behaviour.limit) // U * U)
-        elif behaviour.mode == "over_report":
+        elif behaviour.mode == "over_report" and request.request_id not in self._lied:
+            # Lie once per request: after the failed load, vLLM retries the
+            # lookup, and a store that just failed a load answers truthfully
+            # (a connector that lies forever livelocks any engine).
+            self._lied.add(request.request_id)
             end = min(max(found, start) + behaviour.extra_units * U, cap)
+        if _DEBUG:
+            print(f"[refconn] lookup {request.request_id} len={len(tokens)} start={start} found={found} "
+                  f"end={end} mode={behaviour.mode} stored={self.store.mamba_boundaries()}", flush=True)
         if end <= start:
             self._plans.pop(request.request_id, None)
             return 0, False
@@ -282,6 +293,9 @@ class ReferenceHybridConnector(KVConnectorBase_V1, SupportsHMA):
                     bid = block_ids[gid][_cdiv(end, B) - 1]
                     if bid != null_id:
                         mamba.append((gid, bid, key, end))
+            if _DEBUG and (attn or mamba):
+                print(f"[refconn] save {req_id} step [{start},{start + n}) blocks={[b for _, _, _, b in attn]} "
+                      f"states={[b for _, _, _, b in mamba]}", flush=True)
             if attn or mamba:
                 meta.saves.append(_SaveJob(req_id, attn, mamba))
         return meta
@@ -299,6 +313,7 @@ class ReferenceHybridConnector(KVConnectorBase_V1, SupportsHMA):
     def _forget(self, req_id: str) -> None:
         self._requests.pop(req_id, None)
         self._plans.pop(req_id, None)
+        self._lied.discard(req_id)
 
     # ---------------------------------------------------------- worker side
     def _caches(self, layer_name: str) -> tuple[torch.Tensor, ...]:

@@ -11,12 +11,15 @@ applies the oracle.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -153,7 +156,30 @@ def apply_cpu_workaround() -> bool:
 
 
 class EngineDied(AssertionError):
-    """``LLM.generate`` raised: the engine is dead."""
+    """``LLM.generate`` raised (or hung past the watchdog): the engine is dead."""
+
+
+class EngineHung(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def _watchdog(seconds: float):
+    """Raise EngineHung inside a generate call that runs past ``seconds`` (main thread only)."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum, frame):  # type: ignore[no-untyped-def]
+        raise EngineHung(f"LLM.generate did not finish within {seconds:.0f} s (livelock or hang)")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _completion(out: Any) -> Completion:
@@ -181,7 +207,9 @@ class EngineHarness:
         prefix_match_unit: int = 8,
         num_blocks: int = 32,
         failure_policy: str = "recompute",
+        timeout_s: float = 120.0,
     ) -> None:
+        self.timeout_s = timeout_s
         _set_env()
         self.flavour = engine_flavour()
         self.workaround = self.flavour == "cpu" and apply_cpu_workaround()
@@ -214,6 +242,32 @@ class EngineHarness:
         self.block_size = cc.block_size
         self.hash_block_size = getattr(cc, "hash_block_size", None) or prefix_match_unit
         self.num_blocks = num_blocks
+        self._instrument()
+
+    def _instrument(self) -> None:
+        """Count how often the seed's code paths run (coverage, not checks)."""
+        core = getattr(self.llm.llm_engine.engine_core, "engine_core", None)
+        manager = getattr(getattr(core, "scheduler", None), "kv_cache_manager", None)
+        if manager is None:
+            return
+        stats = lambda: self.store.stats  # noqa: E731 - the store's stats object is replaced on clear()
+        truncate = manager.truncate_computed_blocks
+
+        def counted_truncate(blocks, num_computed_tokens):  # type: ignore[no-untyped-def]
+            stats().truncation_branch += 1
+            return truncate(blocks, num_computed_tokens)
+
+        manager.truncate_computed_blocks = counted_truncate
+        divergent = getattr(manager, "get_computed_blocks_for_connector", None)
+        if divergent is not None:
+
+            def counted_divergent(request):  # type: ignore[no-untyped-def]
+                out = divergent(request)
+                if out[3]:
+                    stats().diverged_hits += 1
+                return out
+
+            manager.get_computed_blocks_for_connector = counted_divergent
 
     def begin_example(self, policy: StorePolicy) -> None:
         """Fresh state for one Hypothesis example: empty store, empty local cache."""
@@ -241,7 +295,7 @@ class EngineHarness:
             for b in behaviours
         ]
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _watchdog(self.timeout_s):
                 warnings.simplefilter("ignore")
                 outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
         except Exception as exc:  # the engine is dead; the caller decides whether that was allowed

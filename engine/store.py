@@ -114,7 +114,8 @@ class StoreStats:
     silent_failures: int = 0
     saved_blocks: int = 0
     saved_states: int = 0
-    truncation_branch: int = 0  # lookups that fed the partial-tail truncation
+    truncation_branch: int = 0  # scheduler took the partial-tail truncation branch (the seed's path)
+    diverged_hits: int = 0  # local hybrid hits where attention reached deeper than Mamba
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)

@@ -1,0 +1,196 @@
+"""Self-tests of the engine tier: the oracle, the store, the strategies, the
+environment guard (all run anywhere), and, where an engine can run, that the
+oracle catches a planted wrong output and a lying connector end to end.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.harness import engine_unavailable_reason
+from engine.oracle import LOGPROB_TOL, ColdResult, Completion, OutputMismatch, check_completion
+from engine.store import KVStore, RequestBehaviour, StorePolicy, prefix_digests
+from engine.strategies import MAX_PROMPT, EngineRound, EngineScenario, engine_scenarios
+
+COLD = ColdResult(
+    token_ids=(5, 9, 7),
+    top=({5: -0.5, 6: -1.5}, {9: -0.8, 4: -0.80005}, {7: -0.1, 3: -3.0}),
+)
+
+
+# --------------------------------------------------------------- the oracle
+def test_oracle_accepts_the_cold_run_itself():
+    got = Completion((5, 9, 7), (-0.5, -0.8, -0.1))
+    v = check_completion("r", got, COLD)
+    assert (v.status, v.compared_steps, v.max_logprob_diff) == ("match", 3, 0.0)
+
+
+def test_oracle_accepts_noise_below_tolerance():
+    got = Completion((5, 9), (-0.5 + LOGPROB_TOL / 2, -0.8 - LOGPROB_TOL / 2))
+    assert check_completion("r", got, COLD).status == "match"
+
+
+def test_oracle_catches_planted_wrong_token():
+    with pytest.raises(OutputMismatch, match=r"step 0: token 6 .* cold run chose 5"):
+        check_completion("r", Completion((6, 9, 7), (-1.5, -0.8, -0.1)), COLD)
+
+
+def test_oracle_catches_planted_logprob_drift():
+    with pytest.raises(OutputMismatch, match=r"step 2: token 7 agrees but logprob"):
+        check_completion("r", Completion((5, 9, 7), (-0.5, -0.8, -0.1 + 3 * LOGPROB_TOL)), COLD)
+
+
+def test_oracle_treats_a_numerical_tie_as_a_tie_and_stops():
+    # Step 1: the cold run's top two differ by 5e-5 < tol, so picking 4 is a tie.
+    v = check_completion("r", Completion((5, 4, 1), (-0.5, -0.80005, -9.0)), COLD)
+    assert (v.status, v.compared_steps) == ("tie", 1)
+
+
+def test_oracle_loud_failure_allowed_only_when_the_connector_lied():
+    failed = Completion((), (), finish_reason="error")
+    assert check_completion("r", failed, COLD, loud_ok=True).status == "loud"
+    with pytest.raises(OutputMismatch, match="told the truth"):
+        check_completion("r", failed, COLD)
+
+
+def test_oracle_rejects_more_tokens_than_the_cold_run():
+    with pytest.raises(OutputMismatch, match="4 tokens"):
+        check_completion("r", Completion((5, 9, 7, 1), (-0.5, -0.8, -0.1, -1.0)), COLD)
+
+
+# ---------------------------------------------------------------- the store
+def test_prefix_digests_are_prefix_stable_and_content_sensitive():
+    a = prefix_digests(list(range(32)), 8)
+    b = prefix_digests(list(range(24)) + [99] * 8, 8)
+    assert len(a) == 4 and a[:3] == b[:3] and a[3] != b[3]
+
+
+def test_store_drop_fraction_is_deterministic_and_bounded():
+    def filled() -> KVStore:
+        s = KVStore("t")
+        for i in range(50):
+            s.attn[bytes([i])] = {}
+            s.mamba[bytes([i])] = {}
+        return s
+
+    s1, s2 = filled(), filled()
+    assert s1.drop_fraction(0.5, seed=3) == s2.drop_fraction(0.5, seed=3)
+    assert sorted(s1.attn) == sorted(s2.attn)
+    assert filled().drop_fraction(1.0, seed=0) == 100
+    assert filled().drop_fraction(0.0, seed=0) == 0
+
+
+@pytest.mark.parametrize("bad", [dict(mode="fib"), dict(mode="over_report", extra_units=0)])
+def test_request_behaviour_rejects_bad_arguments(bad):
+    with pytest.raises(ValueError):
+        RequestBehaviour(**bad)
+
+
+def test_request_behaviour_round_trips_through_extra_args():
+    b = RequestBehaviour("over_report", extra_units=2, silent=True)
+    assert RequestBehaviour.from_extra_args(b.to_extra_args()) == b
+    assert RequestBehaviour.from_extra_args(None) == RequestBehaviour()
+
+
+# ----------------------------------------------------------- the strategies
+@settings(max_examples=50, deadline=None)
+@given(engine_scenarios())
+def test_engine_scenarios_are_well_formed(scenario: EngineScenario):
+    assert scenario.prompts and scenario.rounds
+    for p in scenario.prompts:
+        assert 1 <= len(p) <= MAX_PROMPT and all(3 <= t <= 1023 for t in p)
+    for r in scenario.rounds:
+        assert len(r.requests) == len(r.behaviours) and 1 <= r.max_tokens <= 6
+        assert all(0 <= i < len(scenario.prompts) for i in r.requests)
+    assert not scenario.rounds[0].reset_local and not scenario.rounds[0].drop_store
+
+
+@settings(max_examples=30, deadline=None)
+@given(engine_scenarios(lies=False))
+def test_engine_scenarios_without_lies_have_only_exact_behaviours(scenario: EngineScenario):
+    assert not any(b.lies for r in scenario.rounds for b in r.behaviours)
+
+
+def test_engine_scenarios_validate_arguments():
+    with pytest.raises(ValueError, match="max_rounds=0"):
+        engine_scenarios(max_rounds=0).example()
+
+
+def test_guard_names_the_environment_it_lacks():
+    reason = engine_unavailable_reason()
+    if reason is None:
+        pytest.skip("an engine can run here")
+    assert "vllm" in reason.lower()
+
+
+# ------------------------------------------------- end to end (engine only)
+needs_engine = pytest.mark.skipif(
+    engine_unavailable_reason() is not None, reason=f"engine tier skipped: {engine_unavailable_reason()}"
+)
+
+
+@pytest.fixture(scope="module")
+def engine_session():
+    from fuzz.targets import target_engine
+
+    return target_engine._session()
+
+
+def _seed_scenario(last: RequestBehaviour, policy: StorePolicy | None = None) -> EngineScenario:
+    from fuzz.targets.target_engine import SEED_PATH
+
+    rounds = SEED_PATH.rounds[:2] + (EngineRound((2,), (last,), 6),)
+    return EngineScenario(SEED_PATH.prompts, rounds, policy or SEED_PATH.policy)
+
+
+@needs_engine
+@pytest.mark.filterwarnings("ignore")
+def test_engine_seed_path_matches_cold_run_and_takes_truncation_branch(engine_session):
+    from engine.harness import run_scenario
+
+    harness, cold = engine_session
+    report = run_scenario(harness, cold, _seed_scenario(RequestBehaviour()))
+    assert report.statuses == {"match": 3}
+    assert harness.store.stats.truncation_branch >= 1, harness.store.stats.as_dict()
+    assert harness.store.stats.loads >= 1 and harness.store.stats.failed_loads == 0
+
+
+@needs_engine
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize(
+    "planted",
+    [
+        RequestBehaviour("over_report", extra_units=1, silent=True),  # lies and hides the failed load
+        RequestBehaviour("honest", corrupt=True),  # loads a perturbed Mamba state
+    ],
+    ids=["silent-lying-connector", "corrupt-mamba-state"],
+)
+def test_engine_oracle_catches_planted_connector_defects(engine_session, planted):
+    from engine.harness import run_scenario
+
+    harness, cold = engine_session
+    with pytest.raises(OutputMismatch):
+        run_scenario(harness, cold, _seed_scenario(planted))
+    assert harness.store.stats.loads >= 1
+
+
+@needs_engine
+@pytest.mark.filterwarnings("ignore")
+def test_engine_over_reporting_connector_that_reports_the_failure_is_recovered(engine_session):
+    from engine.harness import run_scenario
+
+    harness, cold = engine_session
+    report = run_scenario(harness, cold, _seed_scenario(RequestBehaviour("over_report", extra_units=1)))
+    assert harness.store.stats.failed_loads >= 1
+    assert report.statuses.get("match", 0) + report.statuses.get("loud", 0) == 3
+
+
+@needs_engine
+def test_engine_cpu_run_uses_the_documented_workaround_only_on_cpu(engine_session):
+    harness, _ = engine_session
+    assert harness.workaround == (harness.flavour == "cpu")
+    assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
