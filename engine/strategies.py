@@ -74,15 +74,13 @@ def request_behaviours(*, lies: bool = True) -> st.SearchStrategy[RequestBehavio
     return st.one_of(*options)
 
 
-@st.composite
 def engine_scenarios(
-    draw: st.DrawFn,
     *,
     max_prompts: int = 4,
     max_rounds: int = 4,
     max_batch: int = 4,
     lies: bool = True,
-) -> EngineScenario:
+) -> st.SearchStrategy[EngineScenario]:
     """Prompt pools and rounds of requests for one engine, plus store policy.
 
     max_prompts: distinct prompts in the pool (rounds reuse them, so hits happen).
@@ -94,6 +92,11 @@ def engine_scenarios(
     """
     if not (1 <= max_prompts and 1 <= max_rounds and 1 <= max_batch):
         raise ValueError(f"max_prompts={max_prompts}, max_rounds={max_rounds}, max_batch={max_batch} must be >= 1")
+    return _engine_scenarios(max_prompts, max_rounds, max_batch, lies)
+
+
+@st.composite
+def _engine_scenarios(draw: st.DrawFn, max_prompts: int, max_rounds: int, max_batch: int, lies: bool) -> EngineScenario:
     roots = [_stream(1000 + r, MAX_PROMPT) for r in range(2)]
     n = draw(st.integers(1, max_prompts), label="prompts")
     recipe, prompts = [], []

@@ -40,7 +40,8 @@ pytestmark = [
 
 _SESSION: dict = {}
 _FIGURES: dict = {"examples": 0, "requests": {}, "engine_deaths": 0, "truncation_branch": 0,
-                  "diverged_hits": 0, "loads": 0, "failed_loads": 0, "cached_tokens": 0}
+                  "diverged_hits": 0, "loads": 0, "failed_loads": 0, "cached_tokens": 0,
+                  "max_logprob_diff": 0.0, "outcomes_by_mode": {}}
 
 
 def _session():
@@ -121,6 +122,11 @@ def fuzz_engine_outputs_match_cold_run(scenario: EngineScenario) -> None:
     for status, count in report.statuses.items():
         _FIGURES["requests"][status] = _FIGURES["requests"].get(status, 0) + count
         event(f"request outcome: {status}")
+    for label, verdict in report.verdicts:
+        _FIGURES["max_logprob_diff"] = max(_FIGURES["max_logprob_diff"], verdict.max_logprob_diff)
+        mode = label.rsplit(", ", 1)[-1].rstrip(")")
+        key = f"{mode}:{verdict.status}"
+        _FIGURES["outcomes_by_mode"][key] = _FIGURES["outcomes_by_mode"].get(key, 0) + 1
     stats = harness.store.stats
     _FIGURES["truncation_branch"] += stats.truncation_branch
     _FIGURES["diverged_hits"] += stats.diverged_hits
