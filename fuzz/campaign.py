@@ -24,16 +24,19 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hyp_seed
-from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
 from fuzz import adapter, telemetry
+from fuzz.databases import DatabaseUnavailable, check_database, open_database
 from fuzz.registry import get_target
 
 CONFIG: dict[str, Any] = json.loads(os.environ.get("FUZZ_CAMPAIGN", "{}") or "{}")
 ROUND_EXAMPLES = int(CONFIG.get("round_examples", 100))
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
-ITEMS = [(t, s) for t in CONFIG.get("targets", []) for s in range(CONFIG.get("slots", 1))]
+# (target, slot): the runner's share when sharded (fuzz/sharding.py), else every target on every slot.
+ITEMS = [tuple(i) for i in CONFIG["items"]] if "items" in CONFIG else [
+    (t, s) for t in CONFIG.get("targets", []) for s in range(CONFIG.get("slots", 1))
+]
 
 _STATE: dict[str, Any] = {"examples": {}, "seconds": {}, "failures": [], "keys": set(), "rounds": 0}
 _last_flush = 0.0
@@ -106,6 +109,7 @@ def _record_failure(target_name: str, seed: int | None, exc: BaseException) -> N
         "vllm_version": adapter.VLLM_VERSION,
         "repro": None if repro_file is None else repro_file.name,
         "found_after_s": round(time.time() - CONFIG["start"], 3),
+        "found_at": round(time.time(), 3),
         "worker": WORKER,
     }
     (repro_dir / f"{stem}.json").write_text(json.dumps(meta, indent=2))
@@ -129,13 +133,19 @@ def _round_settings(phases: list[Phase], database: Any) -> settings:
 def _run_round(target_name: str, seed: int | None, database: Any, reuse: bool) -> None:
     strategy, check, machine = get_target(target_name).load()
     phases = [Phase.generate, Phase.target, Phase.shrink]
-    if reuse:
+    if CONFIG.get("reuse_only"):
+        phases = [Phase.reuse, Phase.shrink]
+    elif reuse:
         phases.insert(0, Phase.reuse)
 
     def counted(value: Any) -> None:
         _STATE["examples"][target_name] = _STATE["examples"].get(target_name, 0) + 1
         _flush()
         check(value)
+
+    # One database key per target (the wrapper's source is the same for all),
+    # so runners sharing a database replay each target's own failures.
+    counted._hypothesis_internal_add_digest = target_name.encode()  # type: ignore[attr-defined]
 
     if machine is not None:
         class Counted(machine):  # type: ignore[misc, valid-type]
@@ -154,13 +164,24 @@ def _run_round(target_name: str, seed: int | None, database: Any, reuse: bool) -
     test()
 
 
+def _harness_error(message: str) -> None:
+    """Stop this worker's campaign: the runner sees the file, stops every worker and exits 2."""
+    _flush(force=True)
+    line = " ".join(message.split())
+    (Path(CONFIG["stats_dir"]) / f"harness-error-{WORKER}.txt").write_text(line + "\n")
+    pytest.exit(f"harness error: {line}", returncode=2)
+
+
 @pytest.mark.parametrize(("target_name", "slot"), ITEMS, ids=[f"{t}#{s}" for t, s in ITEMS])
 def test_campaign(target_name: str, slot: int) -> None:
     # The budget is fuzzing time: each target gets an equal share on every
     # worker (slots == workers), counted from when the item starts, so the
     # start-up (importing vLLM, ~5-10 s) comes on top of it.
     deadline = time.time() + CONFIG["budget"] / max(len(CONFIG["targets"]), 1)
-    database = DirectoryBasedExampleDatabase(CONFIG["db"]) if CONFIG.get("db") else None
+    try:
+        database = open_database(CONFIG["db"]) if CONFIG.get("db") else None
+    except Exception as exc:  # noqa: BLE001 - reachable a moment ago in the runner: now a harness error
+        _harness_error(f"{type(exc).__name__}: {exc}")
     base = CONFIG.get("seed")
     plant = CONFIG.get("plant")
     planted = adapter.planted_truncate_bug(plant) if plant else contextlib.nullcontext()
@@ -171,9 +192,12 @@ def test_campaign(target_name: str, slot: int) -> None:
         while time.time() < deadline:
             seed = None if base is None else base * 1_000_003 + slot * 10_007 + rnd
             try:
+                check_database(database)
                 # Once this item found something, stop replaying it from the
                 # database every round and look for other failures.
                 _run_round(target_name, seed, database, reuse=not found)
+            except DatabaseUnavailable as exc:
+                _harness_error(str(exc))
             except Exception as exc:  # noqa: BLE001 - every failure is a finding
                 found.append(exc)
                 _record_failure(target_name, seed, exc)
@@ -181,6 +205,10 @@ def test_campaign(target_name: str, slot: int) -> None:
             _STATE["rounds"] += 1
             if len(found) >= 5:
                 break
+            if CONFIG.get("reuse_only"):
+                if found:
+                    break  # the database's failure is reported; replaying it again adds nothing
+                time.sleep(0.5)  # wait for other runners to save something
     _STATE["seconds"][target_name] = _STATE["seconds"].get(target_name, 0.0) + time.time() - started
     _flush(force=True)
     if found:

@@ -61,14 +61,20 @@ def _vllm_src_env(path: str | None, env: dict[str, str]) -> dict[str, str]:
 
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m fuzz", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", metavar="{run,list,replay,matrix}")
+    sub = p.add_subparsers(dest="command", metavar="{run,list,replay,merge,matrix}")
     run = sub.add_parser("run", help="fuzz the targets for a wall-clock budget")
     run.add_argument("--budget", default=DEFAULT_BUDGET, help="fuzzing time, e.g. 90s, 10m; start-up (~10 s) comes on top (default %(default)s)")
     run.add_argument("--workers", default="1", help="worker processes: N or auto (pytest-xdist)")
     run.add_argument("--profile", default="fuzz", help="Hypothesis settings profile (default %(default)s)")
     run.add_argument("--seed", type=int, default=None, help="fix the seed sequence (same seeds, same examples)")
     run.add_argument("--target", action="append", default=[], help="target name (repeatable; default: the default targets)")
-    run.add_argument("--db", default=str(ROOT / ".hypothesis" / "fuzz-db"), help="example database directory, shared by workers")
+    run.add_argument("--db", action="append", default=None, metavar="SPEC",
+                     help="example database shared by workers and runners: a directory (default .hypothesis/fuzz-db), "
+                          "redis://HOST:PORT/N, readonly:SPEC or github:OWNER/REPO[/ARTIFACT]; repeat to combine "
+                          "(see docs/scaling.md)")
+    run.add_argument("--shard", default=None, metavar="K/N", help="run only runner K's share of N (targets and seeds)")
+    run.add_argument("--reuse-only", action="store_true",
+                     help="generate nothing: replay the database's examples each round (reproduce what others found)")
     run.add_argument("--junit", default=None, help="write JUnit XML here")
     run.add_argument("--repro-dir", default=str(ROOT / "fuzz-out" / "repros"), help="where minimal repros go")
     run.add_argument("--report-dir", default=str(ROOT / "fuzz-out" / "report"), help="where report.md and report.html go")
@@ -79,6 +85,10 @@ def _build_parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="rerun a saved repro and say whether it still fails")
     replay.add_argument("file", help="a repro .py file written by `run` (its .json sidecar is used when present)")
     replay.add_argument("--vllm-src", default=None, help="replay against a vLLM source checkout")
+    merge = sub.add_parser("merge", help="merge the reports of a sharded campaign's runners into one")
+    merge.add_argument("campaigns", nargs="+", help="campaign.json files (or the report dirs holding them)")
+    merge.add_argument("--report-dir", default=str(ROOT / "fuzz-out" / "report"), help="where the merged report goes")
+    merge.add_argument("--repro-dir", default=str(ROOT / "fuzz-out" / "repros"), help="where the shards' repros were gathered")
     sub.add_parser("matrix", help="run the targets on every supported vLLM release (see fuzz/matrix.py)", add_help=False)
     return p
 
@@ -125,6 +135,7 @@ def _progress_line(total: dict, elapsed: float, budget: float) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from fuzz import databases, sharding
     from fuzz.registry import TARGETS, default_targets
 
     budget = parse_duration(args.budget)
@@ -133,6 +144,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in TARGETS]
     if unknown:
         raise UsageError(f"--target {unknown[0]}: unknown target; known: {', '.join(TARGETS)}")
+    try:
+        shard = sharding.parse_shard(args.shard) if args.shard else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    items = sharding.shard_items(names, shard, workers)
+    names = list(dict.fromkeys(t for t, _ in items))
+    dbs = args.db or [str(ROOT / ".hypothesis" / "fuzz-db")]
+    try:  # reach the database once here: a bad spec or a dead server is one line
+        databases.open_database(dbs)
+    except databases.DatabaseError as exc:
+        raise UsageError(str(exc)) from None
     if args.plant:
         from fuzz.adapter import PLANTED_TRUNCATE_BUGS
 
@@ -141,7 +163,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     env = _vllm_src_env(args.vllm_src, dict(os.environ))
     repro_dir = Path(args.repro_dir)
     report_dir = Path(args.report_dir)
-    for d in (repro_dir, report_dir, Path(args.db)):
+    for d in (repro_dir, report_dir):
         try:
             d.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -154,7 +176,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "budget": budget,
         "start": start,
         "seed": args.seed,
-        "db": args.db,
+        "db": dbs,
+        "items": items,
+        "shard": None if shard is None else str(shard),
+        "reuse_only": args.reuse_only,
         "repro_dir": str(repro_dir),
         "stats_dir": str(stats_dir),
         "plant": args.plant,
@@ -171,13 +196,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         cmd += ["--junitxml", str(Path(args.junit).resolve())]
     tty = sys.stdout.isatty()
     print(f"fuzz run: targets {', '.join(names)}; budget {budget:.0f}s; workers {workers}; "
-          f"seed {args.seed}; db {args.db}", flush=True)
+          f"seed {args.seed}; db {', '.join(map(databases.describe, dbs))}"
+          + (f"; shard {shard}" if shard else ""), flush=True)
     log = stats_dir / "pytest.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         last_plain = 0.0
         while proc.poll() is None:
             time.sleep(0.5)
+            if _harness_errors(stats_dir):
+                _stop(proc)  # e.g. the shared database is gone: no point fuzzing on
+                break
             elapsed = time.time() - start
             if tty:
                 print("\r" + _progress_line(_aggregate(stats_dir), elapsed, budget), end="", flush=True)
@@ -196,6 +225,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     paths = write_reports(total, report_dir, repro_dir=repro_dir, elapsed=elapsed, config=config)
     print(f"report: {paths[0]} and {paths[1]}")
     shutil.copy(log, report_dir / "pytest.log")
+    (report_dir / "campaign.json").write_text(json.dumps({"total": total, "config": config, "elapsed": elapsed}))
+    harness_errors = _harness_errors(stats_dir)
+    if harness_errors:
+        kept = f"; {len({f['key'] for f in total['failures']})} violation(s) found before it, repros kept in {repro_dir}"
+        print(f"python -m fuzz: harness error: {harness_errors[0]}{kept if total['failures'] else ''}",
+              file=sys.stderr)
+        return EXIT_ERROR
     if total["failures"]:
         print(f"{len({f['key'] for f in total['failures']})} distinct violation(s); repros in {repro_dir}")
         return EXIT_VIOLATION
@@ -204,6 +240,37 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(log.read_text()[-3000:])
         return EXIT_ERROR
     return EXIT_OK
+
+
+def _harness_errors(stats_dir: Path) -> list[str]:
+    """One line each, written by campaign workers that could not go on (e.g. database lost)."""
+    return [f.read_text().strip() for f in sorted(stats_dir.glob("harness-error-*.txt"))]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from fuzz.report import summary_table, write_reports
+    from fuzz.sharding import merge_campaigns
+
+    paths = [Path(c) / "campaign.json" if Path(c).is_dir() else Path(c) for c in args.campaigns]
+    try:
+        total, config, elapsed = merge_campaigns(paths)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(summary_table(total, elapsed))
+    report_dir = Path(args.report_dir)
+    md, html = write_reports(total, report_dir, repro_dir=Path(args.repro_dir), elapsed=elapsed, config=config)
+    (report_dir / "campaign.json").write_text(json.dumps({"total": total, "config": config, "elapsed": elapsed}))
+    print(f"merged {len(paths)} shard(s) (shards {config['shard']}); report: {md} and {html}")
+    return EXIT_VIOLATION if total["failures"] else EXIT_OK
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -244,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_list()
         if args.command == "replay":
             return _cmd_replay(args)
+        if args.command == "merge":
+            return _cmd_merge(args)
         if args.command in (None, "run"):
             if args.command is None:
                 args = parser.parse_args(["run"])
