@@ -18,6 +18,7 @@ import os
 import random
 import time
 import traceback
+import unittest
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +199,8 @@ def test_campaign(target_name: str, slot: int) -> None:
                 _run_round(target_name, seed, database, reuse=not found)
             except DatabaseUnavailable as exc:
                 _harness_error(str(exc))
+            except unittest.SkipTest:
+                pass  # --reuse-only, and nothing in the database for this target yet
             except Exception as exc:  # noqa: BLE001 - every failure is a finding
                 found.append(exc)
                 _record_failure(target_name, seed, exc)
