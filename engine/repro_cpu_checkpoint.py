@@ -43,7 +43,7 @@ def main() -> int:
         enable_prefix_caching=True,
         mamba_cache_mode="align",
     )
-    prompt = {"prompt_token_ids": [(7 * i) % 1000 + 3 for i in range(100)]}
+    prompt = {"prompt_token_ids": [(7 * i) % 1000 + 3 for i in range(300)]}
     try:
         llm.generate([prompt], SamplingParams(max_tokens=2, detokenize=False), use_tqdm=False)
     except Exception as exc:  # noqa: BLE001 - report whatever the engine raised
