@@ -159,10 +159,12 @@ def _run_round(target_name: str, seed: int | None, database: Any, reuse: bool) -
             random.seed(seed)
         run_state_machine_as_test(Counted, settings=_round_settings(phases, database))
         return
-    test = _round_settings(phases, database)(given(strategy)(counted))
+    test = given(strategy)(counted)
     if seed is not None:
+        # @seed alone also sets database=None: a seeded campaign would neither
+        # replay nor save anything. The settings applied after it win.
         test = hyp_seed(seed)(test)
-    test()
+    _round_settings(phases, database)(test)()
 
 
 def _harness_error(message: str) -> None:
