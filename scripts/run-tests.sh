@@ -3,6 +3,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/bootstrap.sh"
+bash "$root/scripts/ensure-redis.sh"  # for tests/test_redis_campaign.py; never fatal
 cd "$root"
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 exec "${FUZZ_VENV:-$root/.venv}/bin/python" -m pytest "$@"
