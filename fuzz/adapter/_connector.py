@@ -17,13 +17,19 @@ strategies can draw them.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
+from vllm.distributed.kv_transfer.kv_connector.v1 import base as _base
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     SupportsHMA,
 )
+
+# The base class warns "experimental API" on every construction: once per
+# scenario here, which floods the output and costs time.
+logging.getLogger(_base.__name__).setLevel(logging.ERROR)
 
 __all__ = [
     "CONNECTOR_MODULE",

@@ -41,6 +41,7 @@ import os
 import shutil
 import tempfile
 import textwrap
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -53,7 +54,7 @@ from fuzz.adapter._kv import (
     planted_truncate_bug,
     qualified_name,
 )
-from fuzz.model import GroupInfo, LayoutDraw
+from fuzz.model import GroupInfo, LayoutDraw, SpecDraw
 
 import vllm.v1.core.sched.scheduler as _sched_mod  # noqa: E402
 from vllm.config import (  # noqa: E402
@@ -202,9 +203,13 @@ class AdmissionObservation:
     step: int
     num_tokens: int
     groups: tuple[GroupInfo, ...]
+    # Per group, the attention span parameter that lets it skip old tokens:
+    # ("sliding_window", W), ("attention_chunk_size", C), or None.
+    spans: tuple[tuple[str, int] | None, ...]
     scheduler_block_size: int
     hash_block_size: int
     null_block_id: int
+    divergent_capable: bool  # the connector's supports_divergent_local_hybrid_hits
     # The scheduler's local lookup (what _get_local_prefix_cache_hit returned).
     local_hit: int
     local_blocks: tuple[tuple[int, ...], ...]
@@ -223,6 +228,7 @@ class AdmissionObservation:
     alloc_local_blocks: tuple[tuple[int, ...], ...] | None = None
     alloc_external_tokens: int | None = None
     alloc_ok: bool = False
+    alloc_raised: bool = False
     # The outcome.
     admitted: bool = False
     num_computed_tokens: int | None = None
@@ -250,7 +256,7 @@ class AdmissionObservation:
             f"({self.reply}, async={self.reply_async}){'' if self.reply_honest else ' [over-report]'}",
             f"  allocate_slots(num_new_computed_tokens={self.alloc_local_tokens}, "
             f"num_external_computed_tokens={self.alloc_external_tokens}) -> "
-            f"{'blocks' if self.alloc_ok else 'None'}",
+            f"{'blocks' if self.alloc_ok else 'raised' if self.alloc_raised else 'None'}",
             f"  outcome: admitted={self.admitted}, num_computed_tokens={self.num_computed_tokens}, "
             f"connector told external={self.connector_external_tokens}",
             f"  lookup blocks={[list(g) for g in self.local_blocks]}",
@@ -356,7 +362,18 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
     return config
 
 
-def _ids(blocks: Any) -> tuple[tuple[int, ...], ...]:
+def _span(group: SpecDraw) -> tuple[str, int] | None:
+    for name in _SPAN_PARAMS:
+        value = group.param(name)
+        if value is not None:
+            return (name, value)
+    return None
+
+
+_SPAN_PARAMS = ("sliding_window", "attention_chunk_size")
+
+
+def _block_ids(blocks: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(b.block_id for b in group) for group in blocks.blocks)
 
 
@@ -421,11 +438,15 @@ class SchedulerHarness:
             )
             for i, (g, mgr) in enumerate(zip(groups, self.manager.coordinator.single_type_managers))
         )
+        self.spans = tuple(_span(g) for g in layout.groups)
         self.step_index = 0
+        self.vllm_seconds = 0.0  # inside schedule() and update_from_output()
         self.broken: str | None = None
         self.shortcut_evictions = 0
         self._requests: dict[str, Request] = {}
         self._pending: dict[str, dict[str, Any]] = {}  # admissions in progress
+        self._current: str | None = None
+        self._in_lookup = False
         self._load_failures: set[str] = set()
         self._install_spies()
 
@@ -452,29 +473,41 @@ class SchedulerHarness:
 
         def local_hit(request: Request, max_cache_hit_length: int | None = None) -> Any:
             per_group, joint_hit, joint_blocks = self._side_lookups(request, max_cache_hit_length)
-            result = lookup(sched, request, max_cache_hit_length)
+            self._in_lookup = True
+            try:
+                result = lookup(sched, request, max_cache_hit_length)
+            finally:
+                self._in_lookup = False
             blocks, num_local, _boundary, diverged = result
+            self._current = request.request_id
             self._pending[request.request_id] = dict(
                 local_hit=num_local,
-                local_blocks=_ids(blocks),
+                local_blocks=_block_ids(blocks),
                 hit_diverged=bool(diverged),
                 per_group_hits=per_group,
                 joint_hit=joint_hit,
                 joint_blocks=joint_blocks,
-                step=self.step_index,
             )
             return result
 
+        def current() -> dict[str, Any] | None:
+            # Between a request's lookup and its allocation, the scheduler
+            # works on that request alone.
+            pending = self._pending.get(self._current or "")
+            if pending is None or self._in_lookup or "alloc_ok" in pending or "alloc_raised" in pending:
+                return None
+            return pending
+
         def get_computed_blocks(request: Request, max_cache_hit_length: int | None = None) -> Any:
-            pending = self._pending.get(request.request_id)
-            if pending is not None and "asked_with" in pending and "alloc_ok" not in pending:
+            pending = current()
+            if pending is not None and request.request_id == self._current:
                 pending["fell_back"] = True
             return type(mgr).get_computed_blocks(mgr, request, max_cache_hit_length)
 
         def truncate(blocks: Any, num_computed_tokens: int) -> Any:
-            for pending in self._pending.values():
-                if "alloc_ok" not in pending and "asked_with" in pending:
-                    pending["truncated_at"] = num_computed_tokens
+            pending = current()
+            if pending is not None:
+                pending["truncated_at"] = num_computed_tokens
             return type(mgr).truncate_computed_blocks(mgr, blocks, num_computed_tokens)
 
         def allocate_slots(request: Request, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
@@ -485,9 +518,14 @@ class SchedulerHarness:
                 pending["alloc_local_tokens"] = kwargs.get("num_new_computed_tokens", 0)
                 pending["alloc_external_tokens"] = kwargs.get("num_external_computed_tokens", 0)
                 pending["alloc_local_blocks"] = (
-                    tuple(() for _ in self.groups) if new_blocks is None else _ids(new_blocks)
+                    tuple(() for _ in self.groups) if new_blocks is None else _block_ids(new_blocks)
                 )
-            result = type(mgr).allocate_slots(mgr, request, num_new_tokens, *args, **kwargs)
+            try:
+                result = type(mgr).allocate_slots(mgr, request, num_new_tokens, *args, **kwargs)
+            except Exception:
+                if first:
+                    pending["alloc_raised"] = True
+                raise
             if first:
                 pending["alloc_ok"] = result is not None
             return result
@@ -509,7 +547,7 @@ class SchedulerHarness:
             per_group = tuple(hits)
         else:
             per_group = tuple(joint_hit for _ in self.groups)
-        return per_group, joint_hit, _ids(joint_blocks)
+        return per_group, joint_hit, _block_ids(joint_blocks)
 
     # -- requests ------------------------------------------------------------
     def add_request(
@@ -558,10 +596,12 @@ class SchedulerHarness:
         allocs_before = len(self.script.allocs)
         error = error_type = where = None
         out = None
+        t0 = time.perf_counter()
         try:
             out = self.scheduler.schedule()
         except Exception as exc:  # noqa: BLE001 - every failure is an observation
             error, error_type, where = f"{type(exc).__name__}: {exc}", type(exc).__name__, "schedule"
+        self.vllm_seconds += time.perf_counter() - t0
         queries = self.script.queries[asked_before:]
         allocs = self.script.allocs[allocs_before:]
         dishonest = tuple(
@@ -621,11 +661,14 @@ class SchedulerHarness:
             result.append(
                 AdmissionObservation(
                     request_id=rid,
+                    step=self.step_index,
                     num_tokens=req.num_tokens,
                     groups=self.groups,
+                    spans=self.spans,
                     scheduler_block_size=self.scheduler_block_size,
                     hash_block_size=self.hash_block_size,
                     null_block_id=self.null_block_id,
+                    divergent_capable=self.draw.divergent_hits,
                     admitted=admitted,
                     num_computed_tokens=num_computed,
                     connector_external_tokens=None if alloc is None else alloc.num_external_tokens,
@@ -660,7 +703,11 @@ class SchedulerHarness:
             kv_connector_output=connector_output,
         )
         before = set(sched.requests)
-        sched.update_from_output(out, output)
+        t0 = time.perf_counter()
+        try:
+            sched.update_from_output(out, output)
+        finally:
+            self.vllm_seconds += time.perf_counter() - t0
         return frozenset(before - set(sched.requests))
 
     def drain(self, max_steps: int = 64, context: str = "") -> list[StepObservation]:
@@ -712,40 +759,58 @@ class SchedulerHarness:
 # Planted scheduler bugs
 # ---------------------------------------------------------------------------
 
-_SCHEDULE_EDITS: dict[str, tuple[str, str, str]] = {
-    # name: (description, exact text in Scheduler.schedule, replacement)
+# name: (description, ((exact text in Scheduler.schedule, replacement), ...))
+_SCHEDULE_EDITS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "no_divergent_fallback": (
         "drops the divergent-hit fallback: a deeper full-attention hit is kept "
         "with no external tokens behind its Mamba state",
-        "if hit_diverged and num_external_computed_tokens == 0:",
-        "if False and hit_diverged:",
+        (("if hit_diverged and num_external_computed_tokens == 0:", "if False and hit_diverged:"),),
     ),
     "fallback_discards_hit": (
         "the divergent-hit fallback drops the whole local hit instead of "
         "reconciling to the boundary every group agrees on",
-        "request.shared_prefix_boundary,\n"
-        "                            ) = self.kv_cache_manager.get_computed_blocks(\n"
-        "                                request, max_cache_hit_length\n"
-        "                            )",
-        "request.shared_prefix_boundary,\n"
-        "                            ) = (self.kv_cache_manager.empty_kv_cache_blocks, 0, 0)",
+        (
+            (
+                "request.shared_prefix_boundary,\n"
+                "                            ) = self.kv_cache_manager.get_computed_blocks(\n"
+                "                                request, max_cache_hit_length\n"
+                "                            )",
+                "request.shared_prefix_boundary,\n"
+                "                            ) = (self.kv_cache_manager.empty_kv_cache_blocks, 0, 0)",
+            ),
+        ),
     ),
     "skip_truncation": (
         "skips truncate_computed_blocks: the sub-block tail stays in the adopted "
         "blocks although the local count is cut to the aligned boundary",
-        "self.kv_cache_manager.truncate_computed_blocks(",
-        "(lambda blocks, _n: blocks)(",
+        (("self.kv_cache_manager.truncate_computed_blocks(", "(lambda blocks, _n: blocks)("),),
     ),
-    "local_count_not_truncated": (
-        "truncates the blocks but leaves the local token count at the full "
-        "sub-block hit, so local + external over-counts",
-        "num_new_local_computed_tokens = block_aligned_local\n",
-        "pass\n",
+    "truncation_one_block_short": (
+        "truncates the adopted blocks one scheduler block below the aligned "
+        "local boundary it reports",
+        (
+            (
+                "new_computed_blocks, block_aligned_local\n",
+                "new_computed_blocks, max(0, block_aligned_local - self.block_size)\n",
+            ),
+        ),
+    ),
+    "reports_external_twice": (
+        "hands the model runner num_computed_tokens with the external tokens "
+        "counted twice (the allocation itself is right)",
+        (
+            (
+                "request.num_computed_tokens = num_computed_tokens\n"
+                "                self._set_kv_fetch_stage(request, None)\n",
+                "request.num_computed_tokens = num_computed_tokens + num_external_computed_tokens\n"
+                "                self._set_kv_fetch_stage(request, None)\n",
+            ),
+        ),
     ),
 }
 
 PLANTED_SCHEDULER_BUGS: dict[str, str] = {
-    **{name: desc for name, (desc, _, _) in _SCHEDULE_EDITS.items()},
+    **{name: desc for name, (desc, _) in _SCHEDULE_EDITS.items()},
     "pre_fix_assert_all": (
         "truncate_computed_blocks as before vLLM PR 51468: every group, Mamba "
         "included, asserts it covers the endpoint"
@@ -764,16 +829,17 @@ _TRUNCATE_BUG_FOR = {
 
 @functools.cache
 def _patched_schedule(name: str) -> Callable[..., Any]:
-    _, old, new = _SCHEDULE_EDITS[name]
+    _, edits = _SCHEDULE_EDITS[name]
     source = inspect.getsource(Scheduler.schedule)  # as indented in the class
-    if source.count(old) != 1:
-        raise RuntimeError(
-            f"planted bug {name!r}: its anchor text occurs {source.count(old)} times in "
-            f"Scheduler.schedule of vLLM {VLLM_VERSION} (expected once); update _SCHEDULE_EDITS"
-        )
-    patched = textwrap.dedent(source.replace(old, new))
+    for old, new in edits:
+        if source.count(old) != 1:
+            raise RuntimeError(
+                f"planted bug {name!r}: its anchor {old!r} occurs {source.count(old)} times in "
+                f"Scheduler.schedule of vLLM {VLLM_VERSION} (expected once); update _SCHEDULE_EDITS"
+            )
+        source = source.replace(old, new)
     namespace = dict(vars(_sched_mod))
-    exec(compile(patched, f"<planted scheduler bug {name}>", "exec"), namespace)  # noqa: S102
+    exec(compile(textwrap.dedent(source), f"<planted scheduler bug {name}>", "exec"), namespace)  # noqa: S102
     return namespace["schedule"]
 
 
