@@ -1,0 +1,395 @@
+"""Invariants of ``Scheduler.schedule()``'s external-hit branch.
+
+Each ``check_*`` makes one claim about one observation from
+:class:`fuzz.adapter.SchedulerHarness` and raises :class:`InvariantViolation`
+naming the request, the groups, the block ids and the numbers that disagree.
+Expected per-group behaviour comes from :mod:`invariants.classification`.
+
+Vocabulary for one admission (a waiting request's prefix-cache lookup):
+
+* ``H``: the local hit the scheduler's lookup returned; ``S``: the scheduler
+  block (LCM of group blocks); ``P = H % S``: the sub-block ("partial") tail;
+  ``A = H - P``: the block-aligned local hit the connector is asked about.
+* ``E``: the connector's answer; ``ext``: the external tokens the scheduler
+  finally told the connector to load; ``N``: the request's
+  ``num_computed_tokens``; ``local = N - ext``: the local tokens kept.
+* ``J``: the joint hit, the boundary every group agrees on
+  (``get_computed_blocks``).
+
+Block arithmetic: a prefix-cacheable group with block ``b`` covers ``local``
+tokens with ``ceil(local / b)`` blocks (the last one partly, for a sub-block
+hit); a Mamba group may hold fewer, as its blocks are whole recurrent states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fuzz.adapter import AdmissionObservation, PoolObservation, StepObservation
+from fuzz.model import GroupInfo
+from invariants.classification import Behaviour, behaviour_of
+from invariants.truncation import InvariantViolation
+
+__all__ = [
+    "ADMISSION_CHECKS",
+    "check_admission",
+    "check_computed_below_num_tokens",
+    "check_computed_tokens_add_up",
+    "check_diverged_hit_falls_back",
+    "check_local_part_covered",
+    "check_mamba_state_at_resume_boundary",
+    "check_no_exception_escapes",
+    "check_no_leaked_blocks",
+    "check_step",
+    "check_truncated_view",
+    "expects_truncation",
+    "KNOWN_VLLM_BUGS",
+    "known_vllm_bug",
+]
+
+
+def _behaviour(g: GroupInfo) -> Behaviour:
+    if not g.prefix_cacheable:
+        return Behaviour.SCRATCH
+    return behaviour_of(g.spec_class)
+
+
+def _name(g: GroupInfo) -> str:
+    return f"group {g.index} ({g.spec_class.rsplit('.', 1)[-1]}, block_size={g.block_size})"
+
+
+def _fail(invariant: str, adm: AdmissionObservation, message: str, context: str = "") -> None:
+    text = f"{message}\n{adm.describe()}"
+    if context:
+        text += f"\n  scenario: {context}"
+    raise InvariantViolation(invariant, text)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _settled(adm: AdmissionObservation) -> bool:
+    """Admitted with a known external count (the branch ran to allocation)."""
+    return adm.admitted and adm.num_computed_tokens is not None and adm.connector_external_tokens is not None
+
+
+def _local_kept(adm: AdmissionObservation) -> int:
+    assert adm.num_computed_tokens is not None and adm.connector_external_tokens is not None
+    return adm.num_computed_tokens - adm.connector_external_tokens
+
+
+def expects_truncation(adm: AdmissionObservation) -> bool:
+    """The external-hit branch must drop the sub-block tail: the local hit has
+    one (``P > 0``) and the connector's answer strictly exceeds it."""
+    return adm.reply is not None and adm.partial_tail > 0 and adm.reply > adm.partial_tail
+
+
+# ---------------------------------------------------------------------------
+# Step-level
+# ---------------------------------------------------------------------------
+
+
+def check_no_exception_escapes(step: StepObservation) -> None:
+    """No exception escapes ``schedule()`` or ``update_from_output()`` for a
+    configuration vLLM accepted. The one excuse: an ``AssertionError`` in a
+    step where the connector over-reported (a contract breach vLLM may refuse
+    loudly)."""
+    if step.error is None:
+        return
+    if step.error_type == "AssertionError" and step.dishonest_replies:
+        return
+    raise InvariantViolation(
+        "no-exception",
+        f"{step.error_where}() raised {step.error}\n{step.describe()}",
+    )
+
+
+# ---------------------------------------------------------------------------
+# Admission-level
+# ---------------------------------------------------------------------------
+
+
+def check_computed_tokens_add_up(adm: AdmissionObservation, context: str = "") -> None:
+    """``num_computed_tokens == local kept + external``: the local part the
+    scheduler handed to ``allocate_slots`` plus the external tokens it told
+    the connector to load, and no group adopted a cached block past the
+    local part (``ceil(local / b)`` at most; none for a scratch group)."""
+    if not _settled(adm) or adm.alloc_local_blocks is None:
+        return
+    local = _local_kept(adm)
+    if adm.alloc_local_tokens is not None and adm.alloc_local_tokens != local:
+        _fail(
+            "computed-adds-up",
+            adm,
+            f"num_computed_tokens={adm.num_computed_tokens} - external "
+            f"{adm.connector_external_tokens} = {local} local tokens, but allocate_slots "
+            f"was told num_new_computed_tokens={adm.alloc_local_tokens}",
+            context,
+        )
+    for g, adopted in zip(adm.groups, adm.alloc_local_blocks):
+        limit = 0 if _behaviour(g) is Behaviour.SCRATCH else _cdiv(local, g.block_size)
+        if len(adopted) > limit:
+            _fail(
+                "computed-adds-up",
+                adm,
+                f"{_name(g)} adopted {len(adopted)} cached blocks {list(adopted)} but the local "
+                f"part is {local} tokens (num_computed_tokens={adm.num_computed_tokens} = local "
+                f"{local} + external {adm.connector_external_tokens}): at most {limit} "
+                f"= ceil({local} / {g.block_size}) may be adopted",
+                context,
+            )
+
+
+def _first_needed_token(span: tuple[str, int] | None, resume: int) -> int:
+    """The first token the next computed token attends to in a group."""
+    if span is None:
+        return 0
+    name, value = span
+    if name == "sliding_window":
+        return max(0, resume - value + 1)
+    return resume // value * value  # attention_chunk_size: the current chunk
+
+
+def check_local_part_covered(adm: AdmissionObservation, context: str = "") -> None:
+    """Every must-cover group has real KV, or KV on its way, for each block
+    the resumed request reads inside the local part (from the first token its
+    attention span needs at the resume point: 0 for full attention, the
+    window or chunk start otherwise). Such a block is an adopted cached
+    block, or, only for a connector that declared
+    ``supports_divergent_local_hybrid_hits`` and loads external tokens, a
+    real block in the request's table handed to the connector to fill."""
+    if not _settled(adm) or adm.alloc_local_blocks is None:
+        return
+    local = _local_kept(adm)
+    resume = adm.num_computed_tokens or 0
+    completes = adm.divergent_capable and bool(adm.connector_external_tokens)
+    for g, span, adopted, table, hit in zip(
+        adm.groups,
+        adm.spans,
+        adm.alloc_local_blocks,
+        adm.block_table or [()] * len(adm.groups),
+        adm.per_group_hits,
+    ):
+        if _behaviour(g) is not Behaviour.MUST_COVER:
+            continue
+        # Only a group whose own hit lags the local part can be completed by
+        # the connector; the group that reached it must hold it.
+        lagging = completes and hit < local
+        first = _first_needed_token(span, resume)
+        missing = []
+        for i in range(first // g.block_size, _cdiv(local, g.block_size)):
+            cached = i < len(adopted) and adopted[i] != adm.null_block_id
+            handed = lagging and i < len(table) and table[i] != adm.null_block_id
+            if not (cached or handed):
+                missing.append(i)
+        if missing:
+            _fail(
+                "local-part-covered",
+                adm,
+                f"{_name(g)}{'' if span is None else f' {span[0]}={span[1]}'} must hold the "
+                f"local tokens [{first}, {local}) the request reads when it resumes at {resume}, "
+                f"but block indices {missing} are neither adopted cached blocks {list(adopted)} "
+                + (
+                    f"nor real blocks handed to the divergence-completing connector (table {list(table)})"
+                    if lagging
+                    else f"(this group's own hit is {hit}; no connector completes it)"
+                ),
+                context,
+            )
+
+
+def check_computed_below_num_tokens(adm: AdmissionObservation, context: str = "") -> None:
+    """A newly scheduled request leaves at least one token to compute:
+    ``num_computed_tokens < num_tokens``."""
+    if not _settled(adm) or adm.reply_async:
+        return  # an async load is not scheduled; vLLM trims it on arrival
+    assert adm.num_computed_tokens is not None
+    if adm.num_computed_tokens >= adm.num_tokens:
+        _fail(
+            "computed-below-num-tokens",
+            adm,
+            f"num_computed_tokens={adm.num_computed_tokens} >= num_tokens={adm.num_tokens}: "
+            "nothing left to compute, no logits to sample from",
+            context,
+        )
+
+
+def check_truncated_view(adm: AdmissionObservation, context: str = "") -> None:
+    """When the external answer exceeds the sub-block tail, the local part is
+    the block-aligned ``A = H - P``, each group's adopted blocks are exactly
+    the truncated view of the lookup (must-cover: ``[:A/b]``, whole-state:
+    ``[:min(A/b, len)]``, scratch: none), and no sub-block tail is adopted
+    (no copy-on-write into the request's blocks)."""
+    if not _settled(adm) or not expects_truncation(adm):
+        return
+    s = adm.scheduler_block_size
+    aligned = adm.local_hit - adm.partial_tail
+    local = _local_kept(adm)
+    if local != aligned or local % s:
+        _fail(
+            "truncated-view",
+            adm,
+            f"external answer {adm.reply} > partial tail {adm.partial_tail}, so the local "
+            f"part must be the aligned {aligned} (= {adm.local_hit} - {adm.partial_tail}); "
+            f"got {local} (num_computed_tokens={adm.num_computed_tokens} - external "
+            f"{adm.connector_external_tokens})",
+            context,
+        )
+    if adm.alloc_local_blocks is not None:
+        for g, looked_up, adopted in zip(adm.groups, adm.local_blocks, adm.alloc_local_blocks):
+            behaviour = _behaviour(g)
+            keep = aligned // g.block_size
+            if behaviour is Behaviour.SCRATCH:
+                expected: tuple[int, ...] = ()
+            elif behaviour is Behaviour.MAY_BE_SHORT:
+                expected = looked_up[: min(keep, len(looked_up))]
+            else:
+                expected = looked_up[:keep]
+            if tuple(adopted) != tuple(expected):
+                _fail(
+                    "truncated-view",
+                    adm,
+                    f"{_name(g)} adopted blocks {list(adopted)}, not the view truncated at "
+                    f"{aligned} of its lookup {list(looked_up)}: expected {list(expected)}",
+                    context,
+                )
+    table_ids = {b for group in adm.block_table for b in group}
+    adopted_tail = sorted(table_ids & adm.cow_dst_ids)
+    if adopted_tail:
+        _fail(
+            "truncated-view",
+            adm,
+            f"the request's blocks {adopted_tail} are copy-on-write destinations this step: "
+            f"a sub-block tail was adopted although the external answer {adm.reply} "
+            f"exceeds the partial tail {adm.partial_tail}",
+            context,
+        )
+
+
+def check_mamba_state_at_resume_boundary(adm: AdmissionObservation, context: str = "") -> None:
+    """The request resumes where a valid recurrent state exists: either the
+    connector supplies external tokens (and the state at their end), or each
+    whole-state group's adopted blocks end in a real (non-null) state block
+    exactly at the local boundary."""
+    if not _settled(adm) or adm.alloc_local_blocks is None:
+        return
+    local = _local_kept(adm)
+    if adm.connector_external_tokens or local == 0:
+        return
+    for g, adopted in zip(adm.groups, adm.alloc_local_blocks):
+        if _behaviour(g) is not Behaviour.MAY_BE_SHORT:
+            continue
+        idx = _cdiv(local, g.block_size) - 1
+        state = adopted[idx] if idx < len(adopted) else None
+        if state is None or state == adm.null_block_id:
+            _fail(
+                "mamba-state-at-boundary",
+                adm,
+                f"the request resumes at {local} with no external tokens, but {_name(g)} has "
+                f"no state there: its adopted blocks are {list(adopted)} (index {idx} is "
+                f"{'missing' if state is None else 'the null block'})",
+                context,
+            )
+
+
+def check_diverged_hit_falls_back(adm: AdmissionObservation, context: str = "") -> None:
+    """With no external tokens the local part is at most the boundary every
+    group agrees on; a deeper (diverged) local hit falls back to exactly that
+    joint hit and its blocks."""
+    if not _settled(adm) or adm.connector_external_tokens:
+        return
+    local = _local_kept(adm)
+    if adm.local_hit <= adm.joint_hit:
+        return  # nothing diverged; the other checks cover this admission
+    if local != adm.joint_hit or (
+        adm.alloc_local_blocks is not None and tuple(adm.alloc_local_blocks) != tuple(adm.joint_blocks)
+    ):
+        _fail(
+            "diverged-falls-back",
+            adm,
+            f"the local hit {adm.local_hit} runs deeper than the joint hit {adm.joint_hit} "
+            f"(per-group hits {list(adm.per_group_hits)}) and no external tokens back it, so "
+            f"the scheduler must fall back to {adm.joint_hit} with blocks "
+            f"{[list(g) for g in adm.joint_blocks]}; it kept {local} local tokens",
+            context,
+        )
+
+
+ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
+    check_computed_tokens_add_up,
+    check_local_part_covered,
+    check_computed_below_num_tokens,
+    check_truncated_view,
+    check_mamba_state_at_resume_boundary,
+    check_diverged_hit_falls_back,
+)
+
+
+def check_admission(adm: AdmissionObservation, context: str = "") -> None:
+    for check in ADMISSION_CHECKS:
+        check(adm, context)
+
+
+def check_step(step: StepObservation, checks: tuple[Callable[..., None], ...] | None = None) -> None:
+    """Every step check, then every admission check, on one step."""
+    selected = ADMISSION_CHECKS + (check_no_exception_escapes,) if checks is None else checks
+    if check_no_exception_escapes in selected:
+        check_no_exception_escapes(step)
+    for adm in step.admissions:
+        for check in selected:
+            if check is not check_no_exception_escapes and check is not check_no_leaked_blocks:
+                check(adm, step.context)
+
+
+# ---------------------------------------------------------------------------
+# Known vLLM bugs: failures of unmodified vLLM reached through real paths,
+# each pinned by a strict xfail in tests/test_known_vllm_bugs_scheduler.py.
+# The targets stop an example that hits one (with an event) instead of
+# failing; when vLLM fixes one, its xfail turns red: delete the entry then.
+# ---------------------------------------------------------------------------
+
+KNOWN_VLLM_BUGS: dict[str, str] = {
+    "mamba-external-block-undercount": (
+        "MambaManager.get_num_blocks_to_allocate (align mode) caps a new request's "
+        "blocks at 1 (+ partial hit + checkpoint), but with external tokens "
+        "allocate_external_computed_blocks takes one block for the loaded boundary "
+        "state and allocate_new_blocks another for the running state; with exactly "
+        "the estimate free, BlockPool.get_new_blocks raises ValueError inside "
+        "schedule()"
+    ),
+}
+
+
+def known_vllm_bug(step: StepObservation) -> str | None:
+    """The :data:`KNOWN_VLLM_BUGS` key this step's failure matches, if any."""
+    if (
+        step.error_where == "schedule"
+        and step.error_type == "ValueError"
+        and "free blocks from the pool" in (step.error or "")
+    ):
+        for adm in step.admissions:
+            has_mamba = any(_behaviour(g) is Behaviour.MAY_BE_SHORT for g in adm.groups)
+            if adm.alloc_raised and has_mamba and (adm.alloc_external_tokens or 0) > 0:
+                return "mamba-external-block-undercount"
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Pool-level
+# ---------------------------------------------------------------------------
+
+
+def check_no_leaked_blocks(pool: PoolObservation) -> None:
+    """Once every request has finished and been freed, every block except the
+    null block is free again and no block keeps a reference."""
+    if pool.live_requests:
+        return
+    if pool.num_free != pool.num_blocks - 1 or pool.referenced:
+        raise InvariantViolation(
+            "no-leaked-blocks",
+            f"after every request finished: {pool.num_free} free blocks, expected "
+            f"{pool.num_blocks - 1} (num_blocks - 1 for the null block); blocks still "
+            f"referenced (block_id, ref_cnt): {list(pool.referenced)[:20]}"
+            + (f"\n  scenario: {pool.context}" if pool.context else ""),
+        )

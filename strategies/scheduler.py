@@ -1,0 +1,504 @@
+"""Strategies for the scheduler tier: configurations, prompts, connector replies.
+
+Everything is built by construction:
+
+* layouts come from :func:`strategies.specs.kv_cache_layouts` and are then made
+  engine-realistic (:func:`engine_layout`): the engine sets
+  ``cache_config.block_size`` to the smallest prefix-cacheable group block and
+  a hybrid model's Mamba block size to that same value, so Mamba groups get
+  the smallest block; when that would leave no room under it for a finer
+  ``prefix_match_unit`` the hash block is halved (it still divides every
+  group block);
+* prompts are slices of one shared token sequence plus their own suffix
+  tokens, so cache hits really happen and shrinking keeps them;
+* the external store's answer is drawn relative to the prompt it answers for
+  (:func:`external_replies`), mostly honest and often longer than any local
+  sub-block tail, so the external-hit branch is reached without filtering.
+
+Shrinking goes towards the core hybrid case (full attention + Mamba), one
+fill prompt, no shortcut evictions, and a connector that finds nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+from fuzz.adapter import ExternalReply, SchedulerDraw
+from fuzz.model import LayoutDraw, SpecDraw
+from invariants.classification import Behaviour, behaviour_of
+from strategies.specs import kv_cache_layouts
+
+__all__ = [
+    "PromptDraw",
+    "SingleShotScenario",
+    "FLAVOURS",
+    "engine_layout",
+    "external_replies",
+    "machine_configs",
+    "prompt_draws",
+    "scheduler_draws",
+    "scheduler_layouts",
+    "single_shot_scenarios",
+]
+
+_CORE = ("FullAttentionSpec", "MambaSpec")
+_SUFFIX_BASE = 2_000  # own-suffix tokens live above the shared vocabulary
+
+
+def _is_mamba(group: SpecDraw) -> bool:
+    from fuzz import adapter
+
+    qual = adapter.qualified_name(adapter.spec_class_by_name(group.kind))
+    return behaviour_of(qual) is Behaviour.MAY_BE_SHORT
+
+
+def engine_layout(layout: LayoutDraw) -> LayoutDraw:
+    """The layout as vLLM's engine would hand it to the scheduler.
+
+    Whole-state (Mamba) groups take the smallest prefix-cacheable block size
+    (vLLM sets ``mamba_block_size = cache_config.block_size`` in align mode,
+    and the engine sets ``block_size`` to the smallest participating group
+    block). If that block equals the hash block, the hash block is halved when
+    it can be, so a sub-block prefix-match unit stays possible.
+    """
+    from fuzz import adapter
+
+    if not any(_is_mamba(g) for g in layout.groups):
+        return layout
+    cacheable = [
+        g.block_size
+        for g in layout.groups
+        if behaviour_of(adapter.qualified_name(adapter.spec_class_by_name(g.kind)))
+        is not Behaviour.SCRATCH
+    ]
+    smallest = min(cacheable or [g.block_size for g in layout.groups])
+    groups = tuple(
+        dataclasses.replace(g, block_size=smallest) if _is_mamba(g) else g for g in layout.groups
+    )
+    hash_bs = layout.hash_block_size
+    # Room for sub-block hits: the Mamba block holds at least 4 hash units
+    # (halve the unit while it can, else double every block and span).
+    while len(groups) > 1 and smallest // hash_bs < 4:
+        if hash_bs > 1:
+            hash_bs //= 2
+        else:
+            groups = tuple(
+                dataclasses.replace(g, block_size=2 * g.block_size, params=tuple((k, 2 * v) for k, v in g.params))
+                for g in groups
+            )
+            smallest *= 2
+    return dataclasses.replace(layout, groups=groups, hash_block_size=hash_bs)
+
+
+def _one_block_size(layout: LayoutDraw) -> LayoutDraw:
+    """Every group at the largest drawn block size (what a hybrid model gets
+    when all its layers share ``cache_config.block_size``)."""
+    largest = max(g.block_size for g in layout.groups)
+    return dataclasses.replace(
+        layout, groups=tuple(dataclasses.replace(g, block_size=largest) for g in layout.groups)
+    )
+
+
+@st.composite
+def _uniform_or_not(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw]) -> LayoutDraw:
+    layout = draw(layouts, label="drawn layout")
+    # One in three share one block size (a hybrid whose layers all use
+    # cache_config.block_size; the others model page-size-unified groups).
+    if draw(st.sampled_from((False, True, False)), label="one block size"):
+        layout = _one_block_size(layout)
+    return engine_layout(layout)
+
+
+@functools.cache
+def scheduler_layouts(*, weights: tuple[int, int, int] = (1, 0, 0)) -> st.SearchStrategy[LayoutDraw]:
+    """Engine-realistic layouts (:func:`engine_layout`), drawn from three
+    families with relative ``weights`` (default: the core case only):
+    exactly full attention + Mamba (the core case), full attention + Mamba +
+    one or two other groups, and any 1-4 group layout of every drawable kind. One in three layouts puts every
+    group on one block size, as a hybrid model whose layers share
+    ``cache_config.block_size`` does.
+
+    Shrinks to a two-group full attention + Mamba layout on one block size.
+    """
+    if len(weights) != 3 or min(weights) < 0 or not sum(weights):
+        raise ValueError(f"weights={weights} must be three non-negative counts, not all 0")
+    families = (
+        kv_cache_layouts(min_groups=2, max_groups=2, required=_CORE),
+        kv_cache_layouts(min_groups=3, max_groups=4, required=_CORE),
+        kv_cache_layouts(min_groups=1, max_groups=4),
+    )
+    picks = [i for i, w in enumerate(weights) for _ in range(w)]
+    return st.sampled_from(picks).flatmap(lambda i: _uniform_or_not(families[i]))
+
+
+@st.composite
+def _scheduler_draws(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw]) -> SchedulerDraw:
+    layout = draw(layouts, label="layout")
+    s = layout.scheduler_block_size
+    # Small budgets force chunked prefill and make prompts re-enter schedule().
+    budget = draw(
+        st.one_of(st.integers(1, 6).map(lambda k: k * s), st.integers(4, 6 * s)),
+        label="max_num_batched_tokens",
+    )
+    budget = max(budget, 4)
+    seqs = draw(st.integers(1, 4), label="max_num_seqs")
+    threshold = draw(st.one_of(st.just(0), st.integers(1, max(1, budget))), label="long_prefill_token_threshold")
+    divergent = draw(st.booleans(), label="supports_divergent_local_hybrid_hits")
+    return SchedulerDraw(
+        layout=layout,
+        max_num_batched_tokens=budget,
+        max_num_seqs=seqs,
+        long_prefill_token_threshold=threshold,
+        divergent_hits=not divergent,  # shrinks to True: the capability the seed bug needs
+    )
+
+
+@functools.cache
+def _default_scheduler_draws() -> st.SearchStrategy[SchedulerDraw]:
+    return _scheduler_draws(scheduler_layouts())
+
+
+def scheduler_draws(
+    *, layouts: st.SearchStrategy[LayoutDraw] | None = None
+) -> st.SearchStrategy[SchedulerDraw]:
+    """Scheduler configurations over ``layouts`` (default
+    :func:`scheduler_layouts`): token budget ``max_num_batched_tokens`` from 4
+    to six scheduler blocks, 1-4 sequences, an optional long-prefill
+    threshold, and the connector's ``supports_divergent_local_hybrid_hits``.
+    Shrinks towards the smallest budget and a divergent-capable connector.
+    """
+    return _scheduler_draws(layouts) if layouts is not None else _default_scheduler_draws()
+
+
+@st.composite
+def _external_replies(draw: st.DrawFn, num_tokens: int, kinds: tuple[str, ...], allow_async: bool) -> ExternalReply:
+    kind = draw(st.sampled_from(kinds), label="reply kind")
+    if kind == "zero":
+        return ExternalReply("zero")
+    if kind == "over":
+        return ExternalReply("over", extra=draw(st.integers(0, 3), label="over-report extra"))
+    # Mostly the whole prompt (the external store outlives the local pool).
+    whole = draw(st.sampled_from((True, False, True, True)), label="store holds the whole prompt")
+    store_len = num_tokens if whole else draw(st.integers(0, num_tokens), label="store holds")
+    # One load in four is asynchronous (WAITING_FOR_REMOTE_KVS). Hypothesis
+    # favours range ends, so the rare outcomes sit inside the range.
+    load_async = allow_async and draw(st.integers(0, 7), label="async load") in (2, 5)
+    undecided = draw(st.integers(1, 2), label="undecided asks") if kind == "undecided" else 0
+    return ExternalReply(kind, store_len=store_len, undecided=undecided, load_async=load_async)
+
+
+@functools.cache
+def external_replies(
+    num_tokens: int, *, allow_over: bool = True, allow_async: bool = True, often_zero: bool = False
+) -> st.SearchStrategy[ExternalReply]:
+    """What the external store answers for a prompt of ``num_tokens`` tokens.
+
+    Mostly honest: the store holds a prefix of the prompt (often all of it,
+    so the reply exceeds any local sub-block tail), sometimes nothing,
+    sometimes "cannot decide yet" for a few asks. With ``allow_over`` it
+    occasionally over-reports (the rest of the prompt plus ``extra``), which
+    a correct scheduler must refuse loudly or survive. With ``often_zero``
+    half the answers find nothing. Shrinks to ``zero``.
+    """
+    if num_tokens < 1:
+        raise ValueError(f"num_tokens={num_tokens} < 1")
+    # Relative weights: store 14, undecided 2, zero 2, over 1 (if allowed);
+    # the common answer at both ends, as Hypothesis favours the ends.
+    kinds = (
+        ("store", "store", "undecided", "store", "zero", "store", "store", "store", "store")
+        + (("over",) if allow_over else ())
+        + ("store", "store", "undecided", "store", "store", "store", "zero", "store", "store")
+    )
+    if often_zero:  # as many misses as hits
+        kinds = ("zero", "store", "zero", "undecided", "store", "zero", "store", "zero")
+    return _external_replies(num_tokens, kinds, allow_async)
+
+
+@dataclass(frozen=True)
+class PromptDraw:
+    """``shared[:prefix]`` followed by ``suffix`` tokens of its own."""
+
+    prefix: int
+    suffix: int
+    max_tokens: int = 1
+    reply: ExternalReply = ExternalReply()
+
+    def tokens(self, shared: tuple[int, ...], salt: int) -> list[int]:
+        own = [_SUFFIX_BASE + 64 * salt + j for j in range(self.suffix)]
+        return list(shared[: self.prefix]) + own
+
+    def __repr__(self) -> str:
+        return f"Prompt(shared[:{self.prefix}]+{self.suffix}, max_tokens={self.max_tokens}, ext={self.reply!r})"
+
+
+@st.composite
+def _prompt_draws(
+    draw: st.DrawFn,
+    shared_len: int,
+    block: int,
+    unit: int,
+    replies: bool,
+    allow_over: bool,
+    label: str,
+) -> PromptDraw:
+    # The prefix is whole blocks plus a remainder r. vLLM registers a
+    # sub-block tail entry at the prompt's last hash boundary below its last
+    # token, floor((len - 1) / unit) * unit, when that lies past the last
+    # full block: r in [unit + 1, block - 1] does that (the partial hits the
+    # external-hit branch needs); r = 0 ends on a block boundary.
+    blocks = draw(st.integers(2, max(2, shared_len // block - 2)), label=f"{label} prefix blocks")
+    mid_block = unit + 1 < block and draw(st.sampled_from((True, False, True, True)), label=f"{label} tail mid-block")
+    rem = draw(st.integers(unit + 1, block - 1), label=f"{label} remainder") if mid_block else 0
+    prefix = min(shared_len, blocks * block + rem)
+    # Mostly no own suffix: a pure shared prefix is what a later prompt can
+    # hit all the way to its sub-block tail.
+    own = draw(st.sampled_from((False, True, False, False)), label=f"{label} has own suffix")
+    suffix = draw(st.integers(1, 2 * block), label=f"{label} suffix") if own else 0
+    max_tokens = draw(st.integers(1, 3), label=f"{label} max_tokens")
+    reply = (
+        draw(external_replies(prefix + suffix, allow_over=allow_over), label=f"{label} reply")
+        if replies
+        else ExternalReply()
+    )
+    return PromptDraw(prefix, suffix, max_tokens, reply)
+
+
+@functools.cache
+def prompt_draws(
+    *,
+    shared_len: int,
+    block: int,
+    unit: int = 1,
+    replies: bool = True,
+    allow_over: bool = True,
+    label: str = "prompt",
+) -> st.SearchStrategy[PromptDraw]:
+    """Prompts sharing a prefix of a ``shared_len``-token sequence: whole
+    ``block``-token blocks plus a remainder that mostly leaves the last
+    ``unit``-token hash boundary inside a block, then rarely own tokens.
+
+    With ``replies`` the connector's answer for the prompt is drawn too
+    (:func:`external_replies`); otherwise it finds nothing. Shrinks to a
+    one-token prefix, ``max_tokens=1`` and no external hit.
+    """
+    if shared_len < 2 * block or block < 1 or unit < 1:
+        raise ValueError(f"need shared_len >= 2 * block >= 2 and unit >= 1, got {shared_len=} {block=} {unit=}")
+    return _prompt_draws(shared_len, block, unit, replies, allow_over, label)
+
+
+@dataclass(frozen=True)
+class SingleShotScenario:
+    """Fill the cache, optionally evict by hand, then replay one request."""
+
+    config: SchedulerDraw
+    shared_len: int
+    token_seed: int
+    fills: tuple[PromptDraw, ...]
+    concurrent: bool  # fills submitted together (churn, preemption) or one by one
+    evict_from: tuple[int | None, ...] | None  # per group; None: real paths only
+    replay: PromptDraw
+    flavour: str = "free"  # how the replay relates to the fills (see _FLAVOURS)
+
+    @property
+    def shared(self) -> tuple[int, ...]:
+        # Distinct tokens below _SUFFIX_BASE; the seed varies them cheaply.
+        return tuple((i * 7 + self.token_seed) % 1_000 for i in range(self.shared_len))
+
+    def fill_tokens(self, i: int) -> list[int]:
+        return self.fills[i].tokens(self.shared, salt=i)
+
+    def replay_tokens(self) -> list[int]:
+        return self.replay.tokens(self.shared, salt=len(self.fills) + 1)
+
+    @property
+    def uses_shortcut(self) -> bool:
+        return self.evict_from is not None and any(e is not None for e in self.evict_from)
+
+    def __repr__(self) -> str:
+        return (
+            f"SingleShot({self.flavour}, {self.config!r}, shared_len={self.shared_len}, "
+            f"fills={list(self.fills)}, concurrent={self.concurrent}, "
+            f"evict_from={None if self.evict_from is None else list(self.evict_from)}, "
+            f"replay={self.replay!r})"
+        )
+
+
+def _spare_blocks(need: int) -> st.SearchStrategy[int]:
+    """Blocks beyond one request's need: one pool in three is tight (LRU
+    eviction and preemption), the others roomy enough to keep what earlier
+    prompts cached (tails are freed, so evicted, first)."""
+    return st.sampled_from((False, True, False)).flatmap(
+        lambda tight: st.integers(0, need) if tight else st.integers(need, 3 * need)
+    )
+
+
+def _blocks_needed(layout: LayoutDraw, num_tokens: int) -> int:
+    """Roughly the blocks one request of ``num_tokens`` holds: one per block
+    of every token-proportional group, a few per whole-state group."""
+    return sum(3 if _is_mamba(g) else -(-num_tokens // g.block_size) for g in layout.groups)
+
+
+def _mid_block_end(after: int, block: int, unit: int, blocks_ahead: int, rem: int) -> int:
+    """A prompt length past ``after`` whose last hash boundary lies inside a
+    block: ``blocks_ahead`` whole blocks on, plus remainder ``rem``."""
+    length = (after // block + blocks_ahead) * block + rem
+    return length if length > after else length + block
+
+
+@st.composite
+def _conversation(
+    draw: st.DrawFn, n: int, shared_len: int, block: int, unit: int, replies: bool
+) -> tuple[PromptDraw, ...]:
+    """``n`` prompts, each extending the one before past its sub-block tail
+    entry (a multi-turn conversation): every prompt after the first meets
+    its predecessor's tail entry."""
+    prompts: list[PromptDraw] = []
+    length = 0
+    mid = unit + 1 < block
+    for i in range(n):
+        ahead = draw(st.integers(1 if i == 0 else 0, 2), label=f"fill[{i}] blocks ahead")
+        rem = draw(st.integers(unit + 1, block - 1), label=f"fill[{i}] remainder") if mid else 0
+        length = min(shared_len, _mid_block_end(length, block, unit, ahead, rem))
+        max_tokens = draw(st.integers(1, 3), label=f"fill[{i}] max_tokens")
+        reply = (
+            draw(external_replies(length, allow_over=False), label=f"fill[{i}] reply")
+            if replies
+            else ExternalReply()
+        )
+        prompts.append(PromptDraw(length, 0, max_tokens, reply))
+    return tuple(prompts)
+
+
+@st.composite
+def _free_prompts(
+    draw: st.DrawFn, n: int, shared_len: int, block: int, unit: int, replies: bool
+) -> tuple[PromptDraw, ...]:
+    """``n`` prompts anywhere on the shared sequence, some with own tokens."""
+    return tuple(
+        draw(prompt_draws(shared_len=shared_len, block=block, unit=unit, replies=replies, allow_over=False, label=f"fill[{i}]"))
+        for i in range(n)
+    )
+
+
+# How the replay relates to the fills: "tail" extends the longest fill past
+# its sub-block tail entry (the truncation branch), "inside" stops inside it
+# (where only some groups kept state: the divergent-hit fallback), "free"
+# places everything anywhere.
+FLAVOURS = ("tail", "inside", "free")
+
+
+@st.composite
+def _single_shots(
+    draw: st.DrawFn,
+    configs: st.SearchStrategy[SchedulerDraw],
+    max_fills: int,
+    shortcut: bool,
+    allow_over: bool,
+    flavours: tuple[str, ...],
+) -> SingleShotScenario:
+    flavour = flavours[draw(st.integers(0, len(flavours) - 1), label="flavour")]
+    config = draw(configs, label="config")
+    layout = config.layout
+    s = layout.scheduler_block_size
+    unit = layout.hash_block_size
+    shared_len = 8 * s
+    seed = draw(st.integers(0, 999), label="token seed")
+    n_fills = draw(st.integers(1, max_fills), label="fills")
+    # One in three: fills that load from the store leave full-attention
+    # blocks but no Mamba state behind, which starves later local hits.
+    fill_replies = draw(st.sampled_from((False, True, False)), label="fills consult the connector")
+    if flavour == "free":
+        fills = draw(_free_prompts(n_fills, shared_len, s, unit, fill_replies))
+    else:
+        fills = draw(_conversation(n_fills, shared_len, s, unit, fill_replies))
+    concurrent = draw(st.sampled_from((False, True, False)), label="concurrent fills")
+    longest = max(p.prefix for p in fills)
+    delta = draw(st.integers(1, s), label="replay offset")
+    if flavour == "tail":
+        prefix, suffix = min(shared_len, longest + delta), 0
+    elif flavour == "inside":
+        prefix, suffix = max(1, longest - min(delta, max(1, longest - s))), 0
+    else:
+        prefix = draw(st.integers(s, shared_len), label="replay prefix")
+        suffix = draw(st.integers(0, 2 * s), label="replay suffix")
+    n = prefix + suffix
+    # The tail replay mostly finds the store holding its prompt; the inside
+    # replay mostly finds nothing (no external tokens behind a deeper hit).
+    reply = draw(external_replies(n, allow_over=allow_over, often_zero=flavour == "inside"), label="replay reply")
+    replay = PromptDraw(prefix, suffix, draw(st.integers(1, 3), label="replay max_tokens"), reply)
+    # A pool from just big enough for the largest request to roomy: small
+    # pools make LRU eviction, preemption and churn real.
+    need = _blocks_needed(layout, max(p.prefix + p.suffix + p.max_tokens for p in (*fills, replay)))
+    num_blocks = 1 + need + draw(_spare_blocks(need), label="spare blocks")
+    config = dataclasses.replace(config, layout=dataclasses.replace(layout, num_blocks=num_blocks))
+    evict_from = None
+    if shortcut and draw(st.integers(0, 7), label="use evict shortcut") in (2, 5):
+        evict_from = tuple(
+            draw(st.one_of(st.none(), st.integers(0, 6)), label=f"evict_from[{g}]")
+            for g in range(len(layout.groups))
+        )
+    return SingleShotScenario(config, shared_len, seed, fills, concurrent, evict_from, replay, flavour)
+
+
+def single_shot_scenarios(
+    *,
+    configs: st.SearchStrategy[SchedulerDraw] | None = None,
+    max_fills: int = 3,
+    shortcut: bool = True,
+    allow_over: bool = True,
+    flavours: dict[str, int] | None = None,
+) -> st.SearchStrategy[SingleShotScenario]:
+    """Single-shot scheduler scenarios: ``1..max_fills`` fill prompts sharing
+    prefixes with a replay prompt, run to completion (one by one or
+    together), then the replay with a drawn external answer.
+
+    ``flavours`` weighs how the replay relates to the fills (default
+    ``{"tail": 3, "inside": 1}``): "tail" fills form a conversation and the
+    replay extends the last turn past its sub-block tail entry; "inside"
+    stops the replay inside it, mostly with no external answer; "free" puts
+    fills and replay anywhere. With ``shortcut`` one scenario in four also
+    evicts hand-picked blocks per group before the replay (a search
+    shortcut, labelled so). Shrinks to one fill, the first flavour, no
+    eviction and a connector that finds nothing.
+    """
+    if max_fills < 1:
+        raise ValueError(f"max_fills={max_fills} < 1")
+    weights = flavours if flavours is not None else {"tail": 3, "inside": 1}
+    unknown = set(weights) - set(FLAVOURS)
+    if unknown or not weights or min(weights.values()) < 1:
+        raise ValueError(f"flavours={weights}: need positive weights for kinds in {FLAVOURS}")
+    # The first flavour at both ends of the drawn index (Hypothesis favours
+    # range ends), the others spread between.
+    first, *rest = weights
+    picks = [first] * weights[first] + [k for k in rest for _ in range(weights[k])]
+    picks = picks[: weights[first] // 2 + 1] + picks[weights[first] :] + picks[weights[first] // 2 + 1 : weights[first]]
+    return _single_shots(
+        configs if configs is not None else scheduler_draws(), max_fills, shortcut, allow_over, tuple(picks)
+    )
+
+
+@st.composite
+def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw]) -> SchedulerDraw:
+    config = draw(configs, label="config")
+    layout = config.layout
+    # Room for about one long request, plus some: requests from the machine
+    # are up to ~8 scheduler blocks, so several at once mean real pressure.
+    need = _blocks_needed(layout, 6 * layout.scheduler_block_size)
+    num_blocks = 1 + need + draw(_spare_blocks(need), label="spare blocks")
+    return dataclasses.replace(config, layout=dataclasses.replace(layout, num_blocks=num_blocks))
+
+
+def machine_configs(
+    *, configs: st.SearchStrategy[SchedulerDraw] | None = None
+) -> st.SearchStrategy[SchedulerDraw]:
+    """Scheduler configurations for the state machine (default: every layout
+    family, the core case first) with a pool sized from one ~6-block
+    request up to three times that.
+    Shrinks towards the smallest pool."""
+    if configs is None:
+        configs = scheduler_draws(layouts=scheduler_layouts(weights=(3, 1, 1)))
+    return _machine_configs(configs)
