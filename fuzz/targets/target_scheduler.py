@@ -1,0 +1,207 @@
+"""Property targets for ``Scheduler.schedule()``'s external-hit branch.
+
+A real vLLM ``Scheduler`` (built through :mod:`fuzz.adapter`) with the
+scripted KV connector. Blocks leave the cache only through real paths (LRU
+pressure on a small pool, request churn, preemption) unless a target says it
+uses the evict shortcut.
+
+* ``fuzz_scheduler_single_shot``: fill, replay, check every step (the core
+  full attention + Mamba layout; its reach is asserted in
+  tests/test_scheduler_reach.py).
+* ``fuzz_scheduler_single_shot_any_layout``: the same with other groups
+  beside full attention + Mamba, and over any 1-4 group layout.
+* ``fuzz_scheduler_evict_shortcut``: also evicts hand-picked blocks per group
+  before the replay. A search aid only: a failure here must be re-derived
+  through a real path before it is reported as a vLLM bug, so it runs only
+  when ``FUZZ_SHORTCUT=1``.
+* ``TestSchedulerMachine``: a rule-based state machine adding requests that
+  share prefixes, stepping, finishing and aborting, failing async loads, with
+  every invariant checked after every step.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import event, given, note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from fuzz.adapter import SchedulerHarness
+from fuzz.targets.scheduler import (
+    ALL_CHECKS,
+    build_harness,
+    reach_labels,
+    run_single_shot,
+)
+from invariants.scheduler import check_no_leaked_blocks, check_step, known_vllm_bug
+from strategies.scheduler import (
+    SingleShotScenario,
+    external_replies,
+    machine_configs,
+    scheduler_draws,
+    scheduler_layouts,
+    single_shot_scenarios,
+)
+
+SHORTCUT = os.environ.get("FUZZ_SHORTCUT") == "1"
+
+
+@given(scenario=single_shot_scenarios(shortcut=False, allow_over=False))
+def fuzz_scheduler_single_shot(scenario: SingleShotScenario) -> None:
+    """The core hybrid layout (full attention + Mamba), real paths only,
+    honest connector answers (over-reports end a scenario early; the
+    any-layout target draws them)."""
+    run_single_shot(scenario)
+
+
+@given(
+    scenario=single_shot_scenarios(
+        configs=scheduler_draws(layouts=scheduler_layouts(weights=(0, 1, 1))),
+        shortcut=False,
+        flavours={"tail": 1, "inside": 1, "free": 1},
+    )
+)
+def fuzz_scheduler_single_shot_any_layout(scenario: SingleShotScenario) -> None:
+    """Full attention + Mamba + other groups (sliding window, chunked local,
+    MLA, scratch, ...), and any 1-4 group layout of every drawable spec
+    kind; real paths only, over-reports included."""
+    run_single_shot(scenario)
+
+
+@pytest.mark.skipif(not SHORTCUT, reason="search aid; set FUZZ_SHORTCUT=1 (failures need a real-path repro)")
+@given(scenario=single_shot_scenarios(shortcut=True))
+def fuzz_scheduler_evict_shortcut(scenario: SingleShotScenario) -> None:
+    """As the single-shot target, plus hand-picked evictions before the replay."""
+    if scenario.uses_shortcut:
+        note("reached through the evict shortcut: re-derive through a real path before reporting")
+    run_single_shot(scenario)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    """Requests sharing prefixes come and go on one real scheduler.
+
+    Prefixes live in a Bundle, so later requests really hit what earlier ones
+    cached; chunked prefill makes requests re-enter ``schedule()`` across
+    steps; a small pool makes LRU eviction and preemption happen.
+    """
+
+    prefixes = Bundle("prefixes")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.harness: SchedulerHarness | None = None
+        self.stopped: str | None = None  # why stepping ended (known bug)
+        self.salt = 0
+
+    # -- set-up ---------------------------------------------------------------
+    @initialize(config=machine_configs())
+    def build(self, config) -> None:  # type: ignore[no-untyped-def]
+        note(f"config: {config!r}")
+        self.harness = build_harness(config)
+        if self.harness is None:
+            self.stopped = "config rejected"
+        else:
+            self.block = config.layout.scheduler_block_size
+
+    def _live(self) -> bool:
+        return self.harness is not None and self.stopped is None and not self.harness.broken
+
+    # -- prefixes -------------------------------------------------------------
+    @precondition(lambda self: self._live())
+    @rule(target=prefixes, blocks=st.integers(1, 5), extra=st.integers(0, 7), seed=st.integers(0, 99))
+    def new_prefix(self, blocks: int, extra: int, seed: int) -> tuple[int, ...]:
+        length = blocks * self.block + extra % self.block
+        return tuple((seed * 131 + 7 * i) % 1_000 for i in range(length))
+
+    @precondition(lambda self: self._live())
+    @rule(target=prefixes, base=prefixes, blocks=st.integers(0, 2), extra=st.integers(1, 7), seed=st.integers(0, 99))
+    def extend_prefix(self, base: tuple[int, ...], blocks: int, extra: int, seed: int) -> tuple[int, ...]:
+        more = blocks * self.block + extra % self.block + 1
+        return base + tuple(1_000 + (seed * 17 + i) % 900 for i in range(more))
+
+    # -- requests -------------------------------------------------------------
+    @precondition(lambda self: self._live())
+    @rule(prefix=prefixes, data=st.data())
+    def add_request(self, prefix: tuple[int, ...], data: st.DataObject) -> None:
+        assert self.harness is not None
+        cut = data.draw(st.integers(max(1, len(prefix) // 2), len(prefix)), label="shared tokens")
+        own = data.draw(st.integers(0, 2 * self.block), label="own tokens")
+        self.salt += 1
+        tokens = list(prefix[:cut]) + [3_000 + 64 * (self.salt % 60) + j for j in range(own)]
+        reply = data.draw(external_replies(len(tokens), allow_over=False), label="reply")
+        max_tokens = data.draw(st.integers(1, 4), label="max_tokens")
+        rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply)
+        note(f"add_request({rid}, shared[:{cut}] + {own} own, max_tokens={max_tokens}, ext={reply!r})")
+
+    @precondition(lambda self: self._live())
+    @rule(times=st.integers(1, 4))
+    def step(self, times: int) -> None:
+        assert self.harness is not None
+        for _ in range(times):
+            if not self._live():
+                return
+            obs = self.harness.step()
+            for label in sorted(reach_labels(obs)):
+                event(label)
+            known = known_vllm_bug(obs)
+            if known is not None:
+                event(f"known vLLM bug: {known}")
+                self.stopped = known
+                return
+            check_step(obs, tuple(c for c in ALL_CHECKS if c is not check_no_leaked_blocks))
+
+    @precondition(lambda self: self._live() and bool(self.harness and self.harness.live_request_ids))
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        assert self.harness is not None
+        rid = data.draw(st.sampled_from(sorted(self.harness.live_request_ids)), label="abort")
+        note(f"abort({rid}) while {self.harness.status_of(rid)}")
+        self.harness.abort(rid)
+
+    @precondition(lambda self: self._live() and bool(self.harness and self.harness.loads_in_flight()))
+    @rule(data=st.data())
+    def fail_async_load(self, data: st.DataObject) -> None:
+        """The connector reports an async load failed (``failed_recving``)."""
+        assert self.harness is not None
+        rid = data.draw(st.sampled_from(self.harness.loads_in_flight()), label="failed load")
+        note(f"fail_async_load({rid})")
+        self.harness.fail_async_load(rid)
+
+    @precondition(lambda self: self._live())
+    @rule()
+    def run_until_idle(self) -> None:
+        """Let every request finish (chunked prefill re-enters schedule())."""
+        assert self.harness is not None
+        for _ in range(200):
+            if not self._live() or not self.harness.live_request_ids:
+                break
+            self.step(1)
+
+    # -- invariants -----------------------------------------------------------
+    @invariant()
+    def no_leaked_blocks_when_idle(self) -> None:
+        if self._live() and self.harness is not None and not self.harness.live_request_ids:
+            check_no_leaked_blocks(self.harness.pool_observation())
+
+    def teardown(self) -> None:
+        if self._live() and self.harness is not None:
+            for rid in self.harness.live_request_ids:
+                self.harness.abort(rid)
+            self.run_until_idle()
+            if self._live():
+                check_no_leaked_blocks(self.harness.pool_observation())
+
+
+TestSchedulerMachine = SchedulerMachine.TestCase
+TestSchedulerMachine.settings = settings(
+    settings(), stateful_step_count=int(os.environ.get("FUZZ_MACHINE_STEPS", "30"))
+)

@@ -1,0 +1,86 @@
+"""Every scheduler invariant catches a planted bug on the scheduler path.
+
+Each case plants one bug (:func:`fuzz.adapter.planted_scheduler_bug`:
+``Scheduler.schedule`` recompiled with one small edit, or a wrong
+``truncate_computed_blocks``), runs the single-shot fuzzer with only the
+invariant under test enabled, and expects that invariant to fail. The
+failing scenario is then replayed on unmodified vLLM, where it must pass:
+the failure is the planted bug's, not something else the search ran into.
+The unplanted runs of the same targets pass in fuzz/targets/target_scheduler.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+
+from fuzz.adapter import PLANTED_SCHEDULER_BUGS, planted_scheduler_bug
+from fuzz.targets.scheduler import run_single_shot
+from invariants import scheduler as inv
+from invariants.truncation import InvariantViolation
+from strategies.scheduler import SingleShotScenario, single_shot_scenarios
+
+# (check, invariant name, planted bug, search uses the evict shortcut)
+CASES: list[tuple[Callable[..., None], str, str, bool]] = [
+    (inv.check_no_exception_escapes, "no-exception", "pre_fix_assert_all", False),
+    (inv.check_computed_tokens_add_up, "computed-adds-up", "skip_truncation", False),
+    (inv.check_local_part_covered, "local-part-covered", "truncation_one_block_short", False),
+    (inv.check_computed_below_num_tokens, "computed-below-num-tokens", "reports_external_twice", False),
+    (inv.check_truncated_view, "truncated-view", "skip_truncation", False),
+    (inv.check_mamba_state_at_resume_boundary, "mamba-state-at-boundary", "no_divergent_fallback", False),
+    (inv.check_diverged_hit_falls_back, "diverged-falls-back", "fallback_discards_hit", False),
+    (inv.check_no_leaked_blocks, "no-leaked-blocks", "truncate_touches_refcounts", False),
+]
+
+SEARCH = settings(
+    max_examples=400,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=[Phase.generate],  # the first failure is enough; no shrinking
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def _find(check: Callable[..., None], bug: str, shortcut: bool) -> tuple[InvariantViolation, SingleShotScenario]:
+    found: list[SingleShotScenario] = []
+
+    @SEARCH
+    @given(scenario=single_shot_scenarios(shortcut=shortcut, allow_over=False))
+    def search(scenario: SingleShotScenario) -> None:
+        try:
+            run_single_shot(scenario, (check,), record=False)
+        except InvariantViolation:
+            found.append(scenario)
+            raise
+
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+        search()
+    return caught.value, found[-1]
+
+
+@pytest.mark.parametrize(
+    ("check", "invariant", "bug", "shortcut"),
+    CASES,
+    ids=[f"{name}<-{bug}" for _, name, bug, _ in CASES],
+)
+def test_invariant_catches_planted_bug(
+    check: Callable[..., None], invariant: str, bug: str, shortcut: bool
+) -> None:
+    violation, scenario = _find(check, bug, shortcut)
+    assert violation.invariant == invariant, str(violation)
+    # The same scenario on unmodified vLLM satisfies the invariant.
+    run_single_shot(scenario, (check,), record=False)
+
+
+def test_every_planted_bug_is_used() -> None:
+    used = {bug for *_, bug, _ in CASES}
+    assert used == set(PLANTED_SCHEDULER_BUGS), set(PLANTED_SCHEDULER_BUGS) ^ used
+
+
+def test_every_scheduler_check_has_a_planted_case() -> None:
+    checks = {c for c, *_ in CASES}
+    expected = {inv.check_no_exception_escapes, inv.check_no_leaked_blocks, *inv.ADMISSION_CHECKS}
+    assert checks == expected, expected ^ checks
