@@ -219,3 +219,30 @@ def test_cpu_align_mode_with_default_prefill_checkpoint_runs():
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+
+
+@needs_engine
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.known_vllm_bug
+@pytest.mark.xfail(
+    strict=True,
+    raises=OutputMismatch,
+    reason="two requests taking the same sub-block Mamba prefix hit in one step: the second gets a wrong "
+    "output (found by the engine target; repro: python -m engine.repro_shared_partial_hit; docs/engine-tier.md)",
+)
+def test_engine_requests_sharing_a_partial_mamba_hit_in_one_step_match_cold_run(engine_session):
+    # Pinned from fuzz_engine_outputs_match_cold_run's shrunk failure: prompt #0
+    # (9 tokens) caches a Mamba state at its tail checkpoint, token 8, mid-block;
+    # two copies of prompt #1 (130 tokens, same first 8 tokens) then both hit it.
+    from engine.harness import run_scenario
+    from engine.strategies import _stream
+
+    root = _stream(1000, 330)
+    prompts = (tuple(root[:8] + _stream(0, 1)), tuple(root[:129] + _stream(0, 1)))
+    scenario = EngineScenario(
+        prompts,
+        (EngineRound((0,), (RequestBehaviour(),), 1), EngineRound((1, 1), (RequestBehaviour(),) * 2, 1)),
+        StorePolicy(save=False, load=False),  # the connector plays no part
+    )
+    harness, cold = engine_session
+    run_scenario(harness, cold, scenario)

@@ -14,6 +14,9 @@ the engine never dies. Requests whose connector over-promised ("over_report",
 never diverge silently.
 
 ``KVTRUNC_ENGINE_EXAMPLES`` overrides the example count;
+``KVTRUNC_ENGINE_MAX_BATCH`` caps requests per round (default 4; 1 keeps
+clear of the known vLLM bug pinned in tests/test_engine_tier.py, where two
+requests sharing a sub-block Mamba hit in one step diverge);
 ``KVTRUNC_ENGINE_REPORT=PATH`` writes the session's figures as JSON.
 """
 
@@ -111,7 +114,7 @@ SEED_PATH_LYING = EngineScenario(
 @example(scenario=SEED_PATH_LYING)
 @settings(deadline=None, **({"max_examples": int(os.environ["KVTRUNC_ENGINE_EXAMPLES"])}
                            if os.environ.get("KVTRUNC_ENGINE_EXAMPLES") else {}))
-@given(scenario=engine_scenarios())
+@given(scenario=engine_scenarios(max_batch=int(os.environ.get("KVTRUNC_ENGINE_MAX_BATCH", "4"))))
 def fuzz_engine_outputs_match_cold_run(scenario: EngineScenario) -> None:
     from engine.harness import EngineHarness, run_scenario
 
