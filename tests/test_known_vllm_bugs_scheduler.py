@@ -1,0 +1,157 @@
+"""Known vLLM 0.33.0 bugs found by the scheduler tier, pinned as strict xfails.
+
+Each entry of ``invariants.scheduler.KNOWN_VLLM_BUGS`` has here (1) a
+standalone repro that imports vLLM only (pasteable into vLLM's
+tests/v1/core) and (2) the real path the fuzzer took, through the suite's
+harness. The targets stop an example that hits a known bug (with an event)
+instead of failing; when vLLM fixes one, its xfails turn red (XPASS, strict):
+delete the tests and the registry entry then.
+
+mamba-external-block-undercount
+-------------------------------
+Invariant: no exception escapes ``schedule()`` (check_no_exception_escapes).
+
+Found by: ``fuzz_scheduler_single_shot_any_layout`` on unmodified vLLM,
+through a real path only (no hand-picked eviction): a request whose prompt
+the connector holds is admitted with a synchronous external load while the
+pool's free blocks equal the admission estimate exactly.
+
+Code: ``KVCacheManager.allocate_slots`` (vllm/v1/core/kv_cache_manager.py)
+admits a request when ``free >= coordinator.get_num_blocks_to_allocate(...)``.
+For a Mamba group in "align" mode, ``MambaManager.get_num_blocks_to_allocate``
+(vllm/v1/core/single_type_kv_cache_manager.py) caps the new blocks at
+``physical_block_cap = 1 + has_partial_hit + checkpoint_block``: one block.
+But with external tokens the allocation takes two: ``allocate_external_
+computed_blocks`` takes one for the loaded boundary state, then
+``allocate_new_blocks`` one for the running state (whenever the scheduled
+tokens cross into the next Mamba block, e.g. the last prompt token after a
+block-aligned load). One block more than reserved: ``BlockPool.get_new_blocks``
+raises ``ValueError: Cannot get 1 free blocks from the pool`` inside
+``schedule()``, which kills the engine core. A larger pool does not help: the
+same happens whenever other requests leave exactly the estimate free.
+
+Smallest trigger: full attention (block 8) + Mamba align (block 8), 7 blocks
+(6 free), one 33-token request with 32 tokens loaded by the connector: the
+estimate is 5 + 1 = 6, the allocation needs 5 + 2 = 7. Upstream: the same
+miscount is the subject of vllm-project/vllm PR #46892 ("get_num_blocks_to_
+allocate provides wrong block count while external cache hit"), open and not
+in 0.33.0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fuzz.adapter import ExternalReply, SchedulerDraw, SchedulerHarness
+from fuzz.model import LayoutDraw, SpecDraw
+from invariants.scheduler import KNOWN_VLLM_BUGS, check_no_exception_escapes, known_vllm_bug
+from invariants.truncation import InvariantViolation
+
+
+# --------------------------------------------------------------------------
+# Standalone repro (vLLM only).
+# --------------------------------------------------------------------------
+@pytest.mark.known_vllm_bug
+@pytest.mark.xfail(
+    strict=True,
+    raises=ValueError,
+    reason="vLLM 0.33.0: MambaManager.get_num_blocks_to_allocate omits the external-state block",
+)
+def test_mamba_external_load_admission_never_overdraws_the_pool():
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+    )
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    block_size = 8
+    full = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    mamba = MambaSpec(
+        block_size=block_size,
+        shapes=((1,), (1,)),
+        dtypes=(torch.float32, torch.float32),
+        mamba_cache_mode="align",
+    )
+    config = KVCacheConfig(
+        num_blocks=7,  # 6 free: block 0 is the null block
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["attn"], full), KVCacheGroupSpec(["mamba"], mamba)],
+    )
+    manager = KVCacheManager(
+        config,
+        max_model_len=64,
+        scheduler_block_size=block_size,
+        hash_block_size=block_size,
+        enable_caching=True,
+    )
+    request = Request(
+        request_id="r",
+        prompt_token_ids=list(range(33)),
+        sampling_params=SamplingParams(max_tokens=1),
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(block_size, sha256),
+    )
+    # 32 tokens come from a KV connector (sync load), 1 is computed.
+    # Full attention needs ceil(33 / 8) = 5 blocks; Mamba needs one for the
+    # loaded state at 32 and one for the running state: 7 > 6 free, so the
+    # admission must be refused (None). vLLM estimates 6 and overdraws.
+    blocks = manager.allocate_slots(request, 1, num_external_computed_tokens=32)
+    assert blocks is None
+
+
+# --------------------------------------------------------------------------
+# The real path: Scheduler.schedule() with a connector, engine-sized pool.
+# --------------------------------------------------------------------------
+def _pool_nearly_full_scenario() -> tuple[SchedulerHarness, object]:
+    """A running 900-token request fills most of a 140-block pool (enough for
+    max_model_len=1024, as the engine requires); then a request arrives whose
+    prompt the connector holds, sized so its admission estimate equals the
+    free blocks exactly."""
+    block = 8
+    layout = LayoutDraw(
+        groups=(SpecDraw("FullAttentionSpec", block), SpecDraw("MambaSpec", block)),
+        hash_block_size=2,
+        num_blocks=140,
+    )
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=64, max_num_seqs=2))
+    harness.add_request([5_000 + i for i in range(900)], max_tokens=200, reply=ExternalReply("zero"))
+    while harness.scheduler.requests[next(iter(harness.scheduler.requests))].num_computed_tokens < 900:
+        step = harness.step()
+        check_no_exception_escapes(step)
+    free = harness.pool.get_num_free_blocks()
+    # n = 8k + 1 tokens, 8k loaded: estimate (k + 1) + 1 == free.
+    n = block * (free - 2) + 1
+    harness.add_request(list(range(n)), max_tokens=1, reply=ExternalReply("store", store_len=n))
+    return harness, harness.step()
+
+
+def test_real_path_is_recognised_as_the_known_bug():
+    _, step = _pool_nearly_full_scenario()
+    assert known_vllm_bug(step) == "mamba-external-block-undercount", step.describe()
+
+
+@pytest.mark.known_vllm_bug
+@pytest.mark.xfail(
+    strict=True,
+    raises=InvariantViolation,
+    reason="vLLM 0.33.0: schedule() raises ValueError (Mamba external-state block not reserved)",
+)
+def test_schedule_survives_a_sync_external_load_into_a_nearly_full_pool():
+    _, step = _pool_nearly_full_scenario()
+    check_no_exception_escapes(step)
+
+
+def test_every_known_scheduler_bug_is_pinned_here():
+    text = Path(__file__).read_text()
+    for name in KNOWN_VLLM_BUGS:
+        assert f"\n{name}\n" in text, f"{name} is in KNOWN_VLLM_BUGS but has no analysis here"
