@@ -25,10 +25,16 @@ replayed (and shrunk) first by every other one, and by the next run.
 Several specs are combined with Hypothesis's ``MultiplexedDatabase``: reads
 from all, writes to the writable ones (``--db .hypothesis/fuzz-db --db
 github:me/kvtrunc-fuzz`` replays CI's failures and keeps your own locally).
+
+This module is also a pytest plugin for plain pytest and HypoFuzz: with
+``-p fuzz.databases`` and ``FUZZ_DB=SPEC[,SPEC...]`` in the environment, the
+loaded settings profile's database becomes that one, so ``hypothesis fuzz``
+workers on many machines share one Redis database (docs/scaling.md).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from collections.abc import Iterable, Sequence
@@ -99,6 +105,28 @@ def check_database(db: ExampleDatabase | None) -> None:
     for inner in _leaves(db):
         if isinstance(inner, _GuardedRedis):
             inner.ping()
+
+
+def pytest_configure(config: object) -> None:
+    """``-p fuzz.databases``: FUZZ_DB becomes the database of the loaded profile.
+
+    Runs after conftest.py loaded its profile and before any test module is
+    imported, so every ``@given`` test (and HypoFuzz's check that all tests
+    share one database) sees it.
+    """
+    spec = os.environ.get("FUZZ_DB", "").strip()
+    if not spec:
+        return
+    from hypothesis import settings
+
+    try:
+        db = open_database([s for s in spec.split(",") if s])
+    except DatabaseError as exc:
+        import pytest
+
+        raise pytest.UsageError(f"FUZZ_DB: {exc}") from None
+    settings.register_profile("fuzz-db", parent=settings(), database=db)
+    settings.load_profile("fuzz-db")
 
 
 def _leaves(db: ExampleDatabase | None) -> Iterable[ExampleDatabase]:
@@ -210,7 +238,10 @@ class _GuardedRedis(ExampleDatabase):
         return f"RedisExampleDatabase({self._name})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _GuardedRedis) and self._db == other._db
+        # One URL, one database, whichever client reaches it (HypoFuzz checks
+        # that every test uses the default database; its forked workers open
+        # their own client).
+        return isinstance(other, _GuardedRedis) and self._name == other._name
 
     def __hash__(self) -> int:
         return hash(self._name)

@@ -6,6 +6,7 @@ The Redis-backed database is tested against a real server in
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -150,3 +151,40 @@ def test_cli_unreachable_redis_exits_2_before_fuzzing(capsys) -> None:
     assert main(["run", "--db", f"redis://127.0.0.1:{port}/0", "--budget", "1s"]) == 2
     captured = capsys.readouterr()
     assert "cannot reach the Redis server" in captured.err and "fuzz run:" not in captured.out
+
+
+_HYPOFUZZ_COLLECT = """
+import json
+from hypothesis import settings
+from hypofuzz.collection import collect_tests
+r = collect_tests(["-p", "fuzz.databases", "fuzz/targets"])
+out = {"fuzzable": [], "function_fixtures": {}, "database": repr(settings().database)}
+for t in r.fuzz_targets:
+    item = t.pytest_item
+    out["fuzzable"].append(item.nodeid)
+    fixtures = [n for n, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope == "function"]
+    if fixtures:
+        out["function_fixtures"][item.nodeid] = fixtures
+out["not_collected"] = {k: v["status_reason"] for k, v in r.not_collected.items()}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_hypofuzz_collects_every_target_unchanged_with_the_shared_database(tmp_path: Path) -> None:
+    """``hypothesis fuzz -- -p fuzz.databases fuzz/targets`` (docs/scaling.md):
+    HypoFuzz's own collection accepts every ``fuzz_*`` target that is not
+    skipped by its own marks, none uses a function-scoped fixture, and
+    FUZZ_DB is the database they all share."""
+    pytest.importorskip("hypofuzz", reason="hypofuzz is not installed (requirements/lean.txt)")
+    env = dict(os.environ, HYPOTHESIS_PROFILE="nightly", FUZZ_DB=str(tmp_path / "db"), PYTHONPATH=str(ROOT))
+    env.pop("CI", None)
+    proc = subprocess.run([sys.executable, "-c", _HYPOFUZZ_COLLECT], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert {"fuzz/targets/target_truncate.py::fuzz_truncate_hybrid",
+            "fuzz/targets/target_truncate.py::fuzz_truncate_any_layout"} <= set(result["fuzzable"]), result
+    assert set(result["not_collected"].values()) <= {"skip", "skipif"}, result["not_collected"]
+    assert result["function_fixtures"] == {}, result["function_fixtures"]
+    assert result["database"] == f"DirectoryBasedExampleDatabase({tmp_path / 'db'!r})", result["database"]
