@@ -32,6 +32,7 @@ from invariants.truncation import InvariantViolation
 
 __all__ = [
     "ADMISSION_CHECKS",
+    "STEP_CHECKS",
     "check_admission",
     "check_computed_below_num_tokens",
     "check_computed_tokens_add_up",
@@ -103,6 +104,22 @@ def check_no_exception_escapes(step: StepObservation) -> None:
         "no-exception",
         f"{step.error_where}() raised {step.error}\n{step.describe()}",
     )
+
+
+def check_computed_below_num_tokens(step: StepObservation) -> None:
+    """Every request scheduled this step for the first time (or again, after
+    an async load or a preemption) leaves at least one token to compute:
+    ``num_computed_tokens < num_tokens``."""
+    for request_id, num_computed, num_tokens in step.newly_scheduled:
+        if num_computed >= num_tokens:
+            admission = next((a for a in step.admissions if a.request_id == request_id), None)
+            raise InvariantViolation(
+                "computed-below-num-tokens",
+                f"request {request_id} was scheduled with num_computed_tokens={num_computed} "
+                f">= num_tokens={num_tokens}: nothing left to compute, no logits to sample from\n"
+                + (admission.describe() if admission is not None else step.describe())
+                + (f"\n  scenario: {step.context}" if step.context else ""),
+            )
 
 
 # ---------------------------------------------------------------------------
@@ -197,22 +214,6 @@ def check_local_part_covered(adm: AdmissionObservation, context: str = "") -> No
                 ),
                 context,
             )
-
-
-def check_computed_below_num_tokens(adm: AdmissionObservation, context: str = "") -> None:
-    """A newly scheduled request leaves at least one token to compute:
-    ``num_computed_tokens < num_tokens``."""
-    if not _settled(adm) or adm.reply_async:
-        return  # an async load is not scheduled; vLLM trims it on arrival
-    assert adm.num_computed_tokens is not None
-    if adm.num_computed_tokens >= adm.num_tokens:
-        _fail(
-            "computed-below-num-tokens",
-            adm,
-            f"num_computed_tokens={adm.num_computed_tokens} >= num_tokens={adm.num_tokens}: "
-            "nothing left to compute, no logits to sample from",
-            context,
-        )
 
 
 def check_truncated_view(adm: AdmissionObservation, context: str = "") -> None:
@@ -316,10 +317,14 @@ def check_diverged_hit_falls_back(adm: AdmissionObservation, context: str = "") 
         )
 
 
+STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
+    check_no_exception_escapes,
+    check_computed_below_num_tokens,
+)
+
 ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
     check_computed_tokens_add_up,
     check_local_part_covered,
-    check_computed_below_num_tokens,
     check_truncated_view,
     check_mamba_state_at_resume_boundary,
     check_diverged_hit_falls_back,
@@ -332,13 +337,15 @@ def check_admission(adm: AdmissionObservation, context: str = "") -> None:
 
 
 def check_step(step: StepObservation, checks: tuple[Callable[..., None], ...] | None = None) -> None:
-    """Every step check, then every admission check, on one step."""
-    selected = ADMISSION_CHECKS + (check_no_exception_escapes,) if checks is None else checks
-    if check_no_exception_escapes in selected:
-        check_no_exception_escapes(step)
+    """The selected (default: every) step checks on the step, then the
+    selected admission checks on each of its admissions."""
+    selected = STEP_CHECKS + ADMISSION_CHECKS if checks is None else checks
+    for check in STEP_CHECKS:
+        if check in selected:
+            check(step)
     for adm in step.admissions:
-        for check in selected:
-            if check is not check_no_exception_escapes and check is not check_no_leaked_blocks:
+        for check in ADMISSION_CHECKS:
+            if check in selected:
                 check(adm, step.context)
 
 

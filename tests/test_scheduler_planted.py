@@ -82,5 +82,5 @@ def test_every_planted_bug_is_used() -> None:
 
 def test_every_scheduler_check_has_a_planted_case() -> None:
     checks = {c for c, *_ in CASES}
-    expected = {inv.check_no_exception_escapes, inv.check_no_leaked_blocks, *inv.ADMISSION_CHECKS}
+    expected = {*inv.STEP_CHECKS, *inv.ADMISSION_CHECKS, inv.check_no_leaked_blocks}
     assert checks == expected, expected ^ checks

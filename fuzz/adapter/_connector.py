@@ -48,7 +48,8 @@ CONNECTOR_MODULE = __name__
 
 # "store":     the external store holds the first ``store_len`` prompt tokens;
 #              the reply is what lies past the local hit, capped so at least
-#              the last token is recomputed (how real sync connectors answer).
+#              the last token is recomputed for a sync load (how real sync
+#              connectors answer); an async load may cover the whole prompt.
 # "zero":      no external hit.
 # "undecided": ``None`` ("ask again later") for the first ``undecided``
 #              queries, then the "store" answer.
@@ -79,7 +80,11 @@ class ExternalReply:
             return num_tokens - num_computed + self.extra
         if self.kind == "undecided" and asked_before < self.undecided:
             return None
-        return max(0, min(self.store_len, num_tokens - 1) - num_computed)
+        # A sync load leaves the last token to compute (how sync connectors
+        # answer); an async load may bring the whole prompt (P/D decode side),
+        # which vLLM trims to num_tokens - 1 when the load lands.
+        limit = num_tokens if self.load_async else num_tokens - 1
+        return max(0, min(self.store_len, limit) - num_computed)
 
     @property
     def honest(self) -> bool:

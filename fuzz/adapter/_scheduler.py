@@ -281,6 +281,9 @@ class StepObservation:
     error_where: str | None  # "schedule" or "update_from_output"
     dishonest_replies: tuple[str, ...]  # request ids given an over-report this step
     num_scheduled: dict[str, int]
+    # (request id, num_computed_tokens, num_tokens) for each request scheduled
+    # for the first time, or again after an async load or a preemption.
+    newly_scheduled: tuple[tuple[str, int, int], ...]
     preempted: frozenset[str]
     finished: frozenset[str]
     context: str = dataclasses.field(default="", compare=False)
@@ -608,6 +611,7 @@ class SchedulerHarness:
             q.request_id for q in queries if not self.script.reply_for(q.request_id).honest
         )
         admissions = self._admissions(out, queries, allocs)
+        newly = self._newly_scheduled(out)
         finished: frozenset[str] = frozenset()
         if out is not None:
             try:
@@ -628,6 +632,7 @@ class SchedulerHarness:
             error_where=where,
             dishonest_replies=dishonest,
             num_scheduled=dict(out.num_scheduled_tokens) if out is not None else {},
+            newly_scheduled=newly,
             preempted=frozenset(out.preempted_req_ids or ()) if out is not None else frozenset(),
             finished=finished,
             context=context,
@@ -679,6 +684,19 @@ class SchedulerHarness:
                 )
             )
         return tuple(result)
+
+    def _newly_scheduled(self, out: Any) -> tuple[tuple[str, int, int], ...]:
+        if out is None:
+            return ()
+        rows = [
+            (n.req_id, n.num_computed_tokens, self._requests[n.req_id].num_tokens)
+            for n in out.scheduled_new_reqs
+        ]
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            if rid in cached.resumed_req_ids:
+                rows.append((rid, cached.num_computed_tokens[i], self._requests[rid].num_tokens))
+        return tuple(rows)
 
     def _feed_back(self, out: Any) -> frozenset[str]:
         sched = self.scheduler

@@ -27,7 +27,7 @@ from fuzz.adapter import AdmissionObservation, SchedulerHarness, StepObservation
 from invariants.classification import Behaviour, behaviour_of
 from invariants.scheduler import (
     ADMISSION_CHECKS,
-    check_no_exception_escapes,
+    STEP_CHECKS,
     check_no_leaked_blocks,
     check_step,
     known_vllm_bug,
@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 ALL_CHECKS: tuple[Callable[..., None], ...] = (
-    check_no_exception_escapes,
+    *STEP_CHECKS,
     *ADMISSION_CHECKS,
     check_no_leaked_blocks,
 )
@@ -159,7 +159,7 @@ class _Run:
             gap = fa_mamba_gap(adm)
             if gap is not None:
                 self.max_gap = max(self.max_gap, gap)
-        check_step(obs, tuple(c for c in self.checks if c is not check_no_leaked_blocks))
+        check_step(obs, self.checks)
         return obs
 
     def drain(self, max_steps: int = MAX_STEPS_PER_PHASE) -> None:
