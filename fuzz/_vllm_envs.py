@@ -31,8 +31,9 @@ __all__ = [
     "DEFAULT_ROOT",
     "MARKER",
     "ensure_vllm_env",
-    "python_env_for",
     "installed_version",
+    "is_release_version",
+    "python_env_for",
 ]
 
 #: Default install root: ``<repo>/.cache/vllm-envs`` (ignored by git).
@@ -42,6 +43,11 @@ DEFAULT_ROOT: Path = Path(__file__).resolve().parents[1] / ".cache" / "vllm-envs
 MARKER = ".vllm-env-ok"
 
 _VERSION_RE = re.compile(r"^\d+(\.\d+){1,3}(\.post\d+|rc\d+)?$")
+
+
+def is_release_version(text: str) -> bool:
+    """Whether ``text`` looks like a PyPI release version (``0.30.0``, ``0.8.5.post1``)."""
+    return bool(_VERSION_RE.match(text))
 
 
 def installed_version(path: Path) -> str | None:
@@ -110,20 +116,25 @@ def ensure_vllm_env(version: str, root: Path = DEFAULT_ROOT) -> Path:
     return target
 
 
-def python_env_for(path: Path) -> dict[str, str]:
+def python_env_for(path: Path | None) -> dict[str, str]:
     """Environment for a subprocess that should import vLLM from ``path``.
 
     Starts from the current environment, puts ``path`` first on
-    ``PYTHONPATH``, forces the Hugging Face hub offline, and points vLLM's and
-    Hugging Face's caches at a per-release directory under the system temporary
-    directory so that releases never share or write home-directory caches.
-    Run it with the base venv's interpreter (``sys.executable``).
+    ``PYTHONPATH`` (``None``: leave it alone, i.e. the base venv's vLLM),
+    forces the Hugging Face hub offline, and points vLLM's and Hugging Face's
+    caches at a per-release directory under the system temporary directory so
+    that releases never share or write home-directory caches. Run it with the
+    base venv's interpreter (``sys.executable``).
     """
-    path = Path(path).resolve()
-    cache = Path(tempfile.gettempdir()) / "vllm-env-cache" / path.name
     env = dict(os.environ)
-    old = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(path) + (os.pathsep + old if old else "")
+    if path is None:
+        name = "base"
+    else:
+        path = Path(path).resolve()
+        name = path.name
+        old = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = str(path) + (os.pathsep + old if old else "")
+    cache = Path(tempfile.gettempdir()) / "vllm-env-cache" / name
     env.update(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",

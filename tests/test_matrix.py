@@ -1,0 +1,152 @@
+"""The release matrix (``python -m fuzz matrix``, :mod:`fuzz.matrix`).
+
+Fast unit tests of argument parsing, target discovery, JUnit reading and the
+table; then the light CI check: one short truncation target on the oldest
+supported release (installed on demand into ``.cache/vllm-envs``) and on the
+newest (the base venv). The full matrix is slow and stays out of CI.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fuzz import matrix
+from fuzz.matrix import (
+    SUPPORTED_RELEASES,
+    Cell,
+    Release,
+    discover_targets,
+    format_table,
+    parse_release,
+    run_matrix,
+)
+
+OLDEST, NEWEST = SUPPORTED_RELEASES[0], SUPPORTED_RELEASES[-1]
+HYBRID = "fuzz/targets/target_truncate.py::fuzz_truncate_hybrid"
+
+
+# -- arguments ---------------------------------------------------------------
+
+
+def test_a_version_is_a_pypi_release_and_the_base_version_is_the_base_venv() -> None:
+    assert parse_release("0.30.0") == Release("0.30.0", "pypi")
+    base = matrix._base_vllm_version()
+    assert parse_release(base).kind == "base"
+    assert parse_release("0.27.1").reference  # pre-fix reference, never "supported"
+
+
+def test_a_source_checkout_needs_a_v1_vllm_package(tmp_path: Path) -> None:
+    with pytest.raises(matrix.UsageError, match="no vllm/__init__.py"):
+        parse_release(f"src:{tmp_path}")
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    with pytest.raises(matrix.UsageError, match="not a V1 vLLM"):
+        parse_release(f"src:{tmp_path}")
+    core = tmp_path / "vllm" / "v1" / "core"
+    core.mkdir(parents=True)
+    (core / "kv_cache_manager.py").write_text("")
+    release = parse_release(f"src:{tmp_path}")
+    assert (release.kind, release.path) == ("src", tmp_path.resolve())
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["0.3"], "expected a version like 0.30.0"),
+        (["latest"], "expected a version like 0.30.0"),
+        (["src:"], "src: needs a path"),
+        (["--vllm-src", "/no/such/dir"], "no vllm/__init__.py"),
+        (["--examples", "0"], "--examples: expected a positive integer"),
+        (["--timeout", "-5"], "--timeout: expected a positive number"),
+        (["--target", "fuzz_nothing"], "no such target; known: "),
+        (["--json", "/no/such/dir/out.json"], "does not exist"),
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_bad_flags_and_paths_give_one_line_and_exit_2(argv, message, capsys) -> None:
+    assert matrix.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_list_names_releases_and_cpu_targets_without_running(capsys) -> None:
+    assert matrix.main(["--list", "--reference"]) == 0
+    out = capsys.readouterr().out
+    for version in SUPPORTED_RELEASES:
+        assert f"release {version}" in out
+    assert "0.27.1 (pre-fix reference, not supported)" in out
+    assert f"target  {HYBRID}" in out
+    assert "target_engine" not in out  # not a CPU target: only when named
+
+
+def test_targets_are_found_by_reading_the_files() -> None:
+    found = discover_targets()
+    assert HYBRID in found and "fuzz/targets/target_truncate.py::fuzz_truncate_any_layout" in found
+    assert matrix._select_targets(["fuzz_truncate_hybrid"], found) == [HYBRID]
+    assert matrix._select_targets(["target_truncate.py"], found) == [t for t in found if "target_truncate" in t]
+
+
+# -- results -----------------------------------------------------------------
+
+
+def _junit(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "r.xml"
+    path.write_text(f'<testsuites><testsuite name="pytest">{body}</testsuite></testsuites>')
+    return path
+
+
+STATS = {"vllm_version": "0.30.0", "items": {HYBRID: {"examples": 37, "shrink_calls": 12,
+                                                      "first_failure_s": 1.5, "examples_to_failure": 37}}}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "note"),
+    [
+        ('<testcase name="fuzz_truncate_hybrid" time="1"/>', "pass", ""),
+        ('<testcase name="x"><skipped message="needs FUZZ_SHORTCUT=1">s</skipped></testcase>', "skipped",
+         "needs FUZZ_SHORTCUT=1"),
+        ('<testcase name="x"><failure message="invariants.truncation.InvariantViolation: [must-cover] short">'
+         "invariants/truncation.py:46: InvariantViolation</failure></testcase>", "violation",
+         "found at example 37 after 1.5s, 12 shrink calls; invariants.truncation.InvariantViolation: [must-cover]"),
+        ('<testcase name="x"><failure message="AssertionError">'
+         ".cache/vllm-envs/0.27.1/vllm/v1/core/kv_cache_manager.py:790: AssertionError</failure></testcase>",
+         "violation", "AssertionError"),
+        ('<testcase name="x"><failure message="AttributeError: no prefix_cacheable">'
+         "fuzz/adapter/_scheduler.py:399: AttributeError</failure></testcase>", "error",
+         "suite defect: AttributeError at fuzz/adapter/_scheduler.py:399"),
+        ('<testcase name="x"><error message="collection failure">e</error></testcase>', "error", "pytest error"),
+    ],
+)
+def test_junit_outcomes_become_cells(tmp_path: Path, body: str, status: str, note: str) -> None:
+    release = Release("0.30.0", "pypi")
+    cell = matrix._cell_from_junit(release, HYBRID, _junit(tmp_path, body), STATS, 9.0)
+    assert cell.status == status, cell
+    assert note in cell.note, cell
+
+
+def test_table_and_exit_code() -> None:
+    ok = Cell("0.30.0", "fuzz_truncate_hybrid", "pass", 100, 12.3)
+    ref = Cell("0.27.1 (pre-fix reference, not supported)", "fuzz_truncate_hybrid", "violation", 38, 45.0,
+               "no | pipes", reference=True)
+    table = format_table([ok, ref]).splitlines()
+    assert table[0].split("|")[1:-1] == [c.ljust(len(c)) for c in table[0].split("|")[1:-1]]
+    assert "| release" in table[0] and "| examples |" in table[0]
+    assert "violation (expected)" in table[3] and "no \\| pipes" in table[3]
+    assert matrix.exit_code([ok, ref]) == 0  # a reference row never fails the run
+    assert matrix.exit_code([ok, Cell("0.31.0", "t", "violation", 1, 1.0)]) == 1
+    assert matrix.exit_code([Cell("0.31.0", "t", "violation", 1, 1.0), Cell("0.32.0", "t", "error", None, 1.0)]) == 2
+
+
+# -- the light CI check: oldest and newest supported release ------------------
+
+
+def test_oldest_and_newest_release_import_and_run_a_short_target(tmp_path: Path) -> None:
+    """Installs the oldest release on demand (cached in .cache/vllm-envs), then
+    runs 10 examples of the hybrid truncation target on it and on the base
+    venv's release, each in its own subprocess."""
+    releases = [parse_release(OLDEST), parse_release(NEWEST)]
+    cells = run_matrix(releases, [HYBRID], examples=10, timeout=300, out_dir=tmp_path)
+    assert [(c.status, c.vllm_version) for c in cells] == [("pass", OLDEST), ("pass", NEWEST)], cells
+    assert all(c.examples and c.examples >= 10 for c in cells), cells
