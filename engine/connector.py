@@ -209,7 +209,13 @@ class ReferenceHybridConnector(KVConnectorBase_V1, SupportsHMA):
                 break
         end = found
         if behaviour.mode == "withhold":
-            end = min(end, (start + behaviour.limit) // U * U)
+            # Report less, but only what is really there: the longest stored
+            # boundary within the limit (a withheld answer must stay true).
+            end = start
+            for cand in range(min(found, (start + behaviour.limit) // U * U), start, -U):
+                if self._available(digests, start, cand):
+                    end = cand
+                    break
         elif behaviour.mode == "over_report" and request.request_id not in self._lied:
             # Lie once per request: after the failed load, vLLM retries the
             # lookup, and a store that just failed a load answers truthfully

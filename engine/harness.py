@@ -207,9 +207,10 @@ class EngineHarness:
         prefix_match_unit: int = 8,
         num_blocks: int = 32,
         failure_policy: str = "recompute",
-        timeout_s: float = 120.0,
+        timeout_s: float = float(os.environ.get("KVTRUNC_ENGINE_TIMEOUT_S", "120")),
     ) -> None:
         self.timeout_s = timeout_s
+        self.dead: str | None = None  # why this engine can no longer be trusted
         _set_env()
         self.flavour = engine_flavour()
         self.workaround = self.flavour == "cpu" and apply_cpu_workaround()
@@ -271,9 +272,15 @@ class EngineHarness:
 
     def begin_example(self, policy: StorePolicy) -> None:
         """Fresh state for one Hypothesis example: empty store, empty local cache."""
+        if self.dead:
+            raise EngineDied(f"the engine died in an earlier example ({self.dead}); rebuild the harness")
         self.store.clear()
         self.store.policy = policy
-        self.reset_prefix_cache()
+        if not self.reset_prefix_cache():
+            # vLLM refuses while requests are still inside: a leftover would
+            # leak into this example, so say so rather than run on.
+            self.dead = "reset_prefix_cache() refused: requests left inside the engine"
+            raise EngineDied(self.dead)
 
     def reset_prefix_cache(self) -> bool:
         return bool(self.llm.reset_prefix_cache())
@@ -299,7 +306,8 @@ class EngineHarness:
                 warnings.simplefilter("ignore")
                 outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
         except Exception as exc:  # the engine is dead; the caller decides whether that was allowed
-            raise EngineDied(f"LLM.generate raised {type(exc).__name__}: {exc}") from exc
+            self.dead = f"LLM.generate raised {type(exc).__name__}: {exc}"
+            raise EngineDied(self.dead) from exc
         return [_completion(o) for o in outs]
 
 
@@ -381,6 +389,8 @@ def run_scenario(harness: EngineHarness, cold: ColdReference, scenario: Any, *, 
 
     tol = LOGPROB_TOL if tol is None else tol
     report = ScenarioReport()
+    if os.environ.get("KVTRUNC_CONNECTOR_DEBUG"):
+        print(f"[scenario] {scenario!r}", flush=True)
     harness.begin_example(scenario.policy)
     for r, rnd in enumerate(scenario.rounds):
         if rnd.reset_local:

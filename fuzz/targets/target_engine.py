@@ -48,7 +48,16 @@ _FIGURES: dict = {"examples": 0, "requests": {}, "engine_deaths": 0, "truncation
 
 
 def _session():
-    """One engine and one cold reference per test session (start-up is the cost)."""
+    """One engine and one cold reference per test session (start-up is the cost).
+
+    An engine that died (error, watchdog) is replaced before the next example:
+    requests left inside a dead engine would leak into later examples.
+    """
+    if "harness" in _SESSION and _SESSION["harness"].dead:
+        from engine.harness import EngineHarness
+
+        _FIGURES["engine_rebuilds"] = _FIGURES.get("engine_rebuilds", 0) + 1
+        _SESSION["harness"] = EngineHarness(_SESSION["model"])
     if "harness" not in _SESSION:
         from engine.harness import ColdReference, EngineHarness
         from engine.model import build_tiny_hybrid
@@ -116,7 +125,7 @@ SEED_PATH_LYING = EngineScenario(
                            if os.environ.get("KVTRUNC_ENGINE_EXAMPLES") else {}))
 @given(scenario=engine_scenarios(max_batch=int(os.environ.get("KVTRUNC_ENGINE_MAX_BATCH", "4"))))
 def fuzz_engine_outputs_match_cold_run(scenario: EngineScenario) -> None:
-    from engine.harness import EngineHarness, run_scenario
+    from engine.harness import run_scenario
 
     note(repr(scenario))
     harness, cold = _session()
@@ -142,4 +151,3 @@ def fuzz_engine_outputs_match_cold_run(scenario: EngineScenario) -> None:
         # Loud, and allowed only because a connector in that round over-promised.
         _FIGURES["engine_deaths"] += 1
         event("engine died loudly under a lying connector")
-        _SESSION["harness"] = EngineHarness(_SESSION["model"])
