@@ -15,8 +15,10 @@ from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.stateful import run_state_machine_as_test
 
 from fuzz.adapter import PLANTED_SCHEDULER_BUGS, planted_scheduler_bug
+from fuzz.targets import target_scheduler
 from fuzz.targets.scheduler import run_single_shot
 from invariants import scheduler as inv
 from invariants.truncation import InvariantViolation
@@ -84,3 +86,15 @@ def test_every_scheduler_check_has_a_planted_case() -> None:
     checks = {c for c, *_ in CASES}
     expected = {*inv.STEP_CHECKS, *inv.ADMISSION_CHECKS, inv.check_no_leaked_blocks}
     assert checks == expected, expected ^ checks
+
+
+@pytest.mark.parametrize(
+    ("bug", "invariant"),
+    [("no_divergent_fallback", "mamba-state-at-boundary"), ("skip_truncation", "computed-adds-up")],
+)
+def test_state_machine_catches_planted_bug(bug: str, invariant: str) -> None:
+    """The stateful machine checks every invariant after every step too."""
+    machine_search = settings(SEARCH, max_examples=300, stateful_step_count=30)
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+        run_state_machine_as_test(target_scheduler.SchedulerMachine, settings=machine_search)
+    assert caught.value.invariant == invariant, str(caught.value)

@@ -137,7 +137,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         own = data.draw(st.integers(0, 2 * self.block), label="own tokens")
         self.salt += 1
         tokens = list(prefix[:cut]) + [3_000 + 64 * (self.salt % 60) + j for j in range(own)]
-        reply = data.draw(external_replies(len(tokens), allow_over=False), label="reply")
+        reply = data.draw(external_replies(len(tokens), allow_over=False, often_zero=True), label="reply")
         max_tokens = data.draw(st.integers(1, 4), label="max_tokens")
         rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply)
         note(f"add_request({rid}, shared[:{cut}] + {own} own, max_tokens={max_tokens}, ext={reply!r})")
