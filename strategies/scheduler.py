@@ -147,13 +147,17 @@ def _scheduler_draws(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw]) ->
     budget = max(budget, 4)
     seqs = draw(st.integers(1, 4), label="max_num_seqs")
     threshold = draw(st.one_of(st.just(0), st.integers(1, max(1, budget))), label="long_prefill_token_threshold")
-    divergent = draw(st.booleans(), label="supports_divergent_local_hybrid_hits")
+    # Three in four connectors complete divergent hits (the capability the
+    # external-hit branch and its fallback are about).
+    divergent = draw(st.sampled_from((True, True, False, True)), label="supports_divergent_local_hybrid_hits")
+    policy = draw(st.sampled_from(("fail", "recompute")), label="kv_load_failure_policy")
     return SchedulerDraw(
         layout=layout,
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
         long_prefill_token_threshold=threshold,
-        divergent_hits=not divergent,  # shrinks to True: the capability the seed bug needs
+        divergent_hits=divergent,
+        kv_load_failure_policy=policy,
     )
 
 
@@ -168,7 +172,8 @@ def scheduler_draws(
     """Scheduler configurations over ``layouts`` (default
     :func:`scheduler_layouts`): token budget ``max_num_batched_tokens`` from 4
     to six scheduler blocks, 1-4 sequences, an optional long-prefill
-    threshold, and the connector's ``supports_divergent_local_hybrid_hits``.
+    threshold, the connector's ``supports_divergent_local_hybrid_hits`` and
+    the KV-load failure policy (``fail`` evicts invalid blocks).
     Shrinks towards the smallest budget and a divergent-capable connector.
     """
     return _scheduler_draws(layouts) if layouts is not None else _default_scheduler_draws()
@@ -202,7 +207,7 @@ def external_replies(
     sometimes "cannot decide yet" for a few asks. With ``allow_over`` it
     occasionally over-reports (the rest of the prompt plus ``extra``), which
     a correct scheduler must refuse loudly or survive. With ``often_zero``
-    half the answers find nothing. Shrinks to ``zero``.
+    three answers in four find nothing. Shrinks to ``zero``.
     """
     if num_tokens < 1:
         raise ValueError(f"num_tokens={num_tokens} < 1")
@@ -213,9 +218,19 @@ def external_replies(
         + (("over",) if allow_over else ())
         + ("store", "store", "undecided", "store", "store", "store", "zero", "store", "store")
     )
-    if often_zero:  # as many misses as hits
-        kinds = ("zero", "store", "zero", "undecided", "store", "zero", "store", "zero")
+    if often_zero:  # three misses in four
+        kinds = ("zero", "store", "zero", "zero", "undecided", "zero", "zero", "zero")
     return _external_replies(num_tokens, kinds, allow_async)
+
+
+@st.composite
+def _tail_replies(draw: st.DrawFn, num_tokens: int) -> ExternalReply:
+    """The store holds the whole prompt; asked once or after an "undecided";
+    loaded synchronously or (one in four) asynchronously."""
+    undecided = draw(st.sampled_from((0, 0, 1, 0, 2, 0)), label="undecided asks")
+    load_async = draw(st.integers(0, 7), label="async load") in (2, 5)
+    kind = "undecided" if undecided else "store"
+    return ExternalReply(kind, store_len=num_tokens, undecided=undecided, load_async=load_async)
 
 
 @dataclass(frozen=True)
@@ -292,7 +307,8 @@ def prompt_draws(
 
 @dataclass(frozen=True)
 class SingleShotScenario:
-    """Fill the cache, optionally evict by hand, then replay one request."""
+    """Fill the cache, optionally probe inside it, optionally evict by hand,
+    then replay one request."""
 
     config: SchedulerDraw
     shared_len: int
@@ -301,7 +317,8 @@ class SingleShotScenario:
     concurrent: bool  # fills submitted together (churn, preemption) or one by one
     evict_from: tuple[int | None, ...] | None  # per group; None: real paths only
     replay: PromptDraw
-    flavour: str = "free"  # how the replay relates to the fills (see _FLAVOURS)
+    flavour: str = "free"  # how the replay relates to the fills (see FLAVOURS)
+    probe: PromptDraw | None = None  # run after the fills, before the replay
 
     @property
     def shared(self) -> tuple[int, ...]:
@@ -314,6 +331,10 @@ class SingleShotScenario:
     def replay_tokens(self) -> list[int]:
         return self.replay.tokens(self.shared, salt=len(self.fills) + 1)
 
+    def probe_tokens(self) -> list[int]:
+        assert self.probe is not None
+        return self.probe.tokens(self.shared, salt=len(self.fills))
+
     @property
     def uses_shortcut(self) -> bool:
         return self.evict_from is not None and any(e is not None for e in self.evict_from)
@@ -323,7 +344,8 @@ class SingleShotScenario:
             f"SingleShot({self.flavour}, {self.config!r}, shared_len={self.shared_len}, "
             f"fills={list(self.fills)}, concurrent={self.concurrent}, "
             f"evict_from={None if self.evict_from is None else list(self.evict_from)}, "
-            f"replay={self.replay!r})"
+            + (f"probe={self.probe!r}, " if self.probe is not None else "")
+            + f"replay={self.replay!r})"
         )
 
 
@@ -385,9 +407,10 @@ def _free_prompts(
 
 
 # How the replay relates to the fills: "tail" extends the longest fill past
-# its sub-block tail entry (the truncation branch), "inside" stops inside it
-# (where only some groups kept state: the divergent-hit fallback), "free"
-# places everything anywhere.
+# its sub-block tail entry (the truncation branch), after a probe request
+# that stops inside it; "inside" stops the replay inside it (where only some
+# groups kept state: the divergent-hit fallback); "free" places everything
+# anywhere.
 FLAVOURS = ("tail", "inside", "free")
 
 
@@ -408,15 +431,34 @@ def _single_shots(
     shared_len = 8 * s
     seed = draw(st.integers(0, 999), label="token seed")
     n_fills = draw(st.integers(1, max_fills), label="fills")
-    # One in three: fills that load from the store leave full-attention
-    # blocks but no Mamba state behind, which starves later local hits.
-    fill_replies = draw(st.sampled_from((False, True, False)), label="fills consult the connector")
+    # Fills that load from the store leave full-attention blocks but no Mamba
+    # state behind: that starves a later local hit (so the tail flavour's
+    # fills compute locally) and makes hits diverge (half the inside
+    # flavour's fills load).
+    if flavour == "tail":
+        fill_replies = False
+    elif flavour == "inside":
+        fill_replies = draw(st.booleans(), label="fills consult the connector")
+    else:
+        fill_replies = draw(st.sampled_from((False, True, False)), label="fills consult the connector")
     if flavour == "free":
         fills = draw(_free_prompts(n_fills, shared_len, s, unit, fill_replies))
     else:
         fills = draw(_conversation(n_fills, shared_len, s, unit, fill_replies))
     concurrent = draw(st.sampled_from((False, True, False)), label="concurrent fills")
     longest = max(p.prefix for p in fills)
+    probe = None
+    if flavour == "tail":
+        # Before the tail replay, a request that stops inside the last fill,
+        # where only some groups kept state, mostly with no external answer.
+        back = draw(st.integers(1, s), label="probe offset")
+        at = max(1, longest - min(back, max(1, longest - s)))
+        probe = PromptDraw(
+            at,
+            0,
+            draw(st.integers(1, 3), label="probe max_tokens"),
+            draw(external_replies(at, allow_over=False, often_zero=True), label="probe reply"),
+        )
     delta = draw(st.integers(1, s), label="replay offset")
     if flavour == "tail":
         prefix, suffix = min(shared_len, longest + delta), 0
@@ -426,9 +468,13 @@ def _single_shots(
         prefix = draw(st.integers(s, shared_len), label="replay prefix")
         suffix = draw(st.integers(0, 2 * s), label="replay suffix")
     n = prefix + suffix
-    # The tail replay mostly finds the store holding its prompt; the inside
-    # replay mostly finds nothing (no external tokens behind a deeper hit).
-    reply = draw(external_replies(n, allow_over=allow_over, often_zero=flavour == "inside"), label="replay reply")
+    # The tail replay finds the store holding its prompt (the answer then
+    # exceeds the sub-block tail); the inside replay mostly finds nothing
+    # (no external tokens behind a deeper hit); the free one anything.
+    if flavour == "tail":
+        reply = draw(_tail_replies(n), label="replay reply")
+    else:
+        reply = draw(external_replies(n, allow_over=allow_over, often_zero=flavour == "inside"), label="replay reply")
     replay = PromptDraw(prefix, suffix, draw(st.integers(1, 3), label="replay max_tokens"), reply)
     # A pool from just big enough for the largest request to roomy: small
     # pools make LRU eviction, preemption and churn real.
@@ -441,7 +487,7 @@ def _single_shots(
             draw(st.one_of(st.none(), st.integers(0, 6)), label=f"evict_from[{g}]")
             for g in range(len(layout.groups))
         )
-    return SingleShotScenario(config, shared_len, seed, fills, concurrent, evict_from, replay, flavour)
+    return SingleShotScenario(config, shared_len, seed, fills, concurrent, evict_from, replay, flavour, probe)
 
 
 def single_shot_scenarios(
@@ -457,8 +503,9 @@ def single_shot_scenarios(
     together), then the replay with a drawn external answer.
 
     ``flavours`` weighs how the replay relates to the fills (default
-    ``{"tail": 3, "inside": 1}``): "tail" fills form a conversation and the
-    replay extends the last turn past its sub-block tail entry; "inside"
+    ``{"tail": 3, "inside": 1}``): "tail" fills form a conversation, a probe
+    request stops inside the last turn (mostly with no external answer) and
+    the replay extends the last turn past its sub-block tail entry; "inside"
     stops the replay inside it, mostly with no external answer; "free" puts
     fills and replay anywhere. With ``shortcut`` one scenario in four also
     evicts hand-picked blocks per group before the replay (a search

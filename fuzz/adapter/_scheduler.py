@@ -451,6 +451,8 @@ class SchedulerHarness:
         self._current: str | None = None
         self._in_lookup = False
         self._load_failures: set[str] = set()
+        self._fail_sync_loads = False
+        self.invalid_blocks_reported: list[tuple[str, tuple[int, ...]]] = []
         self._install_spies()
 
     # -- properties ---------------------------------------------------------
@@ -583,6 +585,22 @@ class SchedulerHarness:
         connector's ``failed_recving`` path) at the next step."""
         self._load_failures.add(request_id)
 
+    @property
+    def can_report_invalid_blocks(self) -> bool:
+        """vLLM maps block-level load failures back to requests only for one
+        KV-cache group (block ids are unique per group); with several it
+        raises, and connectors must use ``failed_recving`` instead."""
+        return len(self.groups) == 1
+
+    def fail_next_sync_loads(self) -> None:
+        """At the next step, report every synchronous external load admitted
+        in it as failed, block by block (``invalid_block_ids``): the scheduler
+        then recomputes, or with ``kv_load_failure_policy="fail"`` evicts the
+        invalid blocks and their dependents and fails the request."""
+        if not self.can_report_invalid_blocks:
+            raise ValueError("invalid_block_ids need a single KV-cache group (vLLM raises otherwise)")
+        self._fail_sync_loads = True
+
     def loads_in_flight(self) -> tuple[str, ...]:
         return tuple(sorted(self.script.loads_in_flight))
 
@@ -612,10 +630,12 @@ class SchedulerHarness:
         )
         admissions = self._admissions(out, queries, allocs)
         newly = self._newly_scheduled(out)
+        invalid = self._invalid_blocks(admissions) if self._fail_sync_loads else set()
+        self._fail_sync_loads = False
         finished: frozenset[str] = frozenset()
         if out is not None:
             try:
-                finished = self._feed_back(out)
+                finished = self._feed_back(out, invalid)
             except Exception as exc:  # noqa: BLE001
                 error, error_type, where = (
                     f"{type(exc).__name__}: {exc}",
@@ -698,7 +718,22 @@ class SchedulerHarness:
                 rows.append((rid, cached.num_computed_tokens[i], self._requests[rid].num_tokens))
         return tuple(rows)
 
-    def _feed_back(self, out: Any) -> frozenset[str]:
+    def _invalid_blocks(self, admissions: tuple[AdmissionObservation, ...]) -> set[int]:
+        invalid: set[int] = set()
+        for adm in admissions:
+            if not adm.admitted or adm.reply_async or not adm.connector_external_tokens or not adm.block_table:
+                continue
+            local = (adm.num_computed_tokens or 0) - adm.connector_external_tokens
+            (table,) = adm.block_table
+            b = self.groups[0].block_size
+            first, end = local // b, -(-(adm.num_computed_tokens or 0) // b)
+            ids = tuple(i for i in table[first:end] if i != self.null_block_id)
+            if ids:
+                self.invalid_blocks_reported.append((adm.request_id, ids))
+                invalid.update(ids)
+        return invalid
+
+    def _feed_back(self, out: Any, invalid_block_ids: set[int] = frozenset()) -> frozenset[str]:  # type: ignore[assignment]
         sched = self.scheduler
         ids = list(out.num_scheduled_tokens)
         sampled = []
@@ -712,7 +747,11 @@ class SchedulerHarness:
         self.script.loads_in_flight.difference_update(recving)
         self._load_failures.difference_update(recving)
         connector_output = (
-            KVConnectorOutput(finished_recving=recving, failed_recving=failed) if recving else None
+            KVConnectorOutput(
+                finished_recving=recving, failed_recving=failed, invalid_block_ids=set(invalid_block_ids)
+            )
+            if recving or invalid_block_ids
+            else None
         )
         output = ModelRunnerOutput(
             req_ids=ids,

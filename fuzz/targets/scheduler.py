@@ -204,6 +204,9 @@ def run_single_shot(
         if not scenario.concurrent:
             run.drain()
     run.drain()
+    if scenario.probe is not None and not harness.broken:
+        harness.add_request(scenario.probe_tokens(), max_tokens=scenario.probe.max_tokens, reply=scenario.probe.reply)
+        run.drain()
     if scenario.uses_shortcut and not harness.broken:
         assert scenario.evict_from is not None
         cached = harness.per_group_cached_block_ids(scenario.replay_tokens())

@@ -176,6 +176,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         note(f"fail_async_load({rid})")
         self.harness.fail_async_load(rid)
 
+    @precondition(lambda self: self._live() and bool(self.harness and self.harness.can_report_invalid_blocks))
+    @rule()
+    def fail_next_sync_loads(self) -> None:
+        """The connector reports the next step's synchronous loads as failed
+        block by block (``invalid_block_ids``); with policy "fail" vLLM evicts
+        the invalid blocks and their dependents (a real eviction path)."""
+        assert self.harness is not None
+        note("fail_next_sync_loads()")
+        self.harness.fail_next_sync_loads()
+
     @precondition(lambda self: self._live())
     @rule()
     def run_until_idle(self) -> None:
