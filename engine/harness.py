@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.oracle import ColdResult, Completion, OutputMismatch, Verdict, check_completion
+from engine.oracle import ColdResult, Completion, Verdict, check_completion
 from engine.store import RequestBehaviour, StorePolicy
 
 __all__ = [
