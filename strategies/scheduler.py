@@ -6,17 +6,22 @@ Everything is built by construction:
   engine-realistic (:func:`engine_layout`): the engine sets
   ``cache_config.block_size`` to the smallest prefix-cacheable group block and
   a hybrid model's Mamba block size to that same value, so Mamba groups get
-  the smallest block; when that would leave no room under it for a finer
-  ``prefix_match_unit`` the hash block is halved (it still divides every
-  group block);
-* prompts are slices of one shared token sequence plus their own suffix
-  tokens, so cache hits really happen and shrinking keeps them;
+  the smallest block, with room under it for a finer ``prefix_match_unit``;
+* prompts are slices of one shared token sequence (plus, rarely, their own
+  tokens), so cache hits really happen and shrinking keeps them; their
+  lengths put the last hash boundary inside a block, where vLLM registers
+  the sub-block tail entries the external-hit branch is about;
+* single-shot scenarios have a flavour (:data:`FLAVOURS`) that places the
+  replay where the branch under test lives: past the last fill's tail entry
+  (truncation) after a probe inside it (divergent-hit fallback);
 * the external store's answer is drawn relative to the prompt it answers for
   (:func:`external_replies`), mostly honest and often longer than any local
   sub-block tail, so the external-hit branch is reached without filtering.
 
+Hypothesis favours the ends of a drawn range and the first element of a
+``sampled_from``: the common choice sits there, rare ones in between.
 Shrinking goes towards the core hybrid case (full attention + Mamba), one
-fill prompt, no shortcut evictions, and a connector that finds nothing.
+fill prompt, no shortcut evictions, and a connector holding the prompt.
 """
 
 from __future__ import annotations
@@ -62,8 +67,9 @@ def engine_layout(layout: LayoutDraw) -> LayoutDraw:
     Whole-state (Mamba) groups take the smallest prefix-cacheable block size
     (vLLM sets ``mamba_block_size = cache_config.block_size`` in align mode,
     and the engine sets ``block_size`` to the smallest participating group
-    block). If that block equals the hash block, the hash block is halved when
-    it can be, so a sub-block prefix-match unit stays possible.
+    block). The hash block is then halved (or, at 1, every block size and
+    span doubled) until the Mamba block holds at least four hash units, so
+    sub-block prefix-cache hits are possible.
     """
     from fuzz import adapter
 
@@ -118,9 +124,9 @@ def scheduler_layouts(*, weights: tuple[int, int, int] = (1, 0, 0)) -> st.Search
     """Engine-realistic layouts (:func:`engine_layout`), drawn from three
     families with relative ``weights`` (default: the core case only):
     exactly full attention + Mamba (the core case), full attention + Mamba +
-    one or two other groups, and any 1-4 group layout of every drawable kind. One in three layouts puts every
-    group on one block size, as a hybrid model whose layers share
-    ``cache_config.block_size`` does.
+    one or two other groups, and any 1-4 group layout of every drawable kind.
+    One in three layouts puts every group on one block size, as a hybrid
+    model whose layers share ``cache_config.block_size`` does.
 
     Shrinks to a two-group full attention + Mamba layout on one block size.
     """
@@ -207,7 +213,8 @@ def external_replies(
     sometimes "cannot decide yet" for a few asks. With ``allow_over`` it
     occasionally over-reports (the rest of the prompt plus ``extra``), which
     a correct scheduler must refuse loudly or survive. With ``often_zero``
-    three answers in four find nothing. Shrinks to ``zero``.
+    three answers in four find nothing. Shrinks to a store holding the whole
+    prompt (``zero`` with ``often_zero``).
     """
     if num_tokens < 1:
         raise ValueError(f"num_tokens={num_tokens} < 1")
@@ -364,7 +371,7 @@ def _blocks_needed(layout: LayoutDraw, num_tokens: int) -> int:
     return sum(3 if _is_mamba(g) else -(-num_tokens // g.block_size) for g in layout.groups)
 
 
-def _mid_block_end(after: int, block: int, unit: int, blocks_ahead: int, rem: int) -> int:
+def _mid_block_end(after: int, block: int, blocks_ahead: int, rem: int) -> int:
     """A prompt length past ``after`` whose last hash boundary lies inside a
     block: ``blocks_ahead`` whole blocks on, plus remainder ``rem``."""
     length = (after // block + blocks_ahead) * block + rem
@@ -384,7 +391,7 @@ def _conversation(
     for i in range(n):
         ahead = draw(st.integers(1 if i == 0 else 0, 2), label=f"fill[{i}] blocks ahead")
         rem = draw(st.integers(unit + 1, block - 1), label=f"fill[{i}] remainder") if mid else 0
-        length = min(shared_len, _mid_block_end(length, block, unit, ahead, rem))
+        length = min(shared_len, _mid_block_end(length, block, ahead, rem))
         max_tokens = draw(st.integers(1, 3), label=f"fill[{i}] max_tokens")
         reply = (
             draw(external_replies(length, allow_over=False), label=f"fill[{i}] reply")
@@ -507,10 +514,10 @@ def single_shot_scenarios(
     request stops inside the last turn (mostly with no external answer) and
     the replay extends the last turn past its sub-block tail entry; "inside"
     stops the replay inside it, mostly with no external answer; "free" puts
-    fills and replay anywhere. With ``shortcut`` one scenario in four also
-    evicts hand-picked blocks per group before the replay (a search
-    shortcut, labelled so). Shrinks to one fill, the first flavour, no
-    eviction and a connector that finds nothing.
+    fills and replay anywhere. ``allow_over`` lets the inside and free
+    replays over-report. With ``shortcut`` one scenario in four also evicts
+    hand-picked blocks per group before the replay (a search shortcut,
+    labelled so). Shrinks to one fill, the first flavour and no eviction.
     """
     if max_fills < 1:
         raise ValueError(f"max_fills={max_fills} < 1")
