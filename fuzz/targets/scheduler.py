@@ -13,6 +13,7 @@ and the pool once everything has finished.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -289,13 +290,16 @@ def _drive(
     return count, None
 
 
-def bench_scheduler(seconds: float = 10.0, *, seed: int | None = 0) -> dict[str, Any]:
+def bench_scheduler(seconds: float = 10.0, *, seed: int | None = 0, seeds: int | None = None) -> dict[str, Any]:
     """Run the CI single-shot target's scenarios (real paths only) on
     unmodified vLLM for ``seconds``.
 
     Returns ``examples``, ``examples_per_s``, ``wall_s``, ``vllm_s`` (time
-    inside ``schedule()`` and ``update_from_output()``), ``vllm_share`` and
-    the reach counts of the run.
+    inside ``schedule()`` and ``update_from_output()``), ``vllm_share``, the
+    shares of examples reaching the truncation branch and the divergent-hit
+    fallback, and the reach counts of the run. With ``seeds``, also the
+    median seconds and examples to find the planted pre-PR-51468 assert
+    (:func:`time_to_find`) over that many seeds.
     """
     vllm_s = 0.0
     before = Counter(REACH)
@@ -316,15 +320,26 @@ def bench_scheduler(seconds: float = 10.0, *, seed: int | None = 0) -> dict[str,
         SchedulerHarness.step = original_step  # type: ignore[method-assign]
     wall = time.perf_counter() - start
     reach = REACH - before
-    return {
+    n = reach["examples"] or 1
+    result: dict[str, Any] = {
         "examples": count,
         "wall_s": round(wall, 3),
         "examples_per_s": round(count / wall, 2) if wall else 0.0,
         "vllm_s": round(vllm_s, 3),
         "vllm_share": round(vllm_s / wall, 3) if wall else 0.0,
+        "truncation_share": round(reach[TRUNCATION] / n, 3),
+        "fallback_share": round(reach[FALLBACK] / n, 3),
         "error": None if error is None else f"{type(error).__name__}: {error}"[:500],
         "reach": {k: v for k, v in sorted(reach.items())},
     }
+    if seeds:
+        found = [time_to_find("pre_fix_assert_all", seed=k) for k in range(seeds)]
+        hits = [f for f in found if f["found"]]
+        result["pre_fix_assert_found"] = f"{len(hits)}/{seeds} seeds"
+        if hits:
+            result["pre_fix_assert_median_s"] = statistics.median(f["seconds"] for f in hits)
+            result["pre_fix_assert_median_examples"] = statistics.median(f["examples"] for f in hits)
+    return result
 
 
 def time_to_find(

@@ -55,7 +55,25 @@ from strategies.scheduler import (
 SHORTCUT = os.environ.get("FUZZ_SHORTCUT") == "1"
 
 
-@given(scenario=single_shot_scenarios(shortcut=False, allow_over=False))
+# Zero-argument factories and the check, for fuzz.registry (python -m fuzz).
+def single_shot_strategy():  # type: ignore[no-untyped-def]
+    return single_shot_scenarios(shortcut=False, allow_over=False)
+
+
+def any_layout_strategy():  # type: ignore[no-untyped-def]
+    return single_shot_scenarios(
+        configs=scheduler_draws(layouts=scheduler_layouts(weights=(0, 1, 1))),
+        shortcut=False,
+        flavours={"tail": 1, "inside": 1, "free": 1},
+    )
+
+
+def check_single_shot(scenario: SingleShotScenario) -> None:
+    """Run the scenario; raises InvariantViolation on a violated invariant."""
+    run_single_shot(scenario)
+
+
+@given(scenario=single_shot_strategy())
 def fuzz_scheduler_single_shot(scenario: SingleShotScenario) -> None:
     """The core hybrid layout (full attention + Mamba), real paths only,
     honest connector answers (over-reports end a scenario early; the
@@ -63,13 +81,7 @@ def fuzz_scheduler_single_shot(scenario: SingleShotScenario) -> None:
     run_single_shot(scenario)
 
 
-@given(
-    scenario=single_shot_scenarios(
-        configs=scheduler_draws(layouts=scheduler_layouts(weights=(0, 1, 1))),
-        shortcut=False,
-        flavours={"tail": 1, "inside": 1, "free": 1},
-    )
-)
+@given(scenario=any_layout_strategy())
 def fuzz_scheduler_single_shot_any_layout(scenario: SingleShotScenario) -> None:
     """Full attention + Mamba + other groups (sliding window, chunked local,
     MLA, scratch, ...), and any 1-4 group layout of every drawable spec
