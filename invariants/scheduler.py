@@ -4,6 +4,10 @@ Each ``check_*`` makes one claim about one observation from
 :class:`fuzz.adapter.SchedulerHarness` and raises :class:`InvariantViolation`
 naming the request, the groups, the block ids and the numbers that disagree.
 Expected per-group behaviour comes from :mod:`invariants.classification`.
+Step checks (:data:`STEP_CHECKS`) see a whole ``schedule()`` +
+``update_from_output()``; admission checks (:data:`ADMISSION_CHECKS`) one
+waiting request's trip through the prefix-cache branch; the pool check runs
+once every request has finished. ``check_step`` runs a selection of them.
 
 Vocabulary for one admission (a waiting request's prefix-cache lookup):
 
