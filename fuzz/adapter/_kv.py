@@ -16,7 +16,9 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import subprocess
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -30,7 +32,13 @@ os.environ.setdefault("HF_HOME", os.path.join(_CACHE_ROOT, "hf"))
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 import torch  # noqa: E402
-import vllm  # noqa: E402
+
+with warnings.catch_warnings():
+    # A vLLM source checkout that was never built has no vllm/_version.py
+    # (setuptools-scm writes it at build time): vLLM warns and calls itself
+    # "dev". That is expected for --vllm-src, not an error.
+    warnings.filterwarnings("ignore", "Failed to read commit hash", RuntimeWarning)
+    import vllm  # noqa: E402
 import vllm.v1.kv_cache_interface as _ki  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
@@ -65,7 +73,25 @@ __all__ = [  # re-exported by fuzz.adapter
     "spec_prefix_cacheable",
 ]
 
-VLLM_VERSION: str = vllm.__version__
+
+
+def _vllm_version() -> str:
+    """vLLM's version; for an unbuilt source checkout, "dev" plus where it is
+    and, in a git clone, the commit (``git describe``)."""
+    if vllm.__version__ != "dev":
+        return vllm.__version__
+    root = os.path.dirname(os.path.dirname(os.path.abspath(vllm.__file__)))
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        described = subprocess.run(
+            ["git", "-C", root, "describe", "--tags", "--always", "--dirty"],
+            capture_output=True, text=True, timeout=10,
+        ).stdout.strip()
+        if described:
+            return f"dev {described} (source checkout {root})"
+    return f"dev (source checkout {root})"
+
+
+VLLM_VERSION: str = _vllm_version()
 _DTYPE = torch.float32
 _hashing_ready = False
 
