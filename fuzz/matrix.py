@@ -482,8 +482,8 @@ def main(argv: list[str]) -> int:
     if args.json:
         args.json.write_text(json.dumps([asdict(c) for c in cells], indent=1) + "\n", encoding="utf-8")
     code = exit_code(cells)
-    print(f"\nexit {code}: " + {0: "no violation on a supported release",
-                                1: "violations on a supported release",
+    print(f"\nexit {code}: " + {0: "no violation outside reference rows",
+                                1: "violations on a supported release or checkout",
                                 2: "harness errors: the table is incomplete"}[code])
     return code
 
