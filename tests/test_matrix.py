@@ -150,3 +150,16 @@ def test_oldest_and_newest_release_import_and_run_a_short_target(tmp_path: Path)
     cells = run_matrix(releases, [HYBRID], examples=10, timeout=300, out_dir=tmp_path)
     assert [(c.status, c.vllm_version) for c in cells] == [("pass", OLDEST), ("pass", NEWEST)], cells
     assert all(c.examples and c.examples >= 10 for c in cells), cells
+
+
+@pytest.mark.slow
+def test_generation_alone_finds_the_pre_fix_crash_on_the_reference_release(tmp_path: Path) -> None:
+    """The suite's proof against a real historical bug: on vLLM 0.27.1 (before
+    PR 51468) the hybrid truncation target, without its pinned @example,
+    finds the short-Mamba-group crash (seen: example 11, 0.5 s)."""
+    cells = run_matrix([parse_release("0.27.1")], [HYBRID], examples=100, timeout=600,
+                       out_dir=tmp_path, skip_phases="target,explain,explicit")
+    (cell,) = cells
+    assert cell.reference and cell.status == "violation", cell
+    assert "[no-unexpected-failure]" in cell.note and "found at example" in cell.note, cell
+    assert matrix.exit_code(cells) == 0
