@@ -59,6 +59,26 @@ TARGETS: dict[str, Target] = {
             check="check_truncation_scenario",
             repro="fuzz.repro:truncation_repro_from_last_run",
         ),
+        Target(
+            "scheduler-single-shot",
+            "Scheduler.schedule() with a scripted KV connector: fill, diverge under real pressure, replay (FA + Mamba)",
+            "fuzz.targets.target_scheduler",
+            strategy="single_shot_strategy",
+            check="check_single_shot",
+        ),
+        Target(
+            "scheduler-any-layout",
+            "Scheduler.schedule() single-shot over FA + Mamba + other groups and any 1-4 group layout, over-reports too",
+            "fuzz.targets.target_scheduler",
+            strategy="any_layout_strategy",
+            check="check_single_shot",
+        ),
+        Target(
+            "scheduler-machine",
+            "Scheduler state machine: shared prefixes, steps, finish/abort, failed async loads, invariants every step",
+            "fuzz.targets.target_scheduler",
+            machine="SchedulerMachine",
+        ),
     ]
 }
 

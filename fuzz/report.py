@@ -28,10 +28,11 @@ def summary_table(total: dict, elapsed: float) -> str:
     return "\n".join(lines)
 
 
-def _md_counter(title: str, counter: dict[str, int], limit: int = 30) -> list[str]:
+def _md_counter(title: str, counter: dict[str, int], limit: int = 30, per: int | None = None) -> list[str]:
+    """A count table; shares are of ``per`` (e.g. examples) when given, else of the total."""
     if not counter:
         return [f"### {title}", "", "(none)", ""]
-    total = sum(counter.values())
+    total = per or sum(counter.values())
     out = [f"### {title}", "", "| value | count | share |", "|---|---:|---:|"]
     for k, v in sorted(counter.items(), key=lambda kv: -kv[1])[:limit]:
         out.append(f"| {k} | {v} | {100 * v / total:.1f}% |")
@@ -93,7 +94,7 @@ def write_reports(total: dict, report_dir: Path, *, repro_dir: Path, elapsed: fl
             f"  - repro: {link}; replay: `python -m fuzz replay {Path(repro_dir, repro or '')}`",
         ]
     md = header + ["", "## Coverage", ""]
-    md += _md_counter("Branches reached", tel.get("branches", {}))
+    md += _md_counter("Branches reached (share of all examples)", tel.get("branches", {}), per=n or None)
     md += _md_counter("Spec types drawn (per group)", tel.get("spec_kinds", {}))
     md += _md_counter("Group layouts drawn", tel.get("layouts", {}), limit=20)
     md += _md_counter("Per-group hit gap (max - min, in scheduler blocks)", tel.get("hit_gap", {}))

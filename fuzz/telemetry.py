@@ -7,6 +7,7 @@ counters into its progress files and the report aggregates them.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 
 import hypothesis
@@ -57,4 +58,9 @@ def observe_gap(gap_tokens: int, scheduler_block_size: int) -> None:
 
 
 def snapshot() -> dict[str, dict[str, int]]:
-    return {name: dict(c) for name, c in COUNTERS.items()}
+    out = {name: dict(c) for name, c in COUNTERS.items()}
+    # The scheduler tier keeps its own reach counter (its reach test reads it).
+    scheduler = sys.modules.get("fuzz.targets.scheduler")
+    for label, n in getattr(scheduler, "REACH", {}).items():
+        out["branches"][f"scheduler: {label}"] = n
+    return out
