@@ -15,8 +15,11 @@ uses the evict shortcut.
   through a real path before it is reported as a vLLM bug, so it runs only
   when ``FUZZ_SHORTCUT=1``.
 * ``TestSchedulerMachine``: a rule-based state machine adding requests that
-  share prefixes, stepping, finishing and aborting, failing async loads, with
-  every invariant checked after every step.
+  share prefixes (a Bundle), stepping (chunked prefill re-enters
+  ``schedule()``), running to idle, aborting, and the connector reporting
+  KV-load failures (``failed_recving`` for async loads; ``invalid_block_ids``
+  on one-group layouts, which vLLM's "fail" policy evicts), with every
+  invariant checked after every step and the pool checked whenever idle.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from fuzz.adapter import SchedulerHarness
+from fuzz.adapter import SchedulerDraw, SchedulerHarness
 from fuzz.targets.scheduler import (
     ALL_CHECKS,
     build_harness,
@@ -116,7 +119,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # -- set-up ---------------------------------------------------------------
     @initialize(config=machine_configs())
-    def build(self, config) -> None:  # type: ignore[no-untyped-def]
+    def build(self, config: SchedulerDraw) -> None:
         note(f"config: {config!r}")
         self.harness = build_harness(config)
         if self.harness is None:
