@@ -110,8 +110,14 @@ def _layouts(
 ) -> LayoutDraw:
     n = draw(st.integers(max(min_groups, len(required)), max_groups), label="groups")
     hash_bs = draw(st.sampled_from((1, 2, 4)), label="hash_block_size")
+    # vLLM's hybrid coordinator "requires at least one cacheable group": with
+    # several groups and no cacheable one required, the first free draw is
+    # taken from the prefix-cacheable kinds.
+    cacheable = tuple(k for k in kinds if _behaviour(k) is not Behaviour.SCRATCH)
+    need_cacheable = n > 1 and cacheable and all(_behaviour(k) is Behaviour.SCRATCH for k in required)
     chosen = list(required) + [
-        draw(st.sampled_from(kinds), label=f"kind[{i}]") for i in range(len(required), n)
+        draw(st.sampled_from(cacheable if need_cacheable and i == len(required) else kinds), label=f"kind[{i}]")
+        for i in range(len(required), n)
     ]
     if n == 1:
         # vLLM: a single group hashes at its own block size.

@@ -83,3 +83,14 @@ def test_bad_spec_and_scenario_arguments_fail_at_once() -> None:
 def test_endpoint_rule_arithmetic(rule: EndpointRule, expected: int) -> None:
     anchors = {"cover_hit": 21, "min_hit": 5, "max_hit": 37, "zero": 0}
     assert rule.resolve(anchors, 8) == expected
+
+
+def test_multi_group_layouts_always_hold_a_cacheable_group() -> None:
+    """vLLM's hybrid coordinator rejects layouts of scratch groups only."""
+
+    @given(kv_cache_layouts(min_groups=2, kinds=("CircularBufferSpec", "FullAttentionSpec")))
+    def check(layout: LayoutDraw) -> None:
+        assert any(g.kind != "CircularBufferSpec" for g in layout.groups), layout
+        adapter.ManagerHarness(layout)
+
+    check()
