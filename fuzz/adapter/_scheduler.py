@@ -47,6 +47,7 @@ from typing import Any
 
 from fuzz.adapter import _connector
 from fuzz.adapter._kv import (
+    spec_prefix_cacheable,
     InvalidLayout,
     VLLM_VERSION,
     _kv_cache_config,
@@ -71,6 +72,14 @@ from vllm.v1.core import kv_cache_utils as _kcu  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+
+_KVCO_HAS_FAILED = "failed_recving" in {f.name for f in dataclasses.fields(KVConnectorOutput)}
+
+
+def _optional(max_cache_hit_length: int | None) -> tuple[int, ...]:
+    """Forward ``max_cache_hit_length`` only when set: before vLLM 0.33 the
+    lookups take no such argument."""
+    return () if max_cache_hit_length is None else (max_cache_hit_length,)
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
@@ -399,7 +408,7 @@ class SchedulerHarness:
         layout = draw.layout
         self.kv_cache_config = kv_config = _kv_cache_config(layout)
         groups = kv_config.kv_cache_groups
-        participating = [g.kv_cache_spec.block_size for g in groups if g.kv_cache_spec.prefix_cacheable]
+        participating = [g.kv_cache_spec.block_size for g in groups if spec_prefix_cacheable(g.kv_cache_spec)]
         block_size = min(participating or [g.kv_cache_spec.block_size for g in groups])
         prefix_match_unit = None if len(layout.groups) == 1 else layout.hash_block_size
         try:
@@ -409,10 +418,13 @@ class SchedulerHarness:
             vllm_config.cache_config.block_size = block_size
             vllm_config.validate_block_size()
             sched_bs, hash_bs = _kcu.resolve_kv_cache_block_sizes(kv_config, vllm_config)
-            kv_config.hash_block_size = hash_bs
-            kv_config.cache_hit_alignment_tokens = _kcu.resolve_cache_hit_alignment_tokens(
-                kv_config, vllm_config, sched_bs, hash_bs
-            )
+            # vLLM 0.32+ records both on the config (older releases derive them).
+            if hasattr(kv_config, "hash_block_size"):
+                kv_config.hash_block_size = hash_bs
+            if hasattr(_kcu, "resolve_cache_hit_alignment_tokens"):
+                kv_config.cache_hit_alignment_tokens = _kcu.resolve_cache_hit_alignment_tokens(
+                    kv_config, vllm_config, sched_bs, hash_bs
+                )
             _connector.SCRIPT.reset(divergent_hits=draw.divergent_hits)
             self.scheduler = Scheduler(
                 vllm_config=vllm_config,
@@ -437,7 +449,7 @@ class SchedulerHarness:
                 spec_class=qualified_name(type(g.kv_cache_spec)),
                 inner_classes=(),
                 block_size=mgr.block_size,
-                prefix_cacheable=bool(g.kv_cache_spec.prefix_cacheable),
+                prefix_cacheable=spec_prefix_cacheable(g.kv_cache_spec),
             )
             for i, (g, mgr) in enumerate(zip(groups, self.manager.coordinator.single_type_managers))
         )
@@ -480,7 +492,7 @@ class SchedulerHarness:
             per_group, joint_hit, joint_blocks = self._side_lookups(request, max_cache_hit_length)
             self._in_lookup = True
             try:
-                result = lookup(sched, request, max_cache_hit_length)
+                result = lookup(sched, request, *_optional(max_cache_hit_length))
             finally:
                 self._in_lookup = False
             blocks, num_local, _boundary, diverged = result
@@ -507,7 +519,7 @@ class SchedulerHarness:
             pending = current()
             if pending is not None and request.request_id == self._current:
                 pending["fell_back"] = True
-            return type(mgr).get_computed_blocks(mgr, request, max_cache_hit_length)
+            return type(mgr).get_computed_blocks(mgr, request, *_optional(max_cache_hit_length))
 
         def truncate(blocks: Any, num_computed_tokens: int) -> Any:
             pending = current()
@@ -546,7 +558,7 @@ class SchedulerHarness:
         mgr = self.manager
         limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
         coord = mgr.coordinator
-        joint_blocks, joint_hit, _ = type(mgr).get_computed_blocks(mgr, request, max_cache_hit_length)
+        joint_blocks, joint_hit, _ = type(mgr).get_computed_blocks(mgr, request, *_optional(max_cache_hit_length))
         if hasattr(coord, "find_longest_cache_hit_per_group"):
             _, hits = coord.find_longest_cache_hit_per_group(request.block_hashes, limit)
             per_group = tuple(hits)
@@ -746,9 +758,12 @@ class SchedulerHarness:
         failed = recving & self._load_failures
         self.script.loads_in_flight.difference_update(recving)
         self._load_failures.difference_update(recving)
+        # failed_recving exists from vLLM 0.30; older releases cannot be told
+        # an async load failed, so there the load simply completes.
+        failure_kw = {"failed_recving": failed} if _KVCO_HAS_FAILED else {}
         connector_output = (
             KVConnectorOutput(
-                finished_recving=recving, failed_recving=failed, invalid_block_ids=set(invalid_block_ids)
+                finished_recving=recving, invalid_block_ids=set(invalid_block_ids), **failure_kw
             )
             if recving or invalid_block_ids
             else None
