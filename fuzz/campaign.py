@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import seed as hyp_seed
 from hypothesis.stateful import run_state_machine_as_test
 
 from fuzz import adapter, telemetry
 from fuzz.databases import DatabaseUnavailable, check_database, open_database
+from fuzz.hunting import budget_settings
 from fuzz.registry import get_target
 
 CONFIG: dict[str, Any] = json.loads(os.environ.get("FUZZ_CAMPAIGN", "{}") or "{}")
@@ -119,16 +120,7 @@ def _record_failure(target_name: str, seed: int | None, exc: BaseException) -> N
 
 
 def _round_settings(phases: list[Phase], database: Any) -> settings:
-    return settings(
-        max_examples=ROUND_EXAMPLES,
-        database=database,
-        deadline=None,
-        phases=phases,
-        derandomize=False,
-        print_blob=True,
-        report_multiple_bugs=False,
-        suppress_health_check=list(HealthCheck),
-    )
+    return budget_settings(max_examples=ROUND_EXAMPLES, phases=phases, database=database, print_blob=True)
 
 
 def _run_round(target_name: str, seed: int | None, database: Any, reuse: bool) -> None:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from invariants.truncation import InvariantViolation
 
-__all__ = ["HuntResult", "hunt"]
+__all__ = ["HuntResult", "budget_settings", "hunt"]
 
 T = TypeVar("T")
 
@@ -32,6 +32,23 @@ class HuntResult:
     @property
     def found(self) -> bool:
         return self.violation is not None
+
+
+def budget_settings(
+    *, max_examples: int, phases: list[Phase], database: object = None, print_blob: bool = False
+) -> settings:
+    """Settings for a run whose budget is given explicitly (independent of the
+    active profile): no deadline, every health check off, first bug only."""
+    return settings(
+        max_examples=max_examples,
+        database=database,
+        deadline=None,
+        phases=phases,
+        derandomize=False,
+        print_blob=print_blob,
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 def hunt(
@@ -57,15 +74,7 @@ def hunt(
         body(value)
 
     phases = [Phase.generate, Phase.target] + ([Phase.shrink] if shrink else [])
-    test = settings(
-        max_examples=max_examples,
-        database=None,
-        deadline=None,
-        phases=phases,
-        report_multiple_bugs=False,
-        derandomize=False,
-        suppress_health_check=list(HealthCheck),
-    )(given(strategy)(counted))
+    test = budget_settings(max_examples=max_examples, phases=phases)(given(strategy)(counted))
     if seed is not None:
         test = hyp_seed(seed)(test)
     start = time.perf_counter()
