@@ -157,6 +157,9 @@ def _scheduler_draws(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw]) ->
     # external-hit branch and its fallback are about).
     divergent = draw(st.sampled_from((True, True, False, True)), label="supports_divergent_local_hybrid_hits")
     policy = draw(st.sampled_from(("fail", "recompute")), label="kv_load_failure_policy")
+    # Both model runners are real deployments (vLLM picks V1 for many hybrid
+    # models, V2 elsewhere); they report resumed requests differently.
+    runner = draw(st.sampled_from(("v2", "v1")), label="model_runner")
     return SchedulerDraw(
         layout=layout,
         max_num_batched_tokens=budget,
@@ -164,6 +167,7 @@ def _scheduler_draws(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw]) ->
         long_prefill_token_threshold=threshold,
         divergent_hits=divergent,
         kv_load_failure_policy=policy,
+        model_runner=runner,
     )
 
 
@@ -179,7 +183,8 @@ def scheduler_draws(
     :func:`scheduler_layouts`): token budget ``max_num_batched_tokens`` from 4
     to six scheduler blocks, 1-4 sequences, an optional long-prefill
     threshold, the connector's ``supports_divergent_local_hybrid_hits`` and
-    the KV-load failure policy (``fail`` evicts invalid blocks).
+    the KV-load failure policy (``fail`` evicts invalid blocks) and the model
+    runner the scheduler serves (V1 or V2).
     Shrinks towards the smallest budget and a divergent-capable connector.
     """
     return _scheduler_draws(layouts) if layouts is not None else _default_scheduler_draws()

@@ -57,6 +57,7 @@ from fuzz.adapter._kv import (
 )
 from fuzz.model import GroupInfo, LayoutDraw, SpecDraw
 
+import vllm.config.vllm as _vllm_config_mod  # noqa: E402
 import vllm.v1.core.sched.scheduler as _sched_mod  # noqa: E402
 from vllm.config import (  # noqa: E402
     CacheConfig,
@@ -177,6 +178,11 @@ class SchedulerDraw:
     long_prefill_token_threshold: int = 0
     divergent_hits: bool = True
     kv_load_failure_policy: str = "fail"
+    # Which model runner the scheduler serves ("v1", "v2"; None: the
+    # release's own choice on this machine). It changes what SchedulerOutput
+    # looks like: with V2, requests resumed after a preemption are reported
+    # as new requests; with V1, among the cached ones.
+    model_runner: str | None = None
 
     @property
     def model(self) -> str:
@@ -190,7 +196,8 @@ class SchedulerDraw:
             f"max_num_seqs={self.max_num_seqs}, "
             f"long_prefill_token_threshold={self.long_prefill_token_threshold}, "
             f"connector.supports_divergent_local_hybrid_hits={self.divergent_hits}, "
-            f"kv_load_failure_policy={self.kv_load_failure_policy!r})"
+            f"kv_load_failure_policy={self.kv_load_failure_policy!r}"
+            f"{'' if self.model_runner is None else f', model_runner={self.model_runner!r}'})"
         )
 
 
@@ -244,6 +251,8 @@ class AdmissionObservation:
     connector_external_tokens: int | None = None
     block_table: tuple[tuple[int, ...], ...] = ()
     cow_dst_ids: frozenset[int] = frozenset()
+    # Admitted again after a preemption (reported among the cached requests).
+    resumed: bool = False
     # Labels only (the invariants never trust these).
     truncated_at: int | None = None
     fell_back: bool = False
@@ -267,7 +276,8 @@ class AdmissionObservation:
             f"num_external_computed_tokens={self.alloc_external_tokens}) -> "
             f"{'blocks' if self.alloc_ok else 'raised' if self.alloc_raised else 'None'}",
             f"  outcome: admitted={self.admitted}, num_computed_tokens={self.num_computed_tokens}, "
-            f"connector told external={self.connector_external_tokens}",
+            f"connector told external={self.connector_external_tokens}"
+            f"{' (resumed after preemption)' if self.resumed else ''}",
             f"  lookup blocks={[list(g) for g in self.local_blocks]}",
             f"  adopted blocks={None if self.alloc_local_blocks is None else [list(g) for g in self.alloc_local_blocks]}",
             f"  block table={[list(g) for g in self.block_table]}, CoW destinations={sorted(self.cow_dst_ids)}",
@@ -336,6 +346,7 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
         draw.max_num_seqs,
         draw.long_prefill_token_threshold,
         draw.kv_load_failure_policy,
+        draw.model_runner,
     )
     config = _VLLM_CONFIGS.get(key)
     if config is None:
@@ -372,6 +383,40 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
             _VLLM_CONFIGS.clear()
         _VLLM_CONFIGS[key] = config
     return config
+
+
+@contextlib.contextmanager
+def _model_runner(choice: str | None) -> Iterator[None]:
+    """vLLM reads the model-runner choice from ``VLLM_USE_V2_MODEL_RUNNER``
+    (every supported release) while it builds the config and the scheduler;
+    set it for that long only.
+
+    For V2, releases up to 0.32 also refuse the config when Triton is
+    missing (``_validate_v2_model_runner``); the lean CPU install has no
+    Triton, the GPU deployments this suite models do, and the scheduler never
+    touches it, so the flag reads True for that long too. vLLM's other V2
+    refusals (unsupported features) stand.
+    """
+    if choice is None:
+        yield
+        return
+    if choice not in ("v1", "v2"):
+        raise ValueError(f"model_runner must be 'v1', 'v2' or None, not {choice!r}")
+    name = "VLLM_USE_V2_MODEL_RUNNER"
+    saved = os.environ.get(name)
+    saved_triton = getattr(_vllm_config_mod, "HAS_TRITON", None)
+    os.environ[name] = "1" if choice == "v2" else "0"
+    if choice == "v2" and saved_triton is False:
+        _vllm_config_mod.HAS_TRITON = True
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+        if saved_triton is not None:
+            _vllm_config_mod.HAS_TRITON = saved_triton
 
 
 def _span(group: SpecDraw) -> tuple[str, int] | None:
@@ -412,28 +457,29 @@ class SchedulerHarness:
         block_size = min(participating or [g.kv_cache_spec.block_size for g in groups])
         prefix_match_unit = None if len(layout.groups) == 1 else layout.hash_block_size
         try:
-            vllm_config = _vllm_config(draw, block_size, prefix_match_unit)
-            # EngineCore._initialize_kv_caches, after profiling:
-            vllm_config.cache_config.num_gpu_blocks = kv_config.num_blocks
-            vllm_config.cache_config.block_size = block_size
-            vllm_config.validate_block_size()
-            sched_bs, hash_bs = _kcu.resolve_kv_cache_block_sizes(kv_config, vllm_config)
-            # vLLM 0.32+ records both on the config (older releases derive them).
-            if hasattr(kv_config, "hash_block_size"):
-                kv_config.hash_block_size = hash_bs
-            if hasattr(_kcu, "resolve_cache_hit_alignment_tokens"):
-                kv_config.cache_hit_alignment_tokens = _kcu.resolve_cache_hit_alignment_tokens(
-                    kv_config, vllm_config, sched_bs, hash_bs
+            with _model_runner(draw.model_runner):
+                vllm_config = _vllm_config(draw, block_size, prefix_match_unit)
+                # EngineCore._initialize_kv_caches, after profiling:
+                vllm_config.cache_config.num_gpu_blocks = kv_config.num_blocks
+                vllm_config.cache_config.block_size = block_size
+                vllm_config.validate_block_size()
+                sched_bs, hash_bs = _kcu.resolve_kv_cache_block_sizes(kv_config, vllm_config)
+                # vLLM 0.32+ records both on the config (older releases derive them).
+                if hasattr(kv_config, "hash_block_size"):
+                    kv_config.hash_block_size = hash_bs
+                if hasattr(_kcu, "resolve_cache_hit_alignment_tokens"):
+                    kv_config.cache_hit_alignment_tokens = _kcu.resolve_cache_hit_alignment_tokens(
+                        kv_config, vllm_config, sched_bs, hash_bs
+                    )
+                _connector.SCRIPT.reset(divergent_hits=draw.divergent_hits)
+                self.scheduler = Scheduler(
+                    vllm_config=vllm_config,
+                    kv_cache_config=kv_config,
+                    structured_output_manager=StructuredOutputManager(vllm_config),
+                    block_size=sched_bs,
+                    hash_block_size=hash_bs,
+                    log_stats=False,
                 )
-            _connector.SCRIPT.reset(divergent_hits=draw.divergent_hits)
-            self.scheduler = Scheduler(
-                vllm_config=vllm_config,
-                kv_cache_config=kv_config,
-                structured_output_manager=StructuredOutputManager(vllm_config),
-                block_size=sched_bs,
-                hash_block_size=hash_bs,
-                log_stats=False,
-            )
         except (AssertionError, TypeError, ValueError, NotImplementedError) as exc:
             raise InvalidLayout(f"{type(exc).__name__}: {exc}") from exc
         self.script = _connector.SCRIPT
@@ -460,6 +506,7 @@ class SchedulerHarness:
         self.shortcut_evictions = 0
         self._requests: dict[str, Request] = {}
         self._pending: dict[str, dict[str, Any]] = {}  # admissions in progress
+        self._preempted: set[str] = set()  # every request preempted so far
         self._current: str | None = None
         self._in_lookup = False
         self._load_failures: set[str] = set()
@@ -641,6 +688,8 @@ class SchedulerHarness:
             q.request_id for q in queries if not self.script.reply_for(q.request_id).honest
         )
         admissions = self._admissions(out, queries, allocs)
+        if out is not None:
+            self._preempted.update(out.preempted_req_ids or ())
         newly = self._newly_scheduled(out)
         invalid = self._invalid_blocks(admissions) if self._fail_sync_loads else set()
         self._fail_sync_loads = False
@@ -674,7 +723,15 @@ class SchedulerHarness:
         new_computed = {}
         cow_dst: frozenset[int] = frozenset()
         if out is not None:
+            # What the scheduler hands the model runner, before this step's
+            # tokens are added. A request resumed after preemption is admitted
+            # through the same waiting-queue branch but reported among the
+            # cached requests; reading its live num_computed_tokens instead
+            # would already include this step's scheduled tokens.
             new_computed = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
+            cached = out.scheduled_cached_reqs
+            for i, rid in enumerate(cached.req_ids):
+                new_computed.setdefault(rid, cached.num_computed_tokens[i])
             cow_dst = frozenset(c.dst_block_id for c in out.kv_cache_block_copies or ())
         last_query = {q.request_id: q for q in queries}
         last_alloc = {a.request_id: a for a in allocs}
@@ -711,6 +768,7 @@ class SchedulerHarness:
                     connector_external_tokens=None if alloc is None else alloc.num_external_tokens,
                     block_table=table,
                     cow_dst_ids=cow_dst,
+                    resumed=admitted and rid in self._preempted,
                     **{k: v for k, v in pending.items() if k != "alloc_ok"},
                     alloc_ok=bool(pending.get("alloc_ok")),
                 )

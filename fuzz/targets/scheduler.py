@@ -100,6 +100,8 @@ def reach_labels(step: StepObservation) -> set[str]:
             labels.add(TRUNCATION)
         if adm.fell_back:
             labels.add(FALLBACK)
+        if adm.resumed:
+            labels.add("resumed after preemption" + (" with a local hit" if adm.local_hit else ""))
         if adm.partial_tail:
             labels.add("sub-block local hit")
             if adm.reply is not None and 0 < adm.reply <= adm.partial_tail:

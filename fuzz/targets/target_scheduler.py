@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import event, given, note, settings
+from hypothesis import event, example, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -38,7 +38,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from fuzz.adapter import SchedulerDraw, SchedulerHarness
+from fuzz.adapter import ExternalReply, SchedulerDraw, SchedulerHarness
+from fuzz.model import LayoutDraw, SpecDraw
 from fuzz.targets.scheduler import (
     ALL_CHECKS,
     build_harness,
@@ -47,6 +48,7 @@ from fuzz.targets.scheduler import (
 )
 from invariants.scheduler import check_no_leaked_blocks, check_step, known_vllm_bug
 from strategies.scheduler import (
+    PromptDraw,
     SingleShotScenario,
     external_replies,
     machine_configs,
@@ -76,6 +78,37 @@ def check_single_shot(scenario: SingleShotScenario) -> None:
     run_single_shot(scenario)
 
 
+_NO_HIT = ExternalReply(kind="zero", store_len=0, undecided=0, extra=0, load_async=False)
+
+# Shrunk on vLLM 0.29.0 (a suite defect, not a vLLM bug: see
+# tests/test_scheduler_resumed_requests.py): two concurrent fills in an
+# 8-block pool; with the V1 model runner the second is preempted while the
+# first decodes, then resumes with a local hit and is reported among the
+# cached requests of the SchedulerOutput.
+PREEMPTED_THEN_RESUMED = SingleShotScenario(
+    config=SchedulerDraw(
+        layout=LayoutDraw(
+            (SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4)), hash_block_size=1, num_blocks=8
+        ),
+        max_num_batched_tokens=4,
+        max_num_seqs=2,
+        long_prefill_token_threshold=1,
+        divergent_hits=True,
+        kv_load_failure_policy="fail",
+        model_runner="v1",
+    ),
+    shared_len=32,
+    token_seed=0,
+    fills=(PromptDraw(6, 0, 1, _NO_HIT), PromptDraw(10, 0, 3, _NO_HIT)),
+    concurrent=True,
+    evict_from=None,
+    replay=PromptDraw(11, 0, 1, ExternalReply(kind="store", store_len=11, undecided=0, extra=0, load_async=False)),
+    flavour="tail",
+    probe=PromptDraw(9, 0, 1, _NO_HIT),
+)
+
+
+@example(scenario=PREEMPTED_THEN_RESUMED)
 @given(scenario=single_shot_strategy())
 def fuzz_scheduler_single_shot(scenario: SingleShotScenario) -> None:
     """The core hybrid layout (full attention + Mamba), real paths only,
