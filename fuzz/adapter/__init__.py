@@ -58,6 +58,7 @@ from fuzz.adapter._scheduler import (  # noqa: E402
     SchedulerHarness,
     StepObservation,
     planted_scheduler_bug,
+    scheduler_tier_unsupported,
 )
 
 __all__ += [
@@ -70,4 +71,5 @@ __all__ += [
     "SchedulerHarness",
     "StepObservation",
     "planted_scheduler_bug",
+    "scheduler_tier_unsupported",
 ]

@@ -385,6 +385,21 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
     return config
 
 
+def scheduler_tier_unsupported() -> str | None:
+    """Why the installed vLLM cannot host the scheduler tier (None: it can).
+
+    The harness observes the admission path through
+    ``Scheduler._get_local_prefix_cache_hit`` (the local lookup the
+    external-hit branch truncates), which vLLM 0.28.0 introduced.
+    """
+    if not hasattr(Scheduler, "_get_local_prefix_cache_hit"):
+        return (
+            f"vLLM {VLLM_VERSION} has no Scheduler._get_local_prefix_cache_hit "
+            "(added in 0.28.0), which the scheduler tier observes"
+        )
+    return None
+
+
 @contextlib.contextmanager
 def _model_runner(choice: str | None) -> Iterator[None]:
     """vLLM reads the model-runner choice from ``VLLM_USE_V2_MODEL_RUNNER``

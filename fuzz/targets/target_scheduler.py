@@ -38,7 +38,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from fuzz.adapter import ExternalReply, SchedulerDraw, SchedulerHarness
+from fuzz.adapter import ExternalReply, SchedulerDraw, SchedulerHarness, scheduler_tier_unsupported
 from fuzz.model import LayoutDraw, SpecDraw
 from fuzz.targets.scheduler import (
     ALL_CHECKS,
@@ -58,6 +58,9 @@ from strategies.scheduler import (
 )
 
 SHORTCUT = os.environ.get("FUZZ_SHORTCUT") == "1"
+
+_UNSUPPORTED = scheduler_tier_unsupported()
+pytestmark = pytest.mark.skipif(_UNSUPPORTED is not None, reason=_UNSUPPORTED or "")
 
 
 # Zero-argument factories and the check, for fuzz.registry (python -m fuzz).
