@@ -25,6 +25,7 @@ from fuzz.matrix import (
 
 OLDEST, NEWEST = SUPPORTED_RELEASES[0], SUPPORTED_RELEASES[-1]
 HYBRID = "fuzz/targets/target_truncate.py::fuzz_truncate_hybrid"
+SCHEDULER = "fuzz/targets/target_scheduler.py::fuzz_scheduler_single_shot"
 
 
 # -- arguments ---------------------------------------------------------------
@@ -195,6 +196,18 @@ def test_oldest_and_newest_release_import_and_run_a_short_target(tmp_path: Path)
     cells = run_matrix(releases, [HYBRID], examples=10, timeout=300, out_dir=tmp_path)
     assert [(c.status, c.vllm_version) for c in cells] == [("pass", OLDEST), ("pass", NEWEST)], cells
     assert all(c.examples and c.examples >= 10 for c in cells), cells
+
+
+def test_oldest_and_newest_release_run_the_scheduler_tier(tmp_path: Path) -> None:
+    """The scheduler tier leans hardest on vLLM internals (constructor
+    recipes, the admission path, SchedulerOutput's shape): its pinned
+    examples (one needs a preempted request resumed under the V1 model
+    runner) and 10 generated ones, on the oldest and newest release."""
+    releases = [parse_release(OLDEST), parse_release(NEWEST)]
+    cells = run_matrix(releases, [SCHEDULER], examples=10, timeout=300, out_dir=tmp_path)
+    assert [c.vllm_version for c in cells] == [OLDEST, NEWEST], cells
+    assert matrix.exit_code(cells) == 0, cells  # passes, or only a documented bug of the release
+    assert all(c.status == "pass" or c.known_bug for c in cells), cells
 
 
 @pytest.mark.slow
