@@ -1,11 +1,13 @@
-"""Reach of the single-shot scheduler target, measured.
+"""Reach of the scheduler targets, measured.
 
 Runs ``fuzz_scheduler_single_shot`` itself (the same derandomized examples
 CI runs under the active profile; 150 under ci) and counts, per example,
 the branch labels it reached (``fuzz.targets.scheduler.REACH``, one count
 per label per example). Asserts the share of examples that reached the
 external-hit truncation and the divergent-hit fallback; prints every
-label's share (``-s`` to see them).
+label's share (``-s`` to see them). The state machine is measured per run
+(``target_scheduler.MACHINE_REACH``): most runs must admit a request, and
+some must reach the truncation branch.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from fuzz.targets import target_scheduler
 
 MIN_TRUNCATION = 0.30
 MIN_FALLBACK = 0.10
+MACHINE_MIN_ADMITTING = 0.60
+MACHINE_MIN_TRUNCATION = 0.02
 
 
 def test_single_shot_reach() -> None:
@@ -37,4 +41,26 @@ def test_single_shot_reach() -> None:
     assert fallback >= MIN_FALLBACK, (
         f"the divergent-hit fallback was reached by {fallback:.1%} of {n} single-shot "
         f"examples (need {MIN_FALLBACK:.0%})"
+    )
+
+
+def test_state_machine_reach() -> None:
+    before = target_scheduler.MACHINE_REACH.copy()
+    target_scheduler.TestSchedulerMachine("runTest").runTest()
+    reach = target_scheduler.MACHINE_REACH - before
+    n = reach["runs"]
+    assert n > 0
+    shares = {label: count / n for label, count in reach.items() if label != "runs"}
+    print(f"\nstate-machine reach over {n} runs:")
+    for label, share in sorted(shares.items(), key=lambda kv: -kv[1]):
+        print(f"  {share:6.1%}  {label}")
+    admitting = shares.get("admission", 0.0)
+    truncation = shares.get(runner.TRUNCATION, 0.0)
+    assert admitting >= MACHINE_MIN_ADMITTING, (
+        f"only {admitting:.1%} of {n} state-machine runs admitted a request (need "
+        f"{MACHINE_MIN_ADMITTING:.0%}); runs that schedule nothing check nothing"
+    )
+    assert truncation >= MACHINE_MIN_TRUNCATION, (
+        f"the truncation branch was reached in {truncation:.1%} of {n} state-machine runs "
+        f"(need {MACHINE_MIN_TRUNCATION:.0%})"
     )

@@ -25,6 +25,7 @@ uses the evict shortcut.
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 from hypothesis import event, example, given, note, settings
@@ -137,6 +138,10 @@ def fuzz_scheduler_evict_shortcut(scenario: SingleShotScenario) -> None:
     run_single_shot(scenario)
 
 
+# Per state-machine run: how many runs reached each branch label ("runs" = total).
+MACHINE_REACH: Counter[str] = Counter()
+
+
 class SchedulerMachine(RuleBasedStateMachine):
     """Requests sharing prefixes come and go on one real scheduler.
 
@@ -152,16 +157,28 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.harness: SchedulerHarness | None = None
         self.stopped: str | None = None  # why stepping ended (known bug)
         self.salt = 0
+        self.labels: set[str] = set()  # branch labels reached in this run
 
     # -- set-up ---------------------------------------------------------------
-    @initialize(config=machine_configs())
-    def build(self, config: SchedulerDraw) -> None:
+    @initialize(target=prefixes, config=machine_configs(), data=st.data())
+    def build(self, config: SchedulerDraw, data: st.DataObject) -> tuple[int, ...]:
+        """The scheduler, a first prefix, and a first request on it: every
+        run starts with something to schedule (rules are chosen at random
+        and swarm testing switches some off for a whole run, so left to
+        themselves most runs added no request at all)."""
         note(f"config: {config!r}")
         self.harness = build_harness(config)
+        self.block = config.layout.scheduler_block_size
+        prefix = self.new_prefix(
+            data.draw(st.integers(1, 5), label="first prefix blocks"),
+            data.draw(st.integers(0, 7), label="first prefix extra"),
+            data.draw(st.integers(0, 99), label="first prefix seed"),
+        )
         if self.harness is None:
             self.stopped = "config rejected"
         else:
-            self.block = config.layout.scheduler_block_size
+            self.add_request(prefix, data)
+        return prefix
 
     def _live(self) -> bool:
         return self.harness is not None and self.stopped is None and not self.harness.broken
@@ -188,7 +205,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         own = data.draw(st.integers(0, 2 * self.block), label="own tokens")
         self.salt += 1
         tokens = list(prefix[:cut]) + [3_000 + 64 * (self.salt % 60) + j for j in range(own)]
-        reply = data.draw(external_replies(len(tokens), allow_over=False, often_zero=True), label="reply")
+        # Half the requests mostly miss the external store (their local hits
+        # stay), half mostly hit it (a sub-block local tail then meets a
+        # longer external hit: the truncation branch).
+        misses = data.draw(st.booleans(), label="store mostly misses")
+        reply = data.draw(external_replies(len(tokens), allow_over=False, often_zero=misses), label="reply")
         max_tokens = data.draw(st.integers(1, 4), label="max_tokens")
         rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply)
         note(f"add_request({rid}, shared[:{cut}] + {own} own, max_tokens={max_tokens}, ext={reply!r})")
@@ -201,7 +222,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                 return
             assert self.harness is not None
             obs = self.harness.step()
-            for label in sorted(reach_labels(obs)):
+            labels = reach_labels(obs)
+            if any(adm.admitted for adm in obs.admissions):
+                labels.add("admission")
+            self.labels |= labels
+            for label in sorted(labels):
                 event(label)
             known = known_vllm_bug(obs)
             if known is not None:
@@ -254,10 +279,17 @@ class SchedulerMachine(RuleBasedStateMachine):
             check_no_leaked_blocks(self.harness.pool_observation())
 
     def teardown(self) -> None:
+        """Serve what is still queued (checking every step; a run whose
+        stepping rules swarm testing switched off is scheduled here), abort
+        whatever cannot finish, and check the pool once idle."""
+        MACHINE_REACH["runs"] += 1
         if self._live() and self.harness is not None:
-            for rid in self.harness.live_request_ids:
-                self.harness.abort(rid)
             self.run_until_idle()
+            if self._live() and self.harness.live_request_ids:
+                for rid in self.harness.live_request_ids:
+                    self.harness.abort(rid)
+                self.run_until_idle()
+            MACHINE_REACH.update(self.labels)
             if self._live():
                 check_no_leaked_blocks(self.harness.pool_observation())
 
