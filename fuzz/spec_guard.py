@@ -25,7 +25,7 @@ def unclassified_spec_classes() -> list[type]:
     ]
 
 
-def guard_findings(*, fuzz_hypotheses: bool = True, max_examples: int = 300) -> list[str]:
+def guard_findings(*, fuzz_hypotheses: bool = True, max_examples: int = 1000) -> list[str]:
     findings = []
     for cls in unclassified_spec_classes():
         qual = adapter.qualified_name(cls)

@@ -105,18 +105,29 @@ def _scenarios(
     s = layout.scheduler_block_size
     shared_len = draw(st.integers(0, 6 * s), label="shared length")
     shared = tuple(draw(st.lists(st.integers(0, 500), min_size=shared_len, max_size=shared_len), label="shared"))
-    n_prompts = draw(st.integers(1, max_prompts), label="prompts")
+    # Lists, not a count then that many draws: shrinking then deletes one
+    # prompt (or eviction) without shifting the draws that follow.
     prompts = tuple(
-        (draw(st.integers(0, shared_len), label=f"prompt[{i}] prefix"), draw(st.integers(1, 2 * s), label=f"prompt[{i}] suffix"))
-        for i in range(n_prompts)
+        draw(
+            st.lists(st.tuples(st.integers(0, shared_len), st.integers(1, 2 * s)), min_size=1, max_size=max_prompts),
+            label="prompts (prefix, suffix)",
+        )
     )
     chunk = draw(st.one_of(st.none(), st.integers(1, 4).map(lambda k: k * layout.hash_block_size)), label="prefill chunk")
-    evict_from = tuple(
-        draw(st.one_of(st.none(), st.integers(0, 12)), label=f"evict_from[{g}]")
-        if evicting_kinds is None or spec.kind in evicting_kinds
-        else None
-        for g, spec in enumerate(layout.groups)
-    )
+    # Evictions as (group index, first evicted block) pairs: a group deleted
+    # by shrinking leaves the other groups' pairs where they were. Groups of
+    # kinds outside evicting_kinds keep all their blocks.
+    eligible = [g for g, spec in enumerate(layout.groups) if evicting_kinds is None or spec.kind in evicting_kinds]
+    cuts: dict[int, int] = {}
+    if eligible:
+        cuts = dict(
+            draw(
+                st.lists(st.tuples(st.sampled_from(eligible), st.integers(0, 12)), max_size=len(eligible),
+                         unique_by=lambda pair: pair[0]),
+                label="evictions (group, from block)",
+            )
+        )
+    evict_from = tuple(cuts.get(g) for g in range(len(layout.groups)))
     replay = (draw(st.integers(0, shared_len), label="replay prefix"), draw(st.integers(1, 2 * s), label="replay tail"))
     # Size the pool from what the prompts need, so hits survive by default and
     # LRU pressure is a drawn choice (factor 1 with little slack), not an accident.

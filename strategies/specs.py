@@ -66,19 +66,40 @@ def _behaviour(kind: str) -> Behaviour:
 
 
 @st.composite
-def _spec(draw: st.DrawFn, kind: str, block_size: int) -> SpecDraw:
+def _recipes(draw: st.DrawFn, kind: str, max_multiplier: int) -> tuple:
+    """Everything about one group except its final block size, drawn in one
+    place so that deleting a group from a layout deletes its draws only:
+    ``(kind, multiplier, param multipliers, wrapped layers, sort key)``.
+    Groups are ordered by sort key (stable), so order is drawn per group too:
+    a permutation drawn over all groups would consume one choice per group and
+    shift every later draw when shrinking deletes one."""
+    m = draw(st.integers(1, max_multiplier), label="m")
+    key = draw(st.integers(0, 3), label="order key")
     if _behaviour(kind) is Behaviour.UNWRAPPED:
         # The uniform-type wrapper holds layers of one attention type; the
         # engine hands the scheduler one of them.
         inner_kind = draw(st.sampled_from(("FullAttentionSpec", "MLAAttentionSpec")), label="inner")
         n_layers = draw(st.integers(1, 3), label="wrapped layers")
-        inner = tuple(SpecDraw(inner_kind, block_size) for _ in range(n_layers))
-        return SpecDraw(kind, block_size, (), inner)
-    params = tuple(
-        (name, block_size * draw(st.integers(1, 4), label=name))
-        for name in _required_params(kind)
-    )
-    return SpecDraw(kind, block_size, params)
+        return (kind, m, (), (inner_kind,) * n_layers, key)
+    params = tuple((name, draw(st.integers(1, 4), label=name)) for name in _required_params(kind))
+    return (kind, m, params, (), key)
+
+
+def _any_recipes(kinds: tuple[str, ...], max_multiplier: int) -> st.SearchStrategy[tuple]:
+    return st.sampled_from(kinds).flatmap(lambda k: _recipes(k, max_multiplier))
+
+
+def _build_spec(recipe: tuple, block_size: int) -> SpecDraw:
+    kind, _, params, inner, _ = recipe
+    if inner:
+        return SpecDraw(kind, block_size, (), tuple(SpecDraw(k, block_size) for k in inner))
+    # Class-specific sizes are whole blocks.
+    return SpecDraw(kind, block_size, tuple((name, block_size * k) for name, k in params))
+
+
+@st.composite
+def _spec(draw: st.DrawFn, kind: str, block_size: int) -> SpecDraw:
+    return _build_spec(draw(_recipes(kind, 1)), block_size)
 
 
 def spec_draws(
@@ -108,34 +129,43 @@ def _layouts(
     required: tuple[str, ...],
     max_multiplier: int,
 ) -> LayoutDraw:
-    n = draw(st.integers(max(min_groups, len(required)), max_groups), label="groups")
     hash_bs = draw(st.sampled_from((1, 2, 4)), label="hash_block_size")
-    # vLLM's hybrid coordinator "requires at least one cacheable group": with
-    # several groups and no cacheable one required, the first free draw is
-    # taken from the prefix-cacheable kinds.
+    # Required groups first (a fixed number of draws), then the others as a
+    # list: shrinking deletes a whole group, draws included.
+    recipes = [draw(_recipes(kind, max_multiplier)) for kind in required]
+    recipes += draw(
+        st.lists(
+            _any_recipes(kinds, max_multiplier),
+            min_size=max(0, min_groups - len(required)),
+            max_size=max_groups - len(required),
+        ),
+        label="other groups",
+    )
+    n = len(recipes)
+    # vLLM's hybrid coordinator "requires at least one cacheable group": a
+    # multi-group layout of scratch kinds only gets its first free group's
+    # kind drawn again from the prefix-cacheable kinds.
     cacheable = tuple(k for k in kinds if _behaviour(k) is not Behaviour.SCRATCH)
-    need_cacheable = n > 1 and cacheable and all(_behaviour(k) is Behaviour.SCRATCH for k in required)
-    chosen = list(required) + [
-        draw(st.sampled_from(cacheable if need_cacheable and i == len(required) else kinds), label=f"kind[{i}]")
-        for i in range(len(required), n)
-    ]
+    if n > 1 and cacheable and all(_behaviour(r[0]) is Behaviour.SCRATCH for r in recipes):
+        i = len(required)
+        recipes[i] = draw(_recipes(draw(st.sampled_from(cacheable), label="cacheable kind"), max_multiplier))
     if n == 1:
         # vLLM: a single group hashes at its own block size.
-        groups = (draw(_spec(chosen[0], hash_bs * draw(st.integers(1, max_multiplier), label="m"))),)
-        hash_bs = groups[0].block_size
-    else:
-        if _SAME_BLOCK_SIZE_KINDS.intersection(chosen):
-            m = draw(st.integers(1, max_multiplier), label="m")
-            hash_bs *= m  # one block size for all groups: hash == block
-            multipliers = [1] * n
-        else:
-            multipliers = [draw(st.integers(1, max_multiplier), label=f"m[{i}]") for i in range(n)]
-        groups = tuple(
-            draw(_spec(kind, hash_bs * m)) for kind, m in zip(chosen, multipliers)
+        block = hash_bs * recipes[0][1]
+        return LayoutDraw(
+            groups=(_build_spec(recipes[0], block),),
+            hash_block_size=block,
+            num_blocks=draw(st.integers(12, 96), label="num_blocks"),
         )
-        # Group order is not meaningful to vLLM; let shrinking reorder freely.
-        order = draw(st.permutations(range(n)), label="group order")
-        groups = tuple(groups[i] for i in order)
+    if _SAME_BLOCK_SIZE_KINDS.intersection(r[0] for r in recipes):
+        hash_bs *= draw(st.integers(1, max_multiplier), label="m")  # one block size: hash == block
+        blocks = [hash_bs] * n
+    else:
+        blocks = [hash_bs * r[1] for r in recipes]
+    # Group order is not meaningful to vLLM; it is drawn (order keys) so the
+    # core groups do not always come first, and shrinks to the drawn order.
+    order = sorted(range(n), key=lambda i: recipes[i][4])
+    groups = tuple(_build_spec(recipes[i], blocks[i]) for i in order)
     num_blocks = draw(st.integers(12, 96), label="num_blocks")
     return LayoutDraw(groups=groups, hash_block_size=hash_bs, num_blocks=num_blocks)
 
@@ -165,4 +195,6 @@ def kv_cache_layouts(
     unknown = (set(kinds) | set(required)) - set(drawable_kinds())
     if unknown:
         raise ValueError(f"kinds={sorted(unknown)} are not drawable; drawable: {drawable_kinds()}")
+    if len(required) > 1 and all(_behaviour(k) is Behaviour.SCRATCH for k in required):
+        raise ValueError(f"required={required}: vLLM needs a prefix-cacheable group beside scratch ones")
     return _layouts(kinds, min_groups, max_groups, tuple(required), max_multiplier)

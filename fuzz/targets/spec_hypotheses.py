@@ -47,7 +47,7 @@ class HypothesisVerdict:
         return "\n".join(lines)
 
 
-def judge_hypotheses(cls: type, *, max_examples: int = 400) -> HypothesisVerdict:
+def judge_hypotheses(cls: type, *, max_examples: int = 1000) -> HypothesisVerdict:
     """Run the truncation target on [FullAttention, cls] under each hypothesis."""
     qualname = adapter.qualified_name(cls)
     outcomes: dict[Behaviour, str | None] = {}
