@@ -94,3 +94,32 @@ def test_multi_group_layouts_always_hold_a_cacheable_group() -> None:
         adapter.ManagerHarness(layout)
 
     check()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_planted_bug_shrinks_to_the_minimal_hybrid_layout(seed: int) -> None:
+    """Shrinking can delete a whole group: the pre-fix truncation bug needs
+    only full attention and Mamba, so every hunt must end on those two
+    groups of block size 1, one prompt. (When a layout drew a group count
+    and a permutation ahead of the scenario's draws, seeds 2 and 3 stopped
+    at 4 groups.)"""
+    from fuzz.hunting import hunt
+    from fuzz.targets.target_truncate import check_truncation_scenario, hybrid_scenarios
+    from invariants.truncation import InvariantViolation
+
+    failing = []
+
+    def body(scenario) -> None:  # type: ignore[no-untyped-def]
+        try:
+            check_truncation_scenario(scenario)
+        except InvariantViolation:
+            failing.append(scenario)
+            raise
+
+    with adapter.planted_truncate_bug("pre_fix_assert_all"):
+        result = hunt(body, hybrid_scenarios(), seed=seed, shrink=True, max_examples=1000)
+    assert result.found, f"seed {seed}: the planted pre-fix bug was not found in 1000 examples"
+    minimal = failing[-1]
+    kinds = [(g.kind, g.block_size) for g in minimal.layout.groups]
+    assert kinds == [("FullAttentionSpec", 1), ("MambaSpec", 1)], f"seed {seed}: shrank to {minimal!r}"
+    assert len(minimal.prompts) == 1, f"seed {seed}: shrank to {minimal!r}"
