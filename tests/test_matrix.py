@@ -214,7 +214,7 @@ def test_oldest_and_newest_release_run_the_scheduler_tier(tmp_path: Path) -> Non
 def test_generation_alone_finds_the_pre_fix_crash_on_the_reference_release(tmp_path: Path) -> None:
     """The suite's proof against a real historical bug: on vLLM 0.27.1 (before
     PR 51468) the hybrid truncation target, without its pinned @example,
-    finds the short-Mamba-group crash (seen: example 11, 0.5 s)."""
+    finds the short-Mamba-group crash (seen: example 30, 0.5 s)."""
     cells = run_matrix([parse_release("0.27.1")], [HYBRID], examples=100, timeout=600,
                        out_dir=tmp_path, skip_phases="target,explain,explicit")
     (cell,) = cells
