@@ -12,6 +12,8 @@ some must reach the truncation branch.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from fuzz.targets import scheduler as runner
 from fuzz.targets import target_scheduler
 
@@ -21,16 +23,21 @@ MACHINE_MIN_ADMITTING = 0.60
 MACHINE_MIN_TRUNCATION = 0.02
 
 
+def _shares(reach: Counter[str], total: str, title: str) -> tuple[int, dict[str, float]]:
+    """The total count and each label's share of it, printed (``-s``)."""
+    n = reach[total]
+    assert n > 0, f"no {total} counted"
+    shares = {label: count / n for label, count in reach.items() if label != total}
+    print(f"\n{title} reach over {n} {total}:")
+    for label, share in sorted(shares.items(), key=lambda kv: -kv[1]):
+        print(f"  {share:6.1%}  {label}")
+    return n, shares
+
+
 def test_single_shot_reach() -> None:
     before = runner.REACH.copy()
     target_scheduler.fuzz_scheduler_single_shot()
-    reach = runner.REACH - before
-    n = reach["examples"]
-    assert n > 0
-    shares = {label: count / n for label, count in reach.items() if label != "examples"}
-    print(f"\nsingle-shot reach over {n} examples:")
-    for label, share in sorted(shares.items(), key=lambda kv: -kv[1]):
-        print(f"  {share:6.1%}  {label}")
+    n, shares = _shares(runner.REACH - before, "examples", "single-shot")
     truncation = shares.get(runner.TRUNCATION, 0.0)
     fallback = shares.get(runner.FALLBACK, 0.0)
     assert truncation >= MIN_TRUNCATION, (
@@ -47,13 +54,7 @@ def test_single_shot_reach() -> None:
 def test_state_machine_reach() -> None:
     before = target_scheduler.MACHINE_REACH.copy()
     target_scheduler.TestSchedulerMachine("runTest").runTest()
-    reach = target_scheduler.MACHINE_REACH - before
-    n = reach["runs"]
-    assert n > 0
-    shares = {label: count / n for label, count in reach.items() if label != "runs"}
-    print(f"\nstate-machine reach over {n} runs:")
-    for label, share in sorted(shares.items(), key=lambda kv: -kv[1]):
-        print(f"  {share:6.1%}  {label}")
+    n, shares = _shares(target_scheduler.MACHINE_REACH - before, "runs", "state-machine")
     admitting = shares.get("admission", 0.0)
     truncation = shares.get(runner.TRUNCATION, 0.0)
     assert admitting >= MACHINE_MIN_ADMITTING, (
