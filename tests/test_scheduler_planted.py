@@ -82,10 +82,19 @@ def test_every_planted_bug_is_used() -> None:
     assert used == set(PLANTED_SCHEDULER_BUGS), set(PLANTED_SCHEDULER_BUGS) ^ used
 
 
+# Checks shown catching a real vLLM bug instead of a planted one: unmodified
+# vLLM already fails them (strict xfails and a passing control in
+# tests/test_known_vllm_bugs_scheduler.py).
+CAUGHT_REAL_BUG: dict[Callable[..., None], str] = {
+    inv.check_copy_sources_ready: "same-step-cow-chain",
+}
+
+
 def test_every_scheduler_check_has_a_planted_case() -> None:
-    checks = {c for c, *_ in CASES}
+    checks = {c for c, *_ in CASES} | set(CAUGHT_REAL_BUG)
     expected = {*inv.STEP_CHECKS, *inv.ADMISSION_CHECKS, inv.check_no_leaked_blocks}
     assert checks == expected, expected ^ checks
+    assert set(CAUGHT_REAL_BUG.values()) <= set(inv.KNOWN_VLLM_BUGS)
 
 
 @pytest.mark.parametrize(

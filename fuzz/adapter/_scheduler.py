@@ -306,6 +306,9 @@ class StepObservation:
     preempted: frozenset[str]
     finished: frozenset[str]
     context: str = dataclasses.field(default="", compare=False)
+    # The step's copy-on-write block copies, (source, destination), in the
+    # order SchedulerOutput.kv_cache_block_copies lists them.
+    copies: tuple[tuple[int, int], ...] = ()
 
     def describe(self) -> str:
         lines = [f"step {self.step} on vLLM {VLLM_VERSION}: scheduled {self.num_scheduled}"]
@@ -313,6 +316,8 @@ class StepObservation:
             lines.append(f"  preempted: {sorted(self.preempted)}")
         if self.error:
             lines.append(f"  {self.error_where}() raised {self.error}")
+        if self.copies:
+            lines.append("  block copies (src->dst): " + ", ".join(f"{a}->{b}" for a, b in self.copies))
         lines += [a.describe() for a in self.admissions]
         if self.context:
             lines.append(f"  scenario: {self.context}")
@@ -478,6 +483,16 @@ class SchedulerHarness:
                 vllm_config.cache_config.num_gpu_blocks = kv_config.num_blocks
                 vllm_config.cache_config.block_size = block_size
                 vllm_config.validate_block_size()
+                # vLLM's KV-cache planning copies the cache config's retention
+                # interval onto the KV-cache config (default 0: only semantic
+                # Mamba / sliding-window checkpoints are kept); the dataclass
+                # default (None) would keep one at every block.
+                if hasattr(kv_config, "prefix_cache_retention_interval") and hasattr(
+                    vllm_config.cache_config, "prefix_cache_retention_interval"
+                ):
+                    kv_config.prefix_cache_retention_interval = (
+                        vllm_config.cache_config.prefix_cache_retention_interval
+                    )
                 sched_bs, hash_bs = _kcu.resolve_kv_cache_block_sizes(kv_config, vllm_config)
                 # vLLM 0.32+ records both on the config (older releases derive them).
                 if hasattr(kv_config, "hash_block_size"):
@@ -728,6 +743,9 @@ class SchedulerHarness:
             error_where=where,
             dishonest_replies=dishonest,
             num_scheduled=dict(out.num_scheduled_tokens) if out is not None else {},
+            copies=tuple(
+                (c.src_block_id, c.dst_block_id) for c in (getattr(out, "kv_cache_block_copies", None) or ())
+            ),
             newly_scheduled=newly,
             preempted=frozenset(out.preempted_req_ids or ()) if out is not None else frozenset(),
             finished=finished,
