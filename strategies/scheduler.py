@@ -331,6 +331,9 @@ class SingleShotScenario:
     replay: PromptDraw
     flavour: str = "free"  # how the replay relates to the fills (see FLAVOURS)
     probe: PromptDraw | None = None  # run after the fills, before the replay
+    # Identical copies of the replay submitted together: they take the same
+    # local hit in one step.
+    replay_copies: int = 1
 
     @property
     def shared(self) -> tuple[int, ...]:
@@ -357,7 +360,9 @@ class SingleShotScenario:
             f"fills={list(self.fills)}, concurrent={self.concurrent}, "
             f"evict_from={None if self.evict_from is None else list(self.evict_from)}, "
             + (f"probe={self.probe!r}, " if self.probe is not None else "")
-            + f"replay={self.replay!r})"
+            + f"replay={self.replay!r}"
+            + (f" x{self.replay_copies}" if self.replay_copies != 1 else "")
+            + ")"
         )
 
 
@@ -488,6 +493,8 @@ def _single_shots(
     else:
         reply = draw(external_replies(n, allow_over=allow_over, often_zero=flavour == "inside"), label="replay reply")
     replay = PromptDraw(prefix, suffix, draw(st.integers(1, 3), label="replay max_tokens"), reply)
+    # One replay in four comes with an identical twin in the same step.
+    copies = 2 if draw(st.integers(0, 3), label="replay twin") == 2 else 1
     # A pool from just big enough for the largest request to roomy: small
     # pools make LRU eviction, preemption and churn real.
     need = _blocks_needed(layout, max(p.prefix + p.suffix + p.max_tokens for p in (*fills, replay)))
@@ -499,7 +506,7 @@ def _single_shots(
             draw(st.one_of(st.none(), st.integers(0, 6)), label=f"evict_from[{g}]")
             for g in range(len(layout.groups))
         )
-    return SingleShotScenario(config, shared_len, seed, fills, concurrent, evict_from, replay, flavour, probe)
+    return SingleShotScenario(config, shared_len, seed, fills, concurrent, evict_from, replay, flavour, probe, copies)
 
 
 def single_shot_scenarios(

@@ -222,9 +222,10 @@ def run_single_shot(
             note(f"evict shortcut: evict_blocks({sorted(victims)})")
             harness.evict_shortcut(victims)
     if not harness.broken:
-        harness.add_request(
-            scenario.replay_tokens(), max_tokens=scenario.replay.max_tokens, reply=scenario.replay.reply
-        )
+        for _ in range(scenario.replay_copies):
+            harness.add_request(
+                scenario.replay_tokens(), max_tokens=scenario.replay.max_tokens, reply=scenario.replay.reply
+            )
         run.drain()
     if check_no_leaked_blocks in checks and not harness.broken:
         check_no_leaked_blocks(harness.pool_observation(context))
