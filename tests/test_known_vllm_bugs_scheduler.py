@@ -3,9 +3,9 @@
 Each entry of ``invariants.scheduler.KNOWN_VLLM_BUGS`` has here (1) a
 standalone repro that imports vLLM only (pasteable into vLLM's
 tests/v1/core) and (2) the real path the fuzzer took, through the suite's
-harness. The targets stop an example that hits a known bug (with an event)
-instead of failing; when vLLM fixes one, its xfails turn red (XPASS, strict):
-delete the tests and the registry entry then.
+harness. The targets label a step that hits a known bug (with an event) and
+skip that step's checks instead of failing; when vLLM fixes one, its xfails
+turn red (XPASS, strict): delete the tests and the registry entry then.
 
 mamba-external-block-undercount
 -------------------------------
