@@ -381,10 +381,10 @@ def check_step(step: StepObservation, checks: tuple[Callable[..., None], ...] | 
 # ---------------------------------------------------------------------------
 # Known vLLM bugs: failures of unmodified vLLM reached through real paths,
 # each pinned by a strict xfail in tests/test_known_vllm_bugs_scheduler.py.
-# The targets label a step that hits one (with an event) and skip that
-# step's checks instead of failing (an exception inside schedule() leaves the
-# scheduler unusable, so that example ends there); when vLLM fixes one, its
-# xfail turns red: delete the entry then.
+# The targets label a step that hits one (with an event) instead of failing:
+# the single-shot runner skips that step's checks and goes on (unless
+# schedule() raised, which leaves the scheduler unusable); the state machine
+# stops stepping. When vLLM fixes one, its xfail turns red: delete the entry.
 # ---------------------------------------------------------------------------
 
 KNOWN_VLLM_BUGS: dict[str, str] = {

@@ -16,6 +16,7 @@ to the hash block) and the first kinds in :func:`drawable_kinds` order
 from __future__ import annotations
 
 from functools import cache
+from typing import NamedTuple
 
 from hypothesis import strategies as st
 
@@ -65,14 +66,22 @@ def _behaviour(kind: str) -> Behaviour:
     return CLASSIFIED[adapter.qualified_name(adapter.spec_class_by_name(kind))].behaviour
 
 
+class _Recipe(NamedTuple):
+    """Everything about one group except its final block size."""
+
+    kind: str
+    multiplier: int  # block size = hash block * multiplier (unless one size for all)
+    params: tuple[tuple[str, int], ...]  # class-specific sizes, in blocks
+    inner: tuple[str, ...]  # wrapped layer kinds (uniform-type wrapper only)
+    order_key: int  # groups are sorted by it (stable)
+
+
 @st.composite
-def _recipes(draw: st.DrawFn, kind: str, max_multiplier: int) -> tuple:
-    """Everything about one group except its final block size, drawn in one
-    place so that deleting a group from a layout deletes its draws only:
-    ``(kind, multiplier, param multipliers, wrapped layers, sort key)``.
-    Groups are ordered by sort key (stable), so order is drawn per group too:
-    a permutation drawn over all groups would consume one choice per group and
-    shift every later draw when shrinking deletes one."""
+def _recipes(draw: st.DrawFn, kind: str, max_multiplier: int) -> _Recipe:
+    """One group's draws, in one place so that deleting a group from a
+    layout deletes its draws only. Order is drawn per group too (a sort
+    key): a permutation drawn over all groups would consume one choice per
+    group and shift every later draw when shrinking deletes one."""
     m = draw(st.integers(1, max_multiplier), label="m")
     key = draw(st.integers(0, 3), label="order key")
     if _behaviour(kind) is Behaviour.UNWRAPPED:
@@ -80,21 +89,20 @@ def _recipes(draw: st.DrawFn, kind: str, max_multiplier: int) -> tuple:
         # engine hands the scheduler one of them.
         inner_kind = draw(st.sampled_from(("FullAttentionSpec", "MLAAttentionSpec")), label="inner")
         n_layers = draw(st.integers(1, 3), label="wrapped layers")
-        return (kind, m, (), (inner_kind,) * n_layers, key)
+        return _Recipe(kind, m, (), (inner_kind,) * n_layers, key)
     params = tuple((name, draw(st.integers(1, 4), label=name)) for name in _required_params(kind))
-    return (kind, m, params, (), key)
+    return _Recipe(kind, m, params, (), key)
 
 
-def _any_recipes(kinds: tuple[str, ...], max_multiplier: int) -> st.SearchStrategy[tuple]:
+def _any_recipes(kinds: tuple[str, ...], max_multiplier: int) -> st.SearchStrategy[_Recipe]:
     return st.sampled_from(kinds).flatmap(lambda k: _recipes(k, max_multiplier))
 
 
-def _build_spec(recipe: tuple, block_size: int) -> SpecDraw:
-    kind, _, params, inner, _ = recipe
-    if inner:
-        return SpecDraw(kind, block_size, (), tuple(SpecDraw(k, block_size) for k in inner))
+def _build_spec(recipe: _Recipe, block_size: int) -> SpecDraw:
+    if recipe.inner:
+        return SpecDraw(recipe.kind, block_size, (), tuple(SpecDraw(k, block_size) for k in recipe.inner))
     # Class-specific sizes are whole blocks.
-    return SpecDraw(kind, block_size, tuple((name, block_size * k) for name, k in params))
+    return SpecDraw(recipe.kind, block_size, tuple((name, block_size * k) for name, k in recipe.params))
 
 
 @st.composite
@@ -146,25 +154,25 @@ def _layouts(
     # multi-group layout of scratch kinds only gets its first free group's
     # kind drawn again from the prefix-cacheable kinds.
     cacheable = tuple(k for k in kinds if _behaviour(k) is not Behaviour.SCRATCH)
-    if n > 1 and cacheable and all(_behaviour(r[0]) is Behaviour.SCRATCH for r in recipes):
+    if n > 1 and cacheable and all(_behaviour(r.kind) is Behaviour.SCRATCH for r in recipes):
         i = len(required)
         recipes[i] = draw(_recipes(draw(st.sampled_from(cacheable), label="cacheable kind"), max_multiplier))
     if n == 1:
         # vLLM: a single group hashes at its own block size.
-        block = hash_bs * recipes[0][1]
+        block = hash_bs * recipes[0].multiplier
         return LayoutDraw(
             groups=(_build_spec(recipes[0], block),),
             hash_block_size=block,
             num_blocks=draw(st.integers(12, 96), label="num_blocks"),
         )
-    if _SAME_BLOCK_SIZE_KINDS.intersection(r[0] for r in recipes):
+    if _SAME_BLOCK_SIZE_KINDS.intersection(r.kind for r in recipes):
         hash_bs *= draw(st.integers(1, max_multiplier), label="m")  # one block size: hash == block
         blocks = [hash_bs] * n
     else:
-        blocks = [hash_bs * r[1] for r in recipes]
+        blocks = [hash_bs * r.multiplier for r in recipes]
     # Group order is not meaningful to vLLM; it is drawn (order keys) so the
     # core groups do not always come first, and shrinks to the drawn order.
-    order = sorted(range(n), key=lambda i: recipes[i][4])
+    order = sorted(range(n), key=lambda i: recipes[i].order_key)
     groups = tuple(_build_spec(recipes[i], blocks[i]) for i in order)
     num_blocks = draw(st.integers(12, 96), label="num_blocks")
     return LayoutDraw(groups=groups, hash_block_size=hash_bs, num_blocks=num_blocks)

@@ -743,9 +743,9 @@ class SchedulerHarness:
             error_where=where,
             dishonest_replies=dishonest,
             num_scheduled=dict(out.num_scheduled_tokens) if out is not None else {},
-            copies=tuple(
-                (c.src_block_id, c.dst_block_id) for c in (getattr(out, "kv_cache_block_copies", None) or ())
-            ),
+            copies=tuple((c.src_block_id, c.dst_block_id) for c in out.kv_cache_block_copies or ())
+            if out is not None
+            else (),
             newly_scheduled=newly,
             preempted=frozenset(out.preempted_req_ids or ()) if out is not None else frozenset(),
             finished=finished,
