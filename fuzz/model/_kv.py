@@ -1,0 +1,122 @@
+"""KV-cache layouts and the observation of one ``truncate_computed_blocks`` call."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SpecDraw:
+    """One KV-cache group's spec, by vLLM class name.
+
+    ``params`` holds the class-specific integer fields (``sliding_window``,
+    ``attention_chunk_size``, ``sink_len``, ...). ``inner`` is only used by the
+    uniform-type wrapper (``UniformTypeKVCacheSpecs``): the per-layer specs it
+    wraps.
+    """
+
+    kind: str
+    block_size: int
+    params: tuple[tuple[str, int], ...] = ()
+    inner: tuple[SpecDraw, ...] = ()
+
+    def param(self, name: str, default: int | None = None) -> int | None:
+        return dict(self.params).get(name, default)
+
+    def __repr__(self) -> str:
+        args = [f"block_size={self.block_size}"]
+        args += [f"{k}={v}" for k, v in self.params]
+        if self.inner:
+            args.append("kv_cache_specs=[" + ", ".join(map(repr, self.inner)) + "]")
+        return f"{self.kind}({', '.join(args)})"
+
+
+@dataclass(frozen=True)
+class LayoutDraw:
+    """A whole KV-cache configuration: groups, hash block size, pool size."""
+
+    groups: tuple[SpecDraw, ...]
+    hash_block_size: int
+    num_blocks: int
+    max_model_len: int = 1024
+
+    @property
+    def scheduler_block_size(self) -> int:
+        """vLLM's rule: the LCM of every group's block size."""
+        return math.lcm(*(g.block_size for g in self.groups))
+
+    def __repr__(self) -> str:
+        groups = ", ".join(map(repr, self.groups))
+        return (
+            f"Layout([{groups}], hash_block_size={self.hash_block_size}, "
+            f"num_blocks={self.num_blocks})"
+        )
+
+
+@dataclass(frozen=True)
+class BlockRef:
+    """What the invariants need to know about one ``KVCacheBlock``.
+
+    ``obj_id`` is ``id()`` of the Python object, so "the same block object"
+    can be checked without holding the object.
+    """
+
+    obj_id: int
+    block_id: int
+    ref_cnt: int
+    block_hash: bytes | None
+    is_null: bool
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """Static facts about one group of a built manager."""
+
+    index: int
+    spec_class: str  # "module.QualName" of the group's spec class
+    inner_classes: tuple[str, ...]  # for the uniform-type wrapper, else ()
+    block_size: int
+    prefix_cacheable: bool
+
+
+@dataclass(frozen=True)
+class GroupTruncation:
+    """One group's side of a ``truncate_computed_blocks`` call."""
+
+    info: GroupInfo
+    list_obj_id_before: int
+    list_obj_id_after: int
+    input_before: tuple[BlockRef, ...]
+    input_after: tuple[BlockRef, ...]
+    output: tuple[BlockRef, ...] | None  # None when the call raised
+
+
+@dataclass(frozen=True)
+class TruncationObservation:
+    """Everything observed around one ``truncate_computed_blocks(blocks, n)``."""
+
+    endpoint: int
+    groups: tuple[GroupTruncation, ...]
+    error: str | None  # "ExcType: message" when the call raised
+    tuple_obj_id_before: int
+    tuple_obj_id_after: int
+    free_blocks_before: int
+    free_blocks_after: int
+    vllm_version: str
+    context: str = field(default="", compare=False)  # the scenario, for messages
+
+    def describe(self) -> str:
+        lines = [f"truncate_computed_blocks(blocks, {self.endpoint}) on vLLM {self.vllm_version}"]
+        for g in self.groups:
+            out = "raised" if g.output is None else len(g.output)
+            lines.append(
+                f"  group {g.info.index} {g.info.spec_class.rsplit('.', 1)[-1]} "
+                f"block_size={g.info.block_size}: in={len(g.input_before)} out={out} "
+                f"ids={[b.block_id for b in g.input_before]}"
+            )
+        if self.error:
+            lines.append(f"  error: {self.error}")
+        if self.context:
+            lines.append(f"  scenario: {self.context}")
+        return "\n".join(lines)
