@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import textwrap
 
+from fuzz import adapter
 from fuzz.model import SpecDraw, TruncationObservation
-from invariants.classification import Behaviour, behaviour_of
+from invariants._common import group_behaviour
+from invariants.classification import Behaviour
 from invariants.truncation import loud_failure_expected
 from strategies.scenarios import TruncationScenario
 
@@ -34,17 +36,23 @@ def repro_header(*, title: str, vllm_version: str, target: str, seed: object, in
     )
 
 
+def _value_code(value: object) -> str:
+    """Python source for a constructor argument the adapter chose."""
+    if isinstance(value, SpecDraw):
+        return _spec_code(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_value_code(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, tuple):
+        items = [_value_code(v) for v in value]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    return repr(value)  # ints, strings, and torch dtypes (repr: torch.float32)
+
+
 def _spec_code(draw: SpecDraw) -> str:
-    if draw.kind == "UniformTypeKVCacheSpecs":
-        inner = ", ".join(f'"layer{i}": {_spec_code(s)}' for i, s in enumerate(draw.inner))
-        return f"UniformTypeKVCacheSpecs(block_size={draw.block_size}, kv_cache_specs={{{inner}}})"
-    extra = "".join(f", {k}={v}" for k, v in draw.params)
-    if draw.kind == "MambaSpec":
-        return (
-            f"MambaSpec(block_size={draw.block_size}, shapes=((1,), (1,)), "
-            f'dtypes=(torch.float32, torch.float32), mamba_cache_mode="align"{extra})'
-        )
-    return f"{draw.kind}(block_size={draw.block_size}, num_kv_heads=1, head_size=1, dtype=torch.float32{extra})"
+    """The spec's constructor call, with exactly the arguments the adapter
+    builds it with (one source: :func:`fuzz.adapter.spec_constructor`)."""
+    cls, kwargs = adapter.spec_constructor(draw)
+    return f"{cls.__name__}(" + ", ".join(f"{k}={_value_code(v)}" for k, v in kwargs.items()) + ")"
 
 
 def _kinds(draws: tuple[SpecDraw, ...]) -> set[str]:
@@ -59,7 +67,7 @@ def _expected_lengths(obs: TruncationObservation) -> list[int]:
     lengths = []
     for g in obs.groups:
         need = obs.endpoint // g.info.block_size
-        behaviour = Behaviour.SCRATCH if not g.info.prefix_cacheable else behaviour_of(g.info.spec_class)
+        behaviour = group_behaviour(g.info)
         if behaviour is Behaviour.MUST_COVER:
             lengths.append(need)
         elif behaviour is Behaviour.MAY_BE_SHORT:
@@ -120,12 +128,8 @@ def _prefill_and_free(manager, request, chunk):
 
 
 def _per_group_hit(manager, request):
-    coordinator = manager.coordinator
     limit = request.num_tokens - 1
-    if hasattr(coordinator, "find_longest_cache_hit_per_group"):
-        blocks, _ = coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)
-    else:
-        blocks = coordinator.find_longest_cache_hit(request.block_hashes, limit)[0]
+{per_group_lookup}
     return manager.create_kv_cache_blocks(tuple(blocks))
 
 
@@ -153,6 +157,13 @@ def test_truncate_computed_blocks_repro():
     assert after == before
     assert manager.block_pool.get_num_free_blocks() == free_before
 '''
+
+# One group: vLLM's unitary coordinator, whose joint hit is the group's hit;
+# several: the hybrid coordinator's per-group lookup.
+_PER_GROUP = {
+    False: "    blocks = manager.coordinator.find_longest_cache_hit(request.block_hashes, limit)[0]",
+    True: "    blocks, _ = manager.coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)",
+}
 
 _LOOKUPS = {
     "joint": "manager.get_computed_blocks(replay)[0]",
@@ -241,6 +252,7 @@ def truncation_repro(
         )
     body = _BODY.replace("{{", "{").replace("}}", "}")
     body = body.replace("{lookup}", _LOOKUPS[scenario.lookup_mode]).replace("{call}", call)
+    body = body.replace("{per_group_lookup}", _PER_GROUP[len(scenario.layout.groups) > 1])
     return "\n".join(lines) + "\n" + body
 
 
@@ -248,7 +260,7 @@ def truncation_repro_from_last_run(*, target: str, seed: object, invariant: str,
     """The repro of the last truncation scenario run in this process (the
     minimal example, since Hypothesis replays it last), if it got as far as
     the truncation call."""
-    from fuzz.targets.truncation import LAST_RUN
+    from fuzz.runners.truncation import LAST_RUN
 
     if "observation" not in LAST_RUN:
         return None

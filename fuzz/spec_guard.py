@@ -5,15 +5,25 @@ installed vLLM (imported modules and vLLM's spec registry) and returns one
 message per class that is neither classified nor exempted in
 :mod:`invariants.classification`, naming the class, its module, what vLLM
 says about it, the question to decide, and (optionally) how vLLM's current
-``truncate_computed_blocks`` behaves for it under both hypotheses.
+``truncate_computed_blocks`` behaves for it under both hypotheses
+(:func:`judge_hypotheses`): the truncation target runs on full attention +
+that class twice, once assuming it must cover the endpoint, once assuming it
+may be short; the hypothesis with no violation is what vLLM implements, and
+the person classifying the class sees the consequence of either choice.
 """
 
 from __future__ import annotations
 
-from fuzz import adapter
-from invariants.classification import CLASSIFIED, EXEMPT, question_for
+from dataclasses import dataclass
 
-__all__ = ["guard_findings", "unclassified_spec_classes"]
+from fuzz import adapter
+from fuzz.hunting import hunt
+from fuzz.targets.target_truncate import check_truncation_scenario
+from invariants.classification import CLASSIFIED, EXEMPT, Behaviour, provisional, question_for
+from strategies.scenarios import truncation_scenarios
+from strategies.specs import kv_cache_layouts
+
+__all__ = ["HypothesisVerdict", "guard_findings", "judge_hypotheses", "unclassified_spec_classes"]
 
 
 def unclassified_spec_classes() -> list[type]:
@@ -39,8 +49,60 @@ def guard_findings(*, fuzz_hypotheses: bool = True, max_examples: int = 1000) ->
         message = f"UNCLASSIFIED KV-cache spec {cls.__name__} (module {cls.__module__}).\n"
         message += question_for(qual, said)
         if fuzz_hypotheses and facts.manager is not None and facts.prefix_cacheable:
-            from fuzz.targets.spec_hypotheses import judge_hypotheses
-
             message += "\n" + judge_hypotheses(cls, max_examples=max_examples).summary()
         findings.append(message)
     return findings
+
+
+_HYPOTHESES = (Behaviour.MUST_COVER, Behaviour.MAY_BE_SHORT)
+
+
+@dataclass(frozen=True)
+class HypothesisVerdict:
+    qualname: str
+    outcomes: dict[Behaviour, str | None]  # None: no violation in the budget
+
+    @property
+    def implemented(self) -> Behaviour | None:
+        """The one hypothesis vLLM's code satisfies, if exactly one holds."""
+        holding = [b for b, v in self.outcomes.items() if v is None]
+        return holding[0] if len(holding) == 1 else None
+
+    def summary(self) -> str:
+        lines = [f"{self.qualname} fuzzed under both hypotheses:"]
+        for b, v in self.outcomes.items():
+            lines.append(f"  {b.value}: " + ("holds (no violation)" if v is None else f"violated: {v}"))
+        implemented = self.implemented
+        lines.append(
+            "  => vLLM's current truncate_computed_blocks treats it as "
+            + (implemented.value if implemented else "neither/both (inconclusive)")
+        )
+        return "\n".join(lines)
+
+
+def judge_hypotheses(cls: type, *, max_examples: int = 1000) -> HypothesisVerdict:
+    """Run the truncation target on [FullAttention, cls] under each hypothesis."""
+    qualname = adapter.qualified_name(cls)
+    outcomes: dict[Behaviour, str | None] = {}
+    for behaviour in _HYPOTHESES:
+        with provisional(qualname, behaviour):
+            layouts = kv_cache_layouts(
+                kinds=("FullAttentionSpec", cls.__name__),
+                min_groups=2,
+                max_groups=2,
+                required=("FullAttentionSpec", cls.__name__),
+            )
+            result = hunt(
+                check_truncation_scenario,
+                # Per-group lookups with evictions in the new group only: the
+                # way its hit falls behind full attention's.
+                truncation_scenarios(
+                    layouts=layouts, lookup_modes=("per_group",), evicting_kinds=(cls.__name__,)
+                ),
+                max_examples=max_examples,
+                seed=0,
+            )
+        outcomes[behaviour] = None if not result.found else str(result.violation).splitlines()[0]
+    return HypothesisVerdict(qualname, outcomes)
+
+

@@ -1,0 +1,12 @@
+"""The checks: plain ``check_*`` functions, one claim each, raising
+:class:`fuzz.model.InvariantViolation` (re-exported here).
+
+* :mod:`invariants.classification`: the spec-kind table every check,
+  strategy and the adapter read;
+* :mod:`invariants.truncation`: ``truncate_computed_blocks``;
+* :mod:`invariants.scheduler`: ``Scheduler.schedule()`` with a KV connector.
+"""
+
+from fuzz.model import InvariantViolation
+
+__all__ = ["InvariantViolation"]

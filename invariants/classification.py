@@ -25,16 +25,20 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 __all__ = [
     "Behaviour",
     "CLASSIFIED",
     "EXEMPT",
-    "KNOWN_UNBUILDABLE",
+    "Classification",
+    "Exemption",
+    "Param",
+    "Span",
     "UnclassifiedSpec",
     "behaviour_of",
+    "classification_of_kind",
     "provisional",
     "question_for",
 ]
@@ -49,12 +53,65 @@ class Behaviour(str, Enum):
     UNWRAPPED = "unwrapped"
 
 
+class Span(str, Enum):
+    """How a group's attention span lets it skip old tokens."""
+
+    WINDOW = "window"  # reads the last ``value`` tokens before the next one
+    CHUNK = "chunk"  # reads the current chunk of ``value`` tokens
+
+    def first_needed_token(self, value: int, resume: int) -> int:
+        """The first token the next computed token (at ``resume``) attends to."""
+        if self is Span.WINDOW:
+            return max(0, resume - value + 1)
+        return resume // value * value
+
+
+@dataclass(frozen=True)
+class Param:
+    """A class-specific integer constructor field, in whole blocks: drawn as
+    ``block_size * k`` for ``k`` in ``blocks``; ``sample`` blocks when vLLM is
+    asked about a sample instance."""
+
+    name: str
+    blocks: tuple[int, int] = (1, 4)
+    sample: int = 2
+
+
 @dataclass(frozen=True)
 class Classification:
+    """One spec class's row: the expected truncation behaviour and the facts
+    the strategies, the adapter and the invariants need to draw, build and
+    judge its groups.
+
+    * ``params``: integer constructor fields the class needs (drawn);
+    * ``span``: the param that is its attention span, and how it skips;
+    * ``extra``: constant constructor arguments beyond the family defaults
+      the adapter supplies (attention head geometry, Mamba state shapes);
+    * ``one_block_size``: vLLM requires every group of a layout holding it to
+      share one block size;
+    * ``wraps``: for the uniform-type wrapper, the layer kinds it may wrap.
+    """
+
     behaviour: Behaviour
     why: str
+    params: tuple[Param, ...] = ()
+    span: tuple[str, Span] | None = None
+    extra: tuple[tuple[str, int], ...] = ()
+    one_block_size: bool = False
+    wraps: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Exemption:
+    """Why a spec class can never be a prefix-cached scheduler group; ``params``
+    and ``extra`` let the guard build a sample to ask vLLM about it."""
+
+    why: str
+    params: tuple[Param, ...] = ()
+    extra: tuple[tuple[str, int], ...] = ()
+
+
+_WINDOW = Param("sliding_window")
 CLASSIFIED: dict[str, Classification] = {
     _KI + "FullAttentionSpec": Classification(
         Behaviour.MUST_COVER, "one KV entry per token"
@@ -66,20 +123,33 @@ CLASSIFIED: dict[str, Classification] = {
         Behaviour.MUST_COVER, "per-token hidden states, full-attention manager"
     ),
     _KI + "RSWASpec": Classification(
-        Behaviour.MUST_COVER, "prefill tokens stay globally visible"
+        Behaviour.MUST_COVER, "prefill tokens stay globally visible", params=(Param("rswa_window"),)
     ),
     _KI + "SinkFullAttentionSpec": Classification(
-        Behaviour.MUST_COVER, "full attention plus sink tokens"
+        # sink_len is optional in the dataclass but asserted by its manager.
+        Behaviour.MUST_COVER, "full attention plus sink tokens", params=(Param("sink_len", sample=1),)
     ),
     _KI + "SlidingWindowSpec": Classification(
         Behaviour.MUST_COVER,
         "token-proportional; out-of-window positions are null-padded, not absent",
+        params=(_WINDOW,),
+        span=("sliding_window", Span.WINDOW),
     ),
     _KI + "SlidingWindowMLASpec": Classification(
-        Behaviour.MUST_COVER, "sliding-window MLA: as sliding window"
+        Behaviour.MUST_COVER,
+        "sliding-window MLA: as sliding window",
+        params=(_WINDOW,),
+        span=("sliding_window", Span.WINDOW),
     ),
     _KI + "ChunkedLocalAttentionSpec": Classification(
-        Behaviour.MUST_COVER, "token-proportional; past chunks null-padded"
+        Behaviour.MUST_COVER,
+        "token-proportional; past chunks null-padded",
+        params=(Param("attention_chunk_size"),),
+        span=("attention_chunk_size", Span.CHUNK),
+        # ChunkedLocalAttentionManager.find_longest_cache_hit asserts "KV cache
+        # groups with different block sizes are not compatible with chunked
+        # local attention now".
+        one_block_size=True,
     ),
     _KI + "MambaSpec": Classification(
         Behaviour.MAY_BE_SHORT,
@@ -91,42 +161,33 @@ CLASSIFIED: dict[str, Classification] = {
     _KI + "UniformTypeKVCacheSpecs": Classification(
         Behaviour.UNWRAPPED,
         "generate_scheduler_kv_cache_config replaces it with one of its layers' specs",
+        wraps=("FullAttentionSpec", "MLAAttentionSpec"),
     ),
 }
 
 # Classes that can never be a prefix-cached group in a scheduler's config.
-EXEMPT: dict[str, str] = {
-    _KI + "AttentionSpec": "abstract base: no manager is registered for it",
-    _KI + "EncoderOnlyAttentionSpec": (
+EXEMPT: dict[str, Exemption] = {
+    _KI + "AttentionSpec": Exemption("abstract base: no manager is registered for it"),
+    _KI + "EncoderOnlyAttentionSpec": Exemption(
         "encoder-only layers need no KV cache; no manager is registered"
     ),
-    _KI + "CrossAttentionSpec": (
+    _KI + "CrossAttentionSpec": Exemption(
         "CrossAttentionManager raises NotImplementedError('does not support "
         "caching'): it never takes part in prefix caching"
     ),
-    _KI + "HiSparseHotSpec": (
+    _KI + "HiSparseHotSpec": Exemption(
         "not prefix-cacheable, and only built by vllm/v1/hisparse/layout.py next "
         "to a HiSparse source group: standalone, its manager asserts it has a "
-        "coordinator (single_type_kv_cache_manager.py, add_local_computed_blocks)"
+        "coordinator (single_type_kv_cache_manager.py, add_local_computed_blocks)",
+        extra=(("page_size", 64), ("blocks_per_request", 4)),
     ),
-    _KI + "HiSparseResidentSpec": (
+    _KI + "HiSparseResidentSpec": Exemption(
         "not prefix-cacheable, and only built by vllm/v1/hisparse/layout.py next "
         "to a HiSparse source group and a host pool; a standalone group fails "
-        "the resident manager's allocation assert"
+        "the resident manager's allocation assert",
+        extra=(("page_size", 64),),
     ),
 }
-
-# Classified classes vLLM cannot build into a manager today, with the reason.
-# Strategies skip them; each has a strict-xfail test that turns red once vLLM
-# can build them (then delete the entry).
-KNOWN_UNBUILDABLE: dict[str, str] = {
-    _KI + "SinkFullAttentionSpec": (
-        "vLLM 0.33.0 defect: KVCacheCoordinator passes needs_kv_cache_zeroing= "
-        "to every manager, SinkFullAttentionManager.__init__ does not accept it "
-        "(TypeError); see tests/known_bugs/test_sink_full_attention_manager.py"
-    ),
-}
-
 
 class UnclassifiedSpec(LookupError):
     """A spec class that is neither classified nor exempted."""
@@ -146,6 +207,16 @@ def question_for(qualname: str, facts: object | None = None) -> str:
     )
 
 
+def classification_of_kind(kind: str) -> Classification:
+    """The row of the classified class whose bare name is ``kind`` (what a
+    :class:`fuzz.model.SpecDraw` holds)."""
+    suffix = "." + kind
+    for qualname, row in CLASSIFIED.items():
+        if qualname.endswith(suffix):
+            return row
+    raise UnclassifiedSpec(question_for(kind))
+
+
 def behaviour_of(qualname: str) -> Behaviour:
     """The expected truncation behaviour of a group whose spec class is ``qualname``."""
     try:
@@ -159,7 +230,11 @@ def provisional(qualname: str, behaviour: Behaviour) -> Iterator[None]:
     """Classify ``qualname`` as ``behaviour`` for the duration (a hypothesis to
     test against vLLM's current code, never a substitute for a table entry)."""
     previous = CLASSIFIED.get(qualname)
-    CLASSIFIED[qualname] = Classification(behaviour, "provisional hypothesis")
+    CLASSIFIED[qualname] = (
+        Classification(behaviour, "provisional hypothesis")
+        if previous is None
+        else replace(previous, behaviour=behaviour, why="provisional hypothesis")
+    )
     try:
         yield
     finally:

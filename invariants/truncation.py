@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from fuzz.model import GroupTruncation, TruncationObservation
-from invariants.classification import Behaviour, behaviour_of
+from fuzz.model import GroupTruncation, InvariantViolation, TruncationObservation
+from invariants._common import group_behaviour, group_kind, group_name
+from invariants.classification import Behaviour
 
 __all__ = [
-    "InvariantViolation",
     "TRUNCATION_CHECKS",
+    "WHERE",
     "check_all_truncation_invariants",
     "check_input_lists_unchanged",
     "check_misaligned_endpoint_rejected",
@@ -34,29 +35,27 @@ __all__ = [
 ]
 
 
-class InvariantViolation(AssertionError):
-    """An invariant failed. ``invariant`` names the check for deduplication."""
-
-    def __init__(self, invariant: str, message: str) -> None:
-        super().__init__(f"[{invariant}] {message}")
-        self.invariant = invariant
+# The vLLM call every check here judges.
+WHERE = "KVCacheManager.truncate_computed_blocks"
 
 
-def _fail(invariant: str, obs: TruncationObservation, message: str) -> None:
-    raise InvariantViolation(invariant, f"{message}\n{obs.describe()}")
-
-
-def _name(g: GroupTruncation) -> str:
-    return (
-        f"group {g.info.index} ({g.info.spec_class.rsplit('.', 1)[-1]}, "
-        f"block_size={g.info.block_size})"
+def _fail(invariant: str, obs: TruncationObservation, message: str, group: GroupTruncation | None = None) -> None:
+    raise InvariantViolation(
+        invariant,
+        f"{message}\n{obs.describe()}",
+        where=WHERE,
+        group_kind=None if group is None else group_kind(group.info),
+        exception=obs.error_type,
+        frames=obs.error_frames,
     )
 
 
+def _name(g: GroupTruncation) -> str:
+    return group_name(g.info)
+
+
 def _behaviour(g: GroupTruncation) -> Behaviour:
-    if not g.info.prefix_cacheable:
-        return Behaviour.SCRATCH
-    return behaviour_of(g.info.spec_class)
+    return group_behaviour(g.info)
 
 
 def _groups(obs: TruncationObservation, behaviour: Behaviour) -> Iterator[GroupTruncation]:
@@ -96,6 +95,7 @@ def check_must_cover_groups_cover_endpoint(obs: TruncationObservation) -> None:
                 f"{_name(g)} holds {have} blocks but endpoint {obs.endpoint} needs "
                 f"{need}; the call returned {len(g.output or ())} blocks instead of "
                 "failing loudly (a short attention group was silently accepted)",
+                g,
             )
         if have >= need and g.output is not None and len(g.output) != need:
             _fail(
@@ -103,6 +103,7 @@ def check_must_cover_groups_cover_endpoint(obs: TruncationObservation) -> None:
                 obs,
                 f"{_name(g)} returned {len(g.output)} blocks for endpoint "
                 f"{obs.endpoint}; expected exactly {need}",
+                g,
             )
 
 
@@ -121,6 +122,7 @@ def check_whole_state_groups_clamped(obs: TruncationObservation) -> None:
                 f"{_name(g)} returned {len(g.output)} blocks; expected "
                 f"min({obs.endpoint} // {g.info.block_size}, {len(g.input_before)}) "
                 f"= {expected}",
+                g,
             )
 
 
@@ -136,11 +138,16 @@ def check_no_unexpected_failure(obs: TruncationObservation) -> None:
         if len(g.input_before) < obs.endpoint // g.info.block_size
     ]
     why = "; short whole-state groups: " + ", ".join(short) if short else ""
+    first_short = next(
+        (g for g in _groups(obs, Behaviour.MAY_BE_SHORT) if len(g.input_before) < obs.endpoint // g.info.block_size),
+        None,
+    )
     _fail(
         "no-unexpected-failure",
         obs,
         f"the call raised although every must-cover group covers endpoint "
         f"{obs.endpoint} and it is aligned{why}",
+        first_short,
     )
 
 
@@ -159,6 +166,7 @@ def check_output_is_prefix_of_input(obs: TruncationObservation) -> None:
                 f"{_name(g)} returned block ids {[b.block_id for b in g.output]}, "
                 f"not a prefix of its input {[b.block_id for b in g.input_before]} "
                 "(same objects, same order)",
+                g,
             )
 
 
@@ -176,6 +184,7 @@ def check_input_lists_unchanged(obs: TruncationObservation) -> None:
                 obs,
                 f"{_name(g)} input changed from {ids_before} to {ids_after}"
                 + (" (list object replaced)" if g.list_obj_id_before != g.list_obj_id_after else ""),
+                g,
             )
 
 
@@ -191,6 +200,7 @@ def check_refcounts_and_hashes_unchanged(obs: TruncationObservation) -> None:
                     obs,
                     f"{_name(g)} block {before.block_id}: ref_cnt {before.ref_cnt} -> "
                     f"{after.ref_cnt}, hash changed: {before.block_hash != after.block_hash}",
+                    g,
                 )
 
 
@@ -213,6 +223,7 @@ def check_scratch_groups_stay_empty(obs: TruncationObservation) -> None:
                 obs,
                 f"{_name(g)} is not prefix-cacheable and came in empty, but returned "
                 f"block ids {[b.block_id for b in g.output]}",
+                g,
             )
 
 
@@ -228,6 +239,7 @@ def check_misaligned_endpoint_rejected(obs: TruncationObservation) -> None:
             f"endpoint {obs.endpoint} is not a multiple of {_name(g)}'s block size "
             f"(remainder {obs.endpoint % g.info.block_size}) but the call returned "
             f"{len(g.output or ())} blocks instead of failing",
+            g,
         )
 
 

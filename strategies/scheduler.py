@@ -32,9 +32,8 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from fuzz.adapter import ExternalReply, SchedulerDraw
-from fuzz.model import LayoutDraw, SpecDraw
-from invariants.classification import Behaviour, behaviour_of
+from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+from invariants.classification import Behaviour, classification_of_kind
 from strategies.specs import kv_cache_layouts
 
 __all__ = [
@@ -55,10 +54,7 @@ _SUFFIX_BASE = 2_000  # own-suffix tokens live above the shared vocabulary
 
 
 def _is_mamba(group: SpecDraw) -> bool:
-    from fuzz import adapter
-
-    qual = adapter.qualified_name(adapter.spec_class_by_name(group.kind))
-    return behaviour_of(qual) is Behaviour.MAY_BE_SHORT
+    return classification_of_kind(group.kind).behaviour is Behaviour.MAY_BE_SHORT
 
 
 def engine_layout(layout: LayoutDraw) -> LayoutDraw:
@@ -71,15 +67,12 @@ def engine_layout(layout: LayoutDraw) -> LayoutDraw:
     span doubled) until the Mamba block holds at least four hash units, so
     sub-block prefix-cache hits are possible.
     """
-    from fuzz import adapter
-
     if not any(_is_mamba(g) for g in layout.groups):
         return layout
     cacheable = [
         g.block_size
         for g in layout.groups
-        if behaviour_of(adapter.qualified_name(adapter.spec_class_by_name(g.kind)))
-        is not Behaviour.SCRATCH
+        if classification_of_kind(g.kind).behaviour is not Behaviour.SCRATCH
     ]
     smallest = min(cacheable or [g.block_size for g in layout.groups])
     groups = tuple(

@@ -15,55 +15,37 @@ to the hash block) and the first kinds in :func:`drawable_kinds` order
 
 from __future__ import annotations
 
-from functools import cache
 from typing import NamedTuple
 
 from hypothesis import strategies as st
 
-from fuzz import adapter
-from fuzz.model import LayoutDraw, SpecDraw
-from invariants.classification import CLASSIFIED, KNOWN_UNBUILDABLE, Behaviour
+from fuzz.known_bugs import unbuildable_spec_classes
+from fuzz.model import LayoutDraw, SpecDraw, installed
+from invariants.classification import CLASSIFIED, Behaviour, classification_of_kind
 
 __all__ = ["drawable_kinds", "kv_cache_layouts", "spec_draws"]
 
-# Class-specific integer fields, each drawn as a multiple of the block size.
-_PARAM_FIELDS = ("sliding_window", "attention_chunk_size", "rswa_window", "sink_len")
-# vLLM asserts in ChunkedLocalAttentionManager.find_longest_cache_hit that
-# "KV cache groups with different block sizes are not compatible with chunked
-# local attention now": layouts holding these kinds use one block size.
-_SAME_BLOCK_SIZE_KINDS = frozenset({"ChunkedLocalAttentionSpec"})
 # Kinds put first so that shrinking lands on the core hybrid case.
 _PREFERRED = ("FullAttentionSpec", "MambaSpec")
 
 
 def drawable_kinds() -> tuple[str, ...]:
     """Spec class names the strategies draw: every class in the installed vLLM
-    that the classification table marks must-cover, may-be-short or scratch,
-    minus the known-unbuildable ones. A newly classified class is fuzzed with
-    no further code."""
-    kinds = []
-    for cls in adapter.spec_classes():
-        qual = adapter.qualified_name(cls)
-        entry = CLASSIFIED.get(qual)
-        if entry is not None and qual not in KNOWN_UNBUILDABLE:
-            kinds.append(cls.__name__)
+    that the classification table lists, minus those a known vLLM bug makes
+    unbuildable on this release. A newly classified class is fuzzed with no
+    further code."""
+    facts = installed()
+    unbuildable = unbuildable_spec_classes(facts.vllm_version)
+    kinds = [
+        qual.rsplit(".", 1)[-1]
+        for qual in facts.spec_classes()
+        if qual in CLASSIFIED and qual not in unbuildable
+    ]
     return tuple(sorted(kinds, key=lambda k: (_PREFERRED + (k,)).index(k)))
 
 
-@cache
-def _required_params(kind: str) -> tuple[str, ...]:
-    import dataclasses
-
-    cls = adapter.spec_class_by_name(kind)
-    fields = dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ()
-    names = {f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-    if cls.__name__ == "SinkFullAttentionSpec":
-        names.add("sink_len")  # optional in the dataclass, asserted by its manager
-    return tuple(f for f in _PARAM_FIELDS if f in names)
-
-
 def _behaviour(kind: str) -> Behaviour:
-    return CLASSIFIED[adapter.qualified_name(adapter.spec_class_by_name(kind))].behaviour
+    return classification_of_kind(kind).behaviour
 
 
 class _Recipe(NamedTuple):
@@ -84,13 +66,14 @@ def _recipes(draw: st.DrawFn, kind: str, max_multiplier: int) -> _Recipe:
     group and shift every later draw when shrinking deletes one."""
     m = draw(st.integers(1, max_multiplier), label="m")
     key = draw(st.integers(0, 3), label="order key")
-    if _behaviour(kind) is Behaviour.UNWRAPPED:
+    row = classification_of_kind(kind)
+    if row.behaviour is Behaviour.UNWRAPPED:
         # The uniform-type wrapper holds layers of one attention type; the
         # engine hands the scheduler one of them.
-        inner_kind = draw(st.sampled_from(("FullAttentionSpec", "MLAAttentionSpec")), label="inner")
+        inner_kind = draw(st.sampled_from(row.wraps), label="inner")
         n_layers = draw(st.integers(1, 3), label="wrapped layers")
         return _Recipe(kind, m, (), (inner_kind,) * n_layers, key)
-    params = tuple((name, draw(st.integers(1, 4), label=name)) for name in _required_params(kind))
+    params = tuple((p.name, draw(st.integers(*p.blocks), label=p.name)) for p in row.params)
     return _Recipe(kind, m, params, (), key)
 
 
@@ -165,7 +148,7 @@ def _layouts(
             hash_block_size=block,
             num_blocks=draw(st.integers(12, 96), label="num_blocks"),
         )
-    if _SAME_BLOCK_SIZE_KINDS.intersection(r.kind for r in recipes):
+    if any(classification_of_kind(r.kind).one_block_size for r in recipes):
         hash_bs *= draw(st.integers(1, max_multiplier), label="m")  # one block size: hash == block
         blocks = [hash_bs] * n
     else:

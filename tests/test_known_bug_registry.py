@@ -1,14 +1,63 @@
-"""Every known-unbuildable spec type has its strict-xfail known-bug test."""
+"""The known-bug registry: every entry is pinned, and matching is structural."""
 
+from __future__ import annotations
+
+import ast
 from pathlib import Path
 
-from invariants.classification import KNOWN_UNBUILDABLE
+import pytest
 
-KNOWN_BUG_DIR = Path(__file__).parent / "known_bugs"
+from fuzz.known_bugs import KNOWN_BUGS, Failure, known_bug, match, unbuildable_spec_classes
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_each_known_unbuildable_spec_has_a_pinned_repro() -> None:
-    texts = "\n".join(p.read_text() for p in KNOWN_BUG_DIR.glob("test_*.py"))
-    for qualname in KNOWN_UNBUILDABLE:
-        cls_name = qualname.rsplit(".", 1)[-1]
-        assert cls_name in texts, f"{qualname} is KNOWN_UNBUILDABLE but no repro in {KNOWN_BUG_DIR}"
+@pytest.mark.parametrize("bug", KNOWN_BUGS, ids=lambda b: b.id)
+def test_every_known_bug_names_a_pin_that_exists(bug) -> None:
+    path, _, test = bug.pinned_by.partition("::")
+    source = ROOT / path
+    assert source.is_file(), f"{bug.id}: {path} does not exist"
+    if test:
+        names = {n.name for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.FunctionDef)}
+        assert test in names, f"{bug.id}: no test {test} in {path}"
+    assert bug.reach in ("engine", "scheduler-api"), bug.reach
+    assert bug.analysis and bug.signatures
+
+
+def test_bug_ids_are_unique() -> None:
+    ids = [b.id for b in KNOWN_BUGS]
+    assert len(ids) == len(set(ids))
+
+
+SCHEDULE = "Scheduler.schedule"
+TRUNCATE = "KVCacheManager.truncate_computed_blocks"
+
+
+def test_a_known_bug_is_matched_by_its_facts_on_the_releases_that_have_it() -> None:
+    raised_in_pool = ("vllm/v1/core/block_pool.py:BlockPool.get_new_blocks",)
+    undercount = Failure("no-exception", "ValueError", raised_in_pool, SCHEDULE)
+    assert match(undercount, "0.33.0") is known_bug("mamba-external-block-undercount")
+    assert match(undercount, "0.32.0") is None  # not seen before 0.33.0
+    # A source checkout has every open bug.
+    assert match(undercount, "dev abc123 (source checkout /src)") is known_bug("mamba-external-block-undercount")
+
+
+def test_an_unrelated_failure_is_never_taken_for_a_known_bug() -> None:
+    # Same invariant and exception, raised elsewhere in vLLM: not the bug.
+    elsewhere = Failure("no-exception", "ValueError", ("vllm/v1/core/sched/scheduler.py:Scheduler.schedule",), SCHEDULE)
+    assert match(elsewhere, "0.33.0") is None
+    # The pre-fix crash's invariant on a group that is not Mamba: not the bug.
+    attention = Failure("no-unexpected-failure", "AssertionError", (), TRUNCATE, "SlidingWindowSpec")
+    assert match(attention, "0.27.1") is None
+    assert match(Failure("copy-source-ready", where=SCHEDULE), "0.28.0") is None
+
+
+def test_a_fixed_bug_is_not_known_on_the_release_that_fixed_it() -> None:
+    pre_fix = Failure("no-unexpected-failure", "AssertionError", (), TRUNCATE, "MambaSpec")
+    assert match(pre_fix, "0.27.1") is known_bug("pre-fix-truncate-assert")
+    assert match(pre_fix, "0.28.0") is None
+
+
+def test_unbuildable_spec_classes_come_from_open_bugs() -> None:
+    assert "vllm.v1.kv_cache_interface.SinkFullAttentionSpec" in unbuildable_spec_classes("0.33.0")
+    assert not unbuildable_spec_classes("0.27.1")

@@ -1,11 +1,12 @@
 """Known vLLM 0.33.0 bugs found by the scheduler tier, pinned as strict xfails.
 
-Each entry of ``invariants.scheduler.KNOWN_VLLM_BUGS`` has here (1) a
+Each scheduler-tier entry of ``fuzz.known_bugs.KNOWN_BUGS`` has here (1) a
 standalone repro that imports vLLM only (pasteable into vLLM's
 tests/v1/core) and (2) the real path the fuzzer took, through the suite's
-harness. The targets label a step that hits a known bug (with an event) and
-skip that step's checks instead of failing; when vLLM fixes one, its xfails
-turn red (XPASS, strict): delete the tests and the registry entry then.
+harness. The runners label a step that shows a known bug (with an event)
+and set that violation aside, while every other check of the step still
+reports; when vLLM fixes one, its xfails turn red (XPASS, strict): set the
+registry entry's ``fixed_in`` and delete the tests then.
 
 mamba-external-block-undercount
 -------------------------------
@@ -76,15 +77,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from fuzz.adapter import ExternalReply, SchedulerDraw, SchedulerHarness
-from fuzz.model import LayoutDraw, SpecDraw
+from fuzz.adapter import SchedulerHarness
+from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.known_bugs import KNOWN_BUGS
+from fuzz.runners.scheduler import triage
 from invariants.scheduler import (
-    KNOWN_VLLM_BUGS,
     check_copy_sources_ready,
     check_no_exception_escapes,
-    known_vllm_bug,
 )
-from invariants.truncation import InvariantViolation
+from fuzz.model import InvariantViolation
 
 
 # --------------------------------------------------------------------------
@@ -173,7 +174,7 @@ def _pool_nearly_full_scenario() -> tuple[SchedulerHarness, object]:
 
 def test_real_path_is_recognised_as_the_known_bug():
     _, step = _pool_nearly_full_scenario()
-    assert known_vllm_bug(step) == "mamba-external-block-undercount", step.describe()
+    assert triage(step) == ([], ["mamba-external-block-undercount"]), step.describe()
 
 
 @pytest.mark.known_vllm_bug
@@ -315,12 +316,12 @@ def test_one_request_on_a_partial_hit_copies_from_cached_blocks_only():
     step = _shared_partial_hit_step(1)
     assert step.copies, step.describe()  # the partial hit is copied on write
     check_copy_sources_ready(step)
-    assert known_vllm_bug(step) is None
+    assert triage(step) == ([], [])
 
 
 def test_real_path_cow_chain_is_recognised_as_the_known_bug():
     step = _shared_partial_hit_step(2)
-    assert known_vllm_bug(step) == "same-step-cow-chain", step.describe()
+    assert triage(step) == ([], ["same-step-cow-chain"]), step.describe()
 
 
 @pytest.mark.known_vllm_bug
@@ -334,7 +335,9 @@ def test_requests_sharing_a_partial_hit_in_one_step_copy_from_ready_blocks():
     check_copy_sources_ready(step)
 
 
-def test_every_known_scheduler_bug_is_pinned_here():
+def test_every_known_scheduler_bug_pinned_here_has_its_analysis_here():
     text = Path(__file__).read_text()
-    for name in KNOWN_VLLM_BUGS:
-        assert f"\n{name}\n" in text, f"{name} is in KNOWN_VLLM_BUGS but has no analysis here"
+    here = [b for b in KNOWN_BUGS if b.pinned_by.startswith("tests/test_known_vllm_bugs_scheduler.py")]
+    assert here
+    for bug in here:
+        assert f"\n{bug.id}\n" in text, f"{bug.id} is pinned here but has no analysis here"

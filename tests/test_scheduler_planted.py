@@ -18,10 +18,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from fuzz.adapter import PLANTED_SCHEDULER_BUGS, planted_scheduler_bug
+from fuzz.known_bugs import KNOWN_BUGS
 from fuzz.targets import target_scheduler
-from fuzz.targets.scheduler import run_single_shot
+from fuzz.runners.scheduler import run_single_shot
 from invariants import scheduler as inv
-from invariants.truncation import InvariantViolation
+from fuzz.model import InvariantViolation
 from strategies.scheduler import SingleShotScenario, single_shot_scenarios
 
 # (check, invariant name, planted bug, search uses the evict shortcut)
@@ -94,16 +95,25 @@ def test_every_scheduler_check_has_a_planted_case() -> None:
     checks = {c for c, *_ in CASES} | set(CAUGHT_REAL_BUG)
     expected = {*inv.STEP_CHECKS, *inv.ADMISSION_CHECKS, inv.check_no_leaked_blocks}
     assert checks == expected, expected ^ checks
-    assert set(CAUGHT_REAL_BUG.values()) <= set(inv.KNOWN_VLLM_BUGS)
+    assert set(CAUGHT_REAL_BUG.values()) <= {b.id for b in KNOWN_BUGS if b.fixed_in is None}
 
 
 @pytest.mark.parametrize(
-    ("bug", "invariant"),
-    [("no_divergent_fallback", "mamba-state-at-boundary"), ("skip_truncation", "computed-adds-up")],
+    ("bug", "invariants"),
+    [
+        # Keeping a diverged hit without the fallback leaves the Mamba state
+        # missing at the resume point, or, on a layout whose lagging group is
+        # another must-cover one (sliding window), that group's blocks: with
+        # every check on, whichever the machine meets first reports it.
+        ("no_divergent_fallback", {"mamba-state-at-boundary", "local-part-covered"}),
+        ("skip_truncation", {"computed-adds-up"}),
+    ],
 )
-def test_state_machine_catches_planted_bug(bug: str, invariant: str) -> None:
-    """The stateful machine checks every invariant after every step too."""
+def test_state_machine_catches_planted_bug(bug: str, invariants: set[str]) -> None:
+    """The stateful machine checks every invariant after every step too.
+    (Which example it meets first depends on the constants Hypothesis mines
+    from the loaded modules, so on what else the session imported.)"""
     machine_search = settings(SEARCH, max_examples=300, stateful_step_count=30)
     with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
         run_state_machine_as_test(target_scheduler.SchedulerMachine, settings=machine_search)
-    assert caught.value.invariant == invariant, str(caught.value)
+    assert caught.value.invariant in invariants, str(caught.value)

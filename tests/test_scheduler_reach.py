@@ -2,7 +2,7 @@
 
 Runs ``fuzz_scheduler_single_shot`` itself (the same derandomized examples
 CI runs under the active profile; 150 under ci) and counts, per example,
-the branch labels it reached (``fuzz.targets.scheduler.REACH``, one count
+the branch labels it reached (``fuzz.runners.scheduler.REACH``, one count
 per label per example). Asserts the share of examples that reached the
 external-hit truncation and the divergent-hit fallback; prints every
 label's share (``-s`` to see them). The state machine is measured per run
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from fuzz.targets import scheduler as runner
+from fuzz.runners import scheduler as runner
 from fuzz.targets import target_scheduler
 
 MIN_TRUNCATION = 0.30

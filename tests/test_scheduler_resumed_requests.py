@@ -19,7 +19,7 @@ import os
 import pytest
 
 from fuzz.adapter import SchedulerHarness
-from fuzz.targets.scheduler import run_single_shot
+from fuzz.runners.scheduler import run_single_shot
 from fuzz.targets.target_scheduler import PREEMPTED_THEN_RESUMED
 
 RESUMED = "resumed after preemption with a local hit"

@@ -105,7 +105,7 @@ def test_a_planted_bug_shrinks_to_the_minimal_hybrid_layout(seed: int) -> None:
     at 4 groups.)"""
     from fuzz.hunting import hunt
     from fuzz.targets.target_truncate import check_truncation_scenario, hybrid_scenarios
-    from invariants.truncation import InvariantViolation
+    from fuzz.model import InvariantViolation
 
     failing = []
 

@@ -72,7 +72,7 @@ def test_the_seed_scenario_is_pinned_and_catches_the_pre_fix_crash() -> None:
     """The seed's case, replayed outside Hypothesis: passes on vLLM 0.33.0 and
     fails under the planted pre-fix assert."""
     from fuzz.targets.target_truncate import SEED_PR_51468
-    from invariants.truncation import InvariantViolation
+    from fuzz.model import InvariantViolation
 
     check_truncation_scenario(SEED_PR_51468)
     with adapter.planted_truncate_bug("pre_fix_assert_all"):

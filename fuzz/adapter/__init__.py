@@ -1,75 +1,64 @@
 """The one adapter between this suite and vLLM's internal API.
 
 Every vLLM constructor call and every version difference lives in this
-package; strategies, invariants and targets import only from here (and speak
-in :mod:`fuzz.model` dataclasses). Submodules: ``_kv`` (specs, KV-cache
-configs, ``KVCacheManager``, planted truncation bugs), ``_scheduler`` (the
-real ``Scheduler`` with a scripted KV connector).
+package; strategies and invariants never import it, and speak in
+:mod:`fuzz.model` dataclasses. One module per job:
+
+* ``_env``: the environment vLLM needs here, its version, its hash seed;
+* ``_compat``: every difference between supported releases (0.28-0.33);
+* ``_specs``: spec classes and layouts (discovery, construction, resolver);
+* ``_manager``: a real ``KVCacheManager`` driven by a truncation scenario;
+* ``_config``: model, scheduler and cache configs, built as the engine does;
+* ``_connector``: the scripted KV connector vLLM loads by module path;
+* ``_observe``: recording wrappers on a live scheduler, vLLM frames;
+* ``_scheduler``: a real ``Scheduler`` driven a step at a time;
+* ``_planted``: deliberately wrong vLLM code for the self-tests.
 """
 
-from fuzz.adapter._kv import (
+from fuzz.adapter._compat import scheduler_tier_unsupported
+from fuzz.adapter._env import VLLM_VERSION, init_hashing
+from fuzz.adapter._manager import Lookup, ManagerHarness
+from fuzz.adapter._planted import (
+    PLANTED_SCHEDULER_BUGS,
     PLANTED_TRUNCATE_BUGS,
-    VLLM_VERSION,
+    planted_scheduler_bug,
+    planted_truncate_bug,
+)
+from fuzz.adapter._scheduler import SchedulerHarness
+from fuzz.adapter._specs import (
     InvalidLayout,
-    Lookup,
-    ManagerHarness,
     SpecFacts,
     build_spec,
-    init_hashing,
-    planted_truncate_bug,
     qualified_name,
     resolve_block_sizes,
     spec_base_class,
     spec_class_by_name,
     spec_classes,
+    spec_constructor,
     spec_facts,
     temporary_spec_subclass,
 )
 
 __all__ = [
+    "PLANTED_SCHEDULER_BUGS",
     "PLANTED_TRUNCATE_BUGS",
     "VLLM_VERSION",
     "InvalidLayout",
     "Lookup",
     "ManagerHarness",
+    "SchedulerHarness",
     "SpecFacts",
     "build_spec",
     "init_hashing",
+    "planted_scheduler_bug",
     "planted_truncate_bug",
     "qualified_name",
     "resolve_block_sizes",
+    "scheduler_tier_unsupported",
     "spec_base_class",
     "spec_class_by_name",
     "spec_classes",
+    "spec_constructor",
     "spec_facts",
     "temporary_spec_subclass",
-]
-
-# --- scheduler tier (fuzz/adapter/_scheduler.py, fuzz/adapter/_connector.py) ---
-from fuzz.adapter._connector import (  # noqa: E402
-    REPLY_KINDS,
-    ExternalReply,
-)
-from fuzz.adapter._scheduler import (  # noqa: E402
-    PLANTED_SCHEDULER_BUGS,
-    AdmissionObservation,
-    PoolObservation,
-    SchedulerDraw,
-    SchedulerHarness,
-    StepObservation,
-    planted_scheduler_bug,
-    scheduler_tier_unsupported,
-)
-
-__all__ += [
-    "PLANTED_SCHEDULER_BUGS",
-    "REPLY_KINDS",
-    "AdmissionObservation",
-    "ExternalReply",
-    "PoolObservation",
-    "SchedulerDraw",
-    "SchedulerHarness",
-    "StepObservation",
-    "planted_scheduler_bug",
-    "scheduler_tier_unsupported",
 ]

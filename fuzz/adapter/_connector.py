@@ -10,8 +10,8 @@ hand it constructor arguments. Its behaviour lives in the process-global
 anything; it records every question the scheduler asked and every allocation
 it was told about, for the invariants.
 
-Replies are described by :class:`ExternalReply` (pure data, no vLLM), so
-strategies can draw them.
+Replies are described by :class:`fuzz.model.ExternalReply` (pure data, no
+vLLM), so strategies can draw them.
 """
 
 from __future__ import annotations
@@ -31,75 +31,20 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 # scenario here, which floods the output and costs time.
 logging.getLogger(_base.__name__).setLevel(logging.ERROR)
 
+from fuzz.model import ExternalReply  # noqa: E402
+
 __all__ = [
     "CONNECTOR_MODULE",
     "CONNECTOR_NAME",
-    "REPLY_KINDS",
     "SCRIPT",
     "AllocRecord",
     "ConnectorScript",
-    "ExternalReply",
     "QueryRecord",
     "ScriptedConnector",
 ]
 
 CONNECTOR_NAME = "ScriptedConnector"
 CONNECTOR_MODULE = __name__
-
-# "store":     the external store holds the first ``store_len`` prompt tokens;
-#              the reply is what lies past the local hit, capped so at least
-#              the last token is recomputed for a sync load (how real sync
-#              connectors answer); an async load may cover the whole prompt.
-# "zero":      no external hit.
-# "undecided": ``None`` ("ask again later") for the first ``undecided``
-#              queries, then the "store" answer.
-# "over":      over-reports: the whole rest of the prompt plus ``extra``
-#              tokens, breaking the connector contract on purpose.
-REPLY_KINDS = ("store", "zero", "undecided", "over")
-
-
-@dataclasses.dataclass(frozen=True)
-class ExternalReply:
-    """What the external store answers for one request."""
-
-    kind: str = "zero"
-    store_len: int = 0
-    undecided: int = 0
-    extra: int = 0
-    load_async: bool = False
-
-    def __post_init__(self) -> None:
-        if self.kind not in REPLY_KINDS:
-            raise ValueError(f"kind={self.kind!r} is not one of {REPLY_KINDS}")
-
-    def answer(self, num_tokens: int, num_computed: int, asked_before: int) -> int | None:
-        """The token count to return to vLLM (``None`` = cannot decide yet)."""
-        if self.kind == "zero":
-            return 0
-        if self.kind == "over":
-            return num_tokens - num_computed + self.extra
-        if self.kind == "undecided" and asked_before < self.undecided:
-            return None
-        # A sync load leaves the last token to compute (how sync connectors
-        # answer); an async load may bring the whole prompt (P/D decode side),
-        # which vLLM trims to num_tokens - 1 when the load lands.
-        limit = num_tokens if self.load_async else num_tokens - 1
-        return max(0, min(self.store_len, limit) - num_computed)
-
-    @property
-    def honest(self) -> bool:
-        return self.kind != "over"
-
-    def __repr__(self) -> str:
-        if self.kind == "zero":
-            return "zero"
-        if self.kind == "over":
-            return f"over(+{self.extra})"
-        text = f"store({self.store_len})"
-        if self.kind == "undecided":
-            text = f"undecided({self.undecided})->{text}"
-        return text + (" async" if self.load_async else "")
-
 
 @dataclasses.dataclass(frozen=True)
 class QueryRecord:

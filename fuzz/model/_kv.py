@@ -105,6 +105,8 @@ class TruncationObservation:
     free_blocks_after: int
     vllm_version: str
     context: str = field(default="", compare=False)  # the scenario, for messages
+    error_type: str | None = None  # the exception type when the call raised
+    error_frames: tuple[str, ...] = ()  # its innermost vLLM frames, innermost first
 
     def describe(self) -> str:
         lines = [f"truncate_computed_blocks(blocks, {self.endpoint}) on vLLM {self.vllm_version}"]

@@ -1,6 +1,11 @@
 """Running scheduler scenarios on a real vLLM ``Scheduler`` (no Hypothesis
 decorators here; the targets and benchmarks wrap these).
 
+:class:`Stepper` is the one step loop of every scheduler run, single-shot or
+stateful: it steps the harness, labels the branches reached, runs the checks
+and reports every violation except those that are known vLLM bugs of the
+installed release (:mod:`fuzz.known_bugs`), which it labels instead.
+
 :func:`run_single_shot` fills the prefix cache through real requests, lets
 blocks leave through real paths (LRU pressure on a small pool, request churn,
 preemption), optionally evicts by hand (the labelled shortcut), replays one
@@ -13,37 +18,35 @@ and the pool once everything has finished.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from hypothesis import event, target
 from hypothesis import note as _hypothesis_note
 from hypothesis.control import currently_in_test_context
 
-from fuzz import adapter
-from fuzz.adapter import AdmissionObservation, SchedulerHarness, StepObservation
-from invariants.classification import Behaviour, behaviour_of
+from fuzz import adapter, known_bugs
+from fuzz.adapter import SchedulerHarness
+from fuzz.model import AdmissionObservation, InvariantViolation, SchedulerDraw, StepObservation
+from invariants._common import group_behaviour
+from invariants.classification import Behaviour
 from invariants.scheduler import (
     ADMISSION_CHECKS,
     STEP_CHECKS,
     check_no_leaked_blocks,
-    check_step,
-    known_vllm_bug,
+    step_violations,
 )
 from strategies.scheduler import SingleShotScenario
 
 __all__ = [
     "ALL_CHECKS",
     "REACH",
-    "REJECTIONS",
-    "bench_scheduler",
+    "Stepper",
     "build_harness",
+    "note",
     "reach_labels",
     "run_single_shot",
-    "time_to_find",
+    "triage",
 ]
 
 ALL_CHECKS: tuple[Callable[..., None], ...] = (
@@ -54,8 +57,7 @@ ALL_CHECKS: tuple[Callable[..., None], ...] = (
 
 # Per example: how many examples reached each label ("examples" = total).
 REACH: Counter[str] = Counter()
-# Configurations vLLM refused, by reason.
-REJECTIONS: Counter[str] = Counter()
+
 
 def note(text: str) -> None:
     """``hypothesis.note`` inside a test; nothing outside (a plain replay)."""
@@ -70,11 +72,9 @@ MAX_STEPS_PER_PHASE = 160
 
 def _group_index(adm: AdmissionObservation, behaviour: Behaviour, kind: str | None = None) -> int | None:
     for g in adm.groups:
-        if not g.prefix_cacheable:
-            continue
         if kind is not None and not g.spec_class.endswith("." + kind):
             continue
-        if behaviour_of(g.spec_class) is behaviour:
+        if g.prefix_cacheable and group_behaviour(g) is behaviour:
             return g.index
     return None
 
@@ -126,43 +126,61 @@ def reach_labels(step: StepObservation) -> set[str]:
     return labels
 
 
-def build_harness(config: adapter.SchedulerDraw, *, record: bool = True) -> SchedulerHarness | None:
+def build_harness(config: SchedulerDraw, *, record: bool = True) -> SchedulerHarness | None:
     """The harness, or None (with an event) when vLLM refuses the config."""
     try:
         return SchedulerHarness(config)
     except adapter.InvalidLayout as exc:
-        reason = str(exc).split(";")[0][:80]
         if record:
-            REJECTIONS[reason] += 1
-            event(f"config rejected by vLLM: {reason}")
+            event(f"config rejected by vLLM: {str(exc).split(';')[0][:80]}")
         return None
 
 
-class _Run:
-    """Steps a harness, checking and labelling every step."""
+def triage(
+    step: StepObservation, checks: tuple[Callable[..., None], ...] | None = None
+) -> tuple[list[InvariantViolation], list[str]]:
+    """The step's violations that are no known vLLM bug of the installed
+    release, and the ids of the known bugs the others show."""
+    unknown: list[InvariantViolation] = []
+    known: list[str] = []
+    for violation in step_violations(step, checks):
+        bug = known_bugs.match(known_bugs.failure_of(violation), adapter.VLLM_VERSION)
+        if bug is None:
+            unknown.append(violation)
+        elif bug.id not in known:
+            known.append(bug.id)
+    return unknown, known
 
-    def __init__(self, harness: SchedulerHarness, checks: tuple[Callable[..., None], ...], context: str) -> None:
+
+class Stepper:
+    """Steps a harness: labels each step, runs ``checks`` on it, and raises
+    the first violation that is not a known vLLM bug of this release. A
+    known bug's violation alone is set aside (labelled, in :attr:`known`);
+    every other check of the same step still runs and reports."""
+
+    def __init__(self, harness: SchedulerHarness, checks: tuple[Callable[..., None], ...], context: str = "") -> None:
         self.harness = harness
         self.checks = checks
         self.context = context
-        self.labels: set[str] = set()
+        self.labels: set[str] = set()  # every label so far
+        self.last_labels: set[str] = set()  # the last step's
         self.max_gap = 0
-        self.known_bug: str | None = None
+        self.known: set[str] = set()  # ids of the known bugs seen
 
     def step(self) -> StepObservation:
         obs = self.harness.step(self.context)
-        self.labels |= reach_labels(obs)
-        known = known_vllm_bug(obs)
-        if known is not None:
-            # Pinned by a strict xfail; the scheduler is unusable after it.
-            self.labels.add(f"known vLLM bug: {known}")
-            self.known_bug = known
-            return obs
+        labels = reach_labels(obs)
         for adm in obs.admissions:
             gap = fa_mamba_gap(adm)
             if gap is not None:
                 self.max_gap = max(self.max_gap, gap)
-        check_step(obs, self.checks)
+        unknown, known = triage(obs, self.checks)
+        labels.update(f"known vLLM bug: {bug_id}" for bug_id in known)
+        self.known.update(known)
+        self.labels |= labels
+        self.last_labels = labels
+        if unknown:
+            raise unknown[0]
         return obs
 
     def drain(self, max_steps: int = MAX_STEPS_PER_PHASE) -> None:
@@ -201,7 +219,7 @@ def run_single_shot(
             REACH["examples"] += 1
             REACH["config rejected"] += 1
         return None
-    run = _Run(harness, checks, context)
+    run = Stepper(harness, checks, context)
     for i, fill in enumerate(scenario.fills):
         harness.add_request(scenario.fill_tokens(i), max_tokens=fill.max_tokens, reply=fill.reply)
         if not scenario.concurrent:
@@ -238,140 +256,3 @@ def run_single_shot(
             event(label)
         target(float(run.max_gap), label="FA-Mamba hit gap")
     return run.labels
-
-
-# ---------------------------------------------------------------------------
-# Figures
-# ---------------------------------------------------------------------------
-
-
-def _drive(
-    seconds: float | None,
-    max_examples: int,
-    body: Callable[[SingleShotScenario], None],
-    *,
-    seed: int | None,
-    shortcut: bool = False,
-) -> tuple[int, BaseException | None]:
-    """Feed generated single-shot scenarios (the CI target's: real paths,
-    honest answers, unless ``shortcut``) to ``body`` (no shrinking) until
-    ``seconds`` pass, ``max_examples`` ran, or ``body`` raises."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hseed
-
-    from strategies.scheduler import single_shot_scenarios
-
-    class _TimeUp(Exception):
-        pass
-
-    count = 0
-    start = time.perf_counter()
-
-    @settings(
-        max_examples=max_examples,
-        database=None,
-        deadline=None,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(scenario=single_shot_scenarios(shortcut=shortcut, allow_over=False))
-    def drive(scenario: SingleShotScenario) -> None:
-        nonlocal count
-        if seconds is not None and time.perf_counter() - start > seconds:
-            raise _TimeUp
-        count += 1
-        body(scenario)
-
-    if seed is not None:
-        drive = hseed(seed)(drive)
-    try:
-        drive()
-    except _TimeUp:
-        return count, None
-    except Exception as exc:  # noqa: BLE001 - the caller decides what it means
-        return count, exc
-    return count, None
-
-
-def bench_scheduler(seconds: float = 10.0, *, seed: int | None = 0, seeds: int | None = None) -> dict[str, Any]:
-    """Run the CI single-shot target's scenarios (real paths only) on
-    unmodified vLLM for ``seconds``.
-
-    Returns ``examples``, ``examples_per_s``, ``wall_s``, ``vllm_s`` (time
-    inside ``schedule()`` and ``update_from_output()``), ``vllm_share``, the
-    shares of examples reaching the truncation branch and the divergent-hit
-    fallback, and the reach counts of the run. With ``seeds``, also the
-    median seconds and examples to find the planted pre-PR-51468 assert
-    (:func:`time_to_find`) over that many seeds.
-    """
-    vllm_s = 0.0
-    before = Counter(REACH)
-    original_step = SchedulerHarness.step
-
-    def timed_step(self: SchedulerHarness, context: str = "") -> StepObservation:
-        nonlocal vllm_s
-        t0 = self.vllm_seconds
-        result = original_step(self, context)
-        vllm_s += self.vllm_seconds - t0
-        return result
-
-    SchedulerHarness.step = timed_step  # type: ignore[method-assign]
-    start = time.perf_counter()
-    try:
-        count, error = _drive(seconds, 10**9, lambda s: run_single_shot(s), seed=seed)
-    finally:
-        SchedulerHarness.step = original_step  # type: ignore[method-assign]
-    wall = time.perf_counter() - start
-    reach = REACH - before
-    n = reach["examples"] or 1
-    result: dict[str, Any] = {
-        "examples": count,
-        "wall_s": round(wall, 3),
-        "examples_per_s": round(count / wall, 2) if wall else 0.0,
-        "vllm_s": round(vllm_s, 3),
-        "vllm_share": round(vllm_s / wall, 3) if wall else 0.0,
-        "truncation_share": round(reach[TRUNCATION] / n, 3),
-        "fallback_share": round(reach[FALLBACK] / n, 3),
-        "error": None if error is None else f"{type(error).__name__}: {error}"[:500],
-        "reach": {k: v for k, v in sorted(reach.items())},
-    }
-    if seeds:
-        found = [time_to_find("pre_fix_assert_all", seed=k) for k in range(seeds)]
-        hits = [f for f in found if f["found"]]
-        result["pre_fix_assert_found"] = f"{len(hits)}/{seeds} seeds"
-        if hits:
-            result["pre_fix_assert_median_s"] = statistics.median(f["seconds"] for f in hits)
-            result["pre_fix_assert_median_examples"] = statistics.median(f["examples"] for f in hits)
-    return result
-
-
-def time_to_find(
-    bug: str = "pre_fix_assert_all",
-    *,
-    max_examples: int = 2_000,
-    seed: int | None = 0,
-    seconds: float | None = 120.0,
-) -> dict[str, Any]:
-    """Time the single-shot fuzzer (the CI target's strategy: real paths
-    only) takes to find a planted scheduler bug, e.g. the pre-PR-51468
-    all-groups assert (``"pre_fix_assert_all"``); names in
-    :data:`fuzz.adapter.PLANTED_SCHEDULER_BUGS`.
-
-    Returns ``found``, ``examples`` (until the first violation), ``seconds``
-    and the ``invariant`` that caught it.
-    """
-    from invariants.truncation import InvariantViolation
-
-    start = time.perf_counter()
-    with adapter.planted_scheduler_bug(bug):
-        count, error = _drive(seconds, max_examples, lambda s: run_single_shot(s, record=False), seed=seed)
-    elapsed = time.perf_counter() - start
-    found = isinstance(error, InvariantViolation)
-    return {
-        "bug": bug,
-        "found": found,
-        "examples": count,
-        "seconds": round(elapsed, 3),
-        "invariant": error.invariant if found else None,
-        "error": None if error is None or found else f"{type(error).__name__}: {error}"[:500],
-    }

@@ -1,12 +1,13 @@
-"""Running a truncation scenario on a real KVCacheManager (no Hypothesis here)."""
+"""Running a truncation scenario on a real ``KVCacheManager`` (no Hypothesis
+decorators here; the targets wrap this)."""
 
 from __future__ import annotations
-
 
 from fuzz import adapter
 from fuzz.telemetry import note, observe_gap, observe_layout, reach, reject, target
 from fuzz.model import TruncationObservation
-from invariants.classification import Behaviour, behaviour_of
+from invariants._common import group_behaviour
+from invariants.classification import Behaviour
 from strategies.scenarios import TruncationScenario
 
 __all__ = ["LAST_RUN", "run_truncation_scenario"]
@@ -39,7 +40,7 @@ def run_truncation_scenario(scenario: TruncationScenario) -> TruncationObservati
         harness.evict(victims)
     found = harness.lookup(replay, scenario.lookup_mode)
     hits = found.hits
-    cover = [h for h, g in zip(hits, harness.groups) if g.prefix_cacheable and behaviour_of(g.spec_class) is Behaviour.MUST_COVER]
+    cover = [h for h, g in zip(hits, harness.groups) if group_behaviour(g) is Behaviour.MUST_COVER]
     anchors = {
         "cover_hit": min(cover, default=0),
         "min_hit": min(hits, default=0),
@@ -58,7 +59,7 @@ def run_truncation_scenario(scenario: TruncationScenario) -> TruncationObservati
     obs = harness.observe_truncate(found, endpoint, context=repr(scenario))
     reach("truncate raised" if obs.error else "truncate returned")
     for g in obs.groups:
-        if g.info.prefix_cacheable and behaviour_of(g.info.spec_class) is Behaviour.MAY_BE_SHORT:
+        if group_behaviour(g.info) is Behaviour.MAY_BE_SHORT:
             if len(g.input_before) < endpoint // g.info.block_size:
                 reach("whole-state group shorter than the endpoint")
     note(obs.describe())

@@ -39,15 +39,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from fuzz.adapter import ExternalReply, SchedulerDraw, SchedulerHarness, scheduler_tier_unsupported
-from fuzz.model import LayoutDraw, SpecDraw
-from fuzz.targets.scheduler import (
-    ALL_CHECKS,
-    build_harness,
-    reach_labels,
-    run_single_shot,
-)
-from invariants.scheduler import check_no_leaked_blocks, check_step, known_vllm_bug
+from fuzz.adapter import scheduler_tier_unsupported
+from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.runners.scheduler import ALL_CHECKS, Stepper, build_harness, run_single_shot
+from invariants.scheduler import check_no_leaked_blocks
 from strategies.scheduler import (
     PromptDraw,
     SingleShotScenario,
@@ -154,8 +149,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.harness: SchedulerHarness | None = None
-        self.stopped: str | None = None  # why stepping ended (known bug)
+        self.stepper: Stepper | None = None  # None: vLLM refused the config
         self.salt = 0
         self.labels: set[str] = set()  # branch labels reached in this run
 
@@ -167,21 +161,24 @@ class SchedulerMachine(RuleBasedStateMachine):
         and swarm testing switches some off for a whole run, so left to
         themselves most runs added no request at all)."""
         note(f"config: {config!r}")
-        self.harness = build_harness(config)
+        harness = build_harness(config)
+        self.stepper = None if harness is None else Stepper(harness, ALL_CHECKS)
         self.block = config.layout.scheduler_block_size
         prefix = self.new_prefix(
             data.draw(st.integers(1, 5), label="first prefix blocks"),
             data.draw(st.integers(0, 7), label="first prefix extra"),
             data.draw(st.integers(0, 99), label="first prefix seed"),
         )
-        if self.harness is None:
-            self.stopped = "config rejected"
-        else:
+        if self.stepper is not None:
             self.add_request(prefix, data)
         return prefix
 
+    @property
+    def harness(self):  # type: ignore[no-untyped-def]
+        return None if self.stepper is None else self.stepper.harness
+
     def _live(self) -> bool:
-        return self.harness is not None and self.stopped is None and not self.harness.broken
+        return self.stepper is not None and not self.stepper.harness.broken
 
     # -- prefixes -------------------------------------------------------------
     @precondition(lambda self: self._live())
@@ -220,20 +217,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         for _ in range(times):
             if not self._live():
                 return
-            assert self.harness is not None
-            obs = self.harness.step()
-            labels = reach_labels(obs)
+            assert self.stepper is not None
+            try:
+                obs = self.stepper.step()
+            finally:
+                labels = set(self.stepper.last_labels)
+                self.labels |= labels
+                for label in sorted(labels):
+                    event(label)
             if any(adm.admitted for adm in obs.admissions):
-                labels.add("admission")
-            self.labels |= labels
-            for label in sorted(labels):
-                event(label)
-            known = known_vllm_bug(obs)
-            if known is not None:
-                event(f"known vLLM bug: {known}")
-                self.stopped = known
-                return
-            check_step(obs, ALL_CHECKS)
+                self.labels.add("admission")
+                event("admission")
 
     @precondition(lambda self: self._live() and bool(self.harness and self.harness.live_request_ids))
     @rule(data=st.data())

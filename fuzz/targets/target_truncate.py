@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from fuzz.targets.truncation import run_truncation_scenario
+from fuzz.runners.truncation import run_truncation_scenario
 from invariants.truncation import check_all_truncation_invariants
 from fuzz.model import LayoutDraw, SpecDraw
 from strategies.scenarios import EndpointRule, TruncationScenario, truncation_scenarios

@@ -15,9 +15,10 @@ therefore the scheduler) for a model with static-sink attention layers
 SinkFullAttentionSpec) raises ``TypeError`` at start-up. Smallest trigger: one
 group, block size 4, sink_len 4.
 
-Strict xfail: this turns red the day vLLM fixes it; then delete this file and
-the KNOWN_UNBUILDABLE entry in invariants/classification.py so the strategies
-start fuzzing the type.
+Strict xfail: this turns red the day vLLM fixes it; then set ``fixed_in`` on
+the ``sink-full-attention-manager-init`` entry of fuzz/known_bugs.py (the
+strategies then start fuzzing the type on the fixed releases) and delete this
+file.
 """
 
 import pytest

@@ -1,0 +1,164 @@
+"""Every difference between the vLLM releases this suite supports (0.28-0.33).
+
+The harnesses and the repro writer ask here, never ``hasattr`` inline: a new
+vLLM release that moves an API is one edit in this file. Each entry says
+which releases differ and how.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+from fuzz.adapter._env import VLLM_VERSION
+
+import vllm.config.vllm as _vllm_config_mod  # noqa: E402
+from vllm.v1.core import kv_cache_utils as _kcu  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
+
+__all__ = [
+    "HAS_FAILED_RECVING",
+    "HAS_SPEC_REGISTRY",
+    "cache_hit_limit",
+    "has_per_group_lookup",
+    "model_runner",
+    "partial_hits_enabled",
+    "prefix_cacheable",
+    "record_resolved_sizes",
+    "resolver_config",
+    "scheduler_tier_unsupported",
+    "spec_registry",
+]
+
+# 0.30+: KVConnectorOutput.failed_recving (older releases cannot be told an
+# async load failed; there the load simply completes).
+HAS_FAILED_RECVING = "failed_recving" in {f.name for f in dataclasses.fields(KVConnectorOutput)}
+
+
+def spec_registry() -> Any | None:
+    """vLLM's KV-cache spec registry module (0.32+), else None."""
+    try:
+        from vllm.v1 import kv_cache_spec_registry
+    except ImportError:
+        return None
+    return kv_cache_spec_registry
+
+
+HAS_SPEC_REGISTRY = spec_registry() is not None
+
+
+def prefix_cacheable(spec: Any) -> bool:
+    """``KVCacheSpec.prefix_cacheable`` arrived in 0.29; before it every group
+    with a manager was prefix-cacheable."""
+    return bool(getattr(spec, "prefix_cacheable", True))
+
+
+def cache_hit_limit(max_cache_hit_length: int | None) -> tuple[int, ...]:
+    """The lookups take ``max_cache_hit_length`` from 0.33 on: forward it only
+    when set (the scheduler passes None on older releases' paths)."""
+    return () if max_cache_hit_length is None else (max_cache_hit_length,)
+
+
+def has_per_group_lookup(coordinator: Any) -> bool:
+    """Hybrid coordinators have ``find_longest_cache_hit_per_group``; the
+    unitary coordinator (one group) does not: its joint hit is per group."""
+    return hasattr(coordinator, "find_longest_cache_hit_per_group")
+
+
+def partial_hits_enabled(coordinator: Any) -> bool:
+    """Sub-block ("partial") hash hits: a coordinator flag from 0.32 on."""
+    return bool(getattr(coordinator, "enable_partial_hash_hits", False))
+
+
+def scheduler_tier_unsupported() -> str | None:
+    """Why the installed vLLM cannot host the scheduler tier (None: it can).
+
+    The harness observes the admission path through
+    ``Scheduler._get_local_prefix_cache_hit`` (the local lookup the
+    external-hit branch truncates), which vLLM 0.28.0 introduced.
+    """
+    if not hasattr(Scheduler, "_get_local_prefix_cache_hit"):
+        return (
+            f"vLLM {VLLM_VERSION} has no Scheduler._get_local_prefix_cache_hit "
+            "(added in 0.28.0), which the scheduler tier observes"
+        )
+    return None
+
+
+def resolver_config(*, block_size: int, prefix_match_unit: int | None) -> Any:
+    """The part of a ``VllmConfig`` that ``resolve_kv_cache_block_sizes``
+    reads (every supported release reads these fields and no others), so the
+    truncation tier can ask the resolver without building a model config."""
+    return SimpleNamespace(
+        cache_config=SimpleNamespace(
+            block_size=block_size,
+            enable_prefix_caching=True,
+            prefix_match_unit=prefix_match_unit,
+            mamba_cache_mode="align",
+        ),
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+        kv_transfer_config=None,
+    )
+
+
+def record_resolved_sizes(kv_config: Any, vllm_config: Any) -> tuple[int, int]:
+    """What the engine's KV-cache planning writes onto the KV-cache config,
+    release by release; returns (scheduler block size, hash block size).
+
+    * the cache config's retention interval (0.29+; default 0: only semantic
+      Mamba / sliding-window checkpoints are kept); the dataclass default
+      None would keep one at every block;
+    * ``hash_block_size`` (0.32+; older releases derive it);
+    * ``cache_hit_alignment_tokens`` (releases with its resolver).
+    """
+    if hasattr(kv_config, "prefix_cache_retention_interval") and hasattr(
+        vllm_config.cache_config, "prefix_cache_retention_interval"
+    ):
+        kv_config.prefix_cache_retention_interval = vllm_config.cache_config.prefix_cache_retention_interval
+    sched_bs, hash_bs = _kcu.resolve_kv_cache_block_sizes(kv_config, vllm_config)
+    if hasattr(kv_config, "hash_block_size"):
+        kv_config.hash_block_size = hash_bs
+    if hasattr(_kcu, "resolve_cache_hit_alignment_tokens"):
+        kv_config.cache_hit_alignment_tokens = _kcu.resolve_cache_hit_alignment_tokens(
+            kv_config, vllm_config, sched_bs, hash_bs
+        )
+    return sched_bs, hash_bs
+
+
+@contextlib.contextmanager
+def model_runner(choice: str | None) -> Iterator[None]:
+    """vLLM reads the model-runner choice from ``VLLM_USE_V2_MODEL_RUNNER``
+    (every supported release) while it builds the config and the scheduler;
+    set it for that long only.
+
+    For V2, releases up to 0.32 also refuse the config when Triton is
+    missing (``_validate_v2_model_runner``); the lean CPU install has no
+    Triton, the GPU deployments this suite models do, and the scheduler never
+    touches it, so the flag reads True for that long too. vLLM's other V2
+    refusals (unsupported features) stand.
+    """
+    if choice is None:
+        yield
+        return
+    if choice not in ("v1", "v2"):
+        raise ValueError(f"model_runner must be 'v1', 'v2' or None, not {choice!r}")
+    name = "VLLM_USE_V2_MODEL_RUNNER"
+    saved = os.environ.get(name)
+    saved_triton = getattr(_vllm_config_mod, "HAS_TRITON", None)
+    os.environ[name] = "1" if choice == "v2" else "0"
+    if choice == "v2" and saved_triton is False:
+        _vllm_config_mod.HAS_TRITON = True
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+        if saved_triton is not None:
+            _vllm_config_mod.HAS_TRITON = saved_triton

@@ -1,0 +1,210 @@
+"""vLLM configuration, built offline the way the engine core builds it.
+
+Construction follows ``EngineCore`` (``vllm/v1/engine/core.py``):
+``ModelConfig`` from a tiny ``config.json`` written locally (a real hybrid
+``NemotronHForCausalLM`` for layouts with a whole-state group,
+``LlamaForCausalLM`` otherwise; never the hub), ``VllmConfig`` with prefix
+caching, chunked prefill and a ``KVTransferConfig`` naming the scripted
+connector by module path, then the engine's own post-profiling steps:
+``num_gpu_blocks``, ``block_size`` = the smallest prefix-cacheable group
+block, ``validate_block_size()``, the block-size resolver and what KV-cache
+planning writes back onto the KV-cache config. ``ModelConfig`` and
+``VllmConfig`` are built once per process (per distinct settings) and reused.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from fuzz.adapter import _compat, _connector
+from fuzz.adapter._env import init_hashing
+from fuzz.adapter._specs import InvalidLayout, kv_cache_config
+
+from vllm.config import (  # noqa: E402
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from fuzz.model import SchedulerDraw  # noqa: E402
+
+__all__ = ["MAX_MODEL_LEN", "BuiltScheduler", "build_scheduler"]
+
+MAX_MODEL_LEN = 1024
+
+# ---------------------------------------------------------------------------
+# Tiny local models. vLLM only reads config.json (skip_tokenizer_init, no
+# weights); the files live in one directory per process, removed at exit.
+# ---------------------------------------------------------------------------
+
+_MODEL_CONFIGS: dict[str, dict[str, Any]] = {
+    # A real hybrid: one Mamba2 layer, one attention layer ("M*"). vLLM turns
+    # on Mamba "align" cache mode itself when prefix caching is on.
+    "hybrid": dict(
+        architectures=["NemotronHForCausalLM"],
+        model_type="nemotron_h",
+        hidden_size=64,
+        num_hidden_layers=2,
+        hybrid_override_pattern="M*",
+        mamba_num_heads=4,
+        mamba_head_dim=32,
+        ssm_state_size=16,
+        n_groups=1,
+        conv_kernel=4,
+        expand=2,
+        chunk_size=64,
+        vocab_size=1024,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        intermediate_size=128,
+        max_position_embeddings=4096,
+        torch_dtype="float32",
+    ),
+    # A plain decoder.
+    "plain": dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=128,
+        vocab_size=1024,
+        max_position_embeddings=4096,
+        torch_dtype="float32",
+    ),
+}
+
+
+@functools.cache
+def _models_dir() -> str:
+    path = tempfile.mkdtemp(prefix="kvtrunc-models-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+@functools.cache
+def _model_config(kind: str) -> ModelConfig:
+    directory = os.path.join(_models_dir(), kind)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(_MODEL_CONFIGS[kind], f)
+    return ModelConfig(
+        model=directory,
+        skip_tokenizer_init=True,
+        dtype="float32",
+        seed=0,
+        max_model_len=MAX_MODEL_LEN,
+    )
+
+
+_VLLM_CONFIGS: dict[tuple[Any, ...], VllmConfig] = {}
+
+
+def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | None) -> VllmConfig:
+    key = (
+        draw.model,
+        block_size,
+        prefix_match_unit,
+        draw.max_num_batched_tokens,
+        draw.max_num_seqs,
+        draw.long_prefill_token_threshold,
+        draw.kv_load_failure_policy,
+        draw.model_runner,
+    )
+    config = _VLLM_CONFIGS.get(key)
+    if config is None:
+        config = VllmConfig(
+            model_config=_model_config(draw.model),
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=draw.max_num_seqs,
+                max_num_batched_tokens=draw.max_num_batched_tokens,
+                max_model_len=MAX_MODEL_LEN,
+                long_prefill_token_threshold=draw.long_prefill_token_threshold,
+                enable_chunked_prefill=True,
+                is_encoder_decoder=False,
+            ),
+            cache_config=CacheConfig(
+                block_size=block_size,
+                enable_prefix_caching=True,
+                mamba_cache_mode="align",
+                prefix_match_unit=prefix_match_unit,
+                cache_dtype="auto",
+            ),
+            kv_transfer_config=KVTransferConfig(
+                kv_connector=_connector.CONNECTOR_NAME,
+                kv_connector_module_path=_connector.CONNECTOR_MODULE,
+                kv_role="kv_both",
+                kv_load_failure_policy=draw.kv_load_failure_policy,
+            ),
+            device_config=DeviceConfig(device="cpu"),
+        )
+        # The lean CPU install has no vLLM platform, so VllmConfig turns the
+        # hybrid KV-cache manager off; the deployments this suite models (GPU)
+        # run with it on, and the scheduler config we hand over is hybrid.
+        config.scheduler_config.disable_hybrid_kv_cache_manager = False
+        if len(_VLLM_CONFIGS) > 256:
+            _VLLM_CONFIGS.clear()
+        _VLLM_CONFIGS[key] = config
+    return config
+
+
+class BuiltScheduler:
+    """A real ``Scheduler`` and the sizes the engine resolved for it."""
+
+    def __init__(self, scheduler: Scheduler, kv_config: Any, scheduler_block_size: int, hash_block_size: int) -> None:
+        self.scheduler = scheduler
+        self.kv_config = kv_config
+        self.scheduler_block_size = scheduler_block_size
+        self.hash_block_size = hash_block_size
+
+
+# What vLLM raises when it refuses a configuration at construction.
+_REFUSALS = (AssertionError, TypeError, ValueError, NotImplementedError)
+
+
+def build_scheduler(draw: SchedulerDraw) -> BuiltScheduler:
+    """The scheduler for ``draw``, with the scripted connector reset for it.
+
+    Raises :class:`InvalidLayout` when vLLM refuses the configuration (its
+    config validation, block-size resolver or constructors).
+    """
+    init_hashing()
+    layout = draw.layout
+    kv_config = kv_cache_config(layout)
+    groups = kv_config.kv_cache_groups
+    participating = [g.kv_cache_spec.block_size for g in groups if _compat.prefix_cacheable(g.kv_cache_spec)]
+    block_size = min(participating or [g.kv_cache_spec.block_size for g in groups])
+    prefix_match_unit = None if len(layout.groups) == 1 else layout.hash_block_size
+    try:
+        with _compat.model_runner(draw.model_runner):
+            vllm_config = _vllm_config(draw, block_size, prefix_match_unit)
+            # EngineCore._initialize_kv_caches, after profiling:
+            vllm_config.cache_config.num_gpu_blocks = kv_config.num_blocks
+            vllm_config.cache_config.block_size = block_size
+            vllm_config.validate_block_size()
+            sched_bs, hash_bs = _compat.record_resolved_sizes(kv_config, vllm_config)
+            _connector.SCRIPT.reset(divergent_hits=draw.divergent_hits)
+            scheduler = Scheduler(
+                vllm_config=vllm_config,
+                kv_cache_config=kv_config,
+                structured_output_manager=StructuredOutputManager(vllm_config),
+                block_size=sched_bs,
+                hash_block_size=hash_bs,
+                log_stats=False,
+            )
+    except _REFUSALS as exc:
+        raise InvalidLayout(f"{type(exc).__name__}: {exc}") from exc
+    return BuiltScheduler(scheduler, kv_config, sched_bs, hash_bs)

@@ -1,0 +1,221 @@
+"""A real ``KVCacheManager`` for one layout, with the operations a
+truncation scenario needs (prefill, lookups, evictions) and an observed
+``truncate_computed_blocks``."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from fuzz.adapter import _compat
+from fuzz.adapter._env import VLLM_VERSION, init_hashing, sha256
+from fuzz.adapter._observe import vllm_frames
+from fuzz.adapter._specs import InvalidLayout, kv_cache_config, qualified_name, resolve_block_sizes
+
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1.core import kv_cache_utils as _kcu  # noqa: E402
+from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+
+from fuzz.model import BlockRef, GroupInfo, GroupTruncation, LayoutDraw, TruncationObservation  # noqa: E402
+
+__all__ = ["Lookup", "ManagerHarness"]
+
+
+def _snapshot(blocks: Sequence[Any]) -> tuple[BlockRef, ...]:
+    return tuple(
+        BlockRef(
+            obj_id=id(b),
+            block_id=b.block_id,
+            ref_cnt=b.ref_cnt,
+            block_hash=None if b.block_hash is None else bytes(b.block_hash),
+            is_null=bool(b.is_null),
+        )
+        for b in blocks
+    )
+
+
+@dataclasses.dataclass
+class Lookup:
+    """A real lookup result, held for truncation. ``hits`` is per group."""
+
+    blocks: Any  # vLLM KVCacheBlocks
+    num_tokens: int  # the joint hit length vLLM reported (per-group: FA-style max)
+    hits: tuple[int, ...]
+    mode: str
+
+
+class ManagerHarness:
+    """A real ``KVCacheManager`` for one layout, with scenario operations.
+
+    Raises :class:`InvalidLayout` when vLLM refuses the layout.
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, layout: LayoutDraw) -> None:
+        init_hashing()
+        self.layout = layout
+        sched, hash_bs = resolve_block_sizes(layout)
+        self.scheduler_block_size = sched
+        self.hash_block_size = hash_bs
+        self.config = kv_cache_config(layout)
+        try:
+            self.manager = KVCacheManager(
+                self.config,
+                max_model_len=layout.max_model_len,
+                scheduler_block_size=sched,
+                hash_block_size=hash_bs,
+                enable_caching=True,
+            )
+        except (AssertionError, TypeError, ValueError, NotImplementedError) as exc:
+            raise InvalidLayout(f"{type(exc).__name__}: {exc}") from exc
+        self.groups = tuple(
+            GroupInfo(
+                index=i,
+                spec_class=qualified_name(type(g.kv_cache_spec)),
+                inner_classes=tuple(
+                    qualified_name(type(s))
+                    for s in getattr(g.kv_cache_spec, "kv_cache_specs", {}).values()
+                ),
+                block_size=mgr.block_size,
+                prefix_cacheable=_compat.prefix_cacheable(g.kv_cache_spec),
+            )
+            for i, (g, mgr) in enumerate(
+                zip(self.config.kv_cache_groups, self.manager.coordinator.single_type_managers)
+            )
+        )
+
+    # -- requests ---------------------------------------------------------
+    def _request(self, tokens: Sequence[int]) -> Request:
+        return Request(
+            request_id=f"r{next(self._ids)}",
+            prompt_token_ids=list(tokens),
+            sampling_params=SamplingParams(max_tokens=1),
+            pooling_params=None,
+            block_hasher=_kcu.get_request_block_hasher(self.hash_block_size, sha256),
+        )
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.manager.block_pool.get_num_free_blocks()
+
+    @property
+    def partial_hits_enabled(self) -> bool:
+        return _compat.partial_hits_enabled(self.manager.coordinator)
+
+    def prefill(self, tokens: Sequence[int], chunk: int | None = None) -> bool:
+        """Run one request's whole prefill (in chunks), then free it.
+
+        This is the real path by which blocks get cached. Returns False when
+        the pool could not hold the request (it is then freed unfinished).
+        """
+        req = self._request(tokens)
+        blocks, num_hit, _ = self.manager.get_computed_blocks(req)
+        computed = num_hit
+        step = chunk or req.num_tokens
+        first = True
+        ok = True
+        while computed < req.num_tokens:
+            n_new = min(step, req.num_tokens - computed)
+            allocated = self.manager.allocate_slots(
+                req,
+                n_new,
+                num_hit if first else 0,
+                blocks if first else None,
+            )
+            if allocated is None:
+                ok = False
+                break
+            first = False
+            computed += n_new
+            req.num_computed_tokens = computed
+            self.manager.new_step_starts()
+        self.manager.free(req)
+        self.manager.new_step_starts()
+        return ok
+
+    def lookup(self, tokens: Sequence[int], mode: str) -> Lookup:
+        """Look ``tokens`` up the way a scheduler would.
+
+        ``mode``: ``"joint"`` (``get_computed_blocks``: the boundary every group
+        agrees on), ``"per_group"`` (``find_longest_cache_hit_per_group``: hits
+        may diverge), or ``"connector"`` (``get_computed_blocks_for_connector``).
+        """
+        req = self._request(tokens)
+        limit = req.num_tokens - 1
+        coord = self.manager.coordinator
+        if mode == "joint":
+            blocks, n, _ = self.manager.get_computed_blocks(req)
+            hits = tuple(n for _ in self.groups)
+        elif mode == "per_group":
+            if _compat.has_per_group_lookup(coord):
+                raw, hits = coord.find_longest_cache_hit_per_group(req.block_hashes, limit)
+            else:  # one group (unitary coordinator): per-group is the joint hit
+                raw, n, *_ = coord.find_longest_cache_hit(req.block_hashes, limit)
+                hits = tuple(n for _ in self.groups)
+            blocks = self.manager.create_kv_cache_blocks(tuple(raw))
+            n = max(hits, default=0)
+        elif mode == "connector":
+            blocks, n, _, _diverged = self.manager.get_computed_blocks_for_connector(req)
+            hits = tuple(n for _ in self.groups)
+        else:
+            raise ValueError(f"unknown lookup mode {mode!r}")
+        return Lookup(blocks=blocks, num_tokens=n, hits=tuple(hits), mode=mode)
+
+    def per_group_cached_block_ids(self, tokens: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """Per group, the ids of the non-null blocks a per-group lookup finds."""
+        found = self.lookup(tokens, "per_group")
+        return tuple(
+            tuple(b.block_id for b in group if not b.is_null) for group in found.blocks.blocks
+        )
+
+    def evict(self, block_ids: set[int]) -> None:
+        """Drop blocks from the prefix cache (the connector-load-failure path's call)."""
+        self.manager.evict_blocks(set(block_ids))
+
+    # -- truncation -------------------------------------------------------
+    def observe_truncate(
+        self, found: Lookup, endpoint: int, context: str = ""
+    ) -> TruncationObservation:
+        """Call the real ``truncate_computed_blocks`` and record everything."""
+        blocks = found.blocks
+        tuple_id_before = id(blocks.blocks)
+        lists_before = [id(g) for g in blocks.blocks]
+        before = [_snapshot(g) for g in blocks.blocks]
+        free_before = self.num_free_blocks
+        error: str | None = None
+        error_type: str | None = None
+        frames: tuple[str, ...] = ()
+        out_groups: Sequence[Sequence[Any]] | None = None
+        try:
+            result = self.manager.truncate_computed_blocks(blocks, endpoint)
+            out_groups = result.blocks
+        except Exception as exc:  # noqa: BLE001 - every failure is an observation
+            error, error_type, frames = f"{type(exc).__name__}: {exc}", type(exc).__name__, vllm_frames(exc)
+        groups = tuple(
+            GroupTruncation(
+                info=info,
+                list_obj_id_before=lists_before[i],
+                list_obj_id_after=id(blocks.blocks[i]),
+                input_before=before[i],
+                input_after=_snapshot(blocks.blocks[i]),
+                output=None if out_groups is None else _snapshot(out_groups[i]),
+            )
+            for i, info in enumerate(self.groups)
+        )
+        return TruncationObservation(
+            endpoint=endpoint,
+            groups=groups,
+            error=error,
+            tuple_obj_id_before=tuple_id_before,
+            tuple_obj_id_after=id(blocks.blocks),
+            free_blocks_before=free_before,
+            free_blocks_after=self.num_free_blocks,
+            vllm_version=VLLM_VERSION,
+            context=context,
+            error_type=error_type,
+            error_frames=frames,
+        )

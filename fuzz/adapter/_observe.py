@@ -1,0 +1,162 @@
+"""Watching a real ``Scheduler`` without changing what it does.
+
+:class:`Spies` wraps four calls on one scheduler *instance* (the class is
+untouched, so planted bugs still apply): the local prefix lookup, the
+manager's ``get_computed_blocks`` (to see the divergent-hit fallback),
+``truncate_computed_blocks`` and ``allocate_slots``. Each wrapper records its
+arguments and result in the waiting request's
+:class:`fuzz.model.AdmissionObservation` (frozen: each event replaces it)
+and calls through. :func:`vllm_frames` reads where in vLLM an exception came
+from (the crash state used for known-bug matching and deduplication).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from fuzz.adapter import _compat
+from fuzz.adapter._env import VLLM_ROOT
+
+from vllm.v1.request import Request  # noqa: E402
+
+from fuzz.model import AdmissionObservation  # noqa: E402
+
+__all__ = ["Spies", "block_ids", "vllm_frames"]
+
+
+def block_ids(blocks: Any) -> tuple[tuple[int, ...], ...]:
+    """Per group, the block ids of a ``KVCacheBlocks``."""
+    return tuple(tuple(b.block_id for b in group) for group in blocks.blocks)
+
+
+def vllm_frames(exc: BaseException, depth: int = 3) -> tuple[str, ...]:
+    """The innermost ``depth`` frames of ``exc``'s traceback that lie in vLLM,
+    innermost first, as ``"vllm/v1/core/block_pool.py:BlockPool.get_new_blocks"``."""
+    frames = []
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        path = os.path.abspath(frame.f_code.co_filename)
+        if path.startswith(VLLM_ROOT + os.sep):
+            rel = "vllm/" + os.path.relpath(path, VLLM_ROOT).replace(os.sep, "/")
+            frames.append(f"{rel}:{frame.f_code.co_qualname}")
+    return tuple(reversed(frames))[:depth]
+
+
+class Spies:
+    """The recording wrappers on one scheduler instance.
+
+    ``admission(request, **lookup)`` starts a request's observation with the
+    harness's static facts (groups, block sizes, ...); the wrappers fill in
+    the rest as the scheduler calls them.
+    """
+
+    def __init__(self, scheduler: Any, num_groups: int, admission: Callable[..., AdmissionObservation]) -> None:
+        self.scheduler = scheduler
+        self.manager = scheduler.kv_cache_manager
+        self.num_groups = num_groups
+        self._admission = admission
+        self.pending: dict[str, AdmissionObservation] = {}  # admissions of the current step
+        self._allocated: set[str] = set()  # first allocate_slots done (returned or raised)
+        self._current: str | None = None
+        self._in_lookup = False
+        self._install()
+
+    def new_step(self) -> None:
+        self.pending.clear()
+        self._allocated.clear()
+
+    def _note(self, request_id: str, **fields: Any) -> None:
+        self.pending[request_id] = dataclasses.replace(self.pending[request_id], **fields)
+
+    def _open(self) -> str | None:
+        """The admission in progress. Between a request's lookup and its
+        allocation, the scheduler works on that request alone."""
+        rid = self._current
+        if rid is None or rid not in self.pending or self._in_lookup or rid in self._allocated:
+            return None
+        return rid
+
+    def _side_lookups(
+        self, request: Request, max_cache_hit_length: int | None
+    ) -> tuple[tuple[int, ...], int, tuple[tuple[int, ...], ...]]:
+        mgr = self.manager
+        limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
+        coord = mgr.coordinator
+        joint_blocks, joint_hit, _ = type(mgr).get_computed_blocks(
+            mgr, request, *_compat.cache_hit_limit(max_cache_hit_length)
+        )
+        if _compat.has_per_group_lookup(coord):
+            _, hits = coord.find_longest_cache_hit_per_group(request.block_hashes, limit)
+            per_group = tuple(hits)
+        else:
+            per_group = tuple(joint_hit for _ in range(self.num_groups))
+        return per_group, joint_hit, block_ids(joint_blocks)
+
+    def _install(self) -> None:
+        sched, mgr = self.scheduler, self.manager
+        lookup = type(sched)._get_local_prefix_cache_hit
+
+        def local_hit(request: Request, max_cache_hit_length: int | None = None) -> Any:
+            per_group, joint_hit, joint_blocks = self._side_lookups(request, max_cache_hit_length)
+            self._in_lookup = True
+            try:
+                result = lookup(sched, request, *_compat.cache_hit_limit(max_cache_hit_length))
+            finally:
+                self._in_lookup = False
+            blocks, num_local, _boundary, diverged = result
+            self._current = request.request_id
+            self.pending[request.request_id] = self._admission(
+                request,
+                local_hit=num_local,
+                local_blocks=block_ids(blocks),
+                hit_diverged=bool(diverged),
+                per_group_hits=per_group,
+                joint_hit=joint_hit,
+                joint_blocks=joint_blocks,
+            )
+            return result
+
+        def get_computed_blocks(request: Request, max_cache_hit_length: int | None = None) -> Any:
+            rid = self._open()
+            if rid is not None and request.request_id == rid:
+                self._note(rid, fell_back=True)
+            return type(mgr).get_computed_blocks(mgr, request, *_compat.cache_hit_limit(max_cache_hit_length))
+
+        def truncate(blocks: Any, num_computed_tokens: int) -> Any:
+            rid = self._open()
+            if rid is not None:
+                self._note(rid, truncated_at=num_computed_tokens)
+            return type(mgr).truncate_computed_blocks(mgr, blocks, num_computed_tokens)
+
+        def allocate_slots(request: Request, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
+            rid = request.request_id
+            first = rid in self.pending and rid not in self._allocated
+            if first:
+                new_blocks = kwargs.get("new_computed_blocks")
+                self._note(
+                    rid,
+                    alloc_local_tokens=kwargs.get("num_new_computed_tokens", 0),
+                    alloc_external_tokens=kwargs.get("num_external_computed_tokens", 0),
+                    alloc_local_blocks=(
+                        tuple(() for _ in range(self.num_groups)) if new_blocks is None else block_ids(new_blocks)
+                    ),
+                )
+            try:
+                result = type(mgr).allocate_slots(mgr, request, num_new_tokens, *args, **kwargs)
+            except Exception:
+                if first:
+                    self._allocated.add(rid)
+                    self._note(rid, alloc_raised=True)
+                raise
+            if first:
+                self._allocated.add(rid)
+                self._note(rid, alloc_ok=result is not None)
+            return result
+
+        sched._get_local_prefix_cache_hit = local_hit
+        mgr.get_computed_blocks = get_computed_blocks
+        mgr.truncate_computed_blocks = truncate
+        mgr.allocate_slots = allocate_slots

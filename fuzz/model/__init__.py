@@ -1,0 +1,48 @@
+"""The suite's own vocabulary: small frozen dataclasses, no vLLM imports.
+
+Strategies draw these, the adapter turns them into vLLM objects and reports
+what vLLM did in them, and the invariants read those observations and raise
+:class:`InvariantViolation`. Keeping vLLM out of this package is what lets the
+rest of the suite survive vLLM's moving internal API.
+
+* ``_kv``: KV-cache layouts (:class:`SpecDraw`, :class:`LayoutDraw`) and one
+  ``truncate_computed_blocks`` call (:class:`TruncationObservation`);
+* ``_scheduler``: a scheduler configuration (:class:`SchedulerDraw`), the
+  connector's scripted answers (:class:`ExternalReply`), one step
+  (:class:`StepObservation`, :class:`AdmissionObservation`) and the idle
+  pool (:class:`PoolObservation`);
+* ``_violations``: :class:`InvariantViolation`;
+* ``_catalog``: what the installed vLLM offers (:func:`installed`), filled in
+  by the adapter.
+"""
+
+from fuzz.model._catalog import Installed, installed, register_installed
+from fuzz.model._kv import BlockRef, GroupInfo, GroupTruncation, LayoutDraw, SpecDraw, TruncationObservation
+from fuzz.model._scheduler import (
+    REPLY_KINDS,
+    AdmissionObservation,
+    ExternalReply,
+    PoolObservation,
+    SchedulerDraw,
+    StepObservation,
+)
+from fuzz.model._violations import InvariantViolation
+
+__all__ = [
+    "REPLY_KINDS",
+    "AdmissionObservation",
+    "BlockRef",
+    "ExternalReply",
+    "GroupInfo",
+    "GroupTruncation",
+    "Installed",
+    "InvariantViolation",
+    "LayoutDraw",
+    "PoolObservation",
+    "SchedulerDraw",
+    "SpecDraw",
+    "StepObservation",
+    "TruncationObservation",
+    "installed",
+    "register_installed",
+]

@@ -1,0 +1,243 @@
+"""The scheduler tier's vocabulary: a drawn configuration, the connector's
+scripted answers, and what one ``schedule()`` step showed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fuzz.model._kv import GroupInfo, LayoutDraw
+
+__all__ = [
+    "REPLY_KINDS",
+    "AdmissionObservation",
+    "ExternalReply",
+    "PoolObservation",
+    "SchedulerDraw",
+    "StepObservation",
+]
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerDraw:
+    """A scheduler configuration: KV layout, budgets, connector capability."""
+
+    layout: LayoutDraw
+    max_num_batched_tokens: int = 64
+    max_num_seqs: int = 8
+    long_prefill_token_threshold: int = 0
+    divergent_hits: bool = True
+    kv_load_failure_policy: str = "fail"
+    # Which model runner the scheduler serves ("v1", "v2"; None: the
+    # release's own choice on this machine). It changes what SchedulerOutput
+    # looks like: with V2, requests resumed after a preemption are reported
+    # as new requests; with V1, among the cached ones.
+    model_runner: str | None = None
+
+    @property
+    def model(self) -> str:
+        """A hybrid model for layouts with a whole-state (Mamba-like) group,
+        else a plain decoder."""
+        from invariants.classification import Behaviour, classification_of_kind
+
+        whole_state = any(
+            classification_of_kind(g.kind).behaviour is Behaviour.MAY_BE_SHORT for g in self.layout.groups
+        )
+        return "hybrid" if whole_state else "plain"
+
+    def __repr__(self) -> str:
+        return (
+            f"Scheduler({self.model}, {self.layout!r}, "
+            f"max_num_batched_tokens={self.max_num_batched_tokens}, "
+            f"max_num_seqs={self.max_num_seqs}, "
+            f"long_prefill_token_threshold={self.long_prefill_token_threshold}, "
+            f"connector.supports_divergent_local_hybrid_hits={self.divergent_hits}, "
+            f"kv_load_failure_policy={self.kv_load_failure_policy!r}"
+            f"{'' if self.model_runner is None else f', model_runner={self.model_runner!r}'})"
+        )
+
+
+# "store":     the external store holds the first ``store_len`` prompt tokens;
+#              the reply is what lies past the local hit, capped so at least
+#              the last token is recomputed for a sync load (how real sync
+#              connectors answer); an async load may cover the whole prompt.
+# "zero":      no external hit.
+# "undecided": ``None`` ("ask again later") for the first ``undecided``
+#              queries, then the "store" answer.
+# "over":      over-reports: the whole rest of the prompt plus ``extra``
+#              tokens, breaking the connector contract on purpose.
+REPLY_KINDS = ("store", "zero", "undecided", "over")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExternalReply:
+    """What the external store answers for one request."""
+
+    kind: str = "zero"
+    store_len: int = 0
+    undecided: int = 0
+    extra: int = 0
+    load_async: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in REPLY_KINDS:
+            raise ValueError(f"kind={self.kind!r} is not one of {REPLY_KINDS}")
+
+    def answer(self, num_tokens: int, num_computed: int, asked_before: int) -> int | None:
+        """The token count to return to vLLM (``None`` = cannot decide yet)."""
+        if self.kind == "zero":
+            return 0
+        if self.kind == "over":
+            return num_tokens - num_computed + self.extra
+        if self.kind == "undecided" and asked_before < self.undecided:
+            return None
+        # A sync load leaves the last token to compute (how sync connectors
+        # answer); an async load may bring the whole prompt (P/D decode side),
+        # which vLLM trims to num_tokens - 1 when the load lands.
+        limit = num_tokens if self.load_async else num_tokens - 1
+        return max(0, min(self.store_len, limit) - num_computed)
+
+    @property
+    def honest(self) -> bool:
+        return self.kind != "over"
+
+    def __repr__(self) -> str:
+        if self.kind == "zero":
+            return "zero"
+        if self.kind == "over":
+            return f"over(+{self.extra})"
+        text = f"store({self.store_len})"
+        if self.kind == "undecided":
+            text = f"undecided({self.undecided})->{text}"
+        return text + (" async" if self.load_async else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionObservation:
+    """One waiting request's trip through the prefix-cache branch of
+    ``schedule()``: the local lookup, the connector's answer, the allocation.
+
+    Block ids are per KV-cache group; ``null_block_id`` marks padding (skipped
+    sliding-window blocks, Mamba interior states).
+    """
+
+    request_id: str
+    step: int
+    num_tokens: int
+    groups: tuple[GroupInfo, ...]
+    # Per group, the attention span parameter that lets it skip old tokens:
+    # ("sliding_window", W), ("attention_chunk_size", C), or None.
+    spans: tuple[tuple[str, int] | None, ...]
+    scheduler_block_size: int
+    hash_block_size: int
+    null_block_id: int
+    divergent_capable: bool  # the connector's supports_divergent_local_hybrid_hits
+    # The scheduler's local lookup (what _get_local_prefix_cache_hit returned).
+    local_hit: int
+    local_blocks: tuple[tuple[int, ...], ...]
+    hit_diverged: bool
+    # Side lookups taken at the same instant (pure; nothing is touched).
+    per_group_hits: tuple[int, ...]
+    joint_hit: int
+    joint_blocks: tuple[tuple[int, ...], ...]
+    # The connector's side.
+    asked_with: int | None = None
+    reply: int | None = None
+    reply_honest: bool = True
+    reply_async: bool = False
+    # What the scheduler handed to allocate_slots (None: never got that far).
+    alloc_local_tokens: int | None = None
+    alloc_local_blocks: tuple[tuple[int, ...], ...] | None = None
+    alloc_external_tokens: int | None = None
+    alloc_ok: bool = False
+    alloc_raised: bool = False
+    # The outcome.
+    admitted: bool = False
+    num_computed_tokens: int | None = None
+    connector_external_tokens: int | None = None
+    block_table: tuple[tuple[int, ...], ...] = ()
+    cow_dst_ids: frozenset[int] = frozenset()
+    # Admitted again after a preemption (reported among the cached requests).
+    resumed: bool = False
+    # Labels only (the invariants never trust these).
+    truncated_at: int | None = None
+    fell_back: bool = False
+
+    @property
+    def partial_tail(self) -> int:
+        return self.local_hit % self.scheduler_block_size
+
+    def describe(self) -> str:
+        kinds = [g.spec_class.rsplit(".", 1)[-1] for g in self.groups]
+        lines = [
+            f"request {self.request_id} (num_tokens={self.num_tokens}) admitted at step {self.step}:",
+            f"  groups {list(zip(kinds, (g.block_size for g in self.groups)))}, "
+            f"scheduler block {self.scheduler_block_size}, hash block {self.hash_block_size}",
+            f"  local lookup: hit={self.local_hit} (partial tail {self.partial_tail}), "
+            f"hit_diverged={self.hit_diverged}, per-group hits={list(self.per_group_hits)}, "
+            f"joint hit={self.joint_hit}",
+            f"  connector: get_num_new_matched_tokens(req, {self.asked_with}) -> "
+            f"({self.reply}, async={self.reply_async}){'' if self.reply_honest else ' [over-report]'}",
+            f"  allocate_slots(num_new_computed_tokens={self.alloc_local_tokens}, "
+            f"num_external_computed_tokens={self.alloc_external_tokens}) -> "
+            f"{'blocks' if self.alloc_ok else 'raised' if self.alloc_raised else 'None'}",
+            f"  outcome: admitted={self.admitted}, num_computed_tokens={self.num_computed_tokens}, "
+            f"connector told external={self.connector_external_tokens}"
+            f"{' (resumed after preemption)' if self.resumed else ''}",
+            f"  lookup blocks={[list(g) for g in self.local_blocks]}",
+            f"  adopted blocks={None if self.alloc_local_blocks is None else [list(g) for g in self.alloc_local_blocks]}",
+            f"  block table={[list(g) for g in self.block_table]}, CoW destinations={sorted(self.cow_dst_ids)}",
+        ]
+        if self.truncated_at is not None:
+            lines.append(f"  truncate_computed_blocks(blocks, {self.truncated_at}) was called")
+        if self.fell_back:
+            lines.append("  the divergent-hit fallback (get_computed_blocks) ran")
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepObservation:
+    """One ``schedule()`` + ``update_from_output()``."""
+
+    step: int
+    admissions: tuple[AdmissionObservation, ...]
+    error: str | None  # "ExcType: message" from schedule()/update_from_output()
+    error_type: str | None
+    error_where: str | None  # "schedule" or "update_from_output"
+    dishonest_replies: tuple[str, ...]  # request ids given an over-report this step
+    num_scheduled: dict[str, int]
+    # (request id, num_computed_tokens, num_tokens) for each request scheduled
+    # for the first time, or again after an async load or a preemption.
+    newly_scheduled: tuple[tuple[str, int, int], ...]
+    preempted: frozenset[str]
+    finished: frozenset[str]
+    context: str = dataclasses.field(default="", compare=False)
+    # The step's copy-on-write block copies, (source, destination), in the
+    # order SchedulerOutput.kv_cache_block_copies lists them.
+    copies: tuple[tuple[int, int], ...] = ()
+    # The innermost vLLM frames of the error ("vllm/v1/core/block_pool.py:
+    # BlockPool.get_new_blocks"), innermost first: the crash state.
+    error_frames: tuple[str, ...] = ()
+    vllm_version: str = dataclasses.field(default="", compare=False)
+
+    def describe(self) -> str:
+        lines = [f"step {self.step} on vLLM {self.vllm_version}: scheduled {self.num_scheduled}"]
+        if self.preempted:
+            lines.append(f"  preempted: {sorted(self.preempted)}")
+        if self.error:
+            lines.append(f"  {self.error_where}() raised {self.error}")
+        if self.copies:
+            lines.append("  block copies (src->dst): " + ", ".join(f"{a}->{b}" for a, b in self.copies))
+        lines += [a.describe() for a in self.admissions]
+        if self.context:
+            lines.append(f"  scenario: {self.context}")
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolObservation:
+    """The block pool once no request holds blocks."""
+
+    num_blocks: int
+    num_free: int
+    referenced: tuple[tuple[int, int], ...]  # (block_id, ref_cnt) with ref_cnt != 0
+    live_requests: tuple[str, ...]
+    context: str = dataclasses.field(default="", compare=False)

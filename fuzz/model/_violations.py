@@ -1,0 +1,35 @@
+"""What a failed check raises, with the structured facts a known-bug match needs."""
+
+from __future__ import annotations
+
+__all__ = ["InvariantViolation"]
+
+
+class InvariantViolation(AssertionError):
+    """An invariant failed.
+
+    ``invariant`` names the check (deduplication, known-bug matching);
+    ``where`` is the vLLM call whose result broke it (e.g.
+    ``"Scheduler.schedule"``); ``group_kind`` the spec class name of the
+    group it concerns, when one group is to blame; ``exception`` and
+    ``frames`` the exception vLLM raised, if one is behind the violation,
+    and its innermost vLLM frames. The message carries the numbers for a
+    person; matching never reads it.
+    """
+
+    def __init__(
+        self,
+        invariant: str,
+        message: str,
+        *,
+        where: str = "",
+        group_kind: str | None = None,
+        exception: str | None = None,
+        frames: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(f"[{invariant}] {message}")
+        self.invariant = invariant
+        self.where = where
+        self.group_kind = group_kind
+        self.exception = exception
+        self.frames = frames

@@ -1,0 +1,30 @@
+"""What every check module shares: a group's expected behaviour and name."""
+
+from __future__ import annotations
+
+from fuzz.model import GroupInfo
+from invariants.classification import Behaviour, behaviour_of
+
+__all__ = ["cdiv", "group_behaviour", "group_kind", "group_name"]
+
+
+def group_behaviour(info: GroupInfo) -> Behaviour:
+    """The table's behaviour for the group; a group vLLM says is not
+    prefix-cacheable is scratch whatever its class."""
+    if not info.prefix_cacheable:
+        return Behaviour.SCRATCH
+    return behaviour_of(info.spec_class)
+
+
+def group_kind(info: GroupInfo) -> str:
+    """The bare class name of the group's spec (``"MambaSpec"``)."""
+    return info.spec_class.rsplit(".", 1)[-1]
+
+
+def group_name(info: GroupInfo) -> str:
+    """``group 1 (MambaSpec, block_size=16)``, for messages."""
+    return f"group {info.index} ({group_kind(info)}, block_size={info.block_size})"
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
