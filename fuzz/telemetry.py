@@ -60,7 +60,7 @@ def observe_gap(gap_tokens: int, scheduler_block_size: int) -> None:
 def snapshot() -> dict[str, dict[str, int]]:
     out = {name: dict(c) for name, c in COUNTERS.items()}
     # The scheduler tier keeps its own reach counter (its reach test reads it).
-    scheduler = sys.modules.get("fuzz.targets.scheduler")
+    scheduler = sys.modules.get("fuzz.runners.scheduler")
     for label, n in getattr(scheduler, "REACH", {}).items():
         out["branches"][f"scheduler: {label}"] = n
     return out

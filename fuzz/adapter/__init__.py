@@ -15,7 +15,13 @@ package; strategies and invariants never import it, and speak in
 * ``_planted``: deliberately wrong vLLM code for the self-tests.
 """
 
-from fuzz.adapter._compat import scheduler_tier_unsupported
+from fuzz.adapter._compat import (
+    CAPABILITIES,
+    SCHEDULER_TIER,
+    TRUNCATION_TIER,
+    missing_capabilities,
+    scheduler_tier_unsupported,
+)
 from fuzz.adapter._env import VLLM_VERSION, init_hashing
 from fuzz.adapter._manager import Lookup, ManagerHarness
 from fuzz.adapter._planted import (
@@ -40,7 +46,10 @@ from fuzz.adapter._specs import (
 )
 
 __all__ = [
+    "CAPABILITIES",
     "PLANTED_SCHEDULER_BUGS",
+    "SCHEDULER_TIER",
+    "TRUNCATION_TIER",
     "PLANTED_TRUNCATE_BUGS",
     "VLLM_VERSION",
     "InvalidLayout",
@@ -50,6 +59,7 @@ __all__ = [
     "SpecFacts",
     "build_spec",
     "init_hashing",
+    "missing_capabilities",
     "planted_scheduler_bug",
     "planted_truncate_bug",
     "qualified_name",

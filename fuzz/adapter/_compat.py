@@ -17,12 +17,17 @@ from typing import Any
 from fuzz.adapter._env import VLLM_VERSION
 
 import vllm.config.vllm as _vllm_config_mod  # noqa: E402
+from vllm.v1.core import kv_cache_coordinator as _coordinators  # noqa: E402
 from vllm.v1.core import kv_cache_utils as _kcu  # noqa: E402
+from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 
 __all__ = [
+    "CAPABILITIES",
+    "Capability",
     "HAS_FAILED_RECVING",
+    "missing_capabilities",
     "HAS_SPEC_REGISTRY",
     "cache_hit_limit",
     "has_per_group_lookup",
@@ -31,9 +36,58 @@ __all__ = [
     "prefix_cacheable",
     "record_resolved_sizes",
     "resolver_config",
+    "SCHEDULER_TIER",
+    "TRUNCATION_TIER",
     "scheduler_tier_unsupported",
     "spec_registry",
 ]
+
+@dataclasses.dataclass(frozen=True)
+class Capability:
+    """A vLLM API a target cannot run without: checked once, up front."""
+
+    api: str  # what the suite calls, for the one-line message
+    since: str  # the first release known to have it
+    owner: Any
+    attribute: str
+
+    def present(self) -> bool:
+        return hasattr(self.owner, self.attribute)
+
+
+CAPABILITIES: dict[str, Capability] = {
+    "truncate": Capability(
+        "KVCacheManager.truncate_computed_blocks", "0.27.1", KVCacheManager, "truncate_computed_blocks"
+    ),
+    "connector-lookup": Capability(
+        "KVCacheManager.get_computed_blocks_for_connector",
+        "0.27.1",
+        KVCacheManager,
+        "get_computed_blocks_for_connector",
+    ),
+    "per-group-lookup": Capability(
+        "HybridKVCacheCoordinator.find_longest_cache_hit_per_group",
+        "0.27.1",
+        getattr(_coordinators, "HybridKVCacheCoordinator", None),
+        "find_longest_cache_hit_per_group",
+    ),
+    "local-prefix-hit": Capability(
+        "Scheduler._get_local_prefix_cache_hit", "0.28.0", Scheduler, "_get_local_prefix_cache_hit"
+    ),
+}
+
+
+def missing_capabilities(needs: tuple[str, ...]) -> list[str]:
+    """One line for each of ``needs`` the installed vLLM lacks."""
+    unknown = [n for n in needs if n not in CAPABILITIES]
+    if unknown:
+        raise KeyError(f"unknown capabilities {unknown}; known: {sorted(CAPABILITIES)}")
+    return [
+        f"vLLM {VLLM_VERSION} has no {CAPABILITIES[n].api} (present from {CAPABILITIES[n].since})"
+        for n in needs
+        if not CAPABILITIES[n].present()
+    ]
+
 
 # 0.30+: KVConnectorOutput.failed_recving (older releases cannot be told an
 # async load failed; there the load simply completes).
@@ -75,19 +129,16 @@ def partial_hits_enabled(coordinator: Any) -> bool:
     return bool(getattr(coordinator, "enable_partial_hash_hits", False))
 
 
-def scheduler_tier_unsupported() -> str | None:
-    """Why the installed vLLM cannot host the scheduler tier (None: it can).
+# The scheduler tier observes the admission path through the local lookup
+# the external-hit branch truncates.
+SCHEDULER_TIER = ("truncate", "local-prefix-hit")
+TRUNCATION_TIER = ("truncate", "connector-lookup", "per-group-lookup")
 
-    The harness observes the admission path through
-    ``Scheduler._get_local_prefix_cache_hit`` (the local lookup the
-    external-hit branch truncates), which vLLM 0.28.0 introduced.
-    """
-    if not hasattr(Scheduler, "_get_local_prefix_cache_hit"):
-        return (
-            f"vLLM {VLLM_VERSION} has no Scheduler._get_local_prefix_cache_hit "
-            "(added in 0.28.0), which the scheduler tier observes"
-        )
-    return None
+
+def scheduler_tier_unsupported() -> str | None:
+    """Why the installed vLLM cannot host the scheduler tier (None: it can)."""
+    missing = missing_capabilities(SCHEDULER_TIER)
+    return None if not missing else "; ".join(missing) + ", which the scheduler tier observes"
 
 
 def resolver_config(*, block_size: int, prefix_match_unit: int | None) -> Any:

@@ -245,7 +245,9 @@ def _patched_schedule(name: str) -> Callable[..., Any]:
     for old, new in edits:
         source = _edit(source, old, new, name)
     namespace = dict(vars(_sched_mod))
-    exec(compile(textwrap.dedent(source), f"<planted scheduler bug {name}>", "exec"), namespace)  # noqa: S102
+    # Compiled under scheduler.py's own name: the edited schedule() is vLLM's
+    # code, and its frames read as vLLM's (outcomes, crash states).
+    exec(compile(textwrap.dedent(source), inspect.getsourcefile(Scheduler.schedule), "exec"), namespace)  # noqa: S102
     return namespace["schedule"]
 
 

@@ -22,10 +22,12 @@ import vllm.v1.kv_cache_interface as _ki  # noqa: E402
 from vllm.v1.core import kv_cache_utils as _kcu  # noqa: E402
 
 from fuzz.model import Installed, LayoutDraw, SpecDraw, register_installed  # noqa: E402
+from fuzz.outcomes import ConfigRejected, construction_failure  # noqa: E402
 from invariants.classification import CLASSIFIED, EXEMPT  # noqa: E402
 
 __all__ = [
     "InvalidLayout",
+    "refused",
     "SpecFacts",
     "build_spec",
     "kv_cache_config",
@@ -47,8 +49,16 @@ _ATTENTION_ARGS: dict[str, Any] = dict(num_kv_heads=1, head_size=1, dtype=DTYPE)
 _MAMBA_ARGS: dict[str, Any] = dict(shapes=((1,), (1,)), dtypes=(DTYPE, DTYPE), mamba_cache_mode="align")
 
 
-class InvalidLayout(ValueError):
+class InvalidLayout(ConfigRejected):
     """vLLM's own resolver, validators or constructors rejected a layout."""
+
+
+def refused(exc: BaseException) -> Exception:
+    """What building vLLM objects for a drawn layout raises instead of
+    ``exc``: :class:`InvalidLayout` when vLLM refused it, a
+    :class:`fuzz.model.HarnessError` when the suite's own code failed."""
+    failure = construction_failure(exc, VLLM_VERSION)
+    return InvalidLayout(failure.reason) if isinstance(failure, ConfigRejected) else failure
 
 
 def qualified_name(cls: type) -> str:
@@ -152,16 +162,15 @@ def resolve_block_sizes(layout: LayoutDraw) -> tuple[int, int]:
     the layout's hash block size (left unset for one group, where vLLM forbids
     anything but the block size).
     """
-    config = kv_cache_config(layout)
     single = len(layout.groups) == 1
     resolver = _compat.resolver_config(
         block_size=layout.groups[0].block_size,
         prefix_match_unit=None if single else layout.hash_block_size,
     )
     try:
-        return _kcu.resolve_kv_cache_block_sizes(config, resolver)
-    except ValueError as exc:
-        raise InvalidLayout(str(exc)) from exc
+        return _kcu.resolve_kv_cache_block_sizes(kv_cache_config(layout), resolver)
+    except Exception as exc:  # noqa: BLE001 - vLLM's verdict, or the suite's misfit
+        raise refused(exc) from exc
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ rest of the suite survive vLLM's moving internal API.
   connector's scripted answers (:class:`ExternalReply`), one step
   (:class:`StepObservation`, :class:`AdmissionObservation`) and the idle
   pool (:class:`PoolObservation`);
-* ``_violations``: :class:`InvariantViolation`;
+* ``_violations``: :class:`InvariantViolation`, :class:`HarnessError`;
 * ``_catalog``: what the installed vLLM offers (:func:`installed`), filled in
   by the adapter.
 """
@@ -26,7 +26,7 @@ from fuzz.model._scheduler import (
     SchedulerDraw,
     StepObservation,
 )
-from fuzz.model._violations import InvariantViolation
+from fuzz.model._violations import HarnessError, InvariantViolation
 
 __all__ = [
     "REPLY_KINDS",
@@ -35,6 +35,7 @@ __all__ = [
     "ExternalReply",
     "GroupInfo",
     "GroupTruncation",
+    "HarnessError",
     "Installed",
     "InvariantViolation",
     "LayoutDraw",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["InvariantViolation"]
+__all__ = ["HarnessError", "InvariantViolation"]
 
 
 class InvariantViolation(AssertionError):
@@ -33,3 +33,8 @@ class InvariantViolation(AssertionError):
         self.group_kind = group_kind
         self.exception = exception
         self.frames = frames
+
+
+class HarnessError(RuntimeError):
+    """The suite's own code does not fit the installed vLLM (an API it
+    relies on is missing or changed). Never a vLLM bug: exit 2, no repro."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from fuzz import adapter
 from fuzz.telemetry import note, observe_gap, observe_layout, reach, reject, target
 from fuzz.model import TruncationObservation
+from fuzz.outcomes import ConfigRejected, vllm_calls
 from invariants._common import group_behaviour
 from invariants.classification import Behaviour
 from strategies.scenarios import TruncationScenario
@@ -18,14 +19,22 @@ LAST_RUN: dict[str, object] = {}
 
 
 def run_truncation_scenario(scenario: TruncationScenario) -> TruncationObservation | None:
-    """Populate, evict, look up and truncate. None when vLLM refused the layout."""
+    """Populate, evict, look up and truncate. None when vLLM refused the
+    layout (at construction, or at first use with a documented refusal); an
+    exception vLLM raises on the way in a runtime path is a ``no-exception``
+    violation, one the suite's code raises a :class:`HarnessError`."""
     LAST_RUN.clear()
     note(f"scenario: {scenario!r}")
     try:
-        harness = adapter.ManagerHarness(scenario.layout)
-    except adapter.InvalidLayout as exc:
-        reject(str(exc).split(";")[0][:80])
+        with vllm_calls(adapter.VLLM_VERSION, repr(scenario)):
+            return _run(scenario)
+    except ConfigRejected as exc:
+        reject(exc.reason.split(";")[0][:80])
         return None
+
+
+def _run(scenario: TruncationScenario) -> TruncationObservation:
+    harness = adapter.ManagerHarness(scenario.layout)
     observe_layout([g.kind for g in scenario.layout.groups])
     for i in range(len(scenario.prompts)):
         if not harness.prefill(scenario.prompt_tokens(i), scenario.prefill_chunk):
