@@ -42,14 +42,14 @@ def _is_requirement_file(path: Path) -> bool:
     return path.suffix in (".txt", ".in") and re.search(r"requirements|constraints|lock", str(path.relative_to(REPO))) is not None
 
 
-def set_up_files(root: Path = REPO) -> list[Path]:
+def set_up_files() -> list[Path]:
     """The files a fresh machine's set-up reads: requirement/constraint/lock files anywhere, the scripts."""
     out = set()
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(REPO):
         dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".venv")]
         for name in filenames:
             path = Path(dirpath) / name
-            rel = path.relative_to(root)
+            rel = path.relative_to(REPO)
             if (
                 _is_requirement_file(path)
                 or path.name == "pyproject.toml"
