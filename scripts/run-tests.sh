@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the suite's own tests (what CI runs):
 #  1. the lean tests in .venv (vLLM 0.33.0); extra arguments go to their pytest;
-#  2. the CPU engine tier (scripts/run-engine-cpu.sh: builds .venv-engine-cpu
-#     if needed, runs the engine target on a short derandomized budget and the
-#     engine self-tests, prints the run's figures).
+#  2. the CPU engine tier (scripts/run-engine-cpu.sh): the engine target on a
+#     short derandomized budget and the engine self-tests in .venv-engine-cpu,
+#     then the run's figures. The environment is built if needed while the
+#     lean tests run (mostly download and unpacking; pytest takes one core).
 #   FUZZ_ENGINE=1    always run the engine tier; FUZZ_ENGINE=0 never.
 #                    Unset: run it unless pytest arguments were given.
 #   ENGINE_EXAMPLES  generated examples for the engine target here (default 20)
@@ -23,6 +24,16 @@ if [[ -z "$skip" && "$(uname -sm)" != "Linux x86_64" ]]; then
   skip="its wheels are for Linux x86_64, this is $(uname -sm)"
 fi
 
+setup_log="$root/.cache/engine/setup.log"
+setup_pid=""
+if [[ -z "$skip" ]]; then
+  mkdir -p "$(dirname "$setup_log")"
+  setsid -w bash "$root/scripts/setup-engine-cpu.sh" > "$setup_log" 2>&1 &
+  setup_pid=$!
+  # Not left behind if this script stops early.
+  trap '[[ -n "$setup_pid" ]] && kill -- -"$setup_pid" 2>/dev/null' EXIT
+fi
+
 bash "$root/scripts/bootstrap.sh"
 bash "$root/scripts/ensure-redis.sh"  # for tests/test_redis_campaign.py; never fatal
 cd "$root"
@@ -33,6 +44,14 @@ rc=0
 if [[ -n "$skip" ]]; then
   echo "engine tier: SKIPPED ($skip)"
   exit $rc
+fi
+setup_rc=0
+wait "$setup_pid" || setup_rc=$?
+setup_pid=""
+cat "$setup_log"
+if (( setup_rc != 0 )); then
+  echo "engine tier: FAILED: setting up .venv-engine-cpu (exit $setup_rc; its output above)"
+  exit 1
 fi
 report="$root/.cache/engine/ci-run.json"
 erc=0
