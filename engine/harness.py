@@ -251,12 +251,10 @@ class EngineHarness:
         model_dir: str | Path,
         *,
         store: str = "engine-tier",
-        block_size: int = 32,
-        prefix_match_unit: int = 8,
-        num_blocks: int = 32,
-        failure_policy: str = "recompute",
         timeout_s: float = float(os.environ.get("KVTRUNC_ENGINE_TIMEOUT_S", "120")),
+        **options: Any,
     ) -> None:
+        """``options``: the layout and budget knobs of :func:`engine_llm_kwargs`."""
         self.timeout_s = timeout_s
         self.dead: str | None = None  # why this engine can no longer be trusted
         _set_env()
@@ -270,16 +268,13 @@ class EngineHarness:
         self.store = get_store(store)
         self.model_dir = str(model_dir)
         t0 = time.monotonic()
-        kw = engine_llm_kwargs(
-            model_dir, store=store, block_size=block_size, prefix_match_unit=prefix_match_unit,
-            num_blocks=num_blocks, failure_policy=failure_policy,
-        )
+        kw = engine_llm_kwargs(model_dir, store=store, **options)
         self.llm = LLM(**dict(kw, kv_transfer_config=KVTransferConfig(**kw["kv_transfer_config"])))
         self.startup_s = time.monotonic() - t0
         cc = self.llm.llm_engine.vllm_config.cache_config
         self.block_size = cc.block_size
-        self.hash_block_size = getattr(cc, "hash_block_size", None) or prefix_match_unit
-        self.num_blocks = num_blocks
+        self.hash_block_size = getattr(cc, "hash_block_size", None) or kw["prefix_match_unit"]
+        self.num_blocks = kw["num_gpu_blocks_override"]
         self._instrument()
 
     def _instrument(self) -> None:
