@@ -22,9 +22,9 @@ def main(model_dir: str) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams
 
-    from engine.harness import common_llm_kwargs
+    from engine.harness import cold_llm_kwargs
 
-    llm = LLM(**common_llm_kwargs(model_dir), enable_prefix_caching=False)
+    llm = LLM(**cold_llm_kwargs(model_dir))
     print(MARK + json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if not line.strip():

@@ -31,12 +31,15 @@ from engine.store import RequestBehaviour, StorePolicy
 
 __all__ = [
     "COLD_MAX_TOKENS",
+    "KV_CACHE_MEMORY_BYTES",
     "ColdReference",
     "EngineDied",
     "EngineHarness",
     "ScenarioReport",
     "apply_cpu_workaround",
+    "cold_llm_kwargs",
     "common_llm_kwargs",
+    "engine_llm_kwargs",
     "engine_flavour",
     "engine_unavailable_reason",
     "run_scenario",
@@ -46,6 +49,12 @@ REPO = Path(__file__).resolve().parent.parent
 COLD_MAX_TOKENS = 8  # the cold run always decodes this many; scenarios use a prefix
 CUDA_VLLM = "0.33.0"
 CPU_VLLM = "0.32.0"
+# The KV cache's size in bytes (vLLM's kv_cache_memory_bytes), the same on
+# every machine. Never gpu_memory_utilization: on CPU that is a fraction of the
+# memory the NUMA node reports, so the budget (and how much eviction happens)
+# would differ between machines, and where the node reports little (0.05 of
+# 12.3 GiB) it is less than the process already holds and start-up fails.
+KV_CACHE_MEMORY_BYTES = 256 * 2**20
 
 
 def _dist_version(name: str) -> str | None:
@@ -89,6 +98,9 @@ def engine_unavailable_reason() -> str | None:
 
 def _set_env() -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # vLLM's CPU platform lets this legacy variable (GiB) replace
+    # kv_cache_memory_bytes; a value left in the user's shell must not move the budget.
+    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -98,8 +110,12 @@ def _set_env() -> None:
 
 
 def common_llm_kwargs(model_dir: str | Path) -> dict[str, Any]:
-    """Arguments shared by the engine under test and the cold reference."""
-    kw: dict[str, Any] = dict(
+    """Arguments shared by the engine under test and the cold reference.
+
+    Nothing here depends on the machine: the KV cache is a fixed byte count
+    (``KV_CACHE_MEMORY_BYTES``), on CPU and CUDA alike.
+    """
+    return dict(
         model=str(model_dir),
         skip_tokenizer_init=True,
         dtype="float32",
@@ -109,14 +125,46 @@ def common_llm_kwargs(model_dir: str | Path) -> dict[str, Any]:
         max_num_batched_tokens=512,
         enforce_eager=True,
         disable_log_stats=True,
+        kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES,
     )
-    if engine_flavour() == "cpu":
-        # On CPU this is the fraction of host memory reserved; the KV budget
-        # itself is set by num_gpu_blocks_override.
-        kw["gpu_memory_utilization"] = 0.05
-    else:
-        kw["gpu_memory_utilization"] = 0.2
-    return kw
+
+
+def cold_llm_kwargs(model_dir: str | Path) -> dict[str, Any]:
+    """The cold reference's ``vllm.LLM`` arguments: prefix caching off, no connector."""
+    return dict(common_llm_kwargs(model_dir), enable_prefix_caching=False)
+
+
+def engine_llm_kwargs(
+    model_dir: str | Path,
+    *,
+    store: str = "engine-tier",
+    block_size: int = 32,
+    prefix_match_unit: int = 8,
+    num_blocks: int = 32,
+    failure_policy: str = "recompute",
+) -> dict[str, Any]:
+    """The engine under test's ``vllm.LLM`` arguments (imports no vLLM).
+
+    ``kv_transfer_config`` is the dict of ``KVTransferConfig``'s fields; the
+    harness builds the object. ``num_blocks`` is the KV budget in blocks
+    (``num_gpu_blocks_override``): 32 blocks of 64 tokens against up to 4
+    prompts of up to 330 tokens, so eviction and preemption happen.
+    """
+    return dict(
+        common_llm_kwargs(model_dir),
+        enable_prefix_caching=True,
+        mamba_cache_mode="align",
+        block_size=block_size,
+        prefix_match_unit=prefix_match_unit,
+        num_gpu_blocks_override=num_blocks,
+        kv_transfer_config=dict(
+            kv_connector="ReferenceHybridConnector",
+            kv_connector_module_path="engine.connector",
+            kv_role="kv_both",
+            kv_load_failure_policy=failure_policy,
+            kv_connector_extra_config={"store": store},
+        ),
+    )
 
 
 _WORKAROUND_APPLIED = False
@@ -203,12 +251,10 @@ class EngineHarness:
         model_dir: str | Path,
         *,
         store: str = "engine-tier",
-        block_size: int = 32,
-        prefix_match_unit: int = 8,
-        num_blocks: int = 32,
-        failure_policy: str = "recompute",
         timeout_s: float = float(os.environ.get("KVTRUNC_ENGINE_TIMEOUT_S", "120")),
+        **options: Any,
     ) -> None:
+        """``options``: the layout and budget knobs of :func:`engine_llm_kwargs`."""
         self.timeout_s = timeout_s
         self.dead: str | None = None  # why this engine can no longer be trusted
         _set_env()
@@ -222,27 +268,13 @@ class EngineHarness:
         self.store = get_store(store)
         self.model_dir = str(model_dir)
         t0 = time.monotonic()
-        kw = common_llm_kwargs(model_dir)
-        self.llm = LLM(
-            **kw,
-            enable_prefix_caching=True,
-            mamba_cache_mode="align",
-            block_size=block_size,
-            prefix_match_unit=prefix_match_unit,
-            num_gpu_blocks_override=num_blocks,
-            kv_transfer_config=KVTransferConfig(
-                kv_connector="ReferenceHybridConnector",
-                kv_connector_module_path="engine.connector",
-                kv_role="kv_both",
-                kv_load_failure_policy=failure_policy,
-                kv_connector_extra_config={"store": store},
-            ),
-        )
+        kw = engine_llm_kwargs(model_dir, store=store, **options)
+        self.llm = LLM(**dict(kw, kv_transfer_config=KVTransferConfig(**kw["kv_transfer_config"])))
         self.startup_s = time.monotonic() - t0
         cc = self.llm.llm_engine.vllm_config.cache_config
         self.block_size = cc.block_size
-        self.hash_block_size = getattr(cc, "hash_block_size", None) or prefix_match_unit
-        self.num_blocks = num_blocks
+        self.hash_block_size = getattr(cc, "hash_block_size", None) or kw["prefix_match_unit"]
+        self.num_blocks = kw["num_gpu_blocks_override"]
         self._instrument()
 
     def _instrument(self) -> None:

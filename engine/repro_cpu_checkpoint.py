@@ -28,6 +28,7 @@ import tempfile
 def main() -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from engine.harness import KV_CACHE_MEMORY_BYTES
     from engine.model import build_tiny_hybrid
 
     model = build_tiny_hybrid(os.path.join(tempfile.gettempdir(), "kvtrunc-repro-tiny-nemotron-h"))
@@ -39,7 +40,7 @@ def main() -> int:
         dtype="float32",
         enforce_eager=True,
         max_model_len=512,
-        gpu_memory_utilization=0.05,
+        kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES,  # bytes, not a fraction of the host's memory
         enable_prefix_caching=True,
         mamba_cache_mode="align",
     )

@@ -44,7 +44,7 @@ def _tokens(seed: int, n: int) -> list[int]:
 def main() -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from engine.harness import apply_cpu_workaround, engine_flavour
+    from engine.harness import KV_CACHE_MEMORY_BYTES, apply_cpu_workaround, engine_flavour
     from engine.model import build_tiny_hybrid
 
     if engine_flavour() == "cpu":
@@ -54,7 +54,7 @@ def main() -> int:
 
     llm = LLM(
         model=str(model), skip_tokenizer_init=True, dtype="float32", enforce_eager=True, seed=0,
-        max_model_len=512, gpu_memory_utilization=0.05 if engine_flavour() == "cpu" else 0.2,
+        max_model_len=512, kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES,
         enable_prefix_caching=True, mamba_cache_mode="align", block_size=32, prefix_match_unit=8,
     )
     root = _tokens(1000, 330)

@@ -18,9 +18,15 @@ echo "bootstrap: building $venv (lean CPU install of vLLM 0.33.0)" >&2
 start=$(date +%s)
 [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
 pip=("$venv/bin/pip" install --quiet --disable-pip-version-check)
-"${pip[@]}" -c "$root/requirements/constraints.txt" -r "$root/requirements/lean.txt"
+source "$root/scripts/_torch-cpu-wheels.sh"
+"${pip[@]}" "${torch_cpu_wheels[@]}" -c "$root/requirements/constraints.txt" -r "$root/requirements/lean.txt"
 # --no-deps: see requirements/no-deps.txt for why.
 "${pip[@]}" --no-deps -c "$root/requirements/constraints.txt" -r "$root/requirements/no-deps.txt"
 "$venv/bin/python" -c "import vllm, vllm.v1.core.sched.scheduler; assert vllm.__version__ == '0.33.0', vllm.__version__"
+torch_version="$("$venv/bin/python" -c 'import importlib.metadata as md; print(md.version("torch"))')"
+if [[ "$torch_version" != *+cpu ]]; then
+  # Works (the suite imports no CUDA code), but is the large CUDA build.
+  echo "bootstrap: note: torch $torch_version is not the CPU build; set FUZZ_TORCH_CPU_WHEELS to get torch 2.13.0+cpu (README, Setup)" >&2
+fi
 echo "$stamp_now" > "$venv/.fuzz-stamp"
 echo "bootstrap: done in $(( $(date +%s) - start ))s" >&2

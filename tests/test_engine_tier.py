@@ -1,16 +1,20 @@
 """Self-tests of the engine tier: the oracle, the store, the strategies, the
-environment guard (all run anywhere), and, where an engine can run, that the
-oracle catches a planted wrong output and a lying connector end to end.
+environment guard, the engine's memory budget (all run anywhere), and, where
+an engine can run, that the oracle catches a planted wrong output and a lying
+connector end to end.
 """
 
 from __future__ import annotations
 
+import ast
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine import harness as engine_harness
 from engine.harness import engine_unavailable_reason
 from engine.oracle import LOGPROB_TOL, ColdResult, Completion, OutputMismatch, check_completion
 from engine.store import KVStore, RequestBehaviour, StorePolicy, prefix_digests
@@ -127,9 +131,82 @@ def test_guard_names_the_environment_it_lacks():
     assert "vllm" in reason.lower()
 
 
+# ------------------------------------------- the engine's memory budget
+# The KV budget, and so how much eviction happens, must be the same on every
+# machine: a fixed byte count, never a fraction of what the host reports.
+HOST_FRACTIONS = ("gpu_memory_utilization",)  # on CPU: a fraction of the NUMA node's memory
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _engine_arguments() -> dict[str, dict]:
+    return {
+        "engine under test": engine_harness.engine_llm_kwargs("model-dir"),
+        "cold reference": engine_harness.cold_llm_kwargs("model-dir"),
+    }
+
+
+def test_engine_arguments_are_the_same_on_every_machine(monkeypatch):
+    seen = {}
+    for flavour in ("cpu", "cuda", None):
+        monkeypatch.setattr(engine_harness, "engine_flavour", lambda flavour=flavour: flavour)
+        seen[flavour] = _engine_arguments()
+    assert seen["cpu"] == seen["cuda"] == seen[None], "the engine's arguments depend on the platform"
+    for role, kw in seen["cpu"].items():
+        assert not set(kw) & set(HOST_FRACTIONS), f"{role}: sized as a fraction of the host's memory: {kw}"
+        assert kw["kv_cache_memory_bytes"] == engine_harness.KV_CACHE_MEMORY_BYTES == 256 * 2**20, role
+    assert seen["cpu"]["engine under test"]["num_gpu_blocks_override"] == 32
+
+
+def test_a_kv_cache_size_left_in_the_shell_does_not_reach_the_engine(monkeypatch):
+    # vLLM's CPU platform lets VLLM_CPU_KVCACHE_SPACE (GiB) replace kv_cache_memory_bytes.
+    monkeypatch.setattr(os, "environ", dict(os.environ, VLLM_CPU_KVCACHE_SPACE="40"))
+    engine_harness._set_env()
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
+
+
+def _host_sized_engines(source: str, path: str) -> list[str]:
+    """Where ``source`` sizes an engine's memory by the host: a host-fraction
+    argument or key, or a ``vllm.LLM(...)`` call with neither
+    ``kv_cache_memory_bytes=`` nor ``**`` arguments (the harness's kwargs,
+    checked above)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.keyword) and node.arg in HOST_FRACTIONS:
+            found.append(f"{path}:{node.value.lineno}: {node.arg}=")
+        keys = node.keys if isinstance(node, ast.Dict) else [node.slice] if isinstance(node, ast.Subscript) else []
+        for key in keys:
+            if isinstance(key, ast.Constant) and key.value in HOST_FRACTIONS:
+                found.append(f"{path}:{key.lineno}: [{key.value!r}]")
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "LLM":
+            args = {k.arg for k in node.keywords}
+            if "kv_cache_memory_bytes" not in args and None not in args:
+                found.append(f"{path}:{node.lineno}: LLM(...) without kv_cache_memory_bytes")
+    return found
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        # engine/repro_shared_partial_hit.py and engine/harness.py before the fix
+        'llm = LLM(model=m, gpu_memory_utilization=0.05 if engine_flavour() == "cpu" else 0.2)',
+        'kw = {}\nkw["gpu_memory_utilization"] = 0.05\nllm = LLM(**kw)',
+        "llm = vllm.LLM(model=m, enable_prefix_caching=True)",
+    ],
+)
+def test_host_sized_engine_check_catches_planted_sizing(planted):
+    assert _host_sized_engines(planted, "planted.py")
+
+
+def test_every_engine_in_the_repository_is_sized_in_bytes():
+    found = []
+    for path in sorted(p for d in ("engine", "fuzz", "tests") for p in (REPO / d).rglob("*.py")):
+        found += _host_sized_engines(path.read_text(), str(path.relative_to(REPO)))
+    assert not found, "engines sized by the host's memory:\n" + "\n".join(found)
+
+
 # ------------------------------------------------- end to end (engine only)
 needs_engine = pytest.mark.skipif(
-    engine_unavailable_reason() is not None, reason=f"engine tier skipped: {engine_unavailable_reason()}"
+    engine_unavailable_reason() is not None, reason=f"needs the engine environment (scripts/run-engine-cpu.sh): {engine_unavailable_reason()}"
 )
 
 
