@@ -10,17 +10,20 @@ import html
 import json
 from pathlib import Path
 
+from fuzz.campaign.config import CampaignConfig
+from fuzz.campaign.totals import Totals
+
 __all__ = ["summary_table", "write_reports"]
 
 
-def summary_table(total: dict, elapsed: float) -> str:
+def summary_table(total: Totals, elapsed: float) -> str:
     rows = [("target", "examples", "examples/s", "violations")]
     fails: dict[str, set[str]] = {}
-    for f in total["failures"]:
+    for f in total.failures:
         fails.setdefault(f["target"], set()).add(f["key"])
-    for name in sorted(set(total["examples"]) | set(fails)):
-        n = total["examples"].get(name, 0)
-        secs = total["seconds"].get(name) or elapsed
+    for name in sorted(set(total.examples) | set(fails)):
+        n = total.examples.get(name, 0)
+        secs = total.seconds.get(name) or elapsed
         rows.append((name, str(n), f"{n / max(secs, 1e-9):.1f}", str(len(fails.get(name, ())))))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
@@ -61,17 +64,19 @@ def _svg_bars(title: str, counter: dict[str, int], *, numeric_keys: bool = False
     return "\n".join(parts)
 
 
-def write_reports(total: dict, report_dir: Path, *, repro_dir: Path, elapsed: float, config: dict) -> tuple[Path, Path]:
+def write_reports(
+    total: Totals, report_dir: Path, *, repro_dir: Path, elapsed: float, config: CampaignConfig
+) -> tuple[Path, Path]:
     report_dir.mkdir(parents=True, exist_ok=True)
-    tel = total["telemetry"]
-    n = sum(total["examples"].values())
+    tel = total.telemetry
+    n = total.example_count
     header = [
         "# Fuzz campaign report",
         "",
-        f"- vLLM {total['vllm_version']}; targets: {', '.join(config['targets'])}",
-        f"- budget {config['budget']:.0f}s, wall {elapsed:.1f}s, workers {config['slots']}, seed {config['seed']}",
+        f"- vLLM {total.vllm_version}; targets: {', '.join(config.targets)}",
+        f"- budget {config.budget:.0f}s, wall {elapsed:.1f}s, workers {config.slots}, seed {config.seed}",
         f"- examples: {n} ({n / max(elapsed, 1e-9):.1f}/s)",
-        f"- planted bug: {config.get('plant') or 'none (unmodified vLLM)'}",
+        f"- planted bug: {config.plant or 'none (unmodified vLLM)'}",
         "",
         "## Summary",
         "",
@@ -82,7 +87,7 @@ def write_reports(total: dict, report_dir: Path, *, repro_dir: Path, elapsed: fl
         "## Violations",
         "",
     ]
-    failures = {f["key"]: f for f in total["failures"]}
+    failures = {f["key"]: f for f in total.failures}
     if not failures:
         header.append("None.")
     for f in failures.values():

@@ -1,12 +1,13 @@
 """The pytest module ``python -m fuzz run`` executes (with pytest-xdist).
 
 Not collected by the normal test run (its name matches no collection
-pattern); the runner passes it explicitly with the campaign configuration in
-the ``FUZZ_CAMPAIGN`` environment variable (JSON). Each item is one
-(target, slot) pair and fuzzes its target in rounds of fresh seeds until its
-time slice ends: the example database (shared by every worker) carries what
-one round found into the next and across runs. Each worker writes its
-progress to ``<stats_dir>/<worker>.json`` about once a second.
+pattern); the runner passes it explicitly, with the campaign's
+:class:`~fuzz.campaign.config.CampaignConfig` in the environment. Each item
+is one (target, slot) pair and fuzzes its target in rounds of fresh seeds
+until its time slice ends: the example database (shared by every worker)
+carries what one round found into the next and across runs. Each worker
+writes its :class:`~fuzz.campaign.totals.Totals` to
+``<stats_dir>/<worker>.json`` about once a second.
 """
 
 from __future__ import annotations
@@ -28,40 +29,42 @@ from hypothesis import seed as hyp_seed
 from hypothesis.stateful import run_state_machine_as_test
 
 from fuzz import adapter, telemetry
-from fuzz.databases import DatabaseUnavailable, check_database, open_database
+from fuzz.campaign.config import CampaignConfig
+from fuzz.campaign.databases import DatabaseUnavailable, check_database, open_database
+from fuzz.campaign.totals import Totals
 from fuzz.hunting import budget_settings
 from fuzz.registry import get_target
 
-CONFIG: dict[str, Any] = json.loads(os.environ.get("FUZZ_CAMPAIGN", "{}") or "{}")
-ROUND_EXAMPLES = int(CONFIG.get("round_examples", 100))
+CONFIG = CampaignConfig.from_env()
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
-# (target, slot): the runner's share when sharded (fuzz/sharding.py), else every target on every slot.
-ITEMS = [tuple(i) for i in CONFIG["items"]] if "items" in CONFIG else [
-    (t, s) for t in CONFIG.get("targets", []) for s in range(CONFIG.get("slots", 1))
-]
-
-_STATE: dict[str, Any] = {"examples": {}, "seconds": {}, "failures": [], "keys": set(), "rounds": 0}
-_last_flush = 0.0
+ITEMS = list(CONFIG.items) if CONFIG else []
 
 
-def _flush(force: bool = False) -> None:
-    global _last_flush
-    if not CONFIG or (not force and time.monotonic() - _last_flush < 1.0):
-        return
-    _last_flush = time.monotonic()
-    path = Path(CONFIG["stats_dir"]) / f"{WORKER}.json"
-    data = {
-        "worker": WORKER,
-        "examples": _STATE["examples"],
-        "seconds": _STATE["seconds"],
-        "rounds": _STATE["rounds"],
-        "failures": _STATE["failures"],
-        "telemetry": telemetry.snapshot(),
-        "vllm_version": adapter.VLLM_VERSION,
-    }
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
+class _Progress:
+    """This worker's totals, written for the runner at most once a second."""
+
+    def __init__(self, config: CampaignConfig) -> None:
+        self.config = config
+        self.totals = Totals(vllm_version=adapter.VLLM_VERSION)
+        self.keys: set[str] = set()
+        self.last_flush = 0.0
+
+    def count(self, target: str) -> None:
+        self.totals.count(target)
+        self.flush()
+
+    def flush(self, force: bool = False) -> None:
+        if not force and time.monotonic() - self.last_flush < 1.0:
+            return
+        self.last_flush = time.monotonic()
+        self.totals.telemetry = telemetry.snapshot()
+        path = Path(self.config.stats_dir) / f"{WORKER}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"worker": WORKER, **self.totals.to_json()}))
+        tmp.replace(path)
+
+
+PROGRESS = _Progress(CONFIG) if CONFIG else None
 
 
 def _failing_line(exc: BaseException) -> str:
@@ -80,16 +83,17 @@ def _blob(exc: BaseException) -> str | None:
     return None
 
 
-def _record_failure(target_name: str, seed: int | None, exc: BaseException) -> None:
+def _record_failure(config: CampaignConfig, progress: _Progress, target_name: str, seed: int | None,
+                    exc: BaseException) -> None:
     invariant = getattr(exc, "invariant", type(exc).__name__)
     line = _failing_line(exc)
     key = f"{target_name}|{invariant}|{line}"
-    if key in _STATE["keys"]:
+    if key in progress.keys:
         return
-    _STATE["keys"].add(key)
+    progress.keys.add(key)
     digest = hashlib.sha1(key.encode()).hexdigest()[:8]
     stem = f"{target_name}-{invariant}-{digest}".replace("/", "_")
-    repro_dir = Path(CONFIG["repro_dir"])
+    repro_dir = Path(config.repro_dir)
     repro_dir.mkdir(parents=True, exist_ok=True)
     message = str(exc)
     repro_file = None
@@ -105,35 +109,35 @@ def _record_failure(target_name: str, seed: int | None, exc: BaseException) -> N
         "failing_line": line,
         "key": key,
         "seed": seed,
-        "campaign_seed": CONFIG.get("seed"),
+        "campaign_seed": config.seed,
         "blob": _blob(exc),
         "violation": message[:4000],
         "vllm_version": adapter.VLLM_VERSION,
         "repro": None if repro_file is None else repro_file.name,
-        "found_after_s": round(time.time() - CONFIG["start"], 3),
+        "found_after_s": round(time.time() - config.start, 3),
         "found_at": round(time.time(), 3),
         "worker": WORKER,
     }
     (repro_dir / f"{stem}.json").write_text(json.dumps(meta, indent=2))
-    _STATE["failures"].append(meta)
-    _flush(force=True)
+    progress.totals.failures.append(meta)
+    progress.flush(force=True)
 
 
-def _round_settings(phases: list[Phase], database: Any) -> settings:
-    return budget_settings(max_examples=ROUND_EXAMPLES, phases=phases, database=database, print_blob=True)
+def _round_settings(config: CampaignConfig, phases: list[Phase], database: Any) -> settings:
+    return budget_settings(max_examples=config.round_examples, phases=phases, database=database, print_blob=True)
 
 
-def _run_round(target_name: str, seed: int | None, database: Any, reuse: bool) -> None:
+def _run_round(config: CampaignConfig, progress: _Progress, target_name: str, seed: int | None, database: Any,
+               reuse: bool) -> None:
     strategy, check, machine = get_target(target_name).load()
     phases = [Phase.generate, Phase.target, Phase.shrink]
-    if CONFIG.get("reuse_only"):
+    if config.reuse_only:
         phases = [Phase.reuse, Phase.shrink]
     elif reuse:
         phases.insert(0, Phase.reuse)
 
     def counted(value: Any) -> None:
-        _STATE["examples"][target_name] = _STATE["examples"].get(target_name, 0) + 1
-        _flush()
+        progress.count(target_name)
         check(value)
 
     # One database key per target (the wrapper's source is the same for all),
@@ -143,70 +147,68 @@ def _run_round(target_name: str, seed: int | None, database: Any, reuse: bool) -
     if machine is not None:
         class Counted(machine):  # type: ignore[misc, valid-type]
             def teardown(self) -> None:
-                _STATE["examples"][target_name] = _STATE["examples"].get(target_name, 0) + 1
-                _flush()
+                progress.count(target_name)
                 super().teardown()
 
         if seed is not None:
             random.seed(seed)
-        run_state_machine_as_test(Counted, settings=_round_settings(phases, database))
+        run_state_machine_as_test(Counted, settings=_round_settings(config, phases, database))
         return
     test = given(strategy)(counted)
     if seed is not None:
         # @seed alone also sets database=None: a seeded campaign would neither
         # replay nor save anything. The settings applied after it win.
         test = hyp_seed(seed)(test)
-    _round_settings(phases, database)(test)()
+    _round_settings(config, phases, database)(test)()
 
 
-def _harness_error(message: str) -> None:
+def _harness_error(config: CampaignConfig, progress: _Progress, message: str) -> None:
     """Stop this worker's campaign: the runner sees the file, stops every worker and exits 2."""
-    _flush(force=True)
+    progress.flush(force=True)
     line = " ".join(message.split())
-    (Path(CONFIG["stats_dir"]) / f"harness-error-{WORKER}.txt").write_text(line + "\n")
+    (Path(config.stats_dir) / f"harness-error-{WORKER}.txt").write_text(line + "\n")
     pytest.exit(f"harness error: {line}", returncode=2)
 
 
 @pytest.mark.parametrize(("target_name", "slot"), ITEMS, ids=[f"{t}#{s}" for t, s in ITEMS])
 def test_campaign(target_name: str, slot: int) -> None:
+    assert CONFIG is not None and PROGRESS is not None
+    config, progress = CONFIG, PROGRESS
     # The budget is fuzzing time: each target gets an equal share on every
     # worker (slots == workers), counted from when the item starts, so the
     # start-up (importing vLLM, ~5-10 s) comes on top of it.
-    deadline = time.time() + CONFIG["budget"] / max(len(CONFIG["targets"]), 1)
+    deadline = time.time() + config.budget / len(config.targets)
     try:
-        database = open_database(CONFIG["db"]) if CONFIG.get("db") else None
+        database = open_database(list(config.db)) if config.db else None
     except Exception as exc:  # noqa: BLE001 - reachable a moment ago in the runner: now a harness error
-        _harness_error(f"{type(exc).__name__}: {exc}")
-    base = CONFIG.get("seed")
-    plant = CONFIG.get("plant")
-    planted = adapter.planted_truncate_bug(plant) if plant else contextlib.nullcontext()
+        _harness_error(config, progress, f"{type(exc).__name__}: {exc}")
+    planted = adapter.planted_truncate_bug(config.plant) if config.plant else contextlib.nullcontext()
     found = []
     started = time.time()
     with planted:
         rnd = 0
         while time.time() < deadline:
-            seed = None if base is None else base * 1_000_003 + slot * 10_007 + rnd
+            seed = None if config.seed is None else config.seed * 1_000_003 + slot * 10_007 + rnd
             try:
                 check_database(database)
                 # Once this item found something, stop replaying it from the
                 # database every round and look for other failures.
-                _run_round(target_name, seed, database, reuse=not found)
+                _run_round(config, progress, target_name, seed, database, reuse=not found)
             except DatabaseUnavailable as exc:
-                _harness_error(str(exc))
+                _harness_error(config, progress, str(exc))
             except unittest.SkipTest:
                 pass  # --reuse-only, and nothing in the database for this target yet
             except Exception as exc:  # noqa: BLE001 - every failure is a finding
                 found.append(exc)
-                _record_failure(target_name, seed, exc)
+                _record_failure(config, progress, target_name, seed, exc)
             rnd += 1
-            _STATE["rounds"] += 1
             if len(found) >= 5:
                 break
-            if CONFIG.get("reuse_only"):
+            if config.reuse_only:
                 if found:
                     break  # the database's failure is reported; replaying it again adds nothing
                 time.sleep(0.5)  # wait for other runners to save something
-    _STATE["seconds"][target_name] = _STATE["seconds"].get(target_name, 0.0) + time.time() - started
-    _flush(force=True)
+    progress.totals.seconds[target_name] = progress.totals.seconds.get(target_name, 0.0) + time.time() - started
+    progress.flush(force=True)
     if found:
         pytest.fail(f"{len(found)} violation(s) in {target_name}; first: {str(found[0])[:2000]}", pytrace=False)
