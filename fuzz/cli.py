@@ -109,13 +109,12 @@ def _build_parser() -> argparse.ArgumentParser:
                           "(see docs/scaling.md)")
     run.add_argument("--shard", default=None, metavar="K/N", help="run only runner K's share of N (targets and seeds)")
     run.add_argument("--reuse-only", action="store_true",
-                     help="generate nothing: replay the database's examples each round (reproduce what others found)")
+                     help="generate nothing: replay the database's examples, and what others save (reproduce what they found)")
     run.add_argument("--junit", default=None, help="write JUnit XML here")
     run.add_argument("--repro-dir", default=str(ROOT / "fuzz-out" / "repros"), help="where minimal repros go")
     run.add_argument("--report-dir", default=str(ROOT / "fuzz-out" / "report"), help="where report.md and report.html go")
     run.add_argument("--vllm-src", default=None, help="a vLLM source checkout to fuzz instead of the installed vLLM")
     run.add_argument("--plant", default=None, help="plant a known truncation bug (self-test and benchmarks)")
-    run.add_argument("--round-examples", type=int, default=100, help=argparse.SUPPRESS)
     sub.add_parser("list", help="list the targets")
     replay = sub.add_parser("replay", help="rerun a saved repro and say whether it still fails")
     replay.add_argument("file", help="a repro .py file written by `run` (its .json sidecar is used when present)")
@@ -161,7 +160,7 @@ def _cmd_list() -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from fuzz.campaign import CampaignConfig, CampaignRecord, databases, parse_shard, run_campaign, shard_items
-    from fuzz.campaign.report import summary_table, write_reports
+    from fuzz.campaign.report import startup_line, summary_table, write_reports
     from fuzz.registry import default_targets
 
     budget = parse_duration(args.budget)
@@ -183,8 +182,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         if args.plant not in PLANTED_TRUNCATE_BUGS:
             raise UsageError(f"--plant {args.plant}: unknown; known: {', '.join(PLANTED_TRUNCATE_BUGS)}")
-    if args.round_examples < 1:
-        raise UsageError(f"--round-examples {args.round_examples}: must be at least 1")
     env = _vllm_src_env(args.vllm_src, dict(os.environ))
     repro_dir = Path(args.repro_dir)
     report_dir = Path(args.report_dir)
@@ -206,7 +203,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         shard=None if shard is None else str(shard),
         reuse_only=args.reuse_only,
         plant=args.plant,
-        round_examples=args.round_examples,
     )
     print(f"fuzz run: targets {', '.join(names)}; budget {budget:.0f}s; workers {workers}; "
           f"seed {args.seed}; db {', '.join(map(databases.describe, dbs))}"
@@ -215,6 +211,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                           junit=Path(args.junit) if args.junit else None)
     total = result.totals
     print(summary_table(total, result.elapsed))
+    print(startup_line(total))
     paths = write_reports(total, report_dir, repro_dir=repro_dir, elapsed=result.elapsed, config=config)
     print(f"report: {paths[0]} and {paths[1]}")
     shutil.copy(result.log, report_dir / "pytest.log")

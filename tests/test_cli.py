@@ -117,12 +117,22 @@ def test_planted_bug_campaign_writes_a_repro_that_fails_then_passes(tmp_path: Pa
     assert replay.returncode == 0 and "PASSES now" in replay.stdout, replay.stdout
 
 
-def test_clean_campaign_exits_0_with_reports(tmp_path: Path) -> None:
+def test_clean_campaign_runs_every_default_target_early_and_reports(tmp_path: Path) -> None:
+    """A short campaign on the default targets: each runs its first example
+    within seconds of the worker being ready (fair slices, not one target
+    after another), and the report says when."""
+    from fuzz.registry import default_targets
+
     proc = _fuzz(
-        "run", "--budget", "4s", "--target", "truncate-any-layout", "--seed", "1",
+        "run", "--budget", "6s", "--seed", "1",
         "--db", str(tmp_path / "db"), "--repro-dir", str(tmp_path / "r"), "--report-dir", str(tmp_path / "rep"),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "truncate-any-layout" in proc.stdout and "examples/s" in proc.stdout
+    assert "first example" in proc.stdout and "start-up: workers ready to fuzz" in proc.stdout
+    record = json.loads((tmp_path / "rep" / "campaign.json").read_text())["total"]
+    (ready,) = record["startup_s"]
+    first = record["first_example_s"]
+    assert set(first) == {t.name for t in default_targets()}, first
+    assert all(0 <= s - ready < 6 for s in first.values()), (ready, first)
     md = (tmp_path / "rep" / "report.md").read_text()
-    assert "Branches reached" in md and "Spec types drawn" in md
+    assert "Branches reached" in md and "Spec types drawn" in md and "start-up:" in md

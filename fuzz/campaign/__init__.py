@@ -6,7 +6,11 @@ One job per module:
 - :mod:`~fuzz.campaign.sharding`: which (target, slot) items a runner takes (``--shard K/N``);
 - :mod:`~fuzz.campaign.databases`: the shared example database (``--db``), also a pytest plugin;
 - :mod:`~fuzz.campaign.runner`: starts the pytest-xdist workers and watches their progress;
-- :mod:`~fuzz.campaign.worker`: the pytest module each worker runs (rounds, failures, repros);
+- :mod:`~fuzz.campaign.worker`: the pytest module each worker runs, one item per slot;
+- :mod:`~fuzz.campaign.schedule`: fair time slices between a slot's targets;
+- :mod:`~fuzz.campaign.fuzzer`: one slot's slices: fresh generation, replay of what the database gained;
+- :mod:`~fuzz.campaign.findings`: failure keys, repros and sidecars, choices saved for others;
+- :mod:`~fuzz.campaign.progress`: the stats directory workers write and the runner reads;
 - :mod:`~fuzz.campaign.totals`: what was counted (:class:`Totals`, merged for workers and shards alike);
 - :mod:`~fuzz.campaign.record`: ``campaign.json``, and merging several runners' records;
 - :mod:`~fuzz.campaign.report`: the summary table, ``report.md`` and ``report.html``.

@@ -40,7 +40,6 @@ class CampaignConfig:
     shard: str | None = None  # "K/N" when sharded
     reuse_only: bool = False
     plant: str | None = None  # a planted truncation bug (self-tests, benchmarks)
-    round_examples: int = 100
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "targets", tuple(self.targets))
@@ -57,8 +56,6 @@ class CampaignConfig:
             problems.append(f"slots={self.slots} must be at least 1")
         if not self.budget > 0:
             problems.append(f"budget={self.budget} must be positive")
-        if self.round_examples < 1:
-            problems.append(f"round_examples={self.round_examples} must be at least 1")
         if problems:
             raise ValueError("campaign config: " + "; ".join(problems))
 

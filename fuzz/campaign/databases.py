@@ -99,7 +99,7 @@ def check_database(db: ExampleDatabase | None) -> None:
     """Raise :class:`DatabaseUnavailable` if a networked database stopped answering.
 
     Cheap (one round trip per Redis server); the campaign calls it once per
-    round, so a lost server is noticed within one round even by a worker that
+    slice, so a lost server is noticed within one slice even by a worker that
     is not reading or writing examples.
     """
     for inner in _leaves(db):

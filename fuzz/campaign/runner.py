@@ -3,15 +3,13 @@ add up what they counted.
 
 The workers are pytest(-xdist) processes running :mod:`fuzz.campaign.worker`
 with the :class:`~fuzz.campaign.config.CampaignConfig` in their environment;
-each writes its :class:`~fuzz.campaign.totals.Totals` to the stats directory,
-which the runner merges for its progress line and its result. A worker that
-cannot go on (the shared database is gone) leaves a ``harness-error-*.txt``
-line there; the runner then stops them all.
+each writes its :class:`~fuzz.campaign.totals.Totals` to the stats directory
+(:mod:`fuzz.campaign.progress`), which the runner merges for its progress
+line and its result, and stops every worker when one reports a harness error.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -20,6 +18,7 @@ from pathlib import Path
 
 from fuzz.campaign import config as config_module
 from fuzz.campaign.config import CampaignConfig
+from fuzz.campaign.progress import harness_errors, read_totals
 from fuzz.campaign.totals import Totals
 
 __all__ = ["CampaignResult", "run_campaign"]
@@ -37,28 +36,12 @@ class CampaignResult:
     log: Path  # pytest's output
 
 
-def read_totals(stats_dir: Path) -> Totals:
-    """The merged totals of every worker's progress file (a file being replaced is skipped)."""
-    parts = []
-    for f in stats_dir.glob("*.json"):
-        try:
-            parts.append(Totals.from_json(json.loads(f.read_text())))
-        except (OSError, ValueError, KeyError):
-            continue
-    return Totals.sum(parts)
-
-
-def harness_errors(stats_dir: Path) -> list[str]:
-    """One line each, written by campaign workers that could not go on (e.g. database lost)."""
-    return [f.read_text().strip() for f in sorted(stats_dir.glob("harness-error-*.txt"))]
-
-
 def progress_line(total: Totals, elapsed: float, budget: float) -> str:
     n = total.example_count
     branches = len(total.telemetry.get("branches", {}))
     return (
         f"[{elapsed:6.1f}s, budget {budget:.0f}s] examples {n:>7}  {n / max(elapsed, 1e-9):7.1f}/s  "
-        f"failures {len(total.failures)}  branches {branches}"
+        f"failures {len(total.failures)}  branches {branches}  targets started {len(total.first_example_s)}"
     )
 
 

@@ -14,8 +14,8 @@ The plan, for T targets (in the order given) and W workers per runner:
   each target gets N div T or one more runners.
 
 Each item is (target, slot); replica r's workers use slots r*W .. r*W+W-1, so
-no two runners fuzzing one target share a seed stream (the campaign's round
-seed is ``seed*1000003 + slot*10007 + round``).
+no two runners fuzzing one target share a seed stream (a slice's seed is
+``seed*1000003 + slot*10007 + slice``, :func:`fuzz.campaign.fuzzer.slice_seed`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""What a campaign counted: one type for a round, a worker, a runner and a
+"""What a campaign counted: one type for a slot, a worker, a runner and a
 sharded campaign.
 
-A worker adds each round into its :class:`Totals` and writes them to its
-progress file; the runner merges the workers' files, and ``python -m fuzz
+A worker counts into its :class:`Totals` and writes them to its progress
+file; the runner merges the workers' files, and ``python -m fuzz
 merge`` the runners' ``campaign.json`` files, with the same :meth:`Totals.merge`.
 """
 
@@ -22,6 +22,10 @@ def _add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _earliest(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: min(v for v in (a.get(k), b.get(k)) if v is not None) for k in {**a, **b}}
+
+
 @dataclass
 class Totals:
     """Counts per target, the distinct failures, and what the targets reached.
@@ -36,6 +40,10 @@ class Totals:
     failures: list[dict[str, Any]] = field(default_factory=list)
     telemetry: dict[str, dict[str, int]] = field(default_factory=dict)  # counter name -> label -> count
     vllm_version: str = "?"
+    # Seconds from the runner's start: when each target ran its first example,
+    # and when each worker was ready to fuzz (its start-up: importing vLLM).
+    first_example_s: dict[str, float] = field(default_factory=dict)
+    startup_s: list[float] = field(default_factory=list)
 
     def merge(self, other: Totals) -> Totals:
         """The sum of two parts (counts add up, failures are deduplicated by key)."""
@@ -51,6 +59,8 @@ class Totals:
             failures=list(failures.values()),
             telemetry={n: _add(self.telemetry.get(n, {}), other.telemetry.get(n, {})) for n in sorted(names)},
             vllm_version=other.vllm_version if other.vllm_version != "?" else self.vllm_version,
+            first_example_s=_earliest(self.first_example_s, other.first_example_s),
+            startup_s=self.startup_s + other.startup_s,
         )
 
     @classmethod
@@ -64,13 +74,11 @@ class Totals:
     def example_count(self) -> int:
         return sum(self.examples.values())
 
-    def count(self, target: str, n: int = 1) -> None:
-        self.examples[target] = self.examples.get(target, 0) + n
-
     # -- the wire format (progress files, campaign.json) -------------------------
     def to_json(self) -> dict[str, Any]:
         return {"examples": self.examples, "seconds": self.seconds, "failures": self.failures,
-                "telemetry": self.telemetry, "vllm_version": self.vllm_version}
+                "telemetry": self.telemetry, "vllm_version": self.vllm_version,
+                "first_example_s": self.first_example_s, "startup_s": self.startup_s}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Totals:
@@ -80,4 +88,6 @@ class Totals:
             failures=list(data["failures"]),
             telemetry={k: dict(v) for k, v in data.get("telemetry", {}).items()},
             vllm_version=data.get("vllm_version", "?"),
+            first_example_s=dict(data.get("first_example_s", {})),
+            startup_s=list(data.get("startup_s", [])),
         )
