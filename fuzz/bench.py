@@ -1,113 +1,243 @@
-"""Benchmarks: ``python -m fuzz.bench [--seeds 5] [--examples 600] [--quick]``.
+"""Benchmarks: ``python -m fuzz.bench [--targets ...] [--examples 400] [--repeats 3] [--seeds 5]``.
 
-Prints, for each target tier available:
-- examples per second (median over repeated runs; these machines are noisy),
-- the share of wall time spent inside vLLM's own code (cProfile self time of
-  functions defined under the installed ``vllm`` package),
-- seconds to find each planted bug (median of N seeds, clock stopped at the
-  first failing example, before shrinking), with min/max.
-Figures belong here, never in timed tests.
+For each target, in its own fresh process (so no figure depends on what ran
+before it: no heap, cache, patched vLLM or profiler is carried over):
+
+- **start-up**: seconds to import the adapter (vLLM) and to run the first
+  example after that (the target's module, its first vLLM configuration);
+- **warm-up**: the first in-process run of ``--examples`` examples, reported
+  on its own and left out of the medians;
+- **raw**: examples per second of the target in-process
+  (:func:`fuzz.hunting.hunt`: generate and target phases, no database),
+  median of ``--repeats`` runs;
+- **campaign**: examples per second of the same target inside the campaign's
+  worker loop (:func:`fuzz.campaign.fuzzer.run_slot`: fair slices, a
+  directory example database, progress files, telemetry) for
+  ``--campaign-seconds``, its first slice left out; median of ``--repeats``
+  runs, alternated with the raw ones so both see the same machine load;
+- **campaign/raw**, the ratio of the medians;
+- the share of wall time inside vLLM's own code (cProfile self time of
+  functions under the installed ``vllm`` package).
+
+Then seconds to find each planted bug (median of ``--seeds`` seeds, clock
+stopped at the first failing example, before shrinking). Figures belong
+here, never in timed tests; on a shared machine compare ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
+import os
 import pstats
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
-
-from fuzz import adapter
-from fuzz.hunting import hunt
 
 __all__ = ["main"]
 
+ROOT = Path(__file__).resolve().parent.parent
 
-def _vllm_share(body: Callable[[Any], None], strategy: Any, examples: int) -> float:
+
+# -- in the child process ------------------------------------------------------
+def _raw_run(target: Any, examples: int, seed: int) -> tuple[float, int, float]:
+    """(examples/s, examples, seconds) of one in-process run."""
+    from fuzz.hunting import hunt
+
+    strategy, check, machine = target.load()
+    res = hunt(check, strategy, machine=machine, max_examples=examples, seed=seed)
+    if res.found:
+        raise SystemExit(f"{target.name}: unmodified vLLM failed during the benchmark: {res.violation}")
+    return res.examples / res.seconds, res.examples, res.seconds
+
+
+def _campaign_run(name: str, seconds: float) -> tuple[float, int, float]:
+    """(steady examples/s, examples, seconds) of the campaign worker loop on
+    one target, its first slice left out."""
+    from fuzz import adapter
+    from fuzz.campaign.config import CampaignConfig
+    from fuzz.campaign.databases import open_database
+    from fuzz.campaign.findings import Findings
+    from fuzz.campaign.fuzzer import run_slot
+    from fuzz.campaign.progress import Progress
+
+    with tempfile.TemporaryDirectory(prefix="fuzz-bench-") as tmp:
+        config = CampaignConfig(targets=(name,), items=((name, 0),), slots=1, budget=seconds, start=time.time(),
+                                repro_dir=f"{tmp}/repros", stats_dir=tmp, db=(f"{tmp}/db",))
+        progress = Progress(tmp, "bench", start=config.start, vllm_version=adapter.VLLM_VERSION)
+        findings = Findings(repro_dir=config.repro_dir, start=config.start, campaign_seed=None, worker="bench",
+                            vllm_version=adapter.VLLM_VERSION)
+        schedule = run_slot(config, 0, [name], database=open_database(list(config.db)), progress=progress,
+                            findings=findings)
+    if progress.totals.failures:
+        raise SystemExit(f"{name}: unmodified vLLM failed during the benchmark: {progress.totals.failures[0]['violation']}")
+    assert schedule is not None
+    steady = [(secs, n) for turn, secs, n in schedule.history if turn.index > 0]
+    secs, n = sum(s for s, _ in steady), sum(n for _, n in steady)
+    return (n / secs if secs else 0.0), n, secs
+
+
+def _vllm_share(target: Any, examples: int) -> float:
+    from fuzz.hunting import hunt
+
+    strategy, check, machine = target.load()
     prof = cProfile.Profile()
     prof.enable()
-    hunt(body, strategy, max_examples=examples, seed=12345)
-    prof.disable()
+    try:
+        hunt(check, strategy, machine=machine, max_examples=examples, seed=12345)
+    finally:
+        prof.disable()
     stats = pstats.Stats(prof)
     total = sum(row[2] for row in stats.stats.values())  # tottime
     in_vllm = sum(row[2] for key, row in stats.stats.items() if "/vllm/" in key[0])
     return in_vllm / total if total else 0.0
 
 
-def _rate(body: Callable[[Any], None], strategy: Any, examples: int, repeats: int) -> list[float]:
-    rates = []
-    for r in range(repeats):
-        res = hunt(body, strategy, max_examples=examples, seed=1000 + r)
-        if res.found:
-            raise SystemExit(f"unmodified vLLM failed during the benchmark: {res.violation}")
-        rates.append(res.examples / res.seconds)
-    return rates
+def _child_target(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    from fuzz import adapter, telemetry
 
-
-def _time_to_find(body, strategy, bug: str, seeds: int, budget: int) -> tuple[list[float], int]:
-    times, misses = [], 0
-    with adapter.planted_truncate_bug(bug):
-        for s in range(seeds):
-            res = hunt(body, strategy, max_examples=budget, seed=s)
-            if res.found:
-                times.append(res.seconds)
-            else:
-                misses += 1
-    return times, misses
-
-
-def _fmt(values: list[float]) -> str:
-    if not values:
-        return "not found"
-    return f"median {statistics.median(values):7.2f}  (min {min(values):.2f}, max {max(values):.2f})"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fuzz.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=5, help="seeds per planted bug (median reported)")
-    parser.add_argument("--examples", type=int, default=600, help="examples per throughput run")
-    parser.add_argument("--repeats", type=int, default=3, help="throughput runs (median reported)")
-    parser.add_argument("--find-budget", type=int, default=3000, help="max examples when hunting a planted bug")
-    args = parser.parse_args(argv)
     adapter.init_hashing()
+    import_s = time.perf_counter() - t0
+    from fuzz.hunting import hunt
+    from fuzz.registry import get_target
 
-    from fuzz.targets.target_truncate import any_layout_scenarios, check_truncation_scenario, hybrid_scenarios
+    target = get_target(name)
+    t1 = time.perf_counter()
+    strategy, check, machine = target.load()
+    hunt(check, strategy, machine=machine, max_examples=1, seed=0)
+    first_s = time.perf_counter() - t1
+    warmup = _raw_run(target, args.examples, seed=999)
+    raw, campaign = [], []
+    for r in range(args.repeats):
+        raw.append(_raw_run(target, args.examples, seed=1000 + r))
+        campaign.append(_campaign_run(name, args.campaign_seconds))
+    branches = telemetry.snapshot()["branches"]
+    share = _vllm_share(target, max(args.examples // 2, 100))
+    return {"target": name, "import_s": import_s, "first_example_s": first_s, "warmup": warmup, "raw": raw,
+            "campaign": campaign, "vllm_share": share, "branches": branches, "vllm": adapter.VLLM_VERSION}
+
+
+def _child_planted(args: argparse.Namespace) -> dict[str, Any]:
+    from fuzz import adapter
+    from fuzz.hunting import hunt
+    from fuzz.registry import get_target
+
+    adapter.init_hashing()
     from strategies.scenarios import truncation_scenarios
     from strategies.specs import kv_cache_layouts
 
-    from fuzz import telemetry
-
-    print(f"vLLM {adapter.VLLM_VERSION}; benchmark of the truncate-level target")
-    print("(2-core shared machine: medians; compare ratios, not absolute numbers)\n")
-    hybrid = hybrid_scenarios()
-    for name, strategy in [("truncate-hybrid", hybrid), ("truncate-any-layout", any_layout_scenarios())]:
-        rates = _rate(check_truncation_scenario, strategy, args.examples, args.repeats)
-        share = _vllm_share(check_truncation_scenario, strategy, max(args.examples // 2, 100))
-        print(f"{name:<22} examples/s {_fmt(rates)}   time inside vLLM code {100 * share:.0f}%")
-    layouts = sum(telemetry.COUNTERS["layouts"].values())
-    rejected = sum(telemetry.COUNTERS["rejections"].values())
-    print(f"layouts vLLM rejected: {rejected} of {layouts + rejected} drawn {dict(telemetry.COUNTERS['rejections'])}")
-
+    hybrid_strategy, check, _ = get_target("truncate-hybrid").load()
     with_scratch = truncation_scenarios(
         layouts=kv_cache_layouts(min_groups=3, max_groups=4, required=("FullAttentionSpec", "MambaSpec", "CircularBufferSpec"))
     )
-    print(f"\nseconds to find each planted bug (median of {args.seeds} seeds, budget {args.find_budget} examples):")
+    out: dict[str, Any] = {}
     for bug in adapter.PLANTED_TRUNCATE_BUGS:
-        strategy = with_scratch if bug == "scratch_gets_null" else hybrid
-        times, misses = _time_to_find(check_truncation_scenario, strategy, bug, args.seeds, args.find_budget)
-        miss = f"  missed by {misses} seed(s)" if misses else ""
-        print(f"  {bug:<22} {_fmt(times)}{miss}")
+        strategy = with_scratch if bug == "scratch_gets_null" else hybrid_strategy
+        with adapter.planted_truncate_bug(bug):
+            out[f"truncate: {bug}"] = [_found_after(hunt(check, strategy, max_examples=args.find_budget, seed=s))
+                                       for s in range(args.seeds)]
+    sched_strategy, sched_check, _ = get_target("scheduler-single-shot").load()
+    with adapter.planted_scheduler_bug("pre_fix_assert_all"):
+        out["scheduler: pre_fix_assert_all"] = [
+            _found_after(hunt(sched_check, sched_strategy, max_examples=args.find_budget, seed=s))
+            for s in range(args.seeds)]
+    return out
 
-    try:
-        from fuzz.targets.scheduler import bench_scheduler  # the scheduler tier, when present
-    except ImportError:
-        print("\n(scheduler tier not available)")
+
+def _found_after(res: Any) -> list[float] | None:
+    return [res.seconds, res.examples] if res.found else None
+
+
+# -- in the parent ---------------------------------------------------------------
+def _child(argv: list[str]) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])))
+    proc = subprocess.run([sys.executable, "-m", "fuzz.bench", *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("BENCH ")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"benchmark child {argv} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len("BENCH "):])
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def _fmt_times(found: list[list[float] | None]) -> str:
+    hits = [f[0] for f in found if f]
+    if not hits:
+        return "not found"
+    misses = len(found) - len(hits)
+    return (f"median {statistics.median(hits):6.2f} s  (min {min(hits):.2f}, max {max(hits):.2f})"
+            + (f"  missed by {misses} seed(s)" if misses else ""))
+
+
+def _report(results: list[dict[str, Any]], planted: dict[str, Any] | None, args: argparse.Namespace) -> None:
+    print(f"vLLM {results[0]['vllm'] if results else '?'}; each target in a fresh process; "
+          f"raw = in-process hunt of {args.examples} examples, campaign = the worker loop for "
+          f"{args.campaign_seconds:g} s (first slice left out); medians of {args.repeats}")
+    print("(2-core shared machine: compare ratios within one run, not absolute numbers)\n")
+    head = f"{'target':<22} {'raw ex/s':>9} {'campaign ex/s':>14} {'campaign/raw':>13}  {'vLLM':>5}  warm-up (1st run ex/s; import, 1st example s)"
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        raw = _median([x[0] for x in r["raw"]])
+        camp = _median([x[0] for x in r["campaign"]])
+        print(f"{r['target']:<22} {raw:9.1f} {camp:14.1f} {camp / raw if raw else 0:13.2f}  {100 * r['vllm_share']:4.0f}%  "
+              f"{r['warmup'][0]:.1f}; {r['import_s']:.1f}, {r['first_example_s']:.2f}")
+    for r in results:
+        b = r["branches"]
+        n = b.get("scheduler: examples")
+        if r["target"] == "scheduler-single-shot" and n:
+            print(f"\n{r['target']}: truncation branch reached by "
+                  f"{100 * b.get('scheduler: truncation branch', 0) / n:.0f}% of examples, "
+                  f"divergent-hit fallback by {100 * b.get('scheduler: divergent-hit fallback', 0) / n:.0f}%")
+    if planted:
+        print(f"\nseconds to find each planted bug (median of {args.seeds} seeds, budget {args.find_budget} examples):")
+        for bug, found in planted.items():
+            print(f"  {bug:<34} {_fmt_times(found)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fuzz.registry import TARGETS
+
+    parser = argparse.ArgumentParser(prog="python -m fuzz.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", nargs="*", default=list(TARGETS), help="targets to measure (default: all)")
+    parser.add_argument("--examples", type=int, default=400, help="examples per raw run")
+    parser.add_argument("--repeats", type=int, default=3, help="raw and campaign runs per target (median reported)")
+    parser.add_argument("--campaign-seconds", type=float, default=10.0, help="seconds per campaign run")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds per planted bug (median reported)")
+    parser.add_argument("--find-budget", type=int, default=3000, help="max examples when hunting a planted bug")
+    parser.add_argument("--no-planted", action="store_true", help="skip the planted-bug hunts")
+    parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    unknown = [t for t in args.targets if t not in TARGETS]
+    if unknown:
+        parser.error(f"--targets {unknown[0]}: unknown target; known: {', '.join(TARGETS)}")
+    if args.child is not None:  # one measurement in this fresh process
+        result = _child_planted(args) if args.child == ":planted" else _child_target(args.child, args)
+        print("BENCH " + json.dumps(result))
         return 0
-    print("\nscheduler tier:")
-    for key, value in bench_scheduler(seeds=args.seeds).items():
-        print(f"  {key}: {value}")
+    common = ["--examples", str(args.examples), "--repeats", str(args.repeats), "--campaign-seconds",
+              str(args.campaign_seconds), "--seeds", str(args.seeds), "--find-budget", str(args.find_budget)]
+    results = []
+    for name in args.targets:
+        print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+        results.append(_child(["--child", name, *common]))
+    planted = None
+    if not args.no_planted:
+        print("[bench] planted bugs ...", file=sys.stderr, flush=True)
+        planted = _child(["--child", ":planted", *common])
+    _report(results, planted, args)
+    if args.json:
+        args.json.write_text(json.dumps({"targets": results, "planted": planted}, indent=1))
     return 0
 
 

@@ -1,7 +1,8 @@
-"""``python -m fuzz``: run fuzz campaigns, list targets, replay repros.
+"""``python -m fuzz``: run fuzz campaigns, list targets, replay repros, merge
+sharded reports, run the targets on every supported vLLM release.
 
-Exit codes: 0 no violation, 1 violations found (or a replayed repro still
-fails), 2 usage or harness error.
+Exit codes, for every subcommand: 0 no violation, 1 violations found (or a
+replayed repro still fails), 2 usage or harness error (one line).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_VIOLATION", "UsageError", "main", "matrix_exit_code", "parse_duration"]
 
 ROOT = Path(__file__).resolve().parent.parent
 EXIT_OK, EXIT_VIOLATION, EXIT_ERROR = 0, 1, 2
@@ -25,7 +27,12 @@ DEFAULT_BUDGET = "60s"
 
 
 class UsageError(Exception):
-    """One clear line for the user; exit code 2."""
+    """One clear line for the user (``python -m fuzz COMMAND: ...``); exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]  # one line, exit code 2
+        raise UsageError(message)
 
 
 def parse_duration(text: str) -> float:
@@ -48,6 +55,31 @@ def _workers(text: str) -> int:
     return int(text)
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _target_names(requested: list[str], *, default: list[str]) -> list[str]:
+    from fuzz.registry import TARGETS
+
+    unknown = [n for n in requested if n not in TARGETS]
+    if unknown:
+        raise UsageError(f"--target {unknown[0]}: unknown target; known: {', '.join(TARGETS)}")
+    return list(dict.fromkeys(requested)) or default
+
+
 def _vllm_src_env(path: str | None, env: dict[str, str]) -> dict[str, str]:
     if path is None:
         return env
@@ -60,7 +92,10 @@ def _vllm_src_env(path: str | None, env: dict[str, str]) -> dict[str, str]:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m fuzz", description=__doc__.splitlines()[0])
+    from fuzz.matrix import REFERENCE_RELEASES, SUPPORTED_RELEASES
+    from fuzz.matrix.envs import DEFAULT_ROOT
+
+    p = _Parser(prog="python -m fuzz", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", metavar="{run,list,replay,merge,matrix}")
     run = sub.add_parser("run", help="fuzz the targets for a wall-clock budget")
     run.add_argument("--budget", default=DEFAULT_BUDGET, help="fuzzing time, e.g. 90s, 10m; start-up (~10 s) comes on top (default %(default)s)")
@@ -74,13 +109,12 @@ def _build_parser() -> argparse.ArgumentParser:
                           "(see docs/scaling.md)")
     run.add_argument("--shard", default=None, metavar="K/N", help="run only runner K's share of N (targets and seeds)")
     run.add_argument("--reuse-only", action="store_true",
-                     help="generate nothing: replay the database's examples each round (reproduce what others found)")
+                     help="generate nothing: replay the database's examples, and what others save (reproduce what they found)")
     run.add_argument("--junit", default=None, help="write JUnit XML here")
     run.add_argument("--repro-dir", default=str(ROOT / "fuzz-out" / "repros"), help="where minimal repros go")
     run.add_argument("--report-dir", default=str(ROOT / "fuzz-out" / "report"), help="where report.md and report.html go")
     run.add_argument("--vllm-src", default=None, help="a vLLM source checkout to fuzz instead of the installed vLLM")
     run.add_argument("--plant", default=None, help="plant a known truncation bug (self-test and benchmarks)")
-    run.add_argument("--round-examples", type=int, default=100, help=argparse.SUPPRESS)
     sub.add_parser("list", help="list the targets")
     replay = sub.add_parser("replay", help="rerun a saved repro and say whether it still fails")
     replay.add_argument("file", help="a repro .py file written by `run` (its .json sidecar is used when present)")
@@ -89,7 +123,27 @@ def _build_parser() -> argparse.ArgumentParser:
     merge.add_argument("campaigns", nargs="+", help="campaign.json files (or the report dirs holding them)")
     merge.add_argument("--report-dir", default=str(ROOT / "fuzz-out" / "report"), help="where the merged report goes")
     merge.add_argument("--repro-dir", default=str(ROOT / "fuzz-out" / "repros"), help="where the shards' repros were gathered")
-    sub.add_parser("matrix", help="run the targets on every supported vLLM release (see fuzz/matrix.py)", add_help=False)
+    matrix = sub.add_parser("matrix", help="run the targets on every supported vLLM release",
+                            description="Run the targets on every supported vLLM release (see fuzz/matrix/).")
+    matrix.add_argument("releases", nargs="*", metavar="RELEASE",
+                        help="a version (0.30.0) or src:/path/to/vllm-checkout; default: " + " ".join(SUPPORTED_RELEASES))
+    matrix.add_argument("--vllm-src", action="append", default=[], metavar="PATH",
+                        help="also run on this vLLM source checkout (root first on PYTHONPATH, no install)")
+    matrix.add_argument("--reference", action="store_true",
+                        help="also run the pre-fix reference release(s) " + ", ".join(REFERENCE_RELEASES)
+                        + " (violations expected, never change the exit code)")
+    matrix.add_argument("--target", action="append", default=[], help="target name (repeatable); default: every target")
+    matrix.add_argument("--examples", type=_positive_int, default=100,
+                        help="examples per target (FUZZ_CI_EXAMPLES, ci profile; default %(default)s)")
+    matrix.add_argument("--timeout", type=_positive_float, default=900.0,
+                        help="seconds before one (release, target) run is killed (default %(default)s)")
+    matrix.add_argument("--generated-only", action="store_true",
+                        help="skip pinned @example()s, so a violation shows what generation alone finds")
+    matrix.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="release install cache (default .cache/vllm-envs)")
+    matrix.add_argument("--out", type=Path, default=ROOT / "fuzz-out" / "matrix",
+                        help="per-run logs, JUnit XML and statistics (default fuzz-out/matrix)")
+    matrix.add_argument("--json", type=Path, default=None, help="also write the cells as JSON here")
+    matrix.add_argument("--list", action="store_true", help="print the releases and targets, run nothing")
     return p
 
 
@@ -104,51 +158,19 @@ def _cmd_list() -> int:
     return EXIT_OK
 
 
-def _aggregate(stats_dir: Path) -> dict:
-    total: dict = {"examples": {}, "seconds": {}, "failures": [], "telemetry": {}, "vllm_version": "?"}
-    for f in stats_dir.glob("*.json"):
-        try:
-            data = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        total["vllm_version"] = data.get("vllm_version", "?")
-        for k, v in data["examples"].items():
-            total["examples"][k] = total["examples"].get(k, 0) + v
-        for k, v in data["seconds"].items():
-            total["seconds"][k] = total["seconds"].get(k, 0.0) + v
-        total["failures"].extend(data["failures"])
-        for name, counter in data["telemetry"].items():
-            agg = total["telemetry"].setdefault(name, {})
-            for label, n in counter.items():
-                agg[label] = agg.get(label, 0) + n
-    return total
-
-
-def _progress_line(total: dict, elapsed: float, budget: float) -> str:
-    n = sum(total["examples"].values())
-    branches = len(total["telemetry"].get("branches", {}))
-    distinct = len({f["key"] for f in total["failures"]})
-    return (
-        f"[{elapsed:6.1f}s, budget {budget:.0f}s] examples {n:>7}  {n / max(elapsed, 1e-9):7.1f}/s  "
-        f"failures {distinct}  branches {branches}"
-    )
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
-    from fuzz import databases, sharding
-    from fuzz.registry import TARGETS, default_targets
+    from fuzz.campaign import CampaignConfig, CampaignRecord, databases, parse_shard, run_campaign, shard_items
+    from fuzz.campaign.report import startup_line, summary_table, write_reports
+    from fuzz.registry import default_targets
 
     budget = parse_duration(args.budget)
     workers = _workers(args.workers)
-    names = args.target or [t.name for t in default_targets()]
-    unknown = [n for n in names if n not in TARGETS]
-    if unknown:
-        raise UsageError(f"--target {unknown[0]}: unknown target; known: {', '.join(TARGETS)}")
+    names = _target_names(args.target, default=[t.name for t in default_targets()])
     try:
-        shard = sharding.parse_shard(args.shard) if args.shard else None
+        shard = parse_shard(args.shard) if args.shard else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    items = sharding.shard_items(names, shard, workers)
+    items = shard_items(names, shard, workers)
     names = list(dict.fromkeys(t for t, _ in items))
     dbs = args.db or [str(ROOT / ".hypothesis" / "fuzz-db")]
     try:  # reach the database once here: a bad spec or a dead server is one line
@@ -168,109 +190,63 @@ def _cmd_run(args: argparse.Namespace) -> int:
             d.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot create {d}: {exc.strerror}") from None
-    stats_dir = Path(tempfile.mkdtemp(prefix="fuzz-stats-"))
-    start = time.time()
-    config = {
-        "targets": names,
-        "slots": workers,
-        "budget": budget,
-        "start": start,
-        "seed": args.seed,
-        "db": dbs,
-        "items": items,
-        "shard": None if shard is None else str(shard),
-        "reuse_only": args.reuse_only,
-        "repro_dir": str(repro_dir),
-        "stats_dir": str(stats_dir),
-        "plant": args.plant,
-        "round_examples": args.round_examples,
-    }
-    env.update(FUZZ_CAMPAIGN=json.dumps(config), HYPOTHESIS_PROFILE=args.profile, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "fuzz" / "campaign.py"), "-q", "-p", "no:cacheprovider",
-           "--rootdir", str(ROOT), "-o", "addopts=", "-W", "ignore::DeprecationWarning"]
-    if workers > 1:
-        cmd += ["-n", str(workers), "--dist", "load"]
-    else:
-        cmd += ["-p", "no:xdist"]
-    if args.junit:
-        cmd += ["--junitxml", str(Path(args.junit).resolve())]
-    tty = sys.stdout.isatty()
+    config = CampaignConfig(
+        targets=tuple(names),
+        items=tuple(items),
+        slots=workers,
+        budget=budget,
+        start=time.time(),
+        repro_dir=str(repro_dir),
+        stats_dir=tempfile.mkdtemp(prefix="fuzz-stats-"),
+        db=tuple(dbs),
+        seed=args.seed,
+        shard=None if shard is None else str(shard),
+        reuse_only=args.reuse_only,
+        plant=args.plant,
+    )
     print(f"fuzz run: targets {', '.join(names)}; budget {budget:.0f}s; workers {workers}; "
           f"seed {args.seed}; db {', '.join(map(databases.describe, dbs))}"
           + (f"; shard {shard}" if shard else ""), flush=True)
-    log = stats_dir / "pytest.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-        last_plain = 0.0
-        while proc.poll() is None:
-            time.sleep(0.5)
-            if _harness_errors(stats_dir):
-                _stop(proc)  # e.g. the shared database is gone: no point fuzzing on
-                break
-            elapsed = time.time() - start
-            if tty:
-                print("\r" + _progress_line(_aggregate(stats_dir), elapsed, budget), end="", flush=True)
-            elif elapsed - last_plain >= 10:
-                last_plain = elapsed
-                print(_progress_line(_aggregate(stats_dir), elapsed, budget), flush=True)
-    elapsed = time.time() - start
-    total = _aggregate(stats_dir)
-    if tty:
-        print()
-    print(_progress_line(total, elapsed, budget))
-    rc = proc.returncode
-    from fuzz.report import summary_table, write_reports
-
-    print(summary_table(total, elapsed))
-    paths = write_reports(total, report_dir, repro_dir=repro_dir, elapsed=elapsed, config=config)
+    result = run_campaign(config, workers=workers, profile=args.profile, env=env,
+                          junit=Path(args.junit) if args.junit else None)
+    total = result.totals
+    print(summary_table(total, result.elapsed))
+    print(startup_line(total))
+    paths = write_reports(total, report_dir, repro_dir=repro_dir, elapsed=result.elapsed, config=config)
     print(f"report: {paths[0]} and {paths[1]}")
-    shutil.copy(log, report_dir / "pytest.log")
-    (report_dir / "campaign.json").write_text(json.dumps({"total": total, "config": config, "elapsed": elapsed}))
-    harness_errors = _harness_errors(stats_dir)
-    if harness_errors:
-        kept = f"; {len({f['key'] for f in total['failures']})} violation(s) found before it, repros kept in {repro_dir}"
-        print(f"python -m fuzz: harness error: {harness_errors[0]}{kept if total['failures'] else ''}",
+    shutil.copy(result.log, report_dir / "pytest.log")
+    CampaignRecord(config, total, result.elapsed).write(report_dir)
+    if result.harness_errors:
+        kept = f"; {len(total.failures)} violation(s) found before it, repros kept in {repro_dir}"
+        print(f"python -m fuzz: harness error: {result.harness_errors[0]}{kept if total.failures else ''}",
               file=sys.stderr)
         return EXIT_ERROR
-    if total["failures"]:
-        print(f"{len({f['key'] for f in total['failures']})} distinct violation(s); repros in {repro_dir}")
+    if total.failures:
+        print(f"{len(total.failures)} distinct violation(s); repros in {repro_dir}")
         return EXIT_VIOLATION
-    if rc not in (0, 5):
-        print(f"harness error (pytest exit {rc}); log: {report_dir / 'pytest.log'}")
-        print(log.read_text()[-3000:])
+    if result.pytest_rc not in (0, 5):
+        print(f"harness error (pytest exit {result.pytest_rc}); log: {report_dir / 'pytest.log'}")
+        print(result.log.read_text()[-3000:])
         return EXIT_ERROR
     return EXIT_OK
 
 
-def _harness_errors(stats_dir: Path) -> list[str]:
-    """One line each, written by campaign workers that could not go on (e.g. database lost)."""
-    return [f.read_text().strip() for f in sorted(stats_dir.glob("harness-error-*.txt"))]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from fuzz.report import summary_table, write_reports
-    from fuzz.sharding import merge_campaigns
+    from fuzz.campaign import merge_campaigns
+    from fuzz.campaign.report import summary_table, write_reports
 
     paths = [Path(c) / "campaign.json" if Path(c).is_dir() else Path(c) for c in args.campaigns]
     try:
-        total, config, elapsed = merge_campaigns(paths)
+        record = merge_campaigns(paths)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(summary_table(total, elapsed))
+    print(summary_table(record.totals, record.elapsed))
     report_dir = Path(args.report_dir)
-    md, html = write_reports(total, report_dir, repro_dir=Path(args.repro_dir), elapsed=elapsed, config=config)
-    (report_dir / "campaign.json").write_text(json.dumps({"total": total, "config": config, "elapsed": elapsed}))
-    print(f"merged {len(paths)} shard(s) (shards {config['shard']}); report: {md} and {html}")
-    return EXIT_VIOLATION if total["failures"] else EXIT_OK
+    md, html = write_reports(record.totals, report_dir, repro_dir=Path(args.repro_dir), elapsed=record.elapsed,
+                             config=record.config)
+    record.write(report_dir)
+    print(f"merged {len(paths)} shard(s) (shards {record.config.shard}); report: {md} and {html}")
+    return EXIT_VIOLATION if record.totals.failures else EXIT_OK
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -295,30 +271,58 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return EXIT_ERROR
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "matrix":
-        from fuzz import matrix
+def _cmd_matrix(args: argparse.Namespace) -> int:
+    from fuzz import matrix
+    from fuzz.registry import TARGETS
 
-        return matrix.main(argv[1:])
-    parser = _build_parser()
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse already printed one line of usage error
-        return EXIT_OK if exc.code == 0 else EXIT_ERROR
-    try:
-        if args.command == "list":
-            return _cmd_list()
-        if args.command == "replay":
-            return _cmd_replay(args)
-        if args.command == "merge":
-            return _cmd_merge(args)
-        if args.command in (None, "run"):
-            if args.command is None:
-                args = parser.parse_args(["run"])
-            return _cmd_run(args)
-    except UsageError as exc:
-        print(f"python -m fuzz: {exc}", file=sys.stderr)
+        releases = matrix.releases(args.releases, reference=args.reference, sources=args.vllm_src)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    targets = [TARGETS[n] for n in _target_names(args.target, default=list(TARGETS))]
+    if args.json is not None and not args.json.resolve().parent.is_dir():
+        raise UsageError(f"--json {args.json}: directory {args.json.resolve().parent} does not exist")
+    if args.list:
+        for r in releases:
+            print(f"release {r.label}: {r.kind}" + (f" {r.path}" if r.path else ""))
+        for t in targets:
+            print(f"target  {t.name}  ({t.nodeid})")
+        return EXIT_OK
+    skip_phases = "target,explain" + (",explicit" if args.generated_only else "")
+    cells = matrix.run_matrix(releases, targets, examples=args.examples, timeout=args.timeout,
+                              out_dir=args.out, root=args.root, skip_phases=skip_phases)
+    print(matrix.format_table(cells))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(c) for c in cells], indent=1) + "\n", encoding="utf-8")
+    code = matrix_exit_code(cells)
+    print(f"\nexit {code}: " + {EXIT_OK: "no violation outside reference rows and known, fixed vLLM bugs",
+                                EXIT_VIOLATION: "new violations on a supported release or checkout",
+                                EXIT_ERROR: "harness errors: the table is incomplete"}[code])
+    return code
+
+
+def matrix_exit_code(cells: list) -> int:
+    """2 on any harness error (the table is incomplete), else 1 on a violation
+    that is neither on a reference row nor a known bug of its release, else 0."""
+    from fuzz import matrix
+
+    if matrix.incomplete(cells):
         return EXIT_ERROR
-    parser.print_usage(sys.stderr)
-    return EXIT_ERROR
+    return EXIT_VIOLATION if matrix.new_violations(cells) else EXIT_OK
+
+
+_COMMANDS = {"list": lambda args: _cmd_list(), "replay": _cmd_replay, "merge": _cmd_merge, "matrix": _cmd_matrix,
+             "run": _cmd_run}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv) or ["run"]
+    try:
+        args = _build_parser().parse_args(argv)
+        return _COMMANDS[args.command or "run"](args)
+    except SystemExit as exc:  # --help
+        return EXIT_OK if exc.code in (0, None) else EXIT_ERROR
+    except UsageError as exc:
+        command = f" {argv[0]}" if argv[0] in _COMMANDS else ""
+        print(f"python -m fuzz{command}: {exc}", file=sys.stderr)
+        return EXIT_ERROR

@@ -1,8 +1,10 @@
 """The fuzz targets ``python -m fuzz`` knows, by name.
 
 Each target names (lazily, so listing is instant) a strategy factory and a
-check function, or a Hypothesis state machine. The same objects back the
-``fuzz_*`` pytest targets, so a campaign and a test run exercise one thing.
+check function, or a Hypothesis state machine, and the pytest test that runs
+the same objects with its pinned examples (``test``: what ``python -m fuzz
+matrix`` runs on each release). A target's name is its only identity: the
+campaign, the matrix and the bench all take these names.
 """
 
 from __future__ import annotations
@@ -20,11 +22,17 @@ class Target:
     name: str
     summary: str
     module: str
+    test: str  # the pytest function (or state machine TestCase) in ``module``
     strategy: str | None = None  # zero-argument factory returning the strategy
     check: str | None = None  # function(example) raising on a violation
     machine: str | None = None  # RuleBasedStateMachine class (stateful targets)
     repro: str | None = None  # "module:function" writing a standalone repro
     default: bool = True
+
+    @property
+    def nodeid(self) -> str:
+        """The pytest node id, relative to the repository root."""
+        return f"{self.module.replace('.', '/')}.py::{self.test}"
 
     def load(self) -> tuple[Any, Callable[[Any], None] | None, type | None]:
         mod = importlib.import_module(self.module)
@@ -47,6 +55,7 @@ TARGETS: dict[str, Target] = {
             "truncate-hybrid",
             "truncate_computed_blocks on real lookups: full attention + Mamba (+ up to 2 groups)",
             "fuzz.targets.target_truncate",
+            "fuzz_truncate_hybrid",
             strategy="hybrid_scenarios",
             check="check_truncation_scenario",
             repro="fuzz.repro:truncation_repro_from_last_run",
@@ -55,6 +64,7 @@ TARGETS: dict[str, Target] = {
             "truncate-any-layout",
             "truncate_computed_blocks on real lookups: any 1-4 group layout of every drawable spec",
             "fuzz.targets.target_truncate",
+            "fuzz_truncate_any_layout",
             strategy="any_layout_scenarios",
             check="check_truncation_scenario",
             repro="fuzz.repro:truncation_repro_from_last_run",
@@ -63,6 +73,7 @@ TARGETS: dict[str, Target] = {
             "scheduler-single-shot",
             "Scheduler.schedule() with a scripted KV connector: fill, diverge under real pressure, replay (FA + Mamba)",
             "fuzz.targets.target_scheduler",
+            "fuzz_scheduler_single_shot",
             strategy="single_shot_strategy",
             check="check_single_shot",
         ),
@@ -70,6 +81,7 @@ TARGETS: dict[str, Target] = {
             "scheduler-any-layout",
             "Scheduler.schedule() single-shot over FA + Mamba + other groups and any 1-4 group layout, over-reports too",
             "fuzz.targets.target_scheduler",
+            "fuzz_scheduler_single_shot_any_layout",
             strategy="any_layout_strategy",
             check="check_single_shot",
         ),
@@ -77,6 +89,7 @@ TARGETS: dict[str, Target] = {
             "scheduler-machine",
             "Scheduler state machine: shared prefixes, steps, finish/abort, failed async loads, invariants every step",
             "fuzz.targets.target_scheduler",
+            "TestSchedulerMachine",
             machine="SchedulerMachine",
         ),
     ]

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from fuzz import adapter
+from fuzz.campaign import CampaignConfig
+from fuzz.campaign.config import ENV
 from fuzz.cli import UsageError, main, parse_duration
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,9 +51,35 @@ def test_usage_errors_exit_2_with_one_line(argv, message, capsys) -> None:
     assert len(err) == 1 and message in err[0], err
 
 
-def test_unknown_flag_exits_2(capsys) -> None:
+def test_unknown_flag_exits_2_with_one_line(capsys) -> None:
     assert main(["run", "--no-such-flag"]) == 2
-    assert "unrecognized arguments" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["python -m fuzz run: unrecognized arguments: --no-such-flag"], err
+
+
+def _config(**changes: object) -> CampaignConfig:
+    fields = dict(targets=("truncate-hybrid", "scheduler-machine"), items=(("truncate-hybrid", 0), ("scheduler-machine", 0)),
+                  slots=1, budget=60.0, start=1.0, repro_dir="r", stats_dir="s", db=("db",), seed=7)
+    return CampaignConfig(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+def test_the_campaign_config_reaches_a_worker_unchanged() -> None:
+    config = _config(shard="2/3", plant="pre_fix_assert_all")
+    assert CampaignConfig.from_env({ENV: config.to_env()}) == config
+    assert CampaignConfig.from_env({}) is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [({"budget": 0.0}, "budget=0.0 must be positive"), ({"slots": 0}, "slots=0 must be at least 1"),
+     ({"items": (("nope", 0),)}, "name targets outside"), ({"targets": ()}, "targets: none")],
+)
+def test_a_bad_campaign_config_is_refused_on_both_ends(changes, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        _config(**changes)
+    good = _config().to_json()
+    with pytest.raises(ValueError, match=message):
+        CampaignConfig.from_json({**good, **{k: list(v) if isinstance(v, tuple) else v for k, v in changes.items()}})
 
 
 def test_list_names_every_target(capsys) -> None:
@@ -89,12 +117,22 @@ def test_planted_bug_campaign_writes_a_repro_that_fails_then_passes(tmp_path: Pa
     assert replay.returncode == 0 and "PASSES now" in replay.stdout, replay.stdout
 
 
-def test_clean_campaign_exits_0_with_reports(tmp_path: Path) -> None:
+def test_clean_campaign_runs_every_default_target_early_and_reports(tmp_path: Path) -> None:
+    """A short campaign on the default targets: each runs its first example
+    within seconds of the worker being ready (fair slices, not one target
+    after another), and the report says when."""
+    from fuzz.registry import default_targets
+
     proc = _fuzz(
-        "run", "--budget", "4s", "--target", "truncate-any-layout", "--seed", "1",
+        "run", "--budget", "6s", "--seed", "1",
         "--db", str(tmp_path / "db"), "--repro-dir", str(tmp_path / "r"), "--report-dir", str(tmp_path / "rep"),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "truncate-any-layout" in proc.stdout and "examples/s" in proc.stdout
+    assert "first example" in proc.stdout and "start-up: workers ready to fuzz" in proc.stdout
+    record = json.loads((tmp_path / "rep" / "campaign.json").read_text())["total"]
+    (ready,) = record["startup_s"]
+    first = record["first_example_s"]
+    assert set(first) == {t.name for t in default_targets()}, first
+    assert all(0 <= s - ready < 6 for s in first.values()), (ready, first)
     md = (tmp_path / "rep" / "report.md").read_text()
-    assert "Branches reached" in md and "Spec types drawn" in md
+    assert "Branches reached" in md and "Spec types drawn" in md and "start-up:" in md

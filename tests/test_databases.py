@@ -19,7 +19,7 @@ import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase, MultiplexedDatabase, ReadOnlyDatabase
 
 from fuzz.cli import main
-from fuzz.databases import DatabaseError, check_database, describe, open_database
+from fuzz.campaign.databases import DatabaseError, check_database, describe, open_database
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY, VALUE = b"truncate-hybrid", b"\x01\x02choices"
@@ -96,7 +96,7 @@ def _github(spec: str, home: Path) -> subprocess.CompletedProcess[str]:
     # A subprocess: Hypothesis fixes its storage directory (where artifacts are
     # cached) once per process.
     code = (
-        "from fuzz.databases import open_database, DatabaseError\n"
+        "from fuzz.campaign.databases import open_database, DatabaseError\n"
         "try:\n"
         f"    db = open_database({spec!r})\n"
         f"    print(repr(db), list(db.fetch({KEY!r})))\n"
@@ -157,7 +157,7 @@ _HYPOFUZZ_COLLECT = """
 import json
 from hypothesis import settings
 from hypofuzz.collection import collect_tests
-r = collect_tests(["-p", "fuzz.databases", "fuzz/targets"])
+r = collect_tests(["-p", "fuzz.campaign.databases", "fuzz/targets"])
 out = {"fuzzable": [], "function_fixtures": {}, "database": repr(settings().database)}
 for t in r.fuzz_targets:
     item = t.pytest_item
@@ -171,7 +171,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_hypofuzz_collects_every_target_unchanged_with_the_shared_database(tmp_path: Path) -> None:
-    """``hypothesis fuzz -- -p fuzz.databases fuzz/targets`` (docs/scaling.md):
+    """``hypothesis fuzz -- -p fuzz.campaign.databases fuzz/targets`` (docs/scaling.md):
     HypoFuzz's own collection accepts every ``fuzz_*`` target that is not
     skipped by its own marks, none uses a function-scoped fixture, and
     FUZZ_DB is the database they all share."""

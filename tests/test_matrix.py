@@ -1,6 +1,6 @@
 """The release matrix (``python -m fuzz matrix``, :mod:`fuzz.matrix`).
 
-Fast unit tests of argument parsing, target discovery, JUnit reading and the
+Fast unit tests of argument parsing, target names, JUnit reading and the
 table; then the light CI check: one short truncation target on the oldest
 supported release (installed on demand into ``.cache/vllm-envs``) and on the
 newest (the base venv). The full matrix is slow and stays out of CI.
@@ -8,24 +8,27 @@ newest (the base venv). The full matrix is slow and stays out of CI.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
 
 from fuzz import matrix
+from fuzz.cli import main, matrix_exit_code
 from fuzz.matrix import (
     SUPPORTED_RELEASES,
     Cell,
     Release,
-    discover_targets,
     format_table,
     parse_release,
     run_matrix,
 )
+from fuzz.matrix.releases import base_vllm_version
+from fuzz.registry import TARGETS
 
 OLDEST, NEWEST = SUPPORTED_RELEASES[0], SUPPORTED_RELEASES[-1]
-HYBRID = "fuzz/targets/target_truncate.py::fuzz_truncate_hybrid"
-SCHEDULER = "fuzz/targets/target_scheduler.py::fuzz_scheduler_single_shot"
+HYBRID = TARGETS["truncate-hybrid"]
+SCHEDULER = TARGETS["scheduler-single-shot"]
 
 
 # -- arguments ---------------------------------------------------------------
@@ -33,17 +36,17 @@ SCHEDULER = "fuzz/targets/target_scheduler.py::fuzz_scheduler_single_shot"
 
 def test_a_version_is_a_pypi_release_and_the_base_version_is_the_base_venv() -> None:
     assert parse_release("0.30.0") == Release("0.30.0", "pypi")
-    base = matrix._base_vllm_version()
+    base = base_vllm_version()
     assert parse_release(base).kind == "base"
     assert parse_release("0.27.1").reference  # pre-fix reference, never "supported"
 
 
 def test_a_source_checkout_needs_a_v1_vllm_package(tmp_path: Path) -> None:
-    with pytest.raises(matrix.UsageError, match="no vllm/__init__.py"):
+    with pytest.raises(ValueError, match="no vllm/__init__.py"):
         parse_release(f"src:{tmp_path}")
     (tmp_path / "vllm").mkdir()
     (tmp_path / "vllm" / "__init__.py").write_text("")
-    with pytest.raises(matrix.UsageError, match="not a V1 vLLM"):
+    with pytest.raises(ValueError, match="not a V1 vLLM"):
         parse_release(f"src:{tmp_path}")
     core = tmp_path / "vllm" / "v1" / "core"
     core.mkdir(parents=True)
@@ -61,32 +64,42 @@ def test_a_source_checkout_needs_a_v1_vllm_package(tmp_path: Path) -> None:
         (["--vllm-src", "/no/such/dir"], "no vllm/__init__.py"),
         (["--examples", "0"], "--examples: expected a positive integer"),
         (["--timeout", "-5"], "--timeout: expected a positive number"),
-        (["--target", "fuzz_nothing"], "no such target; known: "),
+        (["--target", "fuzz_truncate_hybrid"], "--target fuzz_truncate_hybrid: unknown target; known: truncate-hybrid"),
         (["--json", "/no/such/dir/out.json"], "does not exist"),
         (["--frobnicate"], "unrecognized arguments: --frobnicate"),
     ],
 )
 def test_bad_flags_and_paths_give_one_line_and_exit_2(argv, message, capsys) -> None:
-    assert matrix.main(argv) == 2
+    assert main(["matrix", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
+    assert err.startswith("python -m fuzz matrix: "), err
 
 
-def test_list_names_releases_and_cpu_targets_without_running(capsys) -> None:
-    assert matrix.main(["--list", "--reference"]) == 0
+def test_list_names_releases_and_the_registry_targets_without_running(capsys) -> None:
+    assert main(["matrix", "--list", "--reference"]) == 0
     out = capsys.readouterr().out
     for version in SUPPORTED_RELEASES:
         assert f"release {version}" in out
     assert "0.27.1 (pre-fix reference, not supported)" in out
-    assert f"target  {HYBRID}" in out
-    assert "target_engine" not in out  # not a CPU target: only when named
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("target")] == list(TARGETS)
+    assert f"target  truncate-hybrid  ({HYBRID.nodeid})" in out
 
 
-def test_targets_are_found_by_reading_the_files() -> None:
-    found = discover_targets()
-    assert HYBRID in found and "fuzz/targets/target_truncate.py::fuzz_truncate_any_layout" in found
-    assert matrix._select_targets(["fuzz_truncate_hybrid"], found) == [HYBRID]
-    assert matrix._select_targets(["target_truncate.py"], found) == [t for t in found if "target_truncate" in t]
+def test_a_target_is_named_as_in_the_campaign(capsys) -> None:
+    assert main(["matrix", "--list", "--target", "scheduler-machine", "--target", "truncate-hybrid"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("target")] == [
+        "scheduler-machine", "truncate-hybrid"]
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_every_registry_target_names_a_pytest_test_in_its_module(name: str) -> None:
+    """The matrix runs ``Target.nodeid``: the test must exist where the registry says."""
+    target = TARGETS[name]
+    path, test = target.nodeid.split("::")
+    assert (matrix.runner.ROOT / path).is_file(), target.nodeid
+    assert hasattr(importlib.import_module(target.module), test), target.nodeid
 
 
 # -- results -----------------------------------------------------------------
@@ -98,7 +111,7 @@ def _junit(tmp_path: Path, body: str) -> Path:
     return path
 
 
-STATS = {"vllm_version": "0.30.0", "items": {HYBRID: {"examples": 37, "shrink_calls": 12,
+STATS = {"vllm_version": "0.30.0", "items": {HYBRID.nodeid: {"examples": 37, "shrink_calls": 12,
                                                       "first_failure_s": 1.5, "examples_to_failure": 37}}}
 
 
@@ -122,22 +135,22 @@ STATS = {"vllm_version": "0.30.0", "items": {HYBRID: {"examples": 37, "shrink_ca
 )
 def test_junit_outcomes_become_cells(tmp_path: Path, body: str, status: str, note: str) -> None:
     release = Release("0.30.0", "pypi")
-    cell = matrix._cell_from_junit(release, HYBRID, _junit(tmp_path, body), STATS, 9.0)
+    cell = matrix.runner._cell_from_junit(release, HYBRID, _junit(tmp_path, body), STATS, 9.0)
     assert cell.status == status, cell
     assert note in cell.note, cell
 
 
 def test_table_and_exit_code() -> None:
-    ok = Cell("0.30.0", "fuzz_truncate_hybrid", "pass", 100, 12.3)
-    ref = Cell("0.27.1 (pre-fix reference, not supported)", "fuzz_truncate_hybrid", "violation", 38, 45.0,
+    ok = Cell("0.30.0", "truncate-hybrid", "pass", 100, 12.3)
+    ref = Cell("0.27.1 (pre-fix reference, not supported)", "truncate-hybrid", "violation", 38, 45.0,
                "no | pipes", reference=True)
     table = format_table([ok, ref]).splitlines()
     assert table[0].split("|")[1:-1] == [c.ljust(len(c)) for c in table[0].split("|")[1:-1]]
     assert "| release" in table[0] and "| examples |" in table[0]
     assert "violation (expected)" in table[3] and "no \\| pipes" in table[3]
-    assert matrix.exit_code([ok, ref]) == 0  # a reference row never fails the run
-    assert matrix.exit_code([ok, Cell("0.31.0", "t", "violation", 1, 1.0)]) == 1
-    assert matrix.exit_code([Cell("0.31.0", "t", "violation", 1, 1.0), Cell("0.32.0", "t", "error", None, 1.0)]) == 2
+    assert matrix_exit_code([ok, ref]) == 0  # a reference row never fails the run
+    assert matrix_exit_code([ok, Cell("0.31.0", "t", "violation", 1, 1.0)]) == 1
+    assert matrix_exit_code([Cell("0.31.0", "t", "violation", 1, 1.0), Cell("0.32.0", "t", "error", None, 1.0)]) == 2
 
 
 # The 0.28.0 finding as the scheduler tier reports it (matrix of 2026-11-29).
@@ -167,20 +180,20 @@ def _violation(text: str) -> str:
     ],
 )
 def test_only_a_documented_bug_of_that_release_is_known(tmp_path: Path, release: str, text: str, known: bool) -> None:
-    cell = matrix._cell_from_junit(Release(release, "pypi"), HYBRID, _junit(tmp_path, _violation(text)), STATS, 9.0)
+    cell = matrix.runner._cell_from_junit(Release(release, "pypi"), HYBRID, _junit(tmp_path, _violation(text)), STATS, 9.0)
     assert cell.status == "violation", cell
     assert (cell.known_bug is not None) is known, cell
     if known:
         bug = matrix.known_release_bug(release, text)
         assert bug is not None and bug.repro in cell.note and f"fixed in {bug.fixed_in}" in cell.note, cell
-        assert (matrix.ROOT / bug.repro).is_file(), bug.repro
-    assert matrix.exit_code([cell]) == (0 if known else 1)
+        assert (matrix.runner.ROOT / bug.repro).is_file(), bug.repro
+    assert matrix_exit_code([cell]) == (0 if known else 1)
     assert ("violation (known)" in format_table([cell])) is known
 
 
 def test_every_known_bug_names_an_existing_repro_and_a_later_fix() -> None:
     for bug in matrix.KNOWN_RELEASE_BUGS:
-        assert (matrix.ROOT / bug.repro).is_file(), bug
+        assert (matrix.runner.ROOT / bug.repro).is_file(), bug
         fixed = tuple(int(x) for x in bug.fixed_in.split("."))
         assert all(tuple(int(x) for x in r.split(".")) < fixed for r in bug.releases), bug
 
@@ -206,7 +219,7 @@ def test_oldest_and_newest_release_run_the_scheduler_tier(tmp_path: Path) -> Non
     releases = [parse_release(OLDEST), parse_release(NEWEST)]
     cells = run_matrix(releases, [SCHEDULER], examples=10, timeout=300, out_dir=tmp_path)
     assert [c.vllm_version for c in cells] == [OLDEST, NEWEST], cells
-    assert matrix.exit_code(cells) == 0, cells  # passes, or only a documented bug of the release
+    assert matrix_exit_code(cells) == 0, cells  # passes, or only a documented bug of the release
     assert all(c.status == "pass" or c.known_bug for c in cells), cells
 
 
@@ -220,4 +233,4 @@ def test_generation_alone_finds_the_pre_fix_crash_on_the_reference_release(tmp_p
     (cell,) = cells
     assert cell.reference and cell.status == "violation", cell
     assert "[no-unexpected-failure]" in cell.note and "found at example" in cell.note, cell
-    assert matrix.exit_code(cells) == 0
+    assert matrix_exit_code(cells) == 0

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from fuzz.databases import DatabaseUnavailable, check_database, open_database
+from fuzz.campaign.databases import DatabaseUnavailable, check_database, open_database
 
 redis = pytest.importorskip("redis", reason="the redis client is not installed (requirements/lean.txt)")
 REDIS_SERVER = shutil.which("redis-server")

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fuzz.cli import main
-from fuzz.sharding import Shard, merge_campaigns, parse_shard, shard_items
+from fuzz.campaign import Shard, Totals, merge_campaigns, parse_shard, shard_items
 
 target_lists = st.lists(st.text("abcdefgh-", min_size=1, max_size=6), min_size=1, max_size=7, unique=True)
 
@@ -104,12 +104,13 @@ def test_merge_adds_counts_and_dedups_failures(tmp_path: Path, capsys) -> None:
     a = _campaign(tmp_path / "s1", "1/3", "truncate-hybrid", 100, [fail], 12.0)
     b = _campaign(tmp_path / "s2", "2/3", "truncate-any-layout", 50, [], 15.0)
     c = _campaign(tmp_path / "s3", "3/3", "truncate-hybrid", 30, [dict(fail, found_after_s=3.0)], 11.0)
-    total, config, elapsed = merge_campaigns([a / "campaign.json", b / "campaign.json", c / "campaign.json"])
-    assert total["examples"] == {"truncate-hybrid": 130, "truncate-any-layout": 50}
-    assert [f["found_after_s"] for f in total["failures"]] == [1.0]
-    assert total["telemetry"]["branches"] == {"b": 180}
-    assert config["targets"] == ["truncate-hybrid", "truncate-any-layout"] and config["slots"] == 6
-    assert config["shard"] == "1/3, 2/3, 3/3" and elapsed == 15.0
+    record = merge_campaigns([a / "campaign.json", b / "campaign.json", c / "campaign.json"])
+    total, config = record.totals, record.config
+    assert total.examples == {"truncate-hybrid": 130, "truncate-any-layout": 50}
+    assert [f["found_after_s"] for f in total.failures] == [1.0]
+    assert total.telemetry["branches"] == {"b": 180}
+    assert config.targets == ("truncate-hybrid", "truncate-any-layout") and config.slots == 6
+    assert config.shard == "1/3, 2/3, 3/3" and record.elapsed == 15.0
 
     out = tmp_path / "merged"
     assert main(["merge", str(a), str(b), str(c), "--report-dir", str(out), "--repro-dir", str(tmp_path / "r")]) == 1
@@ -117,3 +118,21 @@ def test_merge_adds_counts_and_dedups_failures(tmp_path: Path, capsys) -> None:
     md = (out / "report.md").read_text()
     assert "examples: 180" in md and "must-cover" in md
     assert json.loads((out / "campaign.json").read_text())["config"]["slots"] == 6
+
+
+def test_totals_merge_is_one_sum_for_rounds_workers_and_shards() -> None:
+    """Counts add up, the earlier of two findings of one failure is kept, and
+    merging is associative (workers then shards, or all at once)."""
+    fail = {"key": "t|inv|x:1", "target": "t", "found_after_s": 5.0}
+    parts = [
+        Totals({"t": 3}, {"t": 1.0}, [fail], {"branches": {"a": 1}}, "0.33.0"),
+        Totals({"t": 2, "u": 7}, {"u": 2.0}, [dict(fail, found_after_s=2.0)], {"branches": {"a": 2, "b": 1}}),
+        Totals({"u": 1}, {}, [], {"layouts": {"x": 4}}, "0.33.0"),
+    ]
+    total = Totals.sum(parts)
+    assert total.examples == {"t": 5, "u": 8} and total.seconds == {"t": 1.0, "u": 2.0}
+    assert [f["found_after_s"] for f in total.failures] == [2.0]
+    assert total.telemetry == {"branches": {"a": 3, "b": 1}, "layouts": {"x": 4}}
+    assert total.vllm_version == "0.33.0"
+    assert parts[0].merge(parts[1]).merge(parts[2]) == parts[0].merge(parts[1].merge(parts[2])) == total
+    assert Totals.from_json(total.to_json()) == total

@@ -27,7 +27,7 @@ from all, writes to the writable ones (``--db .hypothesis/fuzz-db --db
 github:me/kvtrunc-fuzz`` replays CI's failures and keeps your own locally).
 
 This module is also a pytest plugin for plain pytest and HypoFuzz: with
-``-p fuzz.databases`` and ``FUZZ_DB=SPEC[,SPEC...]`` in the environment, the
+``-p fuzz.campaign.databases`` and ``FUZZ_DB=SPEC[,SPEC...]`` in the environment, the
 loaded settings profile's database becomes that one, so ``hypothesis fuzz``
 workers on many machines share one Redis database (docs/scaling.md).
 """
@@ -99,7 +99,7 @@ def check_database(db: ExampleDatabase | None) -> None:
     """Raise :class:`DatabaseUnavailable` if a networked database stopped answering.
 
     Cheap (one round trip per Redis server); the campaign calls it once per
-    round, so a lost server is noticed within one round even by a worker that
+    slice, so a lost server is noticed within one slice even by a worker that
     is not reading or writing examples.
     """
     for inner in _leaves(db):
@@ -108,7 +108,7 @@ def check_database(db: ExampleDatabase | None) -> None:
 
 
 def pytest_configure(config: object) -> None:
-    """``-p fuzz.databases``: FUZZ_DB becomes the database of the loaded profile.
+    """``-p fuzz.campaign.databases``: FUZZ_DB becomes the database of the loaded profile.
 
     Runs after conftest.py loaded its profile and before any test module is
     imported, so every ``@given`` test (and HypoFuzz's check that all tests

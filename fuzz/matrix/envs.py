@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 #: Default install root: ``<repo>/.cache/vllm-envs`` (ignored by git).
-DEFAULT_ROOT: Path = Path(__file__).resolve().parents[1] / ".cache" / "vllm-envs"
+DEFAULT_ROOT: Path = Path(__file__).resolve().parents[2] / ".cache" / "vllm-envs"
 
 #: Written inside ``root/version`` only after a complete, verified install.
 MARKER = ".vllm-env-ok"
@@ -146,6 +146,6 @@ def python_env_for(path: Path | None) -> dict[str, str]:
     return env
 
 
-if __name__ == "__main__":  # python fuzz/_vllm_envs.py 0.28.0 0.29.0 ...
+if __name__ == "__main__":  # python -m fuzz.matrix.envs 0.28.0 0.29.0 ...
     for v in sys.argv[1:]:
         print(ensure_vllm_env(v, DEFAULT_ROOT))

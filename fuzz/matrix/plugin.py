@@ -1,6 +1,6 @@
 """pytest plugin that :mod:`fuzz.matrix` loads into every target run.
 
-Loaded with ``-p fuzz._matrix_plugin`` in the per-(release, target)
+Loaded with ``-p fuzz.matrix.plugin`` in the per-(release, target)
 subprocess; inert unless ``FUZZ_MATRIX_STATS`` names a file. It does two
 things:
 

@@ -10,22 +10,39 @@ import html
 import json
 from pathlib import Path
 
-__all__ = ["summary_table", "write_reports"]
+from fuzz.campaign.config import CampaignConfig
+from fuzz.campaign.totals import Totals
+
+__all__ = ["startup_line", "summary_table", "write_reports"]
 
 
-def summary_table(total: dict, elapsed: float) -> str:
-    rows = [("target", "examples", "examples/s", "violations")]
+def summary_table(total: Totals, elapsed: float) -> str:
+    """One row per target: examples, examples per second of the time it ran,
+    when its first example ran (seconds after the run started), violations."""
+    rows = [("target", "examples", "examples/s", "first example", "violations")]
     fails: dict[str, set[str]] = {}
-    for f in total["failures"]:
+    for f in total.failures:
         fails.setdefault(f["target"], set()).add(f["key"])
-    for name in sorted(set(total["examples"]) | set(fails)):
-        n = total["examples"].get(name, 0)
-        secs = total["seconds"].get(name) or elapsed
-        rows.append((name, str(n), f"{n / max(secs, 1e-9):.1f}", str(len(fails.get(name, ())))))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    for name in sorted(set(total.examples) | set(fails)):
+        n = total.examples.get(name, 0)
+        secs = total.seconds.get(name) or elapsed
+        first = total.first_example_s.get(name)
+        rows.append((name, str(n), f"{n / max(secs, 1e-9):.1f}", "-" if first is None else f"{first:.1f}s",
+                     str(len(fails.get(name, ())))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def startup_line(total: Totals) -> str:
+    """When the workers were ready to fuzz (their start-up, mostly importing vLLM)."""
+    if not total.startup_s:
+        return "start-up: no worker reported"
+    ready = sorted(total.startup_s)
+    median = ready[len(ready) // 2]
+    spread = f" (first {ready[0]:.1f}s, last {ready[-1]:.1f}s)" if len(ready) > 1 else ""
+    return f"start-up: workers ready to fuzz {median:.1f}s after the run started{spread}, {len(ready)} worker(s)"
 
 
 def _md_counter(title: str, counter: dict[str, int], limit: int = 30, per: int | None = None) -> list[str]:
@@ -61,17 +78,20 @@ def _svg_bars(title: str, counter: dict[str, int], *, numeric_keys: bool = False
     return "\n".join(parts)
 
 
-def write_reports(total: dict, report_dir: Path, *, repro_dir: Path, elapsed: float, config: dict) -> tuple[Path, Path]:
+def write_reports(
+    total: Totals, report_dir: Path, *, repro_dir: Path, elapsed: float, config: CampaignConfig
+) -> tuple[Path, Path]:
     report_dir.mkdir(parents=True, exist_ok=True)
-    tel = total["telemetry"]
-    n = sum(total["examples"].values())
+    tel = total.telemetry
+    n = total.example_count
     header = [
         "# Fuzz campaign report",
         "",
-        f"- vLLM {total['vllm_version']}; targets: {', '.join(config['targets'])}",
-        f"- budget {config['budget']:.0f}s, wall {elapsed:.1f}s, workers {config['slots']}, seed {config['seed']}",
+        f"- vLLM {total.vllm_version}; targets: {', '.join(config.targets)}",
+        f"- budget {config.budget:.0f}s, wall {elapsed:.1f}s, workers {config.slots}, seed {config.seed}",
         f"- examples: {n} ({n / max(elapsed, 1e-9):.1f}/s)",
-        f"- planted bug: {config.get('plant') or 'none (unmodified vLLM)'}",
+        f"- planted bug: {config.plant or 'none (unmodified vLLM)'}",
+        f"- {startup_line(total)}",
         "",
         "## Summary",
         "",
@@ -82,7 +102,7 @@ def write_reports(total: dict, report_dir: Path, *, repro_dir: Path, elapsed: fl
         "## Violations",
         "",
     ]
-    failures = {f["key"]: f for f in total["failures"]}
+    failures = {f["key"]: f for f in total.failures}
     if not failures:
         header.append("None.")
     for f in failures.values():
@@ -107,7 +127,7 @@ def write_reports(total: dict, report_dir: Path, *, repro_dir: Path, elapsed: fl
         "<style>body{font-family:sans-serif;max-width:900px;margin:2em auto}pre{background:#f4f4f4;padding:1em}</style>",
         "</head><body>",
         "<h1>Fuzz campaign report</h1>",
-        "<pre>" + html.escape("\n".join(header[2:6])) + "</pre>",
+        "<pre>" + html.escape("\n".join(header[2:7])) + "</pre>",
         "<h2>Summary</h2><pre>" + html.escape(summary_table(total, elapsed)) + "</pre>",
         "<h2>Violations</h2>",
     ]

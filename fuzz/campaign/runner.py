@@ -1,0 +1,93 @@
+"""The runner side of ``python -m fuzz run``: start the workers, watch them,
+add up what they counted.
+
+The workers are pytest(-xdist) processes running :mod:`fuzz.campaign.worker`
+with the :class:`~fuzz.campaign.config.CampaignConfig` in their environment;
+each writes its :class:`~fuzz.campaign.totals.Totals` to the stats directory
+(:mod:`fuzz.campaign.progress`), which the runner merges for its progress
+line and its result, and stops every worker when one reports a harness error.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fuzz.campaign import config as config_module
+from fuzz.campaign.config import CampaignConfig
+from fuzz.campaign.progress import harness_errors, read_totals
+from fuzz.campaign.totals import Totals
+
+__all__ = ["CampaignResult", "run_campaign"]
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER_MODULE = Path(__file__).with_name("worker.py")
+
+
+@dataclass(frozen=True)
+class CampaignResult:
+    totals: Totals
+    elapsed: float  # wall time from the config's start
+    pytest_rc: int
+    harness_errors: list[str]  # one line each, from workers that could not go on
+    log: Path  # pytest's output
+
+
+def progress_line(total: Totals, elapsed: float, budget: float) -> str:
+    n = total.example_count
+    branches = len(total.telemetry.get("branches", {}))
+    return (
+        f"[{elapsed:6.1f}s, budget {budget:.0f}s] examples {n:>7}  {n / max(elapsed, 1e-9):7.1f}/s  "
+        f"failures {len(total.failures)}  branches {branches}  targets started {len(total.first_example_s)}"
+    )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def run_campaign(config: CampaignConfig, *, workers: int, profile: str, env: dict[str, str],
+                 junit: Path | None = None) -> CampaignResult:
+    """Run the workers to the end of the budget, printing progress (a live
+    line on a terminal, one line every 10 s otherwise)."""
+    stats_dir = Path(config.stats_dir)
+    env = dict(env, HYPOTHESIS_PROFILE=profile, PYTHONUNBUFFERED="1")
+    env[config_module.ENV] = config.to_env()
+    cmd = [sys.executable, "-m", "pytest", str(WORKER_MODULE), "-q", "-p", "no:cacheprovider",
+           "--rootdir", str(ROOT), "-o", "addopts=", "-W", "ignore::DeprecationWarning"]
+    if workers > 1:
+        cmd += ["-n", str(workers), "--dist", "load"]
+    else:
+        cmd += ["-p", "no:xdist"]
+    if junit is not None:
+        cmd += ["--junitxml", str(junit.resolve())]
+    tty = sys.stdout.isatty()
+    log = stats_dir / "pytest.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        last_plain = 0.0
+        while proc.poll() is None:
+            time.sleep(0.5)
+            if harness_errors(stats_dir):
+                _stop(proc)  # e.g. the shared database is gone: no point fuzzing on
+                break
+            elapsed = time.time() - config.start
+            if tty:
+                print("\r" + progress_line(read_totals(stats_dir), elapsed, config.budget), end="", flush=True)
+            elif elapsed - last_plain >= 10:
+                last_plain = elapsed
+                print(progress_line(read_totals(stats_dir), elapsed, config.budget), flush=True)
+    elapsed = time.time() - config.start
+    total = read_totals(stats_dir)
+    if tty:
+        print()
+    print(progress_line(total, elapsed, config.budget))
+    return CampaignResult(total, elapsed, proc.returncode, harness_errors(stats_dir), log)

@@ -1,0 +1,90 @@
+"""Fair time slices: every target of a worker runs early, and each gets its
+share of the budget.
+
+A worker fuzzes its targets in turns (slices), always giving the next turn
+to the target that has had the least time so far. A target's first slice is
+a handful of examples, so within the first seconds every target has run; its
+later slices last ``slice_seconds``: an eighth of its share of the budget,
+between 1 and 10 seconds (long enough that starting a Hypothesis run costs
+little, short enough that a 60 s campaign takes several turns per target).
+How many examples fill a slice follows the target's measured speed.
+
+Pure bookkeeping: the clock is passed in, so tests drive it by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["FIRST_SLICE_EXAMPLES", "FairSchedule", "Turn"]
+
+FIRST_SLICE_EXAMPLES = 10
+MIN_SLICE_S, MAX_SLICE_S = 1.0, 10.0
+MAX_SLICE_EXAMPLES = 100_000
+
+
+@dataclass(frozen=True)
+class Turn:
+    target: str
+    index: int  # this target's slice number on this worker, from 0
+    examples: int  # how many examples to ask Hypothesis for
+    seconds: float  # the time the slice should take (a guide: the slice ends when its examples are done)
+
+
+@dataclass
+class FairSchedule:
+    """The turns of one worker fuzzing ``targets`` for ``budget`` seconds."""
+
+    targets: list[str]
+    budget: float
+    used: dict[str, float] = field(default_factory=dict)  # seconds each target ran
+    examples: dict[str, int] = field(default_factory=dict)  # examples each target ran
+    turns: dict[str, int] = field(default_factory=dict)
+    done: set[str] = field(default_factory=set)  # targets that need no more turns
+    history: list[tuple[Turn, float, int]] = field(default_factory=list)  # (turn, seconds, examples)
+
+    def __post_init__(self) -> None:
+        if not self.targets:
+            raise ValueError("FairSchedule: no targets")
+        if self.budget <= 0:
+            raise ValueError(f"FairSchedule: budget={self.budget} must be positive")
+        for t in self.targets:
+            self.used.setdefault(t, 0.0)
+            self.examples.setdefault(t, 0)
+            self.turns.setdefault(t, 0)
+
+    @property
+    def slice_seconds(self) -> float:
+        share = self.budget / len(self.targets)
+        return min(max(share / 8, MIN_SLICE_S), MAX_SLICE_S)
+
+    def rate(self, target: str) -> float | None:
+        """Examples per second so far (None before the first slice)."""
+        secs = self.used[target]
+        return self.examples[target] / secs if secs > 0 and self.examples[target] else None
+
+    def next_turn(self, elapsed: float) -> Turn | None:
+        """The next slice, or None when the budget is spent or every target is done."""
+        remaining = self.budget - elapsed
+        live = [t for t in self.targets if t not in self.done]
+        # The last tenth of a slice is not worth a Hypothesis run (and slices
+        # that end early would otherwise split it ever finer).
+        if remaining < 0.1 * self.slice_seconds or not live:
+            return None
+        target = min(live, key=lambda t: (self.used[t], self.targets.index(t)))
+        index = self.turns[target]
+        rate = self.rate(target)
+        if rate is None:
+            return Turn(target, index, FIRST_SLICE_EXAMPLES, 0.0)
+        seconds = min(self.slice_seconds, remaining)
+        return Turn(target, index, max(1, min(round(rate * seconds), MAX_SLICE_EXAMPLES)), seconds)
+
+    def record(self, turn: Turn, *, seconds: float, examples: int) -> None:
+        self.history.append((turn, seconds, examples))
+        self.used[turn.target] += seconds
+        self.examples[turn.target] += examples
+        self.turns[turn.target] = turn.index + 1
+
+    def finish(self, target: str) -> None:
+        """``target`` needs no more turns (it found enough, or has nothing to replay)."""
+        self.done.add(target)

@@ -1,0 +1,93 @@
+"""What a campaign counted: one type for a slot, a worker, a runner and a
+sharded campaign.
+
+A worker counts into its :class:`Totals` and writes them to its progress
+file; the runner merges the workers' files, and ``python -m fuzz
+merge`` the runners' ``campaign.json`` files, with the same :meth:`Totals.merge`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Totals"]
+
+
+def _add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    return out
+
+
+def _earliest(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: min(v for v in (a.get(k), b.get(k)) if v is not None) for k in {**a, **b}}
+
+
+@dataclass
+class Totals:
+    """Counts per target, the distinct failures, and what the targets reached.
+
+    ``failures`` holds one repro sidecar (a dict, see ``fuzz.campaign.worker``)
+    per distinct key; when two parts found the same failure, the earlier
+    finding is kept.
+    """
+
+    examples: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # time each target ran
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    telemetry: dict[str, dict[str, int]] = field(default_factory=dict)  # counter name -> label -> count
+    vllm_version: str = "?"
+    # Seconds from the runner's start: when each target ran its first example,
+    # and when each worker was ready to fuzz (its start-up: importing vLLM).
+    first_example_s: dict[str, float] = field(default_factory=dict)
+    startup_s: list[float] = field(default_factory=list)
+
+    def merge(self, other: Totals) -> Totals:
+        """The sum of two parts (counts add up, failures are deduplicated by key)."""
+        failures = {f["key"]: f for f in self.failures}
+        for f in other.failures:
+            mine = failures.get(f["key"])
+            if mine is None or f.get("found_after_s", 0) < mine.get("found_after_s", 0):
+                failures[f["key"]] = f
+        names = set(self.telemetry) | set(other.telemetry)
+        return Totals(
+            examples=_add(self.examples, other.examples),
+            seconds=_add(self.seconds, other.seconds),
+            failures=list(failures.values()),
+            telemetry={n: _add(self.telemetry.get(n, {}), other.telemetry.get(n, {})) for n in sorted(names)},
+            vllm_version=other.vllm_version if other.vllm_version != "?" else self.vllm_version,
+            first_example_s=_earliest(self.first_example_s, other.first_example_s),
+            startup_s=self.startup_s + other.startup_s,
+        )
+
+    @classmethod
+    def sum(cls, parts: Iterable[Totals]) -> Totals:
+        total = cls()
+        for part in parts:
+            total = total.merge(part)
+        return total
+
+    @property
+    def example_count(self) -> int:
+        return sum(self.examples.values())
+
+    # -- the wire format (progress files, campaign.json) -------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {"examples": self.examples, "seconds": self.seconds, "failures": self.failures,
+                "telemetry": self.telemetry, "vllm_version": self.vllm_version,
+                "first_example_s": self.first_example_s, "startup_s": self.startup_s}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Totals:
+        return cls(
+            examples=dict(data["examples"]),
+            seconds=dict(data["seconds"]),
+            failures=list(data["failures"]),
+            telemetry={k: dict(v) for k, v in data.get("telemetry", {}).items()},
+            vllm_version=data.get("vllm_version", "?"),
+            first_example_s=dict(data.get("first_example_s", {})),
+            startup_s=list(data.get("startup_s", [])),
+        )

@@ -1,0 +1,60 @@
+"""The pytest module ``python -m fuzz run`` executes (with pytest-xdist).
+
+Not collected by the normal test run (its name matches no collection
+pattern); the runner passes it explicitly, with the campaign's
+:class:`~fuzz.campaign.config.CampaignConfig` in the environment. There is
+one item per worker slot; it fuzzes the slot's targets in fair slices for the
+whole budget (:func:`fuzz.campaign.fuzzer.run_slot`) and fails, naming each
+target's violations, if it found any. Progress goes to the stats directory
+(:mod:`fuzz.campaign.progress`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+
+from fuzz import adapter
+from fuzz.campaign.config import CampaignConfig
+from fuzz.campaign.databases import DatabaseUnavailable, open_database
+from fuzz.campaign.findings import Findings
+from fuzz.campaign.fuzzer import run_slot
+from fuzz.campaign.progress import Progress
+
+CONFIG = CampaignConfig.from_env()
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+SLOTS: dict[int, list[str]] = {}
+for _target, _slot in CONFIG.items if CONFIG else ():
+    SLOTS.setdefault(_slot, []).append(_target)
+
+
+@pytest.mark.parametrize("slot", sorted(SLOTS), ids=[f"slot{s}" for s in sorted(SLOTS)])
+def test_campaign(slot: int) -> None:
+    assert CONFIG is not None
+    config = CONFIG
+    progress = Progress(config.stats_dir, f"{WORKER}-slot{slot}", start=config.start,
+                        vllm_version=adapter.VLLM_VERSION)
+    findings = Findings(repro_dir=config.repro_dir, start=config.start, campaign_seed=config.seed, worker=WORKER,
+                        vllm_version=adapter.VLLM_VERSION)
+
+    def harness_error(line: str) -> None:
+        """Stop: the runner sees the file, stops every worker and exits 2."""
+        progress.harness_error(line)
+        pytest.exit(f"harness error: {' '.join(line.split())}", returncode=2)
+
+    try:
+        database = open_database(list(config.db)) if config.db else None
+    except Exception as exc:  # noqa: BLE001 - reachable a moment ago in the runner: now a harness error
+        harness_error(f"{type(exc).__name__}: {exc}")
+    planted = adapter.planted_truncate_bug(config.plant) if config.plant else contextlib.nullcontext()
+    try:
+        with planted:
+            run_slot(config, slot, SLOTS[slot], database=database, progress=progress, findings=findings)
+    except DatabaseUnavailable as exc:
+        harness_error(str(exc))
+    failures = progress.totals.failures
+    if failures:
+        lines = [f"{f['target']}: [{f['invariant']}] {f['violation'].splitlines()[0][:300]}" for f in failures]
+        pytest.fail(f"{len(failures)} violation(s):\n" + "\n".join(lines), pytrace=False)
