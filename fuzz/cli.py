@@ -216,13 +216,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"report: {paths[0]} and {paths[1]}")
     shutil.copy(result.log, report_dir / "pytest.log")
     CampaignRecord(config, total, result.elapsed).write(report_dir)
+    for name, why in sorted(total.unsupported.items()):
+        print(f"target {name}: unsupported, skipped: {why}")
     if result.harness_errors:
         kept = f"; {len(total.failures)} violation(s) found before it, repros kept in {repro_dir}"
         print(f"python -m fuzz: harness error: {result.harness_errors[0]}{kept if total.failures else ''}",
               file=sys.stderr)
         return EXIT_ERROR
-    if total.failures:
-        print(f"{len(total.failures)} distinct violation(s); repros in {repro_dir}")
+    if names and set(names) <= set(total.unsupported):
+        print(f"python -m fuzz: harness error: vLLM {total.vllm_version} can host none of the targets "
+              f"({', '.join(names)})", file=sys.stderr)
+        return EXIT_ERROR
+    known = [f for f in total.failures if f.get("known_bug")]
+    if known:
+        ids = sorted({f["known_bug"] for f in known})
+        print(f"{len(known)} violation(s) are known vLLM bugs of {total.vllm_version} "
+              f"(fuzz/known_bugs.py): {', '.join(ids)}; repros in {repro_dir}")
+    if total.new_failures:
+        print(f"{len(total.new_failures)} distinct violation(s); repros in {repro_dir}")
         return EXIT_VIOLATION
     if result.pytest_rc not in (0, 5):
         print(f"harness error (pytest exit {result.pytest_rc}); log: {report_dir / 'pytest.log'}")

@@ -19,7 +19,7 @@ from hypothesis import seed as hyp_seed
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
-from invariants.truncation import InvariantViolation
+from fuzz.model import InvariantViolation
 
 __all__ = ["HuntResult", "budget_settings", "hunt", "property_test"]
 

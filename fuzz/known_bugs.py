@@ -140,15 +140,19 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         title="the hybrid coordinator trims only the first full-attention group to the joint hit",
         since="0.27.1",
         fixed_in="0.29.0",
-        signatures=(
-            Signature("computed-adds-up", where="Scheduler.schedule", group_kind="FullAttentionSpec"),
+        # The coordinator's full-attention type is isinstance(spec, FullAttentionSpec):
+        # MLA, hidden-state and sink groups are full-attention groups to it too.
+        signatures=tuple(
+            Signature("computed-adds-up", where="Scheduler.schedule", group_kind=kind)
+            for kind in ("FullAttentionSpec", "MLAAttentionSpec", "HiddenStateCacheSpec", "SinkFullAttentionSpec")
         ),
         reach="engine",
         pinned_by="docs/repros/test_vllm_0_28_0_second_full_attention_group_not_trimmed.py",
         analysis=(
             "HybridKVCacheCoordinator.find_longest_cache_hit trims the first full-attention "
-            "group to the joint hit; a second one (another block size) keeps the blocks of "
-            "its own longer hit, and the scheduler adopts blocks past num_computed_tokens."
+            "group to the joint hit; a second one (another block size; any FullAttentionSpec "
+            "subclass: MLA, hidden-state cache, sink) keeps the blocks of its own longer hit, "
+            "and the scheduler adopts blocks past num_computed_tokens."
         ),
     ),
     KnownBug(
@@ -194,7 +198,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         id="sink-full-attention-manager-init",
         title="SinkFullAttentionManager rejects the needs_kv_cache_zeroing argument the coordinator passes",
-        since="0.28.0",
+        since="0.27.1",
         fixed_in=None,
         signatures=(
             Signature(

@@ -16,6 +16,11 @@ from typing import Any
 
 __all__ = ["TARGETS", "Target", "default_targets", "get_target"]
 
+# Capability names (fuzz.adapter._compat.CAPABILITIES), spelled out here so
+# listing targets never imports vLLM.
+TRUNCATION_TIER = ("truncate", "connector-lookup", "per-group-lookup")
+SCHEDULER_TIER = ("truncate", "local-prefix-hit")
+
 
 @dataclass(frozen=True)
 class Target:
@@ -28,6 +33,9 @@ class Target:
     machine: str | None = None  # RuleBasedStateMachine class (stateful targets)
     repro: str | None = None  # "module:function" writing a standalone repro
     default: bool = True
+    # The vLLM capabilities it cannot run without (fuzz.adapter.CAPABILITIES),
+    # checked before fuzzing: a target this vLLM cannot host is skipped.
+    needs: tuple[str, ...] = ()
 
     @property
     def nodeid(self) -> str:
@@ -59,6 +67,7 @@ TARGETS: dict[str, Target] = {
             strategy="hybrid_scenarios",
             check="check_truncation_scenario",
             repro="fuzz.repro:truncation_repro_from_last_run",
+            needs=TRUNCATION_TIER,
         ),
         Target(
             "truncate-any-layout",
@@ -68,6 +77,7 @@ TARGETS: dict[str, Target] = {
             strategy="any_layout_scenarios",
             check="check_truncation_scenario",
             repro="fuzz.repro:truncation_repro_from_last_run",
+            needs=TRUNCATION_TIER,
         ),
         Target(
             "scheduler-single-shot",
@@ -76,6 +86,7 @@ TARGETS: dict[str, Target] = {
             "fuzz_scheduler_single_shot",
             strategy="single_shot_strategy",
             check="check_single_shot",
+            needs=SCHEDULER_TIER,
         ),
         Target(
             "scheduler-any-layout",
@@ -84,6 +95,7 @@ TARGETS: dict[str, Target] = {
             "fuzz_scheduler_single_shot_any_layout",
             strategy="any_layout_strategy",
             check="check_single_shot",
+            needs=SCHEDULER_TIER,
         ),
         Target(
             "scheduler-machine",
@@ -91,6 +103,7 @@ TARGETS: dict[str, Target] = {
             "fuzz.targets.target_scheduler",
             "TestSchedulerMachine",
             machine="SchedulerMachine",
+            needs=SCHEDULER_TIER,
         ),
     ]
 }

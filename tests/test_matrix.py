@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from fuzz import known_bugs
+
 from fuzz import matrix
 from fuzz.cli import main, matrix_exit_code
 from fuzz.matrix import (
@@ -127,9 +129,6 @@ STATS = {"vllm_version": "0.30.0", "items": {HYBRID.nodeid: {"examples": 37, "sh
         ('<testcase name="x"><failure message="AssertionError">'
          ".cache/vllm-envs/0.27.1/vllm/v1/core/kv_cache_manager.py:790: AssertionError</failure></testcase>",
          "violation", "AssertionError"),
-        ('<testcase name="x"><failure message="AttributeError: no prefix_cacheable">'
-         "fuzz/adapter/_scheduler.py:399: AttributeError</failure></testcase>", "error",
-         "suite defect: AttributeError at fuzz/adapter/_scheduler.py:399"),
         ('<testcase name="x"><error message="collection failure">e</error></testcase>', "error", "pytest error"),
     ],
 )
@@ -138,6 +137,28 @@ def test_junit_outcomes_become_cells(tmp_path: Path, body: str, status: str, not
     cell = matrix.runner._cell_from_junit(release, HYBRID, _junit(tmp_path, body), STATS, 9.0)
     assert cell.status == status, cell
     assert note in cell.note, cell
+
+
+def _judged(outcome: str, reason: str, failure: dict | None = None, version: str = "0.30.0") -> dict:
+    """The plugin's record of a failing test: its verdict and structured facts."""
+    item = dict(STATS["items"][HYBRID.nodeid], outcome=outcome, reason=reason)
+    if failure is not None:
+        item["failure"] = failure
+    return {"vllm_version": version, "items": {HYBRID.nodeid: item}}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status"), [("harness error", "error"), ("config rejected", "error"), ("violation", "violation")]
+)
+def test_the_plugins_verdict_decides_the_cell_not_the_failure_text(tmp_path: Path, outcome: str, status: str) -> None:
+    body = ('<testcase name="x"><failure message="AttributeError: no prefix_cacheable">'
+            "fuzz/adapter/_scheduler.py:399: AttributeError</failure></testcase>")
+    reason = "AttributeError: no prefix_cacheable at fuzz/adapter/_scheduler.py:399 (vLLM 0.30.0)"
+    cell = matrix.runner._cell_from_junit(Release("0.30.0", "pypi"), HYBRID, _junit(tmp_path, body),
+                                          _judged(outcome, reason), 9.0)
+    assert cell.status == status, cell
+    if status == "error":
+        assert cell.note == f"{outcome}: {reason}", cell
 
 
 def test_table_and_exit_code() -> None:
@@ -153,49 +174,36 @@ def test_table_and_exit_code() -> None:
     assert matrix_exit_code([Cell("0.31.0", "t", "violation", 1, 1.0), Cell("0.32.0", "t", "error", None, 1.0)]) == 2
 
 
-# The 0.28.0 finding as the scheduler tier reports it (matrix of 2026-11-29).
-SECOND_FA_GROUP = (
-    "[computed-adds-up] group 2 (FullAttentionSpec, block_size=8) adopted 4 cached blocks [8, 9, 10, 16] "
-    "but the local part is 24 tokens (num_computed_tokens=24 = local 24 + external 0): at most 3 = "
-    "ceil(24 / 8) may be adopted"
-)
-
-
-def _violation(text: str) -> str:
-    return (f'<testcase name="x"><failure message="InvariantViolation: {text}">'
-            f"E   invariants.truncation.InvariantViolation: {text}\n"
+# The 0.28.0 finding as the scheduler tier reports it (matrix of 2026-11-29),
+# as the plugin records its facts.
+SECOND_FA_GROUP = {"invariant": "computed-adds-up", "exception": None, "frames": [],
+                   "where": "Scheduler.schedule", "group_kind": "FullAttentionSpec", "spec_class": None}
+_FAILURE = ('<testcase name="x"><failure message="InvariantViolation: [computed-adds-up] ...">'
             "invariants/scheduler.py:70: InvariantViolation</failure></testcase>")
 
 
 @pytest.mark.parametrize(
-    ("release", "text", "known"),
+    ("release", "facts", "known"),
     [
         ("0.28.0", SECOND_FA_GROUP, True),
-        # Fixed in 0.29.0: the same signature there is a new finding.
+        # Fixed in 0.29.0: the same facts there are a new finding.
         ("0.29.0", SECOND_FA_GROUP, False),
         # Another invariant on the buggy release is not explained by the bug.
-        ("0.28.0", "[mamba-resume-valid] request r1 resumes at 8 with no valid Mamba state", False),
+        ("0.28.0", dict(SECOND_FA_GROUP, invariant="mamba-state-at-boundary", group_kind="MambaSpec"), False),
         # A Mamba group is not the bug's signature (only full attention is left untrimmed).
-        ("0.28.0", SECOND_FA_GROUP.replace("FullAttentionSpec", "MambaSpec"), False),
+        ("0.28.0", dict(SECOND_FA_GROUP, group_kind="MambaSpec"), False),
     ],
 )
-def test_only_a_documented_bug_of_that_release_is_known(tmp_path: Path, release: str, text: str, known: bool) -> None:
-    cell = matrix.runner._cell_from_junit(Release(release, "pypi"), HYBRID, _junit(tmp_path, _violation(text)), STATS, 9.0)
+def test_only_a_documented_bug_of_that_release_is_known(tmp_path: Path, release: str, facts: dict, known: bool) -> None:
+    stats = _judged("violation", "[computed-adds-up]", facts, version=release)
+    cell = matrix.runner._cell_from_junit(Release(release, "pypi"), HYBRID, _junit(tmp_path, _FAILURE), stats, 9.0)
     assert cell.status == "violation", cell
     assert (cell.known_bug is not None) is known, cell
     if known:
-        bug = matrix.known_release_bug(release, text)
-        assert bug is not None and bug.repro in cell.note and f"fixed in {bug.fixed_in}" in cell.note, cell
-        assert (matrix.runner.ROOT / bug.repro).is_file(), bug.repro
+        bug = known_bugs.known_bug(cell.known_bug)
+        assert bug.pinned_by in cell.note and f"fixed in {bug.fixed_in}" in cell.note, cell
     assert matrix_exit_code([cell]) == (0 if known else 1)
     assert ("violation (known)" in format_table([cell])) is known
-
-
-def test_every_known_bug_names_an_existing_repro_and_a_later_fix() -> None:
-    for bug in matrix.KNOWN_RELEASE_BUGS:
-        assert (matrix.runner.ROOT / bug.repro).is_file(), bug
-        fixed = tuple(int(x) for x in bug.fixed_in.split("."))
-        assert all(tuple(int(x) for x in r.split(".")) < fixed for r in bug.releases), bug
 
 
 # -- the light CI check: oldest and newest supported release ------------------

@@ -15,13 +15,7 @@ package; strategies and invariants never import it, and speak in
 * ``_planted``: deliberately wrong vLLM code for the self-tests.
 """
 
-from fuzz.adapter._compat import (
-    CAPABILITIES,
-    SCHEDULER_TIER,
-    TRUNCATION_TIER,
-    missing_capabilities,
-    scheduler_tier_unsupported,
-)
+from fuzz.adapter._compat import CAPABILITIES, missing_capabilities
 from fuzz.adapter._env import VLLM_VERSION, init_hashing
 from fuzz.adapter._manager import Lookup, ManagerHarness
 from fuzz.adapter._planted import (
@@ -48,8 +42,6 @@ from fuzz.adapter._specs import (
 __all__ = [
     "CAPABILITIES",
     "PLANTED_SCHEDULER_BUGS",
-    "SCHEDULER_TIER",
-    "TRUNCATION_TIER",
     "PLANTED_TRUNCATE_BUGS",
     "VLLM_VERSION",
     "InvalidLayout",
@@ -64,7 +56,6 @@ __all__ = [
     "planted_truncate_bug",
     "qualified_name",
     "resolve_block_sizes",
-    "scheduler_tier_unsupported",
     "spec_base_class",
     "spec_class_by_name",
     "spec_classes",

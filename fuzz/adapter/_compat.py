@@ -36,9 +36,6 @@ __all__ = [
     "prefix_cacheable",
     "record_resolved_sizes",
     "resolver_config",
-    "SCHEDULER_TIER",
-    "TRUNCATION_TIER",
-    "scheduler_tier_unsupported",
     "spec_registry",
 ]
 
@@ -127,18 +124,6 @@ def has_per_group_lookup(coordinator: Any) -> bool:
 def partial_hits_enabled(coordinator: Any) -> bool:
     """Sub-block ("partial") hash hits: a coordinator flag from 0.32 on."""
     return bool(getattr(coordinator, "enable_partial_hash_hits", False))
-
-
-# The scheduler tier observes the admission path through the local lookup
-# the external-hit branch truncates.
-SCHEDULER_TIER = ("truncate", "local-prefix-hit")
-TRUNCATION_TIER = ("truncate", "connector-lookup", "per-group-lookup")
-
-
-def scheduler_tier_unsupported() -> str | None:
-    """Why the installed vLLM cannot host the scheduler tier (None: it can)."""
-    missing = missing_capabilities(SCHEDULER_TIER)
-    return None if not missing else "; ".join(missing) + ", which the scheduler tier observes"
 
 
 def resolver_config(*, block_size: int, prefix_match_unit: int | None) -> Any:

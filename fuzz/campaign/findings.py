@@ -21,6 +21,8 @@ from typing import Any
 from hypothesis.core import decode_failure
 from hypothesis.database import choices_to_bytes
 
+from fuzz import known_bugs
+from fuzz.model import InvariantViolation
 from fuzz.registry import get_target
 
 __all__ = ["Findings", "failure_key", "failing_choices"]
@@ -94,9 +96,15 @@ class Findings:
             if source:
                 repro_file = self.repro_dir / f"test_{stem.replace('-', '_')}.py"
                 repro_file.write_text(source)
+        bug = None
+        if isinstance(exc, InvariantViolation):
+            bug = known_bugs.match(known_bugs.failure_of(exc), self.vllm_version)
         meta = {
             "target": target_name,
             "invariant": invariant,
+            # A documented bug of this vLLM release (fuzz/known_bugs.py): reported,
+            # never a new violation.
+            "known_bug": None if bug is None else bug.id,
             "failing_line": failing_line(exc),
             "key": key,
             "seed": seed,

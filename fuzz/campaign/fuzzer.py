@@ -31,12 +31,15 @@ from hypothesis import Phase, Verbosity
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import HypothesisException
 
+from fuzz import telemetry
 from fuzz.campaign.config import CampaignConfig
 from fuzz.campaign.databases import DatabaseUnavailable, check_database
 from fuzz.campaign.findings import Findings, failing_choices
 from fuzz.campaign.progress import Progress
 from fuzz.campaign.schedule import FairSchedule, Turn
 from fuzz.hunting import budget_settings, property_test
+from fuzz.model import HarnessError
+from fuzz.outcomes import Outcome, classify
 from fuzz.registry import get_target
 
 __all__ = ["TargetFuzzer", "database_key", "run_slot"]
@@ -154,6 +157,14 @@ class TargetFuzzer:
         return wrap
 
     def _found(self, exc: BaseException, seed: int | None, *, save: bool) -> None:
+        """A failure, judged first (:mod:`fuzz.outcomes`): a harness misfit
+        stops the worker (exit 2), a refusal is counted, a violation recorded."""
+        verdict = classify(exc, self.findings.vllm_version)
+        if verdict.outcome is Outcome.HARNESS_ERROR:
+            raise HarnessError(f"target {self.name}: {verdict.reason}") from exc
+        if verdict.outcome is Outcome.CONFIG_REJECTED:
+            telemetry.reject(verdict.reason.split(";")[0][:80])
+            return
         meta = self.findings.record(self.name, seed, exc)
         if meta is None:
             return

@@ -109,10 +109,14 @@ def write_reports(
         repro = f.get("repro")
         link = f"[{repro}]({Path(repro_dir, repro).resolve().as_uri()})" if repro else "(no standalone repro for this target)"
         first = f["violation"].splitlines()[0] if f["violation"] else ""
+        known = f" (known vLLM bug `{f['known_bug']}`, fuzz/known_bugs.py)" if f.get("known_bug") else ""
         header += [
-            f"- **{f['invariant']}** in `{f['target']}` at `{f['failing_line']}` after {f['found_after_s']}s: {first}",
+            f"- **{f['invariant']}**{known} in `{f['target']}` at `{f['failing_line']}` after {f['found_after_s']}s: {first}",
             f"  - repro: {link}; replay: `python -m fuzz replay {Path(repro_dir, repro or '')}`",
         ]
+    if total.unsupported:
+        header += ["", "## Unsupported targets (skipped)", ""]
+        header += [f"- `{name}`: {why}" for name, why in sorted(total.unsupported.items())]
     md = header + ["", "## Coverage", ""]
     md += _md_counter("Branches reached (share of all examples)", tel.get("branches", {}), per=n or None)
     md += _md_counter("Spec types drawn (per group)", tel.get("spec_kinds", {}))

@@ -44,6 +44,8 @@ class Totals:
     # and when each worker was ready to fuzz (its start-up: importing vLLM).
     first_example_s: dict[str, float] = field(default_factory=dict)
     startup_s: list[float] = field(default_factory=list)
+    # Targets the installed vLLM cannot host: target -> one line naming what it lacks.
+    unsupported: dict[str, str] = field(default_factory=dict)
 
     def merge(self, other: Totals) -> Totals:
         """The sum of two parts (counts add up, failures are deduplicated by key)."""
@@ -61,6 +63,7 @@ class Totals:
             vllm_version=other.vllm_version if other.vllm_version != "?" else self.vllm_version,
             first_example_s=_earliest(self.first_example_s, other.first_example_s),
             startup_s=self.startup_s + other.startup_s,
+            unsupported={**self.unsupported, **other.unsupported},
         )
 
     @classmethod
@@ -74,11 +77,17 @@ class Totals:
     def example_count(self) -> int:
         return sum(self.examples.values())
 
+    @property
+    def new_failures(self) -> list[dict[str, Any]]:
+        """The violations that are no known vLLM bug of the installed release."""
+        return [f for f in self.failures if not f.get("known_bug")]
+
     # -- the wire format (progress files, campaign.json) -------------------------
     def to_json(self) -> dict[str, Any]:
         return {"examples": self.examples, "seconds": self.seconds, "failures": self.failures,
                 "telemetry": self.telemetry, "vllm_version": self.vllm_version,
-                "first_example_s": self.first_example_s, "startup_s": self.startup_s}
+                "first_example_s": self.first_example_s, "startup_s": self.startup_s,
+                "unsupported": self.unsupported}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Totals:
@@ -90,4 +99,5 @@ class Totals:
             vllm_version=data.get("vllm_version", "?"),
             first_example_s=dict(data.get("first_example_s", {})),
             startup_s=list(data.get("startup_s", [])),
+            unsupported=dict(data.get("unsupported", {})),
         )

@@ -22,6 +22,8 @@ from fuzz.campaign.databases import DatabaseUnavailable, open_database
 from fuzz.campaign.findings import Findings
 from fuzz.campaign.fuzzer import run_slot
 from fuzz.campaign.progress import Progress
+from fuzz.model import HarnessError
+from fuzz.registry import get_target
 
 CONFIG = CampaignConfig.from_env()
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
@@ -48,13 +50,27 @@ def test_campaign(slot: int) -> None:
         database = open_database(list(config.db)) if config.db else None
     except Exception as exc:  # noqa: BLE001 - reachable a moment ago in the runner: now a harness error
         harness_error(f"{type(exc).__name__}: {exc}")
+    # Targets this vLLM cannot host are skipped, one line each (the runner
+    # exits 2 when none can run).
+    runnable = []
+    for name in SLOTS[slot]:
+        missing = adapter.missing_capabilities(get_target(name).needs)
+        if missing:
+            progress.totals.unsupported[name] = "; ".join(missing)
+        else:
+            runnable.append(name)
+    progress.flush()
+    if not runnable:
+        return
     planted = adapter.planted_truncate_bug(config.plant) if config.plant else contextlib.nullcontext()
     try:
         with planted:
-            run_slot(config, slot, SLOTS[slot], database=database, progress=progress, findings=findings)
+            run_slot(config, slot, runnable, database=database, progress=progress, findings=findings)
     except DatabaseUnavailable as exc:
         harness_error(str(exc))
-    failures = progress.totals.failures
+    except HarnessError as exc:
+        harness_error(str(exc))
+    failures = progress.totals.new_failures
     if failures:
         lines = [f"{f['target']}: [{f['invariant']}] {f['violation'].splitlines()[0][:300]}" for f in failures]
         pytest.fail(f"{len(failures)} violation(s):\n" + "\n".join(lines), pytrace=False)

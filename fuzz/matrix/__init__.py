@@ -16,8 +16,8 @@ imported the wrong vLLM). A harness error wins over a violation, since the
 table is then incomplete. Rows of a pre-fix reference release
 (``--reference``, vLLM 0.27.1) are expected to show violations and never
 change the exit code; nor does a violation that matches a documented bug of
-its release, fixed since (:data:`~fuzz.matrix.releases.KNOWN_RELEASE_BUGS`,
-shown as ``violation (known)``).
+its release (:mod:`fuzz.known_bugs`, matched on the failure's structured
+facts, shown as ``violation (known)``).
 
 Examples::
 
@@ -29,27 +29,21 @@ Examples::
 """
 
 from fuzz.matrix.releases import (
-    KNOWN_RELEASE_BUGS,
     REFERENCE_RELEASES,
     SUPPORTED_RELEASES,
-    KnownReleaseBug,
     Release,
-    known_release_bug,
     parse_release,
     releases,
 )
 from fuzz.matrix.runner import Cell, format_table, incomplete, new_violations, run_matrix
 
 __all__ = [
-    "KNOWN_RELEASE_BUGS",
     "REFERENCE_RELEASES",
     "SUPPORTED_RELEASES",
     "Cell",
-    "KnownReleaseBug",
     "Release",
     "format_table",
     "incomplete",
-    "known_release_bug",
     "new_violations",
     "parse_release",
     "releases",

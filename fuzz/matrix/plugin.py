@@ -106,6 +106,34 @@ def pytest_runtest_call(item: pytest.Item):  # type: ignore[no-untyped-def]
         _current = None
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # type: ignore[no-untyped-def]
+    """A failing test's verdict and structured facts (never its message):
+    what :mod:`fuzz.outcomes` makes of the exception and, for a violation,
+    the facts :mod:`fuzz.known_bugs` matches on."""
+    yield
+    if not _enabled() or call.when != "call" or call.excinfo is None:
+        return
+    import dataclasses
+
+    from fuzz import known_bugs
+    from fuzz.model import InvariantViolation
+    from fuzz.outcomes import classify
+
+    exc = call.excinfo.value
+    if isinstance(exc, BaseExceptionGroup):  # several distinct failures: the first decides
+        exc = exc.exceptions[0]
+    import vllm
+
+    verdict = classify(exc, vllm.__version__)
+    entry = _STATS.setdefault(item.nodeid, dict(examples=0, shrink_calls=0, first_failure_s=None,
+                                                examples_to_failure=None))
+    entry["outcome"] = verdict.outcome.value
+    entry["reason"] = verdict.reason
+    if isinstance(exc, InvariantViolation):
+        entry["failure"] = dataclasses.asdict(known_bugs.failure_of(exc))
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     path = os.environ.get(STATS_ENV)
     if not path:

@@ -1,4 +1,4 @@
-"""The vLLM releases the matrix runs, and the documented bugs of old ones."""
+"""The vLLM releases the matrix runs (their documented bugs are in fuzz/known_bugs.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,9 @@ from pathlib import Path
 from fuzz.matrix.envs import is_release_version
 
 __all__ = [
-    "KNOWN_RELEASE_BUGS",
     "REFERENCE_RELEASES",
     "SUPPORTED_RELEASES",
-    "KnownReleaseBug",
     "Release",
-    "known_release_bug",
     "parse_release",
     "releases",
 ]
@@ -27,55 +24,6 @@ SUPPORTED_RELEASES: tuple[str, ...] = ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "
 REFERENCE_RELEASES: dict[str, str] = {
     "0.27.1": "pre-fix reference, not supported",
 }
-
-
-@dataclass(frozen=True)
-class KnownReleaseBug:
-    """A vLLM bug this suite found on an older release, fixed since, with a
-    standalone repro under ``docs/repros``. A violation on one of
-    ``releases`` whose failure text matches ``signature`` is reported as this
-    bug (``violation, known``) and does not change the exit code; any other
-    violation on those releases still does."""
-
-    bug_id: str
-    releases: tuple[str, ...]
-    signature: str  # regular expression, searched in the failure text
-    fixed_in: str
-    repro: str
-
-    def matches(self, release: str, details: str) -> bool:
-        return release in self.releases and re.search(self.signature, details) is not None
-
-
-KNOWN_RELEASE_BUGS: tuple[KnownReleaseBug, ...] = (
-    KnownReleaseBug(
-        # HybridKVCacheCoordinator.find_longest_cache_hit trims only the first
-        # full-attention group to the joint hit; a second one (another block
-        # size) keeps the blocks of its own longer hit and the scheduler adopts
-        # blocks past num_computed_tokens.
-        bug_id="second full-attention group not trimmed to the joint hit",
-        releases=("0.27.1", "0.28.0"),
-        signature=r"\[computed-adds-up\] group \d+ \(FullAttentionSpec, block_size=\d+\) "
-        r"adopted \d+ cached blocks .* may be adopted",
-        fixed_in="0.29.0",
-        repro="docs/repros/test_vllm_0_28_0_second_full_attention_group_not_trimmed.py",
-    ),
-    KnownReleaseBug(
-        # vLLM PR 51468: truncate_computed_blocks asserted that every group,
-        # Mamba included, covers the endpoint.
-        bug_id="pre-fix truncate_computed_blocks asserts on a short Mamba group",
-        releases=("0.27.1",),
-        signature=r"\[no-unexpected-failure\] the call raised although every must-cover group "
-        r"covers endpoint \d+ and it is aligned; short whole-state groups: group \d+ \(MambaSpec",
-        fixed_in="0.28.0",
-        repro="docs/repros/test_vllm_0_27_1_pre_fix_truncate_crash.py",
-    ),
-)
-
-
-def known_release_bug(release: str, details: str) -> KnownReleaseBug | None:
-    """The documented bug of ``release`` that this failure text shows, if any."""
-    return next((b for b in KNOWN_RELEASE_BUGS if b.matches(release, details)), None)
 
 
 # Three components, as vLLM releases are numbered (pip would take "0.3" as 0.3.0).

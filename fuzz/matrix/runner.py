@@ -15,7 +15,7 @@ skipped / error, examples run, seconds.
 from __future__ import annotations
 
 import json
-import re
+
 import subprocess
 import sys
 import time
@@ -25,7 +25,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fuzz.matrix.envs import DEFAULT_ROOT, ensure_vllm_env, python_env_for
-from fuzz.matrix.releases import Release, known_release_bug
+from fuzz import known_bugs
+from fuzz.matrix.releases import Release
+from fuzz.outcomes import Outcome
 from fuzz.registry import Target
 
 __all__ = ["STATUSES", "Cell", "format_table", "incomplete", "new_violations", "run_cell", "run_matrix"]
@@ -52,29 +54,6 @@ class Cell:
 def _first_line(text: str | None, limit: int = 160) -> str:
     line = next((ln.strip() for ln in (text or "").splitlines() if ln.strip()), "")
     return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-_SITE_RE = re.compile(r"^(?P<path>\S+\.py):(?P<line>\d+): (?P<exc>[\w.]+)\s*$", re.M)
-_SUITE_DIRS = ("fuzz/", "strategies/", "invariants/", "tests/", "conftest.py")
-
-
-def suite_defect(details: str) -> str | None:
-    """``"AttributeError at fuzz/adapter/_scheduler.py:399"`` when a failure's
-    innermost frame is the suite's own code raising something other than an
-    assertion (so not an invariant, and not vLLM): a defect of the suite, such
-    as an API difference the adapter does not absorb. None otherwise."""
-    sites = list(_SITE_RE.finditer(details))
-    if not sites:
-        return None
-    site = sites[-1]
-    path, exc = site["path"], site["exc"].rsplit(".", 1)[-1]
-    try:
-        path = Path(path).resolve().relative_to(ROOT).as_posix() if Path(path).is_absolute() else path
-    except ValueError:
-        return None  # outside the repo: vLLM or a library raised it
-    if not path.startswith(_SUITE_DIRS) or exc == "AssertionError" or exc.endswith("Violation"):
-        return None
-    return f"{exc} at {path}:{site['line']}"
 
 
 def _cell_from_junit(
@@ -110,14 +89,20 @@ def _cell_from_junit(
             f = found[0]
             how += (f"found at example {f['examples_to_failure']} after {f['first_failure_s']:.1f}s, "
                     f"{f['shrink_calls']} shrink calls; ")
-        defect = suite_defect(details)
-        if defect:
-            return replace(base, examples=examples, note=f"suite defect: {defect}: {_first_line(failures[0])}")
-        known = known_release_bug(release.spec, details)
+        judged = next((v for v in items if v.get("outcome")), {})
+        if judged.get("outcome") in (Outcome.HARNESS_ERROR.value, Outcome.CONFIG_REJECTED.value):
+            # The suite does not fit this vLLM (or a refusal escaped): not a
+            # vLLM bug, and the cell says nothing about vLLM.
+            return replace(base, examples=examples, note=f"{judged['outcome']}: {judged['reason']}")
+        known = None
+        if judged.get("failure"):
+            facts = dict(judged["failure"], frames=tuple(judged["failure"]["frames"]))
+            known = known_bugs.match(known_bugs.Failure(**facts), stats.get("vllm_version") or release.spec)
         if known is not None:
-            return replace(base, status="violation", examples=examples, known_bug=known.bug_id,
-                           note=f"known vLLM bug, fixed in {known.fixed_in}: {known.bug_id} "
-                           f"(repro: {known.repro}); " + how + _first_line(failures[0]))
+            fixed = f"fixed in {known.fixed_in}" if known.fixed_in else "open"
+            return replace(base, status="violation", examples=examples, known_bug=known.id,
+                           note=f"known vLLM bug ({fixed}): {known.id} (pinned by {known.pinned_by}); "
+                           + how + _first_line(failures[0]))
         return replace(base, status="violation", examples=examples, note=how + _first_line(failures[0]))
     if skips and not passes:
         return replace(base, status="skipped", examples=examples, note=_first_line(skips[0]))
