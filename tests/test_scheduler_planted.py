@@ -120,9 +120,11 @@ def test_every_scheduler_check_has_a_planted_case() -> None:
     [
         # Keeping a diverged hit without the fallback leaves the Mamba state
         # missing at the resume point, or, on a layout whose lagging group is
-        # another must-cover one (sliding window), that group's blocks: with
-        # every check on, whichever the machine meets first reports it.
-        ("no_divergent_fallback", {"mamba-state-at-boundary", "local-part-covered"}),
+        # another must-cover one (sliding window), that group's blocks, or
+        # (a Mamba group with no hit at all) makes allocate_slots assert
+        # inside schedule(): with every check on, whichever the machine meets
+        # first reports it.
+        ("no_divergent_fallback", {"mamba-state-at-boundary", "local-part-covered", "no-exception"}),
         ("skip_truncation", {"computed-adds-up"}),
     ],
 )
