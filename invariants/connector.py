@@ -295,14 +295,17 @@ def check_sync_load_announced(step: StepObservation) -> None:
     vLLM: ``Scheduler.schedule``, after ``update_state_after_alloc`` for a
     non-async load, appends the request to the scheduled ones and sets
     ``has_sync_kv_loads = True`` ("load_kv_async is False here"); the worker
-    loads during that step's forward pass (``base.py: start_load_kv``)."""
+    loads during that step's forward pass (``base.py: start_load_kv``).
+    Releases whose ``SchedulerOutput`` has no ``has_sync_kv_loads`` (0.28.0)
+    are held to the first half only."""
     sync = [a for a in step.connector_allocs if a.num_external_tokens and not a.reply_async]
     if not sync or step.error_where == "schedule":
         return
     for meta in step.connector_metas:
         scheduled = {r for r, _ in meta.num_scheduled}
         for a in sync:
-            if a.request_id not in meta.named or a.request_id not in scheduled or not meta.has_sync_kv_loads:
+            flag_missing = meta.has_sync_kv_loads is False  # None: the release has no such flag
+            if a.request_id not in meta.named or a.request_id not in scheduled or flag_missing:
                 _fail_step(
                     "sync-load-announced",
                     step,

@@ -149,7 +149,9 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
                 new_requests=new,
                 cached_requests=old,
                 num_scheduled=tuple(out.num_scheduled_tokens.items()),
-                has_sync_kv_loads=bool(getattr(out, "has_sync_kv_loads", False)),
+                # None: a release whose SchedulerOutput has no such field
+                # (0.28.0 has none).
+                has_sync_kv_loads=getattr(out, "has_sync_kv_loads", None),
                 already_finished=tuple(r for r, _ in new + old if r in told),
             )
         )

@@ -249,7 +249,7 @@ class ConnectorMeta:
     new_requests: tuple[tuple[str, int], ...]
     cached_requests: tuple[tuple[str, int], ...]
     num_scheduled: tuple[tuple[str, int], ...]  # num_scheduled_tokens
-    has_sync_kv_loads: bool
+    has_sync_kv_loads: bool | None  # None: the release's output has no such field
     # Named requests (new or cached) the connector had already been told had
     # finished (request_finished / request_finished_all_groups).
     already_finished: tuple[str, ...] = ()
