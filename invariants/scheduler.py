@@ -9,6 +9,8 @@ Step checks (:data:`STEP_CHECKS`) see a whole ``schedule()`` +
 ``update_from_output()``; admission checks (:data:`ADMISSION_CHECKS`) one
 waiting request's trip through the prefix-cache branch; the pool check runs
 once every request has finished. ``check_step`` runs a selection of them.
+The connector-protocol checks of :mod:`invariants.connector` are among the
+step and admission checks.
 
 Vocabulary for one admission (a waiting request's prefix-cache lookup):
 
@@ -35,6 +37,7 @@ from invariants._common import cdiv as _cdiv
 from invariants._common import group_behaviour as _behaviour
 from invariants._common import group_kind, group_name as _name
 from invariants.classification import Behaviour, classification_of_kind
+from invariants.connector import CONNECTOR_ADMISSION_CHECKS, CONNECTOR_STEP_CHECKS
 
 __all__ = [
     "WHERE",
@@ -347,10 +350,12 @@ def check_copy_sources_ready(step: StepObservation) -> None:
     )
 
 
+# The connector-protocol checks (invariants/connector.py) run with the others.
 STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     check_no_exception_escapes,
     check_computed_below_num_tokens,
     check_copy_sources_ready,
+    *CONNECTOR_STEP_CHECKS,
 )
 
 ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
@@ -359,6 +364,7 @@ ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
     check_truncated_view,
     check_mamba_state_at_resume_boundary,
     check_diverged_hit_falls_back,
+    *CONNECTOR_ADMISSION_CHECKS,
 )
 
 

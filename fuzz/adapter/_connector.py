@@ -7,8 +7,12 @@ hand it constructor arguments. Its behaviour lives in the process-global
 :data:`SCRIPT`, which the scheduler harness resets per scenario: what each
 ``get_num_new_matched_tokens`` call answers, and whether the connector claims
 ``supports_divergent_local_hybrid_hits``. The connector never loads or saves
-anything; it records every question the scheduler asked and every allocation
-it was told about, for the invariants.
+anything; it records every protocol call the scheduler made, in the suite's
+own types (:mod:`fuzz.model`), for the connector-protocol invariants
+(:mod:`invariants.connector`): each ``get_num_new_matched_tokens`` and its
+answer, each ``update_state_after_alloc`` with its per-group block ids, each
+``build_connector_meta`` with the requests its scheduler output names, each
+``request_finished`` / ``request_finished_all_groups``.
 
 Replies are described by :class:`fuzz.model.ExternalReply` (pure data, no
 vLLM), so strategies can draw them.
@@ -32,6 +36,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 logging.getLogger(_base.__name__).setLevel(logging.ERROR)
 
 from fuzz.model import ExternalReply  # noqa: E402
+from fuzz.model._scheduler import ConnectorFinish, ConnectorMeta  # noqa: E402
 
 __all__ = [
     "CONNECTOR_MODULE",
@@ -76,6 +81,8 @@ class ConnectorScript:
     queries: list[QueryRecord] = dataclasses.field(default_factory=list)
     allocs: list[AllocRecord] = dataclasses.field(default_factory=list)
     finished: list[str] = dataclasses.field(default_factory=list)
+    finish_calls: list[ConnectorFinish] = dataclasses.field(default_factory=list)
+    metas: list[ConnectorMeta] = dataclasses.field(default_factory=list)
     loads_in_flight: set[str] = dataclasses.field(default_factory=set)
 
     def reset(self, *, divergent_hits: bool) -> None:
@@ -85,6 +92,8 @@ class ConnectorScript:
         self.queries.clear()
         self.allocs.clear()
         self.finished.clear()
+        self.finish_calls.clear()
+        self.metas.clear()
         self.loads_in_flight.clear()
 
     def reply_for(self, request_id: str) -> ExternalReply:
@@ -130,15 +139,38 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
             self.script.loads_in_flight.add(request.request_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        out = scheduler_output
+        cached = out.scheduled_cached_reqs
+        told = set(self.script.finished)
+        new = tuple((n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs)
+        old = tuple(zip(cached.req_ids, cached.num_computed_tokens))
+        self.script.metas.append(
+            ConnectorMeta(
+                new_requests=new,
+                cached_requests=old,
+                num_scheduled=tuple(out.num_scheduled_tokens.items()),
+                # None: a release whose SchedulerOutput has no such field
+                # (0.28.0 has none).
+                has_sync_kv_loads=getattr(out, "has_sync_kv_loads", None),
+                already_finished=tuple(r for r, _ in new + old if r in told),
+            )
+        )
         return _Metadata()
 
-    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
-        self.script.finished.append(request.request_id)
+    def _finished(self, method: str, request: Any) -> tuple[bool, dict[str, Any] | None]:
+        rid = request.request_id
+        self.script.finished.append(rid)
+        self.script.finish_calls.append(
+            ConnectorFinish(rid, method, request.status.name, self.script.finished.count(rid))
+        )
+        # Never holds the blocks: the scheduler frees them at once.
         return False, None
 
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        return self._finished("request_finished", request)
+
     def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
-        self.script.finished.append(request.request_id)
-        return False, None
+        return self._finished("request_finished_all_groups", request)
 
     # -- worker side: never used, the scheduler runs alone ------------------
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:

@@ -59,6 +59,9 @@ class Spies:
         self.num_groups = num_groups
         self._admission = admission
         self.pending: dict[str, AdmissionObservation] = {}  # admissions of the current step
+        # Per request, its last allocate_slots call of the current step:
+        # (num_new_computed_tokens, num_external_computed_tokens).
+        self.step_allocs: dict[str, tuple[int, int]] = {}
         self._allocated: set[str] = set()  # first allocate_slots done (returned or raised)
         self._current: str | None = None
         self._in_lookup = False
@@ -66,6 +69,7 @@ class Spies:
 
     def new_step(self) -> None:
         self.pending.clear()
+        self.step_allocs.clear()
         self._allocated.clear()
 
     def _note(self, request_id: str, **fields: Any) -> None:
@@ -133,6 +137,10 @@ class Spies:
 
         def allocate_slots(request: Request, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
             rid = request.request_id
+            self.step_allocs[rid] = (
+                kwargs.get("num_new_computed_tokens", 0),
+                kwargs.get("num_external_computed_tokens", 0),
+            )
             first = rid in self.pending and rid not in self._allocated
             if first:
                 new_blocks = kwargs.get("new_computed_blocks")

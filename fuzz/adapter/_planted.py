@@ -7,7 +7,10 @@ Two families:
   ``KVCacheManager.truncate_computed_blocks``;
 * scheduler edits (:data:`PLANTED_SCHEDULER_BUGS`): ``Scheduler.schedule``
   recompiled from its own source with one small edit, so the bug lives on
-  the path the real one would.
+  the path the real one would; the connector-path edits
+  (:data:`_CONNECTOR_EDITS`) do the same to ``Scheduler.schedule`` or to the
+  scheduler method that calls the connector, each breaking one rule of the
+  KV-connector protocol (:mod:`invariants.connector`).
 """
 
 from __future__ import annotations
@@ -191,8 +194,109 @@ _SCHEDULE_EDITS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     ),
 }
 
+# name: (description, Scheduler method, edits): planted violations of the
+# KV-connector protocol, on the scheduler's side of it.
+_CONNECTOR_EDITS: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
+    "asks_connector_unaligned": (
+        "asks the connector about the unaligned local hit (sub-block tail "
+        "included) but keeps only the aligned part: the load starts past "
+        "where the local part ends",
+        "schedule",
+        (("request, block_aligned_local", "request, num_new_local_computed_tokens"),),
+    ),
+    "tells_connector_total": (
+        "update_state_after_alloc gets the request's whole computed count, "
+        "not the external tokens the scheduler accounted",
+        "schedule",
+        (
+            (
+                "self.kv_cache_manager.get_blocks(request_id),\n"
+                "num_external_computed_tokens,\n"
+                ")",
+                "self.kv_cache_manager.get_blocks(request_id),\n"
+                "num_computed_tokens,\n"
+                ")",
+            ),
+        ),
+    ),
+    "hands_connector_cached_blocks": (
+        "update_state_after_alloc gets the adopted cached blocks instead of "
+        "the request's blocks: none for the external range",
+        "schedule",
+        (("self.kv_cache_manager.get_blocks(request_id),", "new_computed_blocks,"),),
+    ),
+    "keeps_tail_and_loads": (
+        "keeps the local sub-block tail and still takes the connector's "
+        "(smaller) answer as external tokens",
+        "schedule",
+        (
+            (
+                "# local sub-block tail and load nothing external.\n"
+                "num_external_computed_tokens = 0",
+                "# local sub-block tail and load nothing external.\n"
+                "num_external_computed_tokens = ext_tokens",
+            ),
+        ),
+    ),
+    "skips_meta_on_empty_step": (
+        "skips build_connector_meta on a step that schedules no tokens (an "
+        "async load admitted alone is never started)",
+        "schedule",
+        (
+            (
+                "if self.connector is not None:\n"
+                "meta = self._build_kv_connector_meta(self.connector, scheduler_output)",
+                "if self.connector is not None and num_scheduled_tokens:\n"
+                "meta = self._build_kv_connector_meta(self.connector, scheduler_output)",
+            ),
+        ),
+    ),
+    "async_load_counted_scheduled": (
+        "counts a request admitted for an async load in num_scheduled_tokens "
+        "(0 tokens) without naming it in the scheduler output",
+        "schedule",
+        (
+            (
+                "self._set_kv_fetch_stage(request, KV_FETCH_IN_PROGRESS)",
+                "self._set_kv_fetch_stage(request, KV_FETCH_IN_PROGRESS)\n"
+                "num_scheduled_tokens[request_id] = 0",
+            ),
+        ),
+    ),
+    "no_sync_load_flag": (
+        "admits a synchronous external load without setting has_sync_kv_loads",
+        "schedule",
+        (("has_sync_kv_loads = True", "has_sync_kv_loads = False"),),
+    ),
+    "async_load_computes_at_once": (
+        "takes an async answer that leaves prompt tokens to compute as "
+        "synchronous: the request computes in the step its load starts, "
+        "before the load is reported finished",
+        "schedule",
+        (
+            (
+                "if request.skip_reading_prefix_cache:",
+                "load_kv_async = load_kv_async and (ext_tokens or 0) + block_aligned_local >= request.num_tokens\n"
+                "if request.skip_reading_prefix_cache:",
+            ),
+        ),
+    ),
+    "connector_finished_twice": (
+        "_free_request tells the connector a request finished twice",
+        "_free_request",
+        (
+            (
+                "connector_delay_free_blocks, kv_xfer_params = self._connector_finished(request)",
+                "connector_delay_free_blocks, kv_xfer_params = self._connector_finished(request) "
+                "and self._connector_finished(request)",
+            ),
+        ),
+    ),
+}
+
 PLANTED_SCHEDULER_BUGS: dict[str, str] = {
     **{name: desc for name, (desc, _) in _SCHEDULE_EDITS.items()},
+    **{name: desc for name, (desc, _, _) in _CONNECTOR_EDITS.items()},
     "pre_fix_assert_all": (
         "truncate_computed_blocks as before vLLM PR 51468: every group, Mamba "
         "included, asserts it covers the endpoint"
@@ -209,7 +313,7 @@ _TRUNCATE_BUG_FOR = {
 }
 
 
-def _edit(source: str, old: str, new: str, name: str) -> str:
+def _edit(source: str, old: str, new: str, name: str, method: str = "schedule") -> str:
     """Replace the run of lines ``old`` (compared without indentation) by
     ``new``; new line k takes the indentation of old line k (or of the last
     old line). A one-line ``old`` may be part of a line: only that part is
@@ -226,7 +330,7 @@ def _edit(source: str, old: str, new: str, name: str) -> str:
     if len(hits) != 1 or (len(want) == 1 and sum(ln.count(want[0]) for ln in stripped) != 1):
         raise RuntimeError(
             f"planted bug {name!r}: its anchor {old!r} occurs {len(hits)} times in "
-            f"Scheduler.schedule of vLLM {VLLM_VERSION} (expected once); update _SCHEDULE_EDITS"
+            f"Scheduler.{method} of vLLM {VLLM_VERSION} (expected once); update the planted edits"
         )
     (at,) = hits
     if len(want) == 1 and len(new_lines) == 1:
@@ -238,17 +342,26 @@ def _edit(source: str, old: str, new: str, name: str) -> str:
     return "\n".join(lines[:at] + replaced + lines[at + len(want) :])
 
 
+def _planted_edits(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The Scheduler method a planted edit changes, and its edits."""
+    if name in _CONNECTOR_EDITS:
+        _, method, edits = _CONNECTOR_EDITS[name]
+        return method, edits
+    return "schedule", _SCHEDULE_EDITS[name][1]
+
+
 @functools.cache
 def _patched_schedule(name: str) -> Callable[..., Any]:
-    _, edits = _SCHEDULE_EDITS[name]
-    source = inspect.getsource(Scheduler.schedule)  # as indented in the class
+    method, edits = _planted_edits(name)
+    original = getattr(Scheduler, method)
+    source = inspect.getsource(original)  # as indented in the class
     for old, new in edits:
-        source = _edit(source, old, new, name)
+        source = _edit(source, old, new, name, method)
     namespace = dict(vars(_sched_mod))
-    # Compiled under scheduler.py's own name: the edited schedule() is vLLM's
+    # Compiled under scheduler.py's own name: the edited method is vLLM's
     # code, and its frames read as vLLM's (outcomes, crash states).
-    exec(compile(textwrap.dedent(source), inspect.getsourcefile(Scheduler.schedule), "exec"), namespace)  # noqa: S102
-    return namespace["schedule"]
+    exec(compile(textwrap.dedent(source), inspect.getsourcefile(original), "exec"), namespace)  # noqa: S102
+    return namespace[method]
 
 
 @contextlib.contextmanager
@@ -260,9 +373,10 @@ def planted_scheduler_bug(name: str) -> Iterator[None]:
         with planted_truncate_bug(_TRUNCATE_BUG_FOR[name]):
             yield
         return
-    original = Scheduler.schedule
-    Scheduler.schedule = _patched_schedule(name)
+    method, _ = _planted_edits(name)
+    original = vars(Scheduler)[method]
+    setattr(Scheduler, method, _patched_schedule(name))
     try:
         yield
     finally:
-        Scheduler.schedule = original
+        setattr(Scheduler, method, original)

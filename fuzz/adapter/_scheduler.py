@@ -28,6 +28,7 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
+from fuzz.model._scheduler import ConnectorAlloc  # noqa: E402
 from fuzz.model import (  # noqa: E402
     AdmissionObservation,
     ExternalReply,
@@ -94,6 +95,10 @@ class SchedulerHarness:
         self._load_failures: set[str] = set()
         self._fail_sync_loads = False
         self.invalid_blocks_reported: list[tuple[str, tuple[int, ...]]] = []
+        # Connector calls already reported in a step observation; requests
+        # already seen leaving the scheduler.
+        self._finishes_seen = 0
+        self._gone: set[str] = set()
         self.spies = Spies(self.scheduler, len(self.groups), self._new_admission)
 
     def _new_admission(self, request: Request, **lookup: Any) -> AdmissionObservation:
@@ -188,6 +193,8 @@ class SchedulerHarness:
         self.spies.new_step()
         asked_before = len(self.script.queries)
         allocs_before = len(self.script.allocs)
+        metas_before = len(self.script.metas)
+        in_flight = frozenset(self.script.loads_in_flight)
         error = error_type = where = None
         frames: tuple[str, ...] = ()
         out = None
@@ -204,6 +211,8 @@ class SchedulerHarness:
             q.request_id for q in queries if not self.script.reply_for(q.request_id).honest
         )
         admissions = self._admissions(out, queries, allocs)
+        connector_allocs = self._connector_allocs(queries, allocs)
+        metas = tuple(self.script.metas[metas_before:])
         if out is not None:
             self._preempted.update(out.preempted_req_ids or ())
         newly = self._newly_scheduled(out)
@@ -222,6 +231,7 @@ class SchedulerHarness:
                 frames = vllm_frames(exc)
         if error:
             self.broken = error
+        finishes, left = self._finish_calls()
         return StepObservation(
             step=self.step_index,
             admissions=admissions,
@@ -239,7 +249,46 @@ class SchedulerHarness:
             context=context,
             error_frames=frames,
             vllm_version=VLLM_VERSION,
+            connector_allocs=connector_allocs,
+            connector_metas=metas,
+            loads_in_flight=in_flight,
+            connector_finishes=finishes,
+            left_scheduler=left,
         )
+
+    def _connector_allocs(self, queries: list[Any], allocs: list[Any]) -> tuple[ConnectorAlloc, ...]:
+        """Each update_state_after_alloc of the step, with the request's
+        allocate_slots accounting and its question of the step."""
+        last_query = {q.request_id: q for q in queries}
+        rows = []
+        for a in allocs:
+            q = last_query.get(a.request_id)
+            local, external = self.spies.step_allocs.get(a.request_id, (None, None))
+            rows.append(
+                ConnectorAlloc(
+                    request_id=a.request_id,
+                    num_tokens=self._requests[a.request_id].num_tokens,
+                    block_ids=a.block_ids,
+                    num_external_tokens=a.num_external_tokens,
+                    alloc_local_tokens=local,
+                    alloc_external_tokens=external,
+                    asked_with=None if q is None else q.num_computed_tokens,
+                    reply=None if q is None else q.reply,
+                    reply_async=False if q is None else q.load_async,
+                )
+            )
+        return tuple(rows)
+
+    def _finish_calls(self) -> tuple[tuple[Any, ...], tuple[tuple[str, int], ...]]:
+        """The connector's finish calls since the last observation, and the
+        requests that left the scheduler since then (with how many times the
+        connector had been told each finished)."""
+        calls = tuple(self.script.finish_calls[self._finishes_seen :])
+        self._finishes_seen = len(self.script.finish_calls)
+        live = self.scheduler.requests
+        left = sorted(r for r in self._requests if r not in live and r not in self._gone)
+        self._gone.update(left)
+        return calls, tuple((r, self.script.finished.count(r)) for r in left)
 
     def _admissions(self, out: Any, queries: list[Any], allocs: list[Any]) -> tuple[AdmissionObservation, ...]:
         new_computed = {}
@@ -282,6 +331,7 @@ class SchedulerHarness:
                     num_computed_tokens=new_computed.get(rid, req.num_computed_tokens) if admitted else None,
                     connector_external_tokens=None if alloc is None else alloc.num_external_tokens,
                     block_table=table,
+                    connector_block_ids=None if alloc is None else alloc.block_ids,
                     cow_dst_ids=cow_dst,
                     resumed=admitted and rid in self._preempted,
                 )

@@ -10,6 +10,9 @@ from fuzz.model._kv import GroupInfo, LayoutDraw
 __all__ = [
     "REPLY_KINDS",
     "AdmissionObservation",
+    "ConnectorAlloc",
+    "ConnectorFinish",
+    "ConnectorMeta",
     "ExternalReply",
     "PoolObservation",
     "SchedulerDraw",
@@ -160,6 +163,9 @@ class AdmissionObservation:
     # Labels only (the invariants never trust these).
     truncated_at: int | None = None
     fell_back: bool = False
+    # Per group, the block ids update_state_after_alloc handed the connector
+    # (None: it was not called for this admission).
+    connector_block_ids: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def partial_tail(self) -> int:
@@ -186,11 +192,88 @@ class AdmissionObservation:
             f"  adopted blocks={None if self.alloc_local_blocks is None else [list(g) for g in self.alloc_local_blocks]}",
             f"  block table={[list(g) for g in self.block_table]}, CoW destinations={sorted(self.cow_dst_ids)}",
         ]
+        if self.connector_block_ids is not None:
+            lines.append(
+                f"  connector: update_state_after_alloc(req, blocks={[list(g) for g in self.connector_block_ids]}, "
+                f"num_external_tokens={self.connector_external_tokens})"
+            )
         if self.truncated_at is not None:
             lines.append(f"  truncate_computed_blocks(blocks, {self.truncated_at}) was called")
         if self.fell_back:
             lines.append("  the divergent-hit fallback (get_computed_blocks) ran")
         return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectorAlloc:
+    """One ``update_state_after_alloc(request, blocks, num_external_tokens)``
+    the scheduler made in a step, beside the scheduler's own accounting for
+    that request in the same step."""
+
+    request_id: str
+    num_tokens: int
+    block_ids: tuple[tuple[int, ...], ...]  # per group, what ``blocks`` held
+    num_external_tokens: int
+    # The request's last allocate_slots call of the step (None: there was none):
+    # its num_new_computed_tokens and num_external_computed_tokens.
+    alloc_local_tokens: int | None
+    alloc_external_tokens: int | None
+    # The request's get_num_new_matched_tokens call of the step (None: not
+    # asked this step, as when an async load lands).
+    asked_with: int | None
+    reply: int | None
+    reply_async: bool
+
+    def describe(self) -> str:
+        asked = (
+            "not asked this step"
+            if self.asked_with is None
+            else f"get_num_new_matched_tokens(req, {self.asked_with}) -> ({self.reply}, async={self.reply_async})"
+        )
+        return (
+            f"request {self.request_id} (num_tokens={self.num_tokens}): {asked}; "
+            f"allocate_slots(num_new_computed_tokens={self.alloc_local_tokens}, "
+            f"num_external_computed_tokens={self.alloc_external_tokens}); "
+            f"update_state_after_alloc(req, blocks={[list(g) for g in self.block_ids]}, "
+            f"num_external_tokens={self.num_external_tokens})"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectorMeta:
+    """One ``build_connector_meta(scheduler_output)``: the requests the output
+    it was handed names."""
+
+    # (request id, num_computed_tokens) of scheduled_new_reqs and of
+    # scheduled_cached_reqs (running and resumed).
+    new_requests: tuple[tuple[str, int], ...]
+    cached_requests: tuple[tuple[str, int], ...]
+    num_scheduled: tuple[tuple[str, int], ...]  # num_scheduled_tokens
+    has_sync_kv_loads: bool | None  # None: the release's output has no such field
+    # Named requests (new or cached) the connector had already been told had
+    # finished (request_finished / request_finished_all_groups).
+    already_finished: tuple[str, ...] = ()
+
+    @property
+    def named(self) -> frozenset[str]:
+        return frozenset(r for r, _ in self.new_requests + self.cached_requests)
+
+    def describe(self) -> str:
+        return (
+            f"build_connector_meta(scheduler_output: new={list(self.new_requests)}, "
+            f"cached={list(self.cached_requests)}, num_scheduled_tokens={dict(self.num_scheduled)}, "
+            f"has_sync_kv_loads={self.has_sync_kv_loads})"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectorFinish:
+    """One ``request_finished`` / ``request_finished_all_groups`` call."""
+
+    request_id: str
+    method: str
+    status: str  # the request's RequestStatus name at the call
+    nth: int  # how many times the connector has been told so far, this call included
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +300,18 @@ class StepObservation:
     # BlockPool.get_new_blocks"), innermost first: the crash state.
     error_frames: tuple[str, ...] = ()
     vllm_version: str = dataclasses.field(default="", compare=False)
+    # The connector protocol as the scheduled connector saw it in this step's
+    # schedule(): every update_state_after_alloc, every build_connector_meta.
+    connector_allocs: tuple[ConnectorAlloc, ...] = ()
+    connector_metas: tuple[ConnectorMeta, ...] = ()
+    # Requests whose async load had not been reported finished (or failed) to
+    # the scheduler when this schedule() began.
+    loads_in_flight: frozenset[str] = frozenset()
+    # Since the previous step's observation (aborts between steps included):
+    # every request_finished(_all_groups) call, and each request that left the
+    # scheduler with how many times the connector had been told it finished.
+    connector_finishes: tuple[ConnectorFinish, ...] = ()
+    left_scheduler: tuple[tuple[str, int], ...] = ()
 
     def describe(self) -> str:
         lines = [f"step {self.step} on vLLM {self.vllm_version}: scheduled {self.num_scheduled}"]
@@ -226,6 +321,14 @@ class StepObservation:
             lines.append(f"  {self.error_where}() raised {self.error}")
         if self.copies:
             lines.append("  block copies (src->dst): " + ", ".join(f"{a}->{b}" for a, b in self.copies))
+        if self.loads_in_flight:
+            lines.append(f"  async loads in flight at the start: {sorted(self.loads_in_flight)}")
+        lines += [f"  connector: {a.describe()}" for a in self.connector_allocs]
+        lines += [f"  connector: {m.describe()}" for m in self.connector_metas]
+        lines += [
+            f"  connector: {f.method}({f.request_id}) with status {f.status} (call #{f.nth} for it)"
+            for f in self.connector_finishes
+        ]
         lines += [a.describe() for a in self.admissions]
         if self.context:
             lines.append(f"  scenario: {self.context}")

@@ -95,6 +95,16 @@ def reach_labels(step: StepObservation) -> set[str]:
         labels.add("preemption")
     if step.error:
         labels.add("loud failure on over-report" if step.dishonest_replies else "exception")
+    # The connector protocol's branches (invariants/connector.py).
+    for alloc in step.connector_allocs:
+        if alloc.asked_with is None:
+            labels.add("connector: async load landed, allocated again")
+        elif alloc.num_external_tokens:
+            labels.add("connector: async load started" if alloc.reply_async else "connector: sync load")
+    if any(not meta.num_scheduled for meta in step.connector_metas):
+        labels.add("connector: metadata for an empty step")
+    if step.connector_finishes:
+        labels.add("connector: request finished")
     for adm in step.admissions:
         if adm.truncated_at is not None:
             labels.add(TRUNCATION)
