@@ -114,7 +114,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--repro-dir", default=str(ROOT / "fuzz-out" / "repros"), help="where minimal repros go")
     run.add_argument("--report-dir", default=str(ROOT / "fuzz-out" / "report"), help="where report.md and report.html go")
     run.add_argument("--vllm-src", default=None, help="a vLLM source checkout to fuzz instead of the installed vLLM")
-    run.add_argument("--plant", default=None, help="plant a known truncation bug (self-test and benchmarks)")
+    run.add_argument("--plant", default=None, help="plant a known truncation or scheduler bug (self-tests and benchmarks)")
     sub.add_parser("list", help="list the targets")
     replay = sub.add_parser("replay", help="rerun a saved repro and say whether it still fails")
     replay.add_argument("file", help="a repro .py file written by `run` (its .json sidecar is used when present)")
@@ -178,10 +178,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except databases.DatabaseError as exc:
         raise UsageError(str(exc)) from None
     if args.plant:
-        from fuzz.adapter import PLANTED_TRUNCATE_BUGS
+        from fuzz.adapter import PLANTED_SCHEDULER_BUGS, PLANTED_TRUNCATE_BUGS
 
-        if args.plant not in PLANTED_TRUNCATE_BUGS:
-            raise UsageError(f"--plant {args.plant}: unknown; known: {', '.join(PLANTED_TRUNCATE_BUGS)}")
+        known = {**PLANTED_TRUNCATE_BUGS, **PLANTED_SCHEDULER_BUGS}
+        if args.plant not in known:
+            raise UsageError(f"--plant {args.plant}: unknown; known: {', '.join(known)}")
     env = _vllm_src_env(args.vllm_src, dict(os.environ))
     repro_dir = Path(args.repro_dir)
     report_dir = Path(args.report_dir)

@@ -4,7 +4,9 @@
 * :mod:`invariants.classification`: the spec-kind table every check,
   strategy and the adapter read;
 * :mod:`invariants.truncation`: ``truncate_computed_blocks``;
-* :mod:`invariants.scheduler`: ``Scheduler.schedule()`` with a KV connector.
+* :mod:`invariants.scheduler`: ``Scheduler.schedule()`` with a KV connector;
+* :mod:`invariants.connector`: the scheduler's side of the KV-connector
+  protocol (what it told the connector against what it accounted for).
 """
 
 from fuzz.model import InvariantViolation

@@ -30,6 +30,7 @@ __all__ = [
     "missing_capabilities",
     "HAS_SPEC_REGISTRY",
     "cache_hit_limit",
+    "has_sync_kv_loads",
     "has_per_group_lookup",
     "model_runner",
     "partial_hits_enabled",
@@ -89,6 +90,12 @@ def missing_capabilities(needs: tuple[str, ...]) -> list[str]:
 # 0.30+: KVConnectorOutput.failed_recving (older releases cannot be told an
 # async load failed; there the load simply completes).
 HAS_FAILED_RECVING = "failed_recving" in {f.name for f in dataclasses.fields(KVConnectorOutput)}
+
+
+def has_sync_kv_loads(scheduler_output: Any) -> bool | None:
+    """``SchedulerOutput.has_sync_kv_loads`` (0.29+); None on 0.28, which
+    has no such field."""
+    return getattr(scheduler_output, "has_sync_kv_loads", None)
 
 
 def spec_registry() -> Any | None:

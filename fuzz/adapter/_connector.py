@@ -35,8 +35,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 # scenario here, which floods the output and costs time.
 logging.getLogger(_base.__name__).setLevel(logging.ERROR)
 
+from fuzz.adapter import _compat  # noqa: E402
 from fuzz.model import ExternalReply  # noqa: E402
-from fuzz.model._scheduler import ConnectorFinish, ConnectorMeta  # noqa: E402
+from fuzz.model import ConnectorFinish, ConnectorMeta  # noqa: E402
 
 __all__ = [
     "CONNECTOR_MODULE",
@@ -149,9 +150,7 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
                 new_requests=new,
                 cached_requests=old,
                 num_scheduled=tuple(out.num_scheduled_tokens.items()),
-                # None: a release whose SchedulerOutput has no such field
-                # (0.28.0 has none).
-                has_sync_kv_loads=getattr(out, "has_sync_kv_loads", None),
+                has_sync_kv_loads=_compat.has_sync_kv_loads(out),
                 already_finished=tuple(r for r, _ in new + old if r in told),
             )
         )

@@ -28,7 +28,7 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
-from fuzz.model._scheduler import ConnectorAlloc  # noqa: E402
+from fuzz.model import ConnectorAlloc  # noqa: E402
 from fuzz.model import (  # noqa: E402
     AdmissionObservation,
     ExternalReply,

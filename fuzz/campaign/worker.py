@@ -62,7 +62,11 @@ def test_campaign(slot: int) -> None:
     progress.flush()
     if not runnable:
         return
-    planted = adapter.planted_truncate_bug(config.plant) if config.plant else contextlib.nullcontext()
+    planted: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if config.plant in adapter.PLANTED_TRUNCATE_BUGS:
+        planted = adapter.planted_truncate_bug(config.plant)
+    elif config.plant:
+        planted = adapter.planted_scheduler_bug(config.plant)
     try:
         with planted:
             run_slot(config, slot, runnable, database=database, progress=progress, findings=findings)

@@ -8,7 +8,9 @@ rest of the suite survive vLLM's moving internal API.
 * ``_kv``: KV-cache layouts (:class:`SpecDraw`, :class:`LayoutDraw`) and one
   ``truncate_computed_blocks`` call (:class:`TruncationObservation`);
 * ``_scheduler``: a scheduler configuration (:class:`SchedulerDraw`), the
-  connector's scripted answers (:class:`ExternalReply`), one step
+  connector's scripted answers (:class:`ExternalReply`) and the protocol
+  calls it saw (:class:`ConnectorAlloc`, :class:`ConnectorMeta`,
+  :class:`ConnectorFinish`), one step
   (:class:`StepObservation`, :class:`AdmissionObservation`) and the idle
   pool (:class:`PoolObservation`);
 * ``_violations``: :class:`InvariantViolation`, :class:`HarnessError`;
@@ -21,6 +23,9 @@ from fuzz.model._kv import BlockRef, GroupInfo, GroupTruncation, LayoutDraw, Spe
 from fuzz.model._scheduler import (
     REPLY_KINDS,
     AdmissionObservation,
+    ConnectorAlloc,
+    ConnectorFinish,
+    ConnectorMeta,
     ExternalReply,
     PoolObservation,
     SchedulerDraw,
@@ -32,6 +37,9 @@ __all__ = [
     "REPLY_KINDS",
     "AdmissionObservation",
     "BlockRef",
+    "ConnectorAlloc",
+    "ConnectorFinish",
+    "ConnectorMeta",
     "ExternalReply",
     "GroupInfo",
     "GroupTruncation",
