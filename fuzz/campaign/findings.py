@@ -106,6 +106,10 @@ class Findings:
             # never a new violation.
             "known_bug": None if bug is None else bug.id,
             "failing_line": failing_line(exc),
+            # The structured facts (fuzz/known_bugs.py matches on them).
+            "exception": getattr(exc, "exception", None),
+            "vllm_frames": list(getattr(exc, "frames", ())),
+            "where": getattr(exc, "where", ""),
             "key": key,
             "seed": seed,
             "campaign_seed": self.campaign_seed,

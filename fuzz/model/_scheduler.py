@@ -319,6 +319,8 @@ class StepObservation:
             lines.append(f"  preempted: {sorted(self.preempted)}")
         if self.error:
             lines.append(f"  {self.error_where}() raised {self.error}")
+            if self.error_frames:
+                lines.append("  innermost vLLM frames: " + " <- ".join(self.error_frames))
         if self.copies:
             lines.append("  block copies (src->dst): " + ", ".join(f"{a}->{b}" for a, b in self.copies))
         if self.loads_in_flight:
