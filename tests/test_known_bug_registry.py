@@ -61,3 +61,17 @@ def test_a_fixed_bug_is_not_known_on_the_release_that_fixed_it() -> None:
 def test_unbuildable_spec_classes_come_from_open_bugs() -> None:
     assert "vllm.v1.kv_cache_interface.SinkFullAttentionSpec" in unbuildable_spec_classes("0.33.0")
     assert not unbuildable_spec_classes("0.27.0")  # older than any release seen with it
+
+
+def test_the_0_28_untrimmed_group_is_known_through_its_cow_assert_too() -> None:
+    """Seen on 0.28.0 by the state machine: the same root cause, met as an
+    assertion in the copy-on-write of the untrimmed group's partial block."""
+    cow = Failure(
+        "no-exception",
+        "AssertionError",
+        ("vllm/v1/core/single_type_kv_cache_manager.py:SingleTypeKVCacheManager._apply_cow",),
+        SCHEDULE,
+    )
+    assert match(cow, "0.28.0") is known_bug("second-full-attention-untrimmed")
+    assert match(cow, "0.29.0") is None
+    assert match(Failure("no-exception", "AssertionError", (), SCHEDULE), "0.28.0") is None
