@@ -23,13 +23,13 @@ from collections.abc import Callable
 
 import pytest
 
-from fuzz.adapter import SchedulerHarness, planted_scheduler_bug, scheduler_tier_unsupported
+from fuzz.adapter import SchedulerHarness, planted_scheduler_bug
+from fuzz.targets.target_scheduler import UNSUPPORTED
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
 from invariants import connector as conn
 from invariants.scheduler import step_violations
 
-_UNSUPPORTED = scheduler_tier_unsupported()
-pytestmark = pytest.mark.skipif(_UNSUPPORTED is not None, reason=_UNSUPPORTED or "")
+pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
 CONFIG = SchedulerDraw(
     layout=LayoutDraw(

@@ -57,8 +57,8 @@ from strategies.scheduler import (
 SHORTCUT = os.environ.get("FUZZ_SHORTCUT") == "1"
 
 # What the scheduler tier needs from vLLM (fuzz.registry declares it per target).
-_UNSUPPORTED = "; ".join(missing_capabilities(SCHEDULER_TIER)) or None
-pytestmark = pytest.mark.skipif(_UNSUPPORTED is not None, reason=_UNSUPPORTED or "")
+UNSUPPORTED = "; ".join(missing_capabilities(SCHEDULER_TIER)) or None
+pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
 
 # Zero-argument factories and the check, for fuzz.registry (python -m fuzz).
