@@ -144,7 +144,13 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         # MLA, hidden-state and sink groups are full-attention groups to it too.
         signatures=tuple(
             Signature("computed-adds-up", where="Scheduler.schedule", group_kind=kind)
-            for kind in ("FullAttentionSpec", "MLAAttentionSpec", "HiddenStateCacheSpec", "SinkFullAttentionSpec")
+            for kind in (
+                "FullAttentionSpec",
+                "MLAAttentionSpec",
+                "HiddenStateCacheSpec",
+                "RSWASpec",
+                "SinkFullAttentionSpec",
+            )
         )
         # With a sub-block joint hit the copy-on-write of the partial block
         # then finds the untrimmed group's block table out of step with the
@@ -163,7 +169,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         analysis=(
             "HybridKVCacheCoordinator.find_longest_cache_hit trims the first full-attention "
             "group to the joint hit; a second one (another block size; any FullAttentionSpec "
-            "subclass: MLA, hidden-state cache, sink) keeps the blocks of its own longer hit, "
+            "subclass: MLA, hidden-state cache, RSWA, sink) keeps the blocks of its own longer hit, "
             "and the scheduler adopts blocks past num_computed_tokens; on a sub-block joint "
             "hit, _apply_cow's assert that the recorded source block sits in the table "
             "then fires inside schedule()."
