@@ -298,11 +298,16 @@ def _report(results: list[dict[str, Any]], planted: dict[str, Any] | None, args:
         camp = _median([x[0] for x in r["campaign"]])
         print(f"{r['target']:<22} {raw:9.1f} {camp:14.1f} {camp / raw if raw else 0:13.2f}  {100 * r['vllm_share']:4.0f}%  "
               f"{r['warmup'][0]:.1f}; {r['import_s']:.1f}, {r['first_example_s']:.2f}")
+    print()
     for r in results:
         b = r["branches"]
+        if r["target"].startswith("truncate-"):
+            rejected = sum(v for k, v in b.items() if k.startswith("layout rejected by vLLM"))
+            drawn = rejected + sum(v for k, v in b.items() if k.startswith("lookup="))
+            print(f"{r['target']}: layouts vLLM rejected: {rejected} of {drawn} drawn")
         n = b.get("scheduler: examples")
         if r["target"] == "scheduler-single-shot" and n:
-            print(f"\n{r['target']}: truncation branch reached by "
+            print(f"{r['target']}: truncation branch reached by "
                   f"{100 * b.get('scheduler: truncation branch', 0) / n:.0f}% of examples, "
                   f"divergent-hit fallback by {100 * b.get('scheduler: divergent-hit fallback', 0) / n:.0f}%")
     if planted:
