@@ -22,6 +22,12 @@ before it: no heap, cache, patched vLLM or profiler is carried over):
 Then seconds to find each planted bug (median of ``--seeds`` seeds, clock
 stopped at the first failing example, before shrinking). Figures belong
 here, never in timed tests; on a shared machine compare ratios.
+
+``--breakdown SECONDS`` instead runs each target's campaign worker loop for
+that long and prints where its time went: Hypothesis's phases (replay,
+generation, target, shrink), the target itself (vLLM and the invariants),
+the pareto front, garbage collection, progress files, database checks and
+slice set-up (docs/campaign-profile.md).
 """
 
 from __future__ import annotations
@@ -123,6 +129,95 @@ def _child_target(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "campaign": campaign, "vllm_share": share, "branches": branches, "vllm": adapter.VLLM_VERSION}
 
 
+class _Clock:
+    """Exclusive wall time per (phase, part), by wrapping functions: time
+    inside a wrapped call goes to its label until a nested wrapped call (or
+    a garbage collection) takes over."""
+
+    PHASES = ("replay", "generate", "target", "shrink")
+
+    def __init__(self) -> None:
+        self.seconds: dict[tuple[str, str], float] = {}
+        self.calls: dict[str, int] = {}
+        self._stack: list[tuple[str, str]] = [("outside Hypothesis", "worker loop")]
+        self._last = time.perf_counter()
+
+    def _switch(self) -> None:
+        now = time.perf_counter()
+        top = self._stack[-1]
+        self.seconds[top] = self.seconds.get(top, 0.0) + now - self._last
+        self._last = now
+
+    def _phase(self) -> str:
+        return next((p for p, part in reversed(self._stack) if part == "Hypothesis"), "outside Hypothesis")
+
+    def wrap(self, owner: Any, name: str, part: str, *, phase: str | None = None) -> None:
+        original = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self._switch()
+            label = (phase, "Hypothesis") if phase else (self._phase(), part)
+            if part == "target code":
+                self.calls[label[0]] = self.calls.get(label[0], 0) + 1
+            self._stack.append(label)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._switch()
+                self._stack.pop()
+
+        setattr(owner, name, timed)
+
+    def gc_callback(self, phase: str, info: dict[str, Any]) -> None:
+        self._switch()
+        if phase == "start":
+            self._stack.append(("any", "garbage collection"))
+        elif self._stack[-1] == ("any", "garbage collection"):
+            self._stack.pop()
+
+
+def _child_breakdown(name: str, seconds: float) -> dict[str, Any]:
+    """Where one worker's time goes, fuzzing ``name`` alone for ``seconds``."""
+    import gc
+    import importlib
+    import inspect
+
+    from hypothesis.internal.conjecture import engine, pareto
+
+    from fuzz import adapter
+    from fuzz.campaign import databases, fuzzer, progress
+    from fuzz.registry import get_target
+
+    adapter.init_hashing()
+    clock = _Clock()
+    runner = engine.ConjectureRunner
+    for method, phase in (("reuse_existing_test_cases", "replay"), ("generate_new_test_cases", "generate"),
+                          ("optimise_targets", "target"), ("shrink_interesting_test_cases", "shrink")):
+        clock.wrap(runner, method, "", phase=phase)
+    clock.wrap(pareto.ParetoFront, "add", "pareto front")
+    target = get_target(name)
+    module = importlib.import_module(target.module)
+    if target.check:
+        clock.wrap(module, target.check, "target code")
+    else:  # a state machine: its rules must stay rules, so time the harness they drive
+        harness = adapter.SchedulerHarness
+        for attr in [a for a, v in vars(harness).items() if inspect.isfunction(v) and not a.startswith("_")]:
+            clock.wrap(harness, attr, "target code")
+    clock.wrap(progress.Progress, "flush", "progress files + telemetry")
+    clock.wrap(fuzzer.TargetFuzzer, "has_new_entries", "database checks")
+    clock.wrap(databases, "check_database", "database checks")
+    clock.wrap(fuzzer, "property_test", "slice set-up")
+    gc.callbacks.append(clock.gc_callback)
+    t0 = time.perf_counter()
+    rate, examples, _ = _campaign_run(name, seconds)
+    clock._switch()
+    gc.callbacks.remove(clock.gc_callback)
+    wall = time.perf_counter() - t0
+    rows = sorted(clock.seconds.items(), key=lambda kv: -kv[1])
+    return {"target": name, "wall": wall, "examples": examples, "calls": clock.calls,
+            "rows": [[phase, part, secs] for (phase, part), secs in rows if secs >= 0.005]}
+
+
 def _child_planted(args: argparse.Namespace) -> dict[str, Any]:
     from fuzz import adapter
     from fuzz.hunting import hunt
@@ -156,7 +251,10 @@ def _found_after(res: Any) -> list[float] | None:
 
 # -- in the parent ---------------------------------------------------------------
 def _child(argv: list[str]) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])))
+    from fuzz.matrix.envs import cache_env
+
+    env = {**cache_env(), **os.environ,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
     proc = subprocess.run([sys.executable, "-m", "fuzz.bench", *argv], cwd=ROOT, env=env, capture_output=True,
                           text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("BENCH ")]
@@ -178,6 +276,15 @@ def _fmt_times(found: list[list[float] | None]) -> str:
             + (f"  missed by {misses} seed(s)" if misses else ""))
 
 
+def _report_breakdown(results: list[dict[str, Any]]) -> None:
+    for r in results:
+        print(f"\n{r['target']}: {r['wall']:.1f} s, {r['examples']} examples after the first slice "
+              f"(target code called {r['calls']})")
+        print(f"  {'phase':<20} {'part':<28} {'seconds':>8} {'share':>6}")
+        for phase, part, secs in r["rows"]:
+            print(f"  {phase:<20} {part or 'Hypothesis itself':<28} {secs:8.2f} {100 * secs / r['wall']:5.1f}%")
+
+
 def _report(results: list[dict[str, Any]], planted: dict[str, Any] | None, args: argparse.Namespace) -> None:
     print(f"vLLM {results[0]['vllm'] if results else '?'}; each target in a fresh process; "
           f"raw = in-process hunt of {args.examples} examples, campaign = the worker loop for "
@@ -191,11 +298,16 @@ def _report(results: list[dict[str, Any]], planted: dict[str, Any] | None, args:
         camp = _median([x[0] for x in r["campaign"]])
         print(f"{r['target']:<22} {raw:9.1f} {camp:14.1f} {camp / raw if raw else 0:13.2f}  {100 * r['vllm_share']:4.0f}%  "
               f"{r['warmup'][0]:.1f}; {r['import_s']:.1f}, {r['first_example_s']:.2f}")
+    print()
     for r in results:
         b = r["branches"]
+        if r["target"].startswith("truncate-"):
+            rejected = sum(v for k, v in b.items() if k.startswith("layout rejected by vLLM"))
+            drawn = rejected + sum(v for k, v in b.items() if k.startswith("lookup="))
+            print(f"{r['target']}: layouts vLLM rejected: {rejected} of {drawn} drawn")
         n = b.get("scheduler: examples")
         if r["target"] == "scheduler-single-shot" and n:
-            print(f"\n{r['target']}: truncation branch reached by "
+            print(f"{r['target']}: truncation branch reached by "
                   f"{100 * b.get('scheduler: truncation branch', 0) / n:.0f}% of examples, "
                   f"divergent-hit fallback by {100 * b.get('scheduler: divergent-hit fallback', 0) / n:.0f}%")
     if planted:
@@ -215,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5, help="seeds per planted bug (median reported)")
     parser.add_argument("--find-budget", type=int, default=3000, help="max examples when hunting a planted bug")
     parser.add_argument("--no-planted", action="store_true", help="skip the planted-bug hunts")
+    parser.add_argument("--breakdown", type=float, default=None, metavar="SECONDS",
+                        help="instead: where a worker's time goes, each target's worker loop run this long")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -222,8 +336,17 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--targets {unknown[0]}: unknown target; known: {', '.join(TARGETS)}")
     if args.child is not None:  # one measurement in this fresh process
-        result = _child_planted(args) if args.child == ":planted" else _child_target(args.child, args)
+        if args.child == ":planted":
+            result = _child_planted(args)
+        elif args.breakdown:
+            result = _child_breakdown(args.child, args.breakdown)
+        else:
+            result = _child_target(args.child, args)
         print("BENCH " + json.dumps(result))
+        return 0
+    if args.breakdown:
+        results = [_child(["--child", name, "--breakdown", str(args.breakdown)]) for name in args.targets]
+        _report_breakdown(results)
         return 0
     common = ["--examples", str(args.examples), "--repeats", str(args.repeats), "--campaign-seconds",
               str(args.campaign_seconds), "--seeds", str(args.seeds), "--find-budget", str(args.find_budget)]

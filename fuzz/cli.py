@@ -80,14 +80,21 @@ def _target_names(requested: list[str], *, default: list[str]) -> list[str]:
     return list(dict.fromkeys(requested)) or default
 
 
-def _vllm_src_env(path: str | None, env: dict[str, str]) -> dict[str, str]:
-    if path is None:
-        return env
-    src = Path(path).expanduser().resolve()
-    if not (src / "vllm" / "__init__.py").is_file():
-        raise UsageError(f"--vllm-src {path}: no vllm/__init__.py there (expected a vLLM source checkout root)")
-    env = dict(env)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), str(ROOT), env.get("PYTHONPATH", "")]))
+def _vllm_env(path: str | None) -> dict[str, str]:
+    """The environment of a subprocess that imports vLLM: a source checkout
+    first on the import path (``--vllm-src``), and vLLM's caches kept per
+    vLLM install unless the user chose them (:func:`fuzz.matrix.envs.cache_env`)."""
+    from fuzz.matrix.envs import cache_env
+
+    env = dict(os.environ)
+    src = None
+    if path is not None:
+        src = Path(path).expanduser().resolve()
+        if not (src / "vllm" / "__init__.py").is_file():
+            raise UsageError(f"--vllm-src {path}: no vllm/__init__.py there (expected a vLLM source checkout root)")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), str(ROOT), env.get("PYTHONPATH", "")]))
+    for name, value in cache_env(src).items():
+        env.setdefault(name, value)
     return env
 
 
@@ -159,6 +166,8 @@ def _cmd_list() -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    # Start-up counts from here: the runner's own set-up is part of it.
+    start = time.time()
     from fuzz.campaign import CampaignConfig, CampaignRecord, databases, parse_shard, run_campaign, shard_items
     from fuzz.campaign.report import startup_line, summary_table, write_reports
     from fuzz.registry import default_targets
@@ -177,13 +186,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         databases.open_database(dbs)
     except databases.DatabaseError as exc:
         raise UsageError(str(exc)) from None
-    if args.plant:
-        from fuzz.adapter import PLANTED_SCHEDULER_BUGS, PLANTED_TRUNCATE_BUGS
-
-        known = {**PLANTED_TRUNCATE_BUGS, **PLANTED_SCHEDULER_BUGS}
-        if args.plant not in known:
-            raise UsageError(f"--plant {args.plant}: unknown; known: {', '.join(known)}")
-    env = _vllm_src_env(args.vllm_src, dict(os.environ))
+    env = _vllm_env(args.vllm_src)
     repro_dir = Path(args.repro_dir)
     report_dir = Path(args.report_dir)
     for d in (repro_dir, report_dir):
@@ -196,7 +199,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         items=tuple(items),
         slots=workers,
         budget=budget,
-        start=time.time(),
+        start=start,
         repro_dir=str(repro_dir),
         stats_dir=tempfile.mkdtemp(prefix="fuzz-stats-"),
         db=tuple(dbs),
@@ -209,7 +212,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
           f"seed {args.seed}; db {', '.join(map(databases.describe, dbs))}"
           + (f"; shard {shard}" if shard else ""), flush=True)
     result = run_campaign(config, workers=workers, profile=args.profile, env=env,
-                          junit=Path(args.junit) if args.junit else None)
+                          junit=Path(args.junit) if args.junit else None,
+                          preflight=(lambda: _unknown_plant(args.plant)) if args.plant else None)
+    if result.refused:
+        raise UsageError(result.refused)
     total = result.totals
     print(summary_table(total, result.elapsed))
     print(startup_line(total))
@@ -243,6 +249,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _unknown_plant(name: str) -> str | None:
+    """Why ``--plant name`` is refused (None: it is a planted truncation or
+    scheduler bug). Imports vLLM, so the runner asks while its workers start."""
+    from fuzz.adapter import PLANTED_SCHEDULER_BUGS, PLANTED_TRUNCATE_BUGS
+
+    known = {**PLANTED_TRUNCATE_BUGS, **PLANTED_SCHEDULER_BUGS}
+    if name in known:
+        return None
+    return f"--plant {name}: unknown; known: {', '.join(known)}"
+
+
 def _cmd_merge(args: argparse.Namespace) -> int:
     from fuzz.campaign import merge_campaigns
     from fuzz.campaign.report import summary_table, write_reports
@@ -268,7 +285,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         path = path.with_name(meta.get("repro") or "")
     if not path.is_file() or path.suffix != ".py":
         raise UsageError(f"replay {args.file}: not a repro .py file (or its .json sidecar)")
-    env = _vllm_src_env(args.vllm_src, dict(os.environ))
+    env = _vllm_env(args.vllm_src)
     cmd = [sys.executable, "-m", "pytest", str(path.resolve()), "-q", "-p", "no:cacheprovider",
            "--rootdir", str(path.resolve().parent), "-c", os.devnull]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=path.resolve().parent)

@@ -32,10 +32,10 @@ def runs(draw: st.DrawFn) -> tuple[FairSchedule, list[float]]:
 
 def _drive(schedule: FairSchedule, slowness: list[float]) -> list[tuple[Turn, float]]:
     """Run the schedule on a fake clock: a slice takes its planned time times
-    the target's slowness (a first slice: 0.1 s times it)."""
+    the target's slowness (at most twice the plan: the worker stops it there)."""
     clock, done = 0.0, []
     while (turn := schedule.next_turn(clock)) is not None:
-        secs = (turn.seconds or 0.1) * slowness[schedule.targets.index(turn.target)]
+        secs = turn.seconds * slowness[schedule.targets.index(turn.target)]
         clock += secs
         schedule.record(turn, seconds=secs, examples=max(1, int(secs * 50)))
         done.append((turn, clock))
@@ -48,9 +48,9 @@ def test_every_target_runs_first_and_gets_a_fair_share(run: tuple[FairSchedule, 
     schedule, slowness = run
     turns = _drive(schedule, slowness)
     k = len(schedule.targets)
-    # The first k turns are each target's first, short slice.
-    assert [t.target for t, _ in turns[:k]] == schedule.targets
-    assert all(t.examples == FIRST_SLICE_EXAMPLES and t.index == 0 for t, _ in turns[:k])
+    # The first k turns are each target's first, short slice (unless the budget is spent first).
+    assert [t.target for t, _ in turns[:k]] == schedule.targets[: len(turns[:k])]
+    assert all(t.examples == FIRST_SLICE_EXAMPLES and t.index == 0 and t.seconds <= 0.5 for t, _ in turns[:k])
     # Time used differs between targets by at most one slice (of the slowest target).
     slice_max = max(slowness) * schedule.slice_seconds
     assert max(schedule.used.values()) - min(schedule.used.values()) <= slice_max + 1e-9, schedule.used

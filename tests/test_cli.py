@@ -119,12 +119,13 @@ def test_planted_bug_campaign_writes_a_repro_that_fails_then_passes(tmp_path: Pa
 
 def test_clean_campaign_runs_every_default_target_early_and_reports(tmp_path: Path) -> None:
     """A short campaign on the default targets: each runs its first example
-    within seconds of the worker being ready (fair slices, not one target
-    after another), and the report says when."""
+    early (fair slices from the start, not one target after another, which
+    would start the last one 8 s into this budget), and the report says when."""
     from fuzz.registry import default_targets
 
+    budget = 10.0
     proc = _fuzz(
-        "run", "--budget", "6s", "--seed", "1",
+        "run", "--budget", f"{budget:.0f}s", "--seed", "1",
         "--db", str(tmp_path / "db"), "--repro-dir", str(tmp_path / "r"), "--report-dir", str(tmp_path / "rep"),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -133,6 +134,6 @@ def test_clean_campaign_runs_every_default_target_early_and_reports(tmp_path: Pa
     (ready,) = record["startup_s"]
     first = record["first_example_s"]
     assert set(first) == {t.name for t in default_targets()}, first
-    assert all(0 <= s - ready < 6 for s in first.values()), (ready, first)
+    assert all(0 <= s - ready < 0.75 * budget for s in first.values()), (ready, first)
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "Branches reached" in md and "Spec types drawn" in md and "start-up:" in md

@@ -5,8 +5,9 @@ Each slice is one Hypothesis run of one target (:func:`fuzz.hunting.property_tes
 
 - **Generation** (generate, target and shrink phases) runs *without* the
   example database: with one, Hypothesis keeps a pareto front of every
-  example's ``target()`` scores in it, which cost 30-40% of the examples per
-  second here (docs/campaign-profile.md) and which nothing here replays. A
+  example's ``target()`` scores in it, which took a quarter to over a third
+  of a worker's time here (docs/campaign-profile.md) for a corpus nothing
+  here replays. A
   failure found this way is saved to the database by hand (its
   ``@reproduce_failure`` choices) under the target's key.
 - **Replay** (reuse and shrink phases, with the database) runs only when the
@@ -226,11 +227,12 @@ def run_slot(config: CampaignConfig, slot: int, targets: list[str], *, database:
         f = fuzzer(turn.target)
         t0 = time.monotonic()
         with timed(turn.target):
-            if f.has_new_entries():
+            replay = f.has_new_entries()
+            if replay:
                 examples = f.replay()
             else:
-                examples = f.generate(turn, stop_at=min(t0 + max(2 * turn.seconds, 2.0), deadline))
-        schedule.record(turn, seconds=time.monotonic() - t0, examples=examples)
+                examples = f.generate(turn, stop_at=min(t0 + 2 * turn.seconds, deadline))
+        schedule.record(turn, seconds=time.monotonic() - t0, examples=examples, generated=not replay)
         if f.failures >= MAX_FAILURES_PER_TARGET:
             schedule.finish(turn.target)
     progress.flush()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ class CampaignResult:
     pytest_rc: int
     harness_errors: list[str]  # one line each, from workers that could not go on
     log: Path  # pytest's output
+    refused: str | None = None  # what the preflight check refused (the workers were stopped)
 
 
 def progress_line(total: Totals, elapsed: float, budget: float) -> str:
@@ -55,24 +57,32 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def run_campaign(config: CampaignConfig, *, workers: int, profile: str, env: dict[str, str],
-                 junit: Path | None = None) -> CampaignResult:
+                 junit: Path | None = None, preflight: Callable[[], str | None] | None = None) -> CampaignResult:
     """Run the workers to the end of the budget, printing progress (a live
-    line on a terminal, one line every 10 s otherwise)."""
+    line on a terminal, one line every 10 s otherwise).
+
+    ``preflight`` is a check that needs vLLM (e.g. a planted bug's name): it
+    runs here while the workers start, rather than before them, so its
+    import costs no start-up; a message it returns stops the workers."""
     stats_dir = Path(config.stats_dir)
-    env = dict(env, HYPOTHESIS_PROFILE=profile, PYTHONUNBUFFERED="1")
+    # Only the plugins a worker needs: autoloading every installed pytest
+    # plugin (anyio, trio, ...) costs each worker about 1.4 s of start-up.
+    env = dict(env, HYPOTHESIS_PROFILE=profile, PYTHONUNBUFFERED="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     env[config_module.ENV] = config.to_env()
     cmd = [sys.executable, "-m", "pytest", str(WORKER_MODULE), "-q", "-p", "no:cacheprovider",
            "--rootdir", str(ROOT), "-o", "addopts=", "-W", "ignore::DeprecationWarning"]
     if workers > 1:
-        cmd += ["-n", str(workers), "--dist", "load"]
-    else:
-        cmd += ["-p", "no:xdist"]
+        cmd += ["-p", "xdist.plugin", "-n", str(workers), "--dist", "load"]
     if junit is not None:
         cmd += ["--junitxml", str(junit.resolve())]
     tty = sys.stdout.isatty()
     log = stats_dir / "pytest.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        refused = preflight() if preflight is not None else None
+        if refused is not None:
+            _stop(proc)
+            return CampaignResult(Totals(), time.time() - config.start, proc.returncode, [], log, refused)
         last_plain = 0.0
         while proc.poll() is None:
             time.sleep(0.5)

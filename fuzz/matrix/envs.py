@@ -17,6 +17,8 @@ Typical use::
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -29,6 +31,7 @@ from pathlib import Path
 
 __all__ = [
     "DEFAULT_ROOT",
+    "cache_env",
     "MARKER",
     "ensure_vllm_env",
     "installed_version",
@@ -116,30 +119,48 @@ def ensure_vllm_env(version: str, root: Path = DEFAULT_ROOT) -> Path:
     return target
 
 
+def cache_env(path: Path | None = None) -> dict[str, str]:
+    """vLLM's and Hugging Face's cache directories for the vLLM at ``path``
+    (``None``: the one this interpreter imports), one pair per vLLM install,
+    under the system temporary directory.
+
+    Why per install: vLLM caches what it learns about a model class
+    (``modelinfos/``) under a key of the class's source file; an install
+    whose file differs finds the entry stale and re-inspects the class in a
+    subprocess that imports vLLM again (10-25 s of a worker's first
+    scheduler example here, whenever another vLLM had used the same
+    directory in between).
+    """
+    if path is None:
+        spec = importlib.util.find_spec("vllm")  # finds the package without importing it
+        location, name = (Path(spec.origin).resolve().parent if spec and spec.origin else None), "base"
+    else:
+        location = Path(path).resolve()
+        name = location.name
+    digest = hashlib.sha1(str(location).encode()).hexdigest()[:10]
+    cache = Path(tempfile.gettempdir()) / "vllm-env-cache" / f"{name}-{digest}"
+    return {"HF_HOME": str(cache / "hf"), "VLLM_CACHE_ROOT": str(cache / "vllm")}
+
+
 def python_env_for(path: Path | None) -> dict[str, str]:
     """Environment for a subprocess that should import vLLM from ``path``.
 
     Starts from the current environment, puts ``path`` first on
     ``PYTHONPATH`` (``None``: leave it alone, i.e. the base venv's vLLM),
     forces the Hugging Face hub offline, and points vLLM's and Hugging Face's
-    caches at a per-release directory under the system temporary directory so
-    that releases never share or write home-directory caches. Run it with the
-    base venv's interpreter (``sys.executable``).
+    caches at a per-install directory (:func:`cache_env`) so that releases
+    never share or write home-directory caches. Run it with the base venv's
+    interpreter (``sys.executable``).
     """
     env = dict(os.environ)
-    if path is None:
-        name = "base"
-    else:
+    if path is not None:
         path = Path(path).resolve()
-        name = path.name
         old = env.get("PYTHONPATH")
         env["PYTHONPATH"] = str(path) + (os.pathsep + old if old else "")
-    cache = Path(tempfile.gettempdir()) / "vllm-env-cache" / name
     env.update(
+        cache_env(path),
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
-        HF_HOME=str(cache / "hf"),
-        VLLM_CACHE_ROOT=str(cache / "vllm"),
         VLLM_NO_USAGE_STATS="1",
         VLLM_DO_NOT_TRACK="1",
     )
