@@ -45,7 +45,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 def pytest_configure(config: pytest.Config) -> None:
     # Importing the adapter sets vLLM's offline environment before vLLM loads.
-    from fuzz import adapter
+    try:
+        from fuzz import adapter
+    except (ImportError, AttributeError) as exc:
+        # A vLLM whose API moved under the adapter: one line, not a traceback
+        # (the campaign runner shows that line and exits 2).
+        from fuzz.outcomes import adapter_import_failure
+
+        raise pytest.UsageError(adapter_import_failure(exc)) from None
 
     adapter.init_hashing()
 

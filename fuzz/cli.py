@@ -243,6 +243,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"{len(total.new_failures)} distinct violation(s); repros in {repro_dir}")
         return EXIT_VIOLATION
     if result.pytest_rc not in (0, 5):
+        from fuzz.outcomes import HARNESS_MARK
+
+        misfit = [ln[ln.index(HARNESS_MARK) :] for ln in result.log.read_text().splitlines() if HARNESS_MARK in ln]
+        if misfit:  # the adapter could not be imported against this vLLM
+            print(f"python -m fuzz: {misfit[0][len('kvtrunc-fuzz '):]}", file=sys.stderr)
+            return EXIT_ERROR
         print(f"harness error (pytest exit {result.pytest_rc}); log: {report_dir / 'pytest.log'}")
         print(result.log.read_text()[-3000:])
         return EXIT_ERROR

@@ -33,12 +33,14 @@ from hypothesis.errors import HypothesisException
 from fuzz.model import HarnessError, InvariantViolation
 
 __all__ = [
+    "HARNESS_MARK",
     "REFUSALS",
     "ConfigRejected",
     "Outcome",
     "Refusal",
     "Verdict",
     "classify",
+    "adapter_import_failure",
     "construction_failure",
     "vllm_calls",
     "vllm_root",
@@ -230,3 +232,31 @@ def classify(exc: BaseException, vllm_version: str) -> Verdict:
     if _VALIDATOR.search(origin.vllm_chain[0]):
         return Verdict(Outcome.CONFIG_REJECTED, f"{origin.what} in {origin.where}", origin.where)
     return Verdict(Outcome.VIOLATION, f"vLLM raised {origin.what} in {origin.where}", origin.where)
+
+
+# Prefixes the one line a worker's pytest prints when the adapter cannot even
+# be imported against the installed vLLM; the runner shows only that line.
+HARNESS_MARK = "kvtrunc-fuzz harness error: "
+
+
+def adapter_import_failure(exc: BaseException) -> str:
+    """One line for an adapter that cannot be imported against this vLLM (a
+    name or module it imports is gone): what is missing, from where, the
+    vLLM version and our line that asked for it. An import of our own that
+    fails for any other reason is still a harness error, named the same way."""
+    import sys
+
+    vllm = sys.modules.get("vllm")
+    version = getattr(vllm, "__version__", "unknown")
+    where = next(
+        (f"{Path(f.filename).relative_to(ROOT)}:{f.lineno}"
+         for f in reversed(traceback.extract_tb(exc.__traceback__)) if f.filename.startswith(_SUITE)),
+        "?",
+    )
+    if isinstance(exc, ModuleNotFoundError):
+        what = f"no module {exc.name}"
+    elif isinstance(exc, ImportError):
+        what = str(exc).split(" (")[0]  # "cannot import name 'X' from 'M'", without the file path
+    else:
+        what = f"{type(exc).__name__}: {exc}"
+    return f"{HARNESS_MARK}the adapter does not fit vLLM {version}: {what} (asked at {where}); every target is unsupported"

@@ -63,4 +63,8 @@ def snapshot() -> dict[str, dict[str, int]]:
     scheduler = sys.modules.get("fuzz.runners.scheduler")
     for label, n in getattr(scheduler, "REACH", {}).items():
         out["branches"][f"scheduler: {label}"] = n
+    # The state machine counts per run ("runs" = total).
+    machine = sys.modules.get("fuzz.targets.target_scheduler")
+    for label, n in getattr(machine, "MACHINE_REACH", {}).items():
+        out["branches"][f"scheduler machine: {label}"] = n
     return out

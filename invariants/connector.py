@@ -47,6 +47,8 @@ __all__ = [
     "check_async_load_lands_first",
     "check_dropped_answer_loads_nothing",
     "check_external_range_contiguous",
+    "check_failed_load_not_cached",
+    "check_failed_load_recomputed",
     "check_finished_once",
     "check_load_blocks_cover_range",
     "check_meta_built_once",
@@ -377,6 +379,74 @@ def check_finished_once(step: StepObservation) -> None:
         )
 
 
+def check_failed_load_recomputed(step: StepObservation) -> None:
+    """A load reported failed is never taken as computed: with
+    ``kv_load_failure_policy="fail"`` its request ends as
+    ``FINISHED_ERROR`` in the step that reported it; with ``"recompute"`` it
+    stays, and its ``num_computed_tokens`` goes back to at most the first
+    token of the first failed block.
+
+    vLLM: ``Scheduler.update_from_output`` hands ``failed_recving`` to
+    ``_handle_failed_recving`` (recompute: ``num_computed_tokens = 0``; fail:
+    the request is failed) and ``invalid_block_ids`` to
+    ``_handle_invalid_blocks`` / ``_update_requests_with_invalid_blocks``
+    ("Truncate the computed tokens at the first failed block"; with the fail
+    policy the affected requests are failed); ``KVConnectorOutput``
+    (``vllm/v1/outputs.py``) documents both reports; the policy is
+    ``KVTransferConfig.kv_load_failure_policy``."""
+    for f in step.failed_loads:
+        if f.stage != "reported":
+            continue
+        if f.policy == "fail" and f.status_after != "FINISHED_ERROR":
+            _fail_step(
+                "failed-load-recomputed",
+                step,
+                f"request {f.request_id}'s load failed under kv_load_failure_policy='fail', but the request "
+                f"is {f.status_after} after the step, not FINISHED_ERROR",
+                where="Scheduler.update_from_output",
+            )
+        if f.policy == "recompute" and (f.status_after == "FINISHED_ERROR" or f.computed_after > f.first_failed_token):
+            _fail_step(
+                "failed-load-recomputed",
+                step,
+                f"request {f.request_id}'s load failed from token {f.first_failed_token} under "
+                f"kv_load_failure_policy='recompute', but after the step it is {f.status_after} with "
+                f"num_computed_tokens={f.computed_after} (at most {f.first_failed_token} expected: the failed "
+                f"tokens must be computed again)",
+                where="Scheduler.update_from_output",
+            )
+
+
+def check_failed_load_not_cached(step: StepObservation) -> None:
+    """The blocks a failed load was written into never stay in the prefix
+    cache: after the report (and, for an async load, once the scheduler takes
+    its request out of ``WAITING_FOR_REMOTE_KVS``) none of them carries a
+    block hash, so no other request can adopt their garbage as a cache hit.
+
+    vLLM: an async load's blocks are cached only when it lands
+    (``allocate_slots(..., delay_cache_blocks=load_kv_async)``), and
+    ``_update_waiting_for_remote_kv`` caches a failed one only up to the
+    reset ``num_computed_tokens``; a failed synchronous load's blocks, cached
+    at allocation, are evicted from the first invalid one on
+    (``_handle_invalid_blocks``: ``kv_cache_manager.evict_blocks``). The one
+    documented exception is left out: a failed synchronous load under the
+    ``"recompute"`` policy keeps its blocks cached "where blocks will be
+    recomputed and reused by other requests sharing them"."""
+    for f in step.failed_loads:
+        if f.how == "invalid_block_ids" and f.policy == "recompute":
+            continue
+        cached = [list(g) for g in f.cached_after if g]
+        if cached:
+            _fail_step(
+                "failed-load-not-cached",
+                step,
+                f"request {f.request_id}'s load failed ({f.how}, kv_load_failure_policy={f.policy!r}), but "
+                f"blocks {cached} it was written into still carry a prefix-cache hash "
+                + ("after the report" if f.stage == "reported" else "after the request left WAITING_FOR_REMOTE_KVS"),
+                where="Scheduler.update_from_output" if f.stage == "reported" else "Scheduler._update_waiting_for_remote_kv",
+            )
+
+
 CONNECTOR_ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
     check_external_range_contiguous,
     check_load_blocks_cover_range,
@@ -390,4 +460,6 @@ CONNECTOR_STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     check_sync_load_announced,
     check_async_load_lands_first,
     check_finished_once,
+    check_failed_load_recomputed,
+    check_failed_load_not_cached,
 )

@@ -190,6 +190,9 @@ def _external_replies(draw: st.DrawFn, num_tokens: int, kinds: tuple[str, ...], 
         return ExternalReply("zero")
     if kind == "over":
         return ExternalReply("over", extra=draw(st.integers(0, 3), label="over-report extra"))
+    if kind == "saved":
+        load_async = allow_async and draw(st.integers(0, 7), label="async load") in (2, 5)
+        return ExternalReply("saved", load_async=load_async)
     # Mostly the whole prompt (the external store outlives the local pool).
     whole = draw(st.sampled_from((True, False, True, True)), label="store holds the whole prompt")
     store_len = num_tokens if whole else draw(st.integers(0, num_tokens), label="store holds")
@@ -202,7 +205,12 @@ def _external_replies(draw: st.DrawFn, num_tokens: int, kinds: tuple[str, ...], 
 
 @functools.cache
 def external_replies(
-    num_tokens: int, *, allow_over: bool = True, allow_async: bool = True, often_zero: bool = False
+    num_tokens: int,
+    *,
+    allow_over: bool = True,
+    allow_async: bool = True,
+    often_zero: bool = False,
+    saved: bool = False,
 ) -> st.SearchStrategy[ExternalReply]:
     """What the external store answers for a prompt of ``num_tokens`` tokens.
 
@@ -211,8 +219,11 @@ def external_replies(
     sometimes "cannot decide yet" for a few asks. With ``allow_over`` it
     occasionally over-reports (the rest of the prompt plus ``extra``), which
     a correct scheduler must refuse loudly or survive. With ``often_zero``
-    three answers in four find nothing. Shrinks to a store holding the whole
-    prompt (``zero`` with ``often_zero``).
+    three answers in four find nothing. With ``saved`` about one answer in
+    three comes from the connector's own store of what this scheduler's
+    finished requests computed (``"saved"``; only a run with several
+    requests has one). Shrinks to a store holding the whole prompt (``zero``
+    with ``often_zero``).
     """
     if num_tokens < 1:
         raise ValueError(f"num_tokens={num_tokens} < 1")
@@ -225,6 +236,8 @@ def external_replies(
     )
     if often_zero:  # three misses in four
         kinds = ("zero", "store", "zero", "zero", "undecided", "zero", "zero", "zero")
+    if saved:
+        kinds += ("saved",) * (len(kinds) // 2)
     return _external_replies(num_tokens, kinds, allow_async)
 
 

@@ -19,6 +19,7 @@ an otherwise empty step, lands, and computes from 15 the step after.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 
 import pytest
@@ -54,9 +55,41 @@ SCENARIOS: dict[str, tuple[tuple[tuple[int, ...], int, ExternalReply], ...]] = {
 }
 
 
+# Failed loads. A 16-token request on one full-attention group (block 4)
+# whose connector answers 12 loads [0, 12) synchronously into blocks 0-2
+# (cached at allocation); the harness reports all three invalid
+# (invalid_block_ids), so the request resumes at 0 ("recompute") or fails
+# ("fail", its blocks evicted). A 20-token request on the same group whose
+# async load of [0, 15) is reported failed (failed_recving) in the step
+# it starts: "recompute" resets it to 0 and frees the blocks when it leaves
+# WAITING_FOR_REMOTE_KVS (it then loads again, and that load lands); "fail"
+# ends it.
+ONE_GROUP = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=32)
+
+
+def _failed_load(async_load: bool, policy: str) -> list[StepObservation]:
+    harness = SchedulerHarness(SchedulerDraw(layout=ONE_GROUP, max_num_batched_tokens=32, kv_load_failure_policy=policy))
+    if async_load:
+        rid = harness.add_request(TOKENS[:20], max_tokens=2, reply=ExternalReply("store", store_len=15, load_async=True))
+        harness.fail_async_load(rid)
+    else:
+        harness.add_request(TOKENS[:16], max_tokens=1, reply=ExternalReply("store", store_len=12))
+        harness.fail_next_sync_loads()
+    return harness.drain(context=f"{'async' if async_load else 'sync'} load fails, policy {policy}")
+
+
+FAILURE_RUNS: dict[str, Callable[[], list[StepObservation]]] = {
+    f"{kind}-load-fails-{policy}": functools.partial(_failed_load, kind == "async", policy)
+    for kind in ("sync", "async")
+    for policy in ("recompute", "fail")
+}
+
+
 def _run(name: str, bug: str | None = None) -> list[StepObservation]:
     steps: list[StepObservation] = []
     with planted_scheduler_bug(bug) if bug else contextlib.nullcontext():
+        if name in FAILURE_RUNS:
+            return FAILURE_RUNS[name]()
         harness = SchedulerHarness(CONFIG)
         for tokens, max_tokens, reply in SCENARIOS[name]:
             harness.add_request(tokens, max_tokens=max_tokens, reply=reply)
@@ -71,12 +104,14 @@ def _violations(steps: list[StepObservation], check: Callable[..., None]) -> lis
 ALL = conn.CONNECTOR_STEP_CHECKS + conn.CONNECTOR_ADMISSION_CHECKS
 
 
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
+@pytest.mark.parametrize("name", sorted(SCENARIOS) + sorted(FAILURE_RUNS))
 def test_unmodified_vllm_keeps_the_protocol(name: str) -> None:
     steps = _run(name)
     assert steps and not any(s.error for s in steps), [s.error for s in steps]
     found = [str(v) for s in steps for v in step_violations(s, ALL)]
     assert not found, "\n\n".join(found)
+    if name in FAILURE_RUNS:
+        return
     # One metadata per step, one finish per request.
     assert all(len(s.connector_metas) == 1 for s in steps)
     assert sorted(f.request_id for s in steps for f in s.connector_finishes) == ["r0", "r1"][: len(SCENARIOS[name])]
@@ -112,6 +147,10 @@ CASES: list[tuple[Callable[..., None], str, str, str]] = [
     (conn.check_sync_load_announced, "sync-load-announced", "no_sync_load_flag", "sync-load-truncates-tail"),
     (conn.check_async_load_lands_first, "async-load-lands-first", "async_load_computes_at_once", "async-load-partial"),
     (conn.check_finished_once, "finished-once", "connector_finished_twice", "sync-load-truncates-tail"),
+    (conn.check_failed_load_recomputed, "failed-load-recomputed", "resumes_past_invalid_block", "sync-load-fails-recompute"),
+    (conn.check_failed_load_recomputed, "failed-load-recomputed", "failed_async_load_kept", "async-load-fails-recompute"),
+    (conn.check_failed_load_not_cached, "failed-load-not-cached", "evicts_invalid_blocks_on_recompute", "sync-load-fails-fail"),
+    (conn.check_failed_load_not_cached, "failed-load-not-cached", "failed_async_load_kept", "async-load-fails-recompute"),
 ]
 
 
@@ -121,6 +160,23 @@ CASES: list[tuple[Callable[..., None], str, str, str]] = [
 def test_rule_catches_its_planted_bug(check: Callable[..., None], invariant: str, bug: str, scenario: str) -> None:
     assert invariant in _violations(_run(scenario, bug), check)
     assert not _violations(_run(scenario), check)
+
+
+def test_failed_loads_are_seen() -> None:
+    """Each failed-load run reports the failure, and an async one is seen
+    again as it leaves WAITING_FOR_REMOTE_KVS; the planted bugs of one rule
+    leave the other rule quiet where their paths differ."""
+    for name, run in FAILURE_RUNS.items():
+        loads = [f for s in run() for f in s.failed_loads]
+        stages = [f.stage for f in loads]
+        assert stages[0] == "reported", (name, loads)
+        if name == "async-load-fails-recompute":
+            assert stages == ["reported", "landed"], loads
+            assert loads[1].computed_after == 0 and not any(loads[1].cached_after), loads
+        if name == "sync-load-fails-fail":
+            assert loads[0].status_after == "FINISHED_ERROR" and loads[0].failed_block_ids != ((),), loads
+    assert not _violations(_run("sync-load-fails-recompute", "resumes_past_invalid_block"), conn.check_failed_load_not_cached)
+    assert not _violations(_run("sync-load-fails-fail", "evicts_invalid_blocks_on_recompute"), conn.check_failed_load_recomputed)
 
 
 def test_every_connector_check_has_a_case() -> None:
@@ -170,3 +226,27 @@ def test_meta_names_flags_a_request_already_finished() -> None:
     meta = ConnectorMeta((), (("r0", 4),), (("r0", 1),), False, already_finished=("r0",))
     with pytest.raises(InvariantViolation, match="already reported finished"):
         conn.check_meta_names_scheduled(_step(connector_metas=(meta,)))
+
+
+def test_saved_store_answers_only_what_was_computed() -> None:
+    """The connector's own store ("saved" answers) holds what finished
+    requests computed, in whole scheduler blocks: after a 14-token request
+    finishes (14 tokens computed: 12 in whole blocks of 4)
+    and its blocks leave the local cache, a 20-token request on the same
+    prefix is answered 12 from 0 and loads [0, 12); a prompt that shares
+    nothing is answered 0. Every protocol rule holds on the way."""
+    harness = SchedulerHarness(CONFIG)
+    steps: list[StepObservation] = []
+    harness.add_request(TOKENS[:14], max_tokens=1, reply=NONE)
+    steps += harness.drain(context="save")
+    assert harness.script.saved == [TOKENS[:12]]
+    harness.evict_shortcut({b.block_id for b in harness.pool.blocks if b.block_hash is not None})
+    harness.add_request(TOKENS[:20], max_tokens=1, reply=ExternalReply("saved"))
+    harness.add_request(tuple(range(500, 520)), max_tokens=1, reply=ExternalReply("saved"))
+    steps += harness.drain(context="reload")
+    answers = [(q.num_computed_tokens, q.reply) for q in harness.script.queries if q.request_id != "r0"]
+    assert answers == [(0, 12), (0, 0)], answers
+    (load,) = [a for s in steps for a in s.connector_allocs if a.num_external_tokens]
+    assert (load.alloc_local_tokens, load.num_external_tokens) == (0, 12), load
+    found = [str(v) for s in steps for v in step_violations(s, ALL)]
+    assert not found, "\n\n".join(found)

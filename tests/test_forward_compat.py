@@ -5,7 +5,8 @@ changed (what a contributor's branch or the next release looks like, see
 ``tests/overlays.py``) and runs ``python -m fuzz run --vllm-src`` on it:
 
 * a private API the adapter relies on, renamed: exit 2 and one line naming
-  it (a harness that does not fit this vLLM), never a violation;
+  it (a harness that does not fit this vLLM), never a violation; the same
+  when a name the adapter imports is gone (pytest cannot even start);
 * a constructor that starts rejecting a drawn parameter: config rejections,
   counted per reason in the report, never a failure.
 """
@@ -44,6 +45,24 @@ def test_a_renamed_private_method_is_exit_2_and_one_line_naming_it(tmp_path: Pat
     assert len(named) == 1, out[-3000:]
     assert "0.33.0" in named[0] and "unsupported" in named[0], named
     assert not list((tmp_path / "repros").glob("*.json")), "a harness misfit must not be reported as a violation"
+
+
+def test_a_name_the_adapter_imports_gone_is_exit_2_and_one_line_naming_it(tmp_path: Path) -> None:
+    overlay = make_overlay(
+        tmp_path / "vllm-src",
+        # Renamed in vLLM and its one caller: vLLM imports, the adapter does not.
+        {
+            "v1/core/kv_cache_utils.py": [("def get_request_block_hasher(", "def make_request_block_hasher(")],
+            "v1/engine/core.py": [("get_request_block_hasher", "make_request_block_hasher")],
+        },
+    )
+    proc = _run(tmp_path, overlay, "truncate-hybrid", budget="3s")
+    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "get_request_block_hasher" in lines[0] and "0.33.0" in lines[0] and "fuzz/adapter/" in lines[0], lines
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not list((tmp_path / "repros").glob("*.json"))
 
 
 def test_a_constructor_rejecting_a_drawn_parameter_shows_up_as_config_rejections(tmp_path: Path) -> None:

@@ -95,8 +95,17 @@ def test_invariant_catches_planted_bug(
     run_single_shot(scenario, (check,), record=False)
 
 
+# Planted bugs only the state machine can reach: the single-shot scenarios
+# never fail a load. (check, invariant, planted bug)
+MACHINE_CASES: list[tuple[Callable[..., None], str, str]] = [
+    (conn.check_failed_load_recomputed, "failed-load-recomputed", "resumes_past_invalid_block"),
+    (conn.check_failed_load_not_cached, "failed-load-not-cached", "evicts_invalid_blocks_on_recompute"),
+    (conn.check_failed_load_recomputed, "failed-load-recomputed", "failed_async_load_kept"),
+]
+
+
 def test_every_planted_bug_is_used() -> None:
-    used = {bug for *_, bug, _ in CASES}
+    used = {bug for *_, bug, _ in CASES} | {bug for *_, bug in MACHINE_CASES}
     assert used == set(PLANTED_SCHEDULER_BUGS), set(PLANTED_SCHEDULER_BUGS) ^ used
 
 
@@ -109,7 +118,7 @@ CAUGHT_REAL_BUG: dict[Callable[..., None], str] = {
 
 
 def test_every_scheduler_check_has_a_planted_case() -> None:
-    checks = {c for c, *_ in CASES} | set(CAUGHT_REAL_BUG)
+    checks = {c for c, *_ in CASES} | {c for c, *_ in MACHINE_CASES} | set(CAUGHT_REAL_BUG)
     expected = {*inv.STEP_CHECKS, *inv.ADMISSION_CHECKS, inv.check_no_leaked_blocks}
     assert checks == expected, expected ^ checks
     assert set(CAUGHT_REAL_BUG.values()) <= {b.id for b in KNOWN_BUGS if b.fixed_in is None}
@@ -136,3 +145,23 @@ def test_state_machine_catches_planted_bug(bug: str, invariants: set[str]) -> No
     with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
         run_state_machine_as_test(target_scheduler.SchedulerMachine, settings=machine_search)
     assert caught.value.invariant in invariants, str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("check", "invariant", "bug"), MACHINE_CASES, ids=[f"{name}<-{bug}" for _, name, bug in MACHINE_CASES]
+)
+def test_state_machine_catches_planted_load_failure_bug(check: Callable[..., None], invariant: str, bug: str) -> None:
+    """Failed loads come from the machine's fail_next_async_loads /
+    fail_next_sync_loads rules; the check alone is run, so another claim
+    the bug also breaks cannot hide it."""
+    # A failed sync load needs a single-group layout (vLLM maps invalid block
+    # ids back to requests only then) and the policy the bug is on: rarer.
+    budget = 300 if bug == "failed_async_load_kept" else 1500
+    machine_search = settings(SEARCH, max_examples=budget, stateful_step_count=30)
+    with (
+        planted_scheduler_bug(bug),
+        target_scheduler.checks_for_machine((check,)),
+        pytest.raises(InvariantViolation) as caught,
+    ):
+        run_state_machine_as_test(target_scheduler.SchedulerMachine, settings=machine_search)
+    assert caught.value.invariant == invariant, str(caught.value)

@@ -12,7 +12,9 @@ own types (:mod:`fuzz.model`), for the connector-protocol invariants
 (:mod:`invariants.connector`): each ``get_num_new_matched_tokens`` and its
 answer, each ``update_state_after_alloc`` with its per-group block ids, each
 ``build_connector_meta`` with the requests its scheduler output names, each
-``request_finished`` / ``request_finished_all_groups``.
+``request_finished`` / ``request_finished_all_groups``. Its own store
+(``ExternalReply("saved")``) holds what finished requests computed, in whole
+blocks, so a "saved" answer is honest by construction.
 
 Replies are described by :class:`fuzz.model.ExternalReply` (pure data, no
 vLLM), so strategies can draw them.
@@ -85,9 +87,15 @@ class ConnectorScript:
     finish_calls: list[ConnectorFinish] = dataclasses.field(default_factory=list)
     metas: list[ConnectorMeta] = dataclasses.field(default_factory=list)
     loads_in_flight: set[str] = dataclasses.field(default_factory=set)
+    # The connector's own store: token prefixes requests computed, saved in
+    # whole blocks of ``save_unit`` tokens when they finished.
+    saved: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    save_unit: int = 1
 
     def reset(self, *, divergent_hits: bool) -> None:
         self.divergent_hits = divergent_hits
+        self.saved.clear()
+        self.save_unit = 1
         self.default = ExternalReply()
         self.replies.clear()
         self.queries.clear()
@@ -102,6 +110,23 @@ class ConnectorScript:
 
     def times_asked(self, request_id: str) -> int:
         return sum(q.request_id == request_id for q in self.queries)
+
+    def save(self, tokens: tuple[int, ...]) -> None:
+        whole = len(tokens) // self.save_unit * self.save_unit
+        if whole:
+            self.saved.append(tokens[:whole])
+
+    def saved_prefix(self, tokens: tuple[int, ...]) -> int:
+        """The longest prefix of ``tokens``, in whole saved blocks, the store holds."""
+        best = 0
+        for entry in self.saved:
+            n = 0
+            for a, b in zip(entry, tokens):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n // self.save_unit * self.save_unit)
+        return best
 
 
 SCRIPT = ConnectorScript()
@@ -126,7 +151,8 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         plan = self.script.reply_for(request.request_id)
         asked = self.script.times_asked(request.request_id)
-        reply = plan.answer(request.num_tokens, num_computed_tokens, asked)
+        saved = self.script.saved_prefix(tuple(request.prompt_token_ids)) if plan.kind == "saved" else 0
+        reply = plan.answer(request.num_tokens, num_computed_tokens, asked, saved)
         load_async = bool(plan.load_async and reply)
         self.script.queries.append(
             QueryRecord(request.request_id, request.num_tokens, num_computed_tokens, reply, load_async)
@@ -162,6 +188,10 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         self.script.finish_calls.append(
             ConnectorFinish(rid, method, request.status.name, self.script.finished.count(rid))
         )
+        # An offloading connector saves what the request computed (a failed
+        # load's request computed nothing it could vouch for).
+        if request.status.name != "FINISHED_ERROR":
+            self.script.save(tuple(request.all_token_ids[: request.num_computed_tokens]))
         # Never holds the blocks: the scheduler frees them at once.
         return False, None
 

@@ -281,6 +281,31 @@ _CONNECTOR_EDITS: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
             ),
         ),
     ),
+    "resumes_past_invalid_block": (
+        "a synchronous load reported failed block by block (invalid_block_ids) "
+        "resumes one block past its first invalid block under the recompute "
+        "policy: the garbage block is taken as computed",
+        "_update_requests_with_invalid_blocks",
+        (("request.num_computed_tokens = idx * self.block_size", "request.num_computed_tokens = (idx + 1) * self.block_size"),),
+    ),
+    "evicts_invalid_blocks_on_recompute": (
+        "evicts a failed synchronous load's blocks under the recompute policy "
+        "instead of the fail policy: under 'fail' the garbage stays cached",
+        "_handle_invalid_blocks",
+        (
+            (
+                "if sync_blocks_to_evict and not self.recompute_kv_load_failures:",
+                "if sync_blocks_to_evict and self.recompute_kv_load_failures:",
+            ),
+        ),
+    ),
+    "failed_async_load_kept": (
+        "a failed async load (failed_recving) keeps its tokens as computed "
+        "under the recompute policy; when the request leaves "
+        "WAITING_FOR_REMOTE_KVS its failed blocks are cached",
+        "_handle_failed_recving",
+        (("request.num_computed_tokens = 0", "pass"),),
+    ),
     "connector_finished_twice": (
         "_free_request tells the connector a request finished twice",
         "_free_request",

@@ -33,6 +33,7 @@ from fuzz.model import (  # noqa: E402
     AdmissionObservation,
     ExternalReply,
     GroupInfo,
+    FailedLoad,
     PoolObservation,
     SchedulerDraw,
     SpecDraw,
@@ -69,6 +70,9 @@ class SchedulerHarness:
         self.scheduler_block_size = built.scheduler_block_size
         self.hash_block_size = built.hash_block_size
         self.script = _connector.SCRIPT
+        # The connector's own store saves in whole scheduler blocks (an
+        # offloading connector's block is a multiple of the KV block).
+        self.script.save_unit = max(1, self.scheduler_block_size)
         self.manager: KVCacheManager = self.scheduler.kv_cache_manager
         self.pool = self.manager.block_pool
         self.null_block_id = self.pool.null_block.block_id
@@ -94,7 +98,17 @@ class SchedulerHarness:
         self._preempted: set[str] = set()  # every request preempted so far
         self._load_failures: set[str] = set()
         self._fail_sync_loads = False
+        self._fail_async_next = False
         self.invalid_blocks_reported: list[tuple[str, tuple[int, ...]]] = []
+        # Failed loads: each async load's start and blocks (from its
+        # update_state_after_alloc), the sync loads reported failed this step
+        # (first failed token, block ids), failed async loads not yet taken
+        # out of WAITING_FOR_REMOTE_KVS, and this step's FailedLoad records.
+        self._async_loads: dict[str, tuple[int, tuple[tuple[int, ...], ...]]] = {}
+        self._sync_failures: dict[str, tuple[int, int, tuple[int, ...]]] = {}
+        self._failed_async: dict[str, FailedLoad] = {}
+        self._step_failed_loads: list[FailedLoad] = []
+        self._watch_failed_landing()
         # Connector calls already reported in a step observation; requests
         # already seen leaving the scheduler.
         self._finishes_seen = 0
@@ -114,6 +128,35 @@ class SchedulerHarness:
             null_block_id=self.null_block_id,
             divergent_capable=self.draw.divergent_hits,
             **lookup,
+        )
+
+    def _watch_failed_landing(self) -> None:
+        """Observe each failed async load the moment the scheduler takes its
+        request out of WAITING_FOR_REMOTE_KVS (inside ``schedule()``, before
+        anything else can reuse its freed blocks)."""
+        original = getattr(self.scheduler, "_update_waiting_for_remote_kv", None)
+        if original is None:  # a release without the method: no landing records
+            return
+
+        def update_waiting_for_remote_kv(request: Request) -> Any:
+            result = original(request)
+            failed = self._failed_async.pop(request.request_id, None)
+            if failed is not None:
+                self._step_failed_loads.append(self._failed_load_now(failed, request, "landed"))
+            return result
+
+        self.scheduler._update_waiting_for_remote_kv = update_waiting_for_remote_kv
+
+    def _failed_load_now(self, load: FailedLoad, request: Request, stage: str) -> FailedLoad:
+        blocks = self.pool.blocks
+        return dataclasses.replace(
+            load,
+            stage=stage,
+            status_after=request.status.name,
+            computed_after=request.num_computed_tokens,
+            cached_after=tuple(
+                tuple(i for i in g if blocks[i].block_hash is not None) for g in load.failed_block_ids
+            ),
         )
 
     # -- properties ---------------------------------------------------------
@@ -163,6 +206,13 @@ class SchedulerHarness:
         connector's ``failed_recving`` path) at the next step."""
         self._load_failures.add(request_id)
 
+    def fail_next_async_loads(self) -> None:
+        """Report the async loads that land at the next step that has any as
+        failed (``failed_recving``), whoever started them: the way to fail an
+        async load here, since the harness lands one at the end of the step
+        that starts it (as a connector whose transfer takes one step)."""
+        self._fail_async_next = True
+
     @property
     def can_report_invalid_blocks(self) -> bool:
         """vLLM maps block-level load failures back to requests only for one
@@ -171,8 +221,8 @@ class SchedulerHarness:
         return len(self.groups) == 1
 
     def fail_next_sync_loads(self) -> None:
-        """At the next step, report every synchronous external load admitted
-        in it as failed, block by block (``invalid_block_ids``): the scheduler
+        """At the next step that admits synchronous external loads, report
+        them all as failed, block by block (``invalid_block_ids``): the scheduler
         then recomputes, or with ``kv_load_failure_policy="fail"`` evicts the
         invalid blocks and their dependents and fails the request."""
         if not self.can_report_invalid_blocks:
@@ -191,6 +241,7 @@ class SchedulerHarness:
             raise RuntimeError(f"the scheduler is unusable after an earlier failure: {self.broken}")
         self.step_index += 1
         self.spies.new_step()
+        self._step_failed_loads = []
         asked_before = len(self.script.queries)
         allocs_before = len(self.script.allocs)
         metas_before = len(self.script.metas)
@@ -212,12 +263,16 @@ class SchedulerHarness:
         )
         admissions = self._admissions(out, queries, allocs)
         connector_allocs = self._connector_allocs(queries, allocs)
+        for a in connector_allocs:
+            if a.num_external_tokens and a.reply_async:
+                self._async_loads[a.request_id] = (a.alloc_local_tokens or 0, a.block_ids)
         metas = tuple(self.script.metas[metas_before:])
         if out is not None:
             self._preempted.update(out.preempted_req_ids or ())
         newly = self._newly_scheduled(out)
         invalid = self._invalid_blocks(admissions) if self._fail_sync_loads else set()
-        self._fail_sync_loads = False
+        if invalid:  # armed until a step has a synchronous load to fail
+            self._fail_sync_loads = False
         finished: frozenset[str] = frozenset()
         if out is not None:
             try:
@@ -254,6 +309,7 @@ class SchedulerHarness:
             loads_in_flight=in_flight,
             connector_finishes=finishes,
             left_scheduler=left,
+            failed_loads=tuple(self._step_failed_loads),
         )
 
     def _connector_allocs(self, queries: list[Any], allocs: list[Any]) -> tuple[ConnectorAlloc, ...]:
@@ -363,6 +419,10 @@ class SchedulerHarness:
             ids = tuple(i for i in table[first:end] if i != self.null_block_id)
             if ids:
                 self.invalid_blocks_reported.append((adm.request_id, ids))
+                # vLLM truncates at the first invalid block of the table; a
+                # padded (null) position before it is not reported failed.
+                at = next(k for k in range(first, end) if table[k] != self.null_block_id)
+                self._sync_failures[adm.request_id] = (local, at * b, ids)
                 invalid.update(ids)
         return invalid
 
@@ -376,7 +436,9 @@ class SchedulerHarness:
             done_prefill = req.num_computed_tokens >= req.num_tokens
             sampled.append([1000 + self.step_index % 24] if done_prefill else [])
         recving = {r for r in self.script.loads_in_flight if r in sched.requests}
-        failed = recving & self._load_failures
+        failed = recving & (self._load_failures | (recving if self._fail_async_next else set()))
+        if recving:  # armed until a step has an async load landing
+            self._fail_async_next = False
         self.script.loads_in_flight.difference_update(recving)
         self._load_failures.difference_update(recving)
         # failed_recving exists from vLLM 0.30; older releases cannot be told
@@ -401,7 +463,32 @@ class SchedulerHarness:
             sched.update_from_output(out, output)
         finally:
             self.vllm_seconds += time.perf_counter() - t0
+        self._record_failed_loads(failed if _compat.HAS_FAILED_RECVING else set())
+        for rid in recving - failed:
+            self._async_loads.pop(rid, None)
         return frozenset(before - set(sched.requests))
+
+    def _record_failed_loads(self, failed_async: set[str]) -> None:
+        """What the scheduler made of the loads reported failed in this
+        ``update_from_output``."""
+        policy = self.draw.kv_load_failure_policy
+        reported = []
+        for rid in sorted(failed_async):
+            start, table = self._async_loads.pop(rid, (0, ()))
+            failed = tuple(
+                tuple(i for i in g[start // grp.block_size :] if i != self.null_block_id)
+                for g, grp in zip(table, self.groups)
+            )
+            load = FailedLoad(rid, "failed_recving", policy, "reported", start, start, failed, "", 0, ())
+            reported.append(load)
+            self._failed_async[rid] = load
+        for rid, (start, first_failed, ids) in sorted(self._sync_failures.items()):
+            reported.append(
+                FailedLoad(rid, "invalid_block_ids", policy, "reported", start, first_failed, (ids,), "", 0, ())
+            )
+        self._sync_failures.clear()
+        for load in reported:
+            self._step_failed_loads.append(self._failed_load_now(load, self._requests[load.request_id], "reported"))
 
     def drain(self, max_steps: int = 64, context: str = "") -> list[StepObservation]:
         """Step until no request is left (or ``max_steps``)."""

@@ -58,16 +58,22 @@ class SchedulerDraw:
         )
 
 
-# "store":     the external store holds the first ``store_len`` prompt tokens;
-#              the reply is what lies past the local hit, capped so at least
-#              the last token is recomputed for a sync load (how real sync
-#              connectors answer); an async load may cover the whole prompt.
+# "store":     a remote store (what a prefill instance computed) holds the
+#              first ``store_len`` prompt tokens; the reply is what lies past
+#              the local hit, capped so at least the last token is recomputed
+#              for a sync load (how real sync connectors answer); an async
+#              load may cover the whole prompt.
+# "saved":     the connector's own store (an offloading connector): the
+#              longest prefix of the prompt, in whole saved blocks, that
+#              requests of this scheduler computed and finished, as the
+#              connector saved them; otherwise as "store". Honest by
+#              construction: nothing is answered that was not computed.
 # "zero":      no external hit.
 # "undecided": ``None`` ("ask again later") for the first ``undecided``
 #              queries, then the "store" answer.
 # "over":      over-reports: the whole rest of the prompt plus ``extra``
 #              tokens, breaking the connector contract on purpose.
-REPLY_KINDS = ("store", "zero", "undecided", "over")
+REPLY_KINDS = ("store", "zero", "undecided", "over", "saved")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +90,11 @@ class ExternalReply:
         if self.kind not in REPLY_KINDS:
             raise ValueError(f"kind={self.kind!r} is not one of {REPLY_KINDS}")
 
-    def answer(self, num_tokens: int, num_computed: int, asked_before: int) -> int | None:
-        """The token count to return to vLLM (``None`` = cannot decide yet)."""
+    def answer(self, num_tokens: int, num_computed: int, asked_before: int, saved: int = 0) -> int | None:
+        """The token count to return to vLLM (``None`` = cannot decide yet);
+        ``saved``: how much of the prompt the connector's own store holds."""
+        if self.kind == "saved":
+            return dataclasses.replace(self, kind="store", store_len=saved).answer(num_tokens, num_computed, 0)
         if self.kind == "zero":
             return 0
         if self.kind == "over":
@@ -107,6 +116,8 @@ class ExternalReply:
             return "zero"
         if self.kind == "over":
             return f"over(+{self.extra})"
+        if self.kind == "saved":
+            return "saved" + (" async" if self.load_async else "")
         text = f"store({self.store_len})"
         if self.kind == "undecided":
             text = f"undecided({self.undecided})->{text}"
@@ -277,6 +288,42 @@ class ConnectorFinish:
 
 
 @dataclasses.dataclass(frozen=True)
+class FailedLoad:
+    """A KV load the harness reported as failed, and what the scheduler had
+    made of it at one moment: the end of the step that reported it
+    (``stage="reported"``), or, for an async load, just after the scheduler
+    took the request out of ``WAITING_FOR_REMOTE_KVS`` (``stage="landed"``).
+
+    ``how`` is the model runner's report: ``"failed_recving"`` (a whole
+    async load) or ``"invalid_block_ids"`` (a synchronous load, block by
+    block; single-group layouts only).
+    """
+
+    request_id: str
+    how: str
+    policy: str  # kv_load_failure_policy: "fail" or "recompute"
+    stage: str  # "reported" or "landed"
+    load_start: int  # first token the load was to bring (the local part ends here)
+    first_failed_token: int  # first token of the first failed block
+    # Per group, the blocks the failed part of the load was written into.
+    failed_block_ids: tuple[tuple[int, ...], ...]
+    status_after: str  # the request's RequestStatus name at that moment
+    computed_after: int  # its num_computed_tokens at that moment
+    # Per group, those of ``failed_block_ids`` that carry a prefix-cache hash.
+    cached_after: tuple[tuple[int, ...], ...]
+
+    def describe(self) -> str:
+        return (
+            f"request {self.request_id}: load from token {self.load_start} reported failed via "
+            f"{self.how} (kv_load_failure_policy={self.policy!r}), first failed token "
+            f"{self.first_failed_token}, failed blocks {[list(g) for g in self.failed_block_ids]}; "
+            f"{'after the report' if self.stage == 'reported' else 'after it left WAITING_FOR_REMOTE_KVS'}: "
+            f"status {self.status_after}, num_computed_tokens={self.computed_after}, "
+            f"still cached {[list(g) for g in self.cached_after]}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class StepObservation:
     """One ``schedule()`` + ``update_from_output()``."""
 
@@ -312,6 +359,9 @@ class StepObservation:
     # scheduler with how many times the connector had been told it finished.
     connector_finishes: tuple[ConnectorFinish, ...] = ()
     left_scheduler: tuple[tuple[str, int], ...] = ()
+    # KV loads reported failed in this step, and failed async loads the
+    # scheduler took back out of WAITING_FOR_REMOTE_KVS in this step.
+    failed_loads: tuple[FailedLoad, ...] = ()
 
     def describe(self) -> str:
         lines = [f"step {self.step} on vLLM {self.vllm_version}: scheduled {self.num_scheduled}"]
@@ -331,6 +381,7 @@ class StepObservation:
             f"  connector: {f.method}({f.request_id}) with status {f.status} (call #{f.nth} for it)"
             for f in self.connector_finishes
         ]
+        lines += [f"  failed load: {f.describe()}" for f in self.failed_loads]
         lines += [a.describe() for a in self.admissions]
         if self.context:
             lines.append(f"  scenario: {self.context}")

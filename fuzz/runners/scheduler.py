@@ -105,6 +105,9 @@ def reach_labels(step: StepObservation) -> set[str]:
         labels.add("connector: metadata for an empty step")
     if step.connector_finishes:
         labels.add("connector: request finished")
+    for f in step.failed_loads:
+        labels.add(f"connector: {'async' if f.how == 'failed_recving' else 'sync'} load failed, policy {f.policy}"
+                   + (", landed" if f.stage == "landed" else ""))
     for adm in step.admissions:
         if adm.truncated_at is not None:
             labels.add(TRUNCATION)
