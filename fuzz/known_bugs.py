@@ -216,6 +216,32 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        id="mamba-failed-load-rollback",
+        title="a failed synchronous load on a Mamba layout resumes past the load's start, where no Mamba state exists",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=(
+            Signature(
+                "failed-load-recomputed",
+                where="Scheduler.update_from_output",
+                group_kind="MambaSpec",
+            ),
+        ),
+        reach="engine",
+        pinned_by="tests/known_bugs/test_mamba_failed_load_rollback.py::test_failed_sync_load_on_mamba_resumes_where_a_state_exists",
+        analysis=(
+            "Scheduler._update_requests_with_invalid_blocks rolls a request back to the first "
+            "invalid block of its table (idx * block_size), right for attention. A Mamba group "
+            "in align mode pads a load with null blocks and keeps one state at the load's end, "
+            "so only that block can be reported invalid and the request resumes inside the "
+            "load, at a point with no state: the tokens are recomputed from a stale state "
+            "block, silently. Only the load's start is a valid resume point (what "
+            "_handle_failed_recving does for async loads). Needs one Mamba group (multi-group "
+            "layouts are refused), invalid_block_ids and the recompute policy. Same code read "
+            "in 0.27.1 and 0.28.0, not run there."
+        ),
+    ),
+    KnownBug(
         id="sink-full-attention-manager-init",
         title="SinkFullAttentionManager rejects the needs_kv_cache_zeroing argument the coordinator passes",
         since="0.27.1",

@@ -71,9 +71,11 @@ def _fail_admission(
     )
 
 
-def _fail_step(invariant: str, step: StepObservation, message: str, where: str = SCHEDULE) -> None:
+def _fail_step(
+    invariant: str, step: StepObservation, message: str, where: str = SCHEDULE, group: GroupInfo | None = None
+) -> None:
     text = f"{message}\n{step.describe()}"
-    raise InvariantViolation(invariant, text, where=where)
+    raise InvariantViolation(invariant, text, where=where, group_kind=None if group is None else group_kind(group))
 
 
 def _loads(adm: AdmissionObservation) -> bool:
@@ -384,7 +386,9 @@ def check_failed_load_recomputed(step: StepObservation) -> None:
     ``kv_load_failure_policy="fail"`` its request ends as
     ``FINISHED_ERROR`` in the step that reported it; with ``"recompute"`` it
     stays, and its ``num_computed_tokens`` goes back to at most the first
-    token of the first failed block.
+    token of the first failed block, and, with a whole-state (Mamba) group,
+    to at most the load's start: the group's only state inside the load is
+    the one at its end, so no later point has a valid state.
 
     vLLM: ``Scheduler.update_from_output`` hands ``failed_recving`` to
     ``_handle_failed_recving`` (recompute: ``num_computed_tokens = 0``; fail:
@@ -397,6 +401,11 @@ def check_failed_load_recomputed(step: StepObservation) -> None:
     for f in step.failed_loads:
         if f.stage != "reported":
             continue
+        # A whole-state (Mamba) group holds one state at the load's end, none
+        # inside it: past the load's start no point has a state to resume
+        # from, whichever block failed.
+        whole = [g for g in f.groups if _behaviour(g) is Behaviour.MAY_BE_SHORT]
+        bound = f.load_start if whole else f.first_failed_token
         if f.policy == "fail" and f.status_after != "FINISHED_ERROR":
             _fail_step(
                 "failed-load-recomputed",
@@ -405,15 +414,20 @@ def check_failed_load_recomputed(step: StepObservation) -> None:
                 f"is {f.status_after} after the step, not FINISHED_ERROR",
                 where="Scheduler.update_from_output",
             )
-        if f.policy == "recompute" and (f.status_after == "FINISHED_ERROR" or f.computed_after > f.first_failed_token):
+        if f.policy == "recompute" and (f.status_after == "FINISHED_ERROR" or f.computed_after > bound):
+            why = (
+                f"{_name(whole[0])} has no valid state past the load's start {f.load_start}"
+                if whole
+                else "the failed tokens must be computed again"
+            )
             _fail_step(
                 "failed-load-recomputed",
                 step,
                 f"request {f.request_id}'s load failed from token {f.first_failed_token} under "
                 f"kv_load_failure_policy='recompute', but after the step it is {f.status_after} with "
-                f"num_computed_tokens={f.computed_after} (at most {f.first_failed_token} expected: the failed "
-                f"tokens must be computed again)",
+                f"num_computed_tokens={f.computed_after} (at most {bound} expected: {why})",
                 where="Scheduler.update_from_output",
+                group=whole[0] if whole else None,
             )
 
 

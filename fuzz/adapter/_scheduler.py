@@ -479,12 +479,14 @@ class SchedulerHarness:
                 tuple(i for i in g[start // grp.block_size :] if i != self.null_block_id)
                 for g, grp in zip(table, self.groups)
             )
-            load = FailedLoad(rid, "failed_recving", policy, "reported", start, start, failed, "", 0, ())
+            load = FailedLoad(rid, "failed_recving", policy, "reported", start, start, failed, "", 0, (), self.groups)
             reported.append(load)
             self._failed_async[rid] = load
         for rid, (start, first_failed, ids) in sorted(self._sync_failures.items()):
             reported.append(
-                FailedLoad(rid, "invalid_block_ids", policy, "reported", start, first_failed, (ids,), "", 0, ())
+                FailedLoad(
+                    rid, "invalid_block_ids", policy, "reported", start, first_failed, (ids,), "", 0, (), self.groups
+                )
             )
         self._sync_failures.clear()
         for load in reported:

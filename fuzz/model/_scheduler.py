@@ -311,6 +311,7 @@ class FailedLoad:
     computed_after: int  # its num_computed_tokens at that moment
     # Per group, those of ``failed_block_ids`` that carry a prefix-cache hash.
     cached_after: tuple[tuple[int, ...], ...]
+    groups: tuple[GroupInfo, ...] = ()
 
     def describe(self) -> str:
         return (

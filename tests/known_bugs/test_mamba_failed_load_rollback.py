@@ -1,0 +1,84 @@
+"""Known vLLM bug: a failed synchronous load on a whole-state (Mamba) layout
+rolls the request back to a point with no valid Mamba state.
+
+Found by: ``failed-load-recomputed`` in the scheduler state machine
+(``fail_next_sync_loads`` on a single-group Mamba layout), 2026-12-01.
+
+Analysis (vLLM 0.33.0, same code in 0.27.1 and 0.28.0):
+``Scheduler._update_requests_with_invalid_blocks``
+(vllm/v1/core/sched/scheduler.py) handles ``invalid_block_ids`` from the
+connector by walking the request's block table and setting
+``num_computed_tokens = idx * block_size`` at the first invalid block, which
+is right for attention, where block ``k`` holds the KV of tokens
+``[k*B, (k+1)*B)`` on its own. A Mamba group in align mode holds no KV per
+block: after a load of ``[0, 12)`` with block size 4 its table is
+``[null, null, S, R]`` (``S`` the loaded state at token 12, ``R`` the running
+state), so the connector can only report ``S`` invalid, the walk skips the
+two null blocks, and the request resumes at 8. No state for token 8 exists
+(block 1 is the null block), and the worker keeps reading the state block it
+last wrote (``mamba_utils``: ``mamba_state_idx`` is carried over from the
+previous step), so tokens 8-15 are recomputed from a corrupt state: silent
+wrong output, no error. The only valid resume point is the load's start (0
+here), which is what ``_handle_failed_recving`` does for an async load.
+``_handle_invalid_blocks`` refuses multi-group layouts, so this needs a
+single Mamba group.
+
+Reach: engine-reachable in principle: a pure Mamba/Mamba2 model with prefix
+caching (``mamba_cache_mode="align"``), a KV connector reporting block-level
+load failures (``invalid_block_ids``) and ``kv_load_failure_policy=
+"recompute"``. Not reproduced on a real engine here (the CPU engine tier has
+no such connector).
+
+Strict xfail: this turns red the day vLLM fixes it; then set ``fixed_in`` on
+the ``mamba-failed-load-rollback`` entry of fuzz/known_bugs.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz.adapter import SchedulerHarness
+from fuzz.known_bugs import KNOWN_BUGS, failure_of
+from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
+from fuzz.targets.target_scheduler import UNSUPPORTED
+from invariants.connector import check_failed_load_recomputed
+
+pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
+
+
+def _failed_sync_load(spec: str) -> list[StepObservation]:
+    """16 tokens, one group of block 4; the connector answers 12 from 0 and
+    the load of [0, 12) is reported failed block by block."""
+    layout = LayoutDraw((SpecDraw(spec, 4),), hash_block_size=4, num_blocks=32)
+    harness = SchedulerHarness(SchedulerDraw(layout=layout, max_num_batched_tokens=32, kv_load_failure_policy="recompute"))
+    harness.add_request(tuple(range(100, 116)), max_tokens=1, reply=ExternalReply("store", store_len=12))
+    harness.fail_next_sync_loads()
+    return harness.drain(context=f"{spec}: sync load of [0, 12) fails")
+
+
+def _check(steps: list[StepObservation]) -> None:
+    (load,) = [f for s in steps for f in s.failed_loads]
+    assert load.how == "invalid_block_ids" and load.load_start == 0, load
+    for s in steps:
+        check_failed_load_recomputed(s)
+
+
+@pytest.mark.known_vllm_bug
+@pytest.mark.xfail(
+    strict=True,
+    raises=InvariantViolation,
+    reason="vLLM: a failed sync load on a Mamba layout resumes past the load's start, where no state exists",
+)
+def test_failed_sync_load_on_mamba_resumes_where_a_state_exists() -> None:
+    _check(_failed_sync_load("MambaSpec"))
+
+
+def test_control_failed_sync_load_on_full_attention_resumes_at_its_first_failed_block() -> None:
+    _check(_failed_sync_load("FullAttentionSpec"))
+
+
+def test_the_failure_is_the_registered_known_bug() -> None:
+    with pytest.raises(InvariantViolation) as caught:
+        _check(_failed_sync_load("MambaSpec"))
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    assert bug.id == "mamba-failed-load-rollback"
