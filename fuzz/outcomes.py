@@ -25,7 +25,8 @@ import re
 import traceback
 from dataclasses import dataclass
 from enum import Enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 from pathlib import Path
 
 from hypothesis.errors import HypothesisException
@@ -42,11 +43,13 @@ __all__ = [
     "classify",
     "adapter_import_failure",
     "construction_failure",
+    "started",
     "vllm_calls",
     "vllm_root",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
+_T = TypeVar("_T")
 # The suite's own code: an exception raised here (not an assertion of a
 # check) means the suite does not fit the installed vLLM.
 _SUITE = tuple(str(ROOT / d) + os.sep for d in ("fuzz", "strategies", "invariants", "engine", "tests")) + (
@@ -260,3 +263,22 @@ def adapter_import_failure(exc: BaseException) -> str:
     else:
         what = f"{type(exc).__name__}: {exc}"
     return f"{HARNESS_MARK}the adapter does not fit vLLM {version}: {what} (asked at {where}); every target is unsupported"
+
+
+def started(build: Callable[[], _T], vllm_version: str) -> _T:
+    """``build()`` (a vLLM engine, scheduler, manager), with its failure
+    sorted into the three outcomes: a refusal by vLLM's constructors or
+    validators becomes :class:`ConfigRejected`, a misfit of the suite's
+    own code :class:`HarnessError` (one line, the version named), and a
+    crash in a vLLM runtime path propagates unchanged: a violation."""
+    try:
+        return build()
+    except (ConfigRejected, HarnessError, InvariantViolation):
+        raise
+    except Exception as exc:
+        verdict = classify(exc, vllm_version)
+        if verdict.outcome is Outcome.CONFIG_REJECTED:
+            raise ConfigRejected(verdict.reason) from exc
+        if verdict.outcome is Outcome.HARNESS_ERROR:
+            raise HarnessError(verdict.reason) from exc
+        raise

@@ -14,7 +14,7 @@ import pytest
 
 from fuzz import adapter, telemetry
 from fuzz.model import HarnessError, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
-from fuzz.outcomes import REFUSALS, ConfigRejected, Outcome, classify, vllm_calls
+from fuzz.outcomes import REFUSALS, ConfigRejected, Outcome, classify, started, vllm_calls
 from fuzz.runners.scheduler import build_harness
 from fuzz.runners.truncation import run_truncation_scenario
 from strategies.scenarios import EndpointRule, TruncationScenario
@@ -167,3 +167,41 @@ def test_each_outcome_keeps_its_own_type_through_the_runner_boundary() -> None:
     assert classify(ConfigRejected("x"), VERSION).outcome is Outcome.CONFIG_REJECTED
     assert classify(HarnessError("x"), VERSION).outcome is Outcome.HARNESS_ERROR
     assert classify(InvariantViolation("must-cover", "x"), VERSION).outcome is Outcome.VIOLATION
+
+
+# -- building an engine (the engine tier's start-up goes through this) ---------
+
+
+def test_started_sorts_a_build_failure_into_the_three_outcomes() -> None:
+    """What the engine tier does with an engine that will not start: the
+    same three outcomes as the other tiers, decided by where it raised."""
+    refusing = _in_vllm(
+        ki,
+        "SlidingWindowSpec",
+        """
+        def __post_init__(self):
+            raise ValueError("sliding_window must be positive")
+        """,
+        "__post_init__",
+    )
+    crashing = _in_vllm(
+        __import__("vllm.v1.core.kv_cache_manager", fromlist=["x"]),
+        "KVCacheManager",
+        """
+        def allocate_slots(self):
+            return {}["missing"]
+        """,
+        "allocate_slots",
+    )
+
+    def misfit() -> None:
+        Scheduler.this_method_is_gone()  # type: ignore[attr-defined]
+
+    with pytest.raises(ConfigRejected, match="sliding_window must be positive"):
+        started(lambda: refusing(object()), VERSION)
+    with pytest.raises(HarnessError, match="this_method_is_gone") as caught:
+        started(misfit, VERSION)
+    assert VERSION in str(caught.value)
+    with pytest.raises(KeyError):
+        started(lambda: crashing(object()), VERSION)
+    assert started(lambda: 7, VERSION) == 7

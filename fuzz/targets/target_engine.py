@@ -57,15 +57,15 @@ def _session():
         from engine.harness import EngineHarness
 
         _FIGURES["engine_rebuilds"] = _FIGURES.get("engine_rebuilds", 0) + 1
-        _SESSION["harness"] = EngineHarness(_SESSION["model"])
+        _SESSION["harness"] = _start(lambda: EngineHarness(_SESSION["model"]))
     if "harness" not in _SESSION:
         from engine.harness import ColdReference, EngineHarness
         from engine.model import build_tiny_hybrid
 
         t0 = time.monotonic()
         model = build_tiny_hybrid(os.environ.get("KVTRUNC_ENGINE_MODEL_DIR", ".cache/engine/tiny-nemotron-h"))
-        _SESSION["cold"] = ColdReference(model)
-        _SESSION["harness"] = EngineHarness(model)
+        _SESSION["cold"] = _start(lambda: ColdReference(model))
+        _SESSION["harness"] = _start(lambda: EngineHarness(model))
         _SESSION["model"] = model
         _FIGURES["startup_s"] = round(time.monotonic() - t0, 2)
         _FIGURES["engine_startup_s"] = round(_SESSION["harness"].startup_s, 2)
@@ -75,6 +75,24 @@ def _session():
         _FIGURES["t_first_example"] = _FIGURES["t_last_example"] = time.monotonic()
         atexit.register(_finish)
     return _SESSION["harness"], _SESSION["cold"]
+
+
+def _start(build):  # type: ignore[no-untyped-def]
+    """An engine (or the cold reference) built, its failure sorted like every
+    other tier's (fuzz/outcomes.py): vLLM refusing the engine's configuration
+    skips the tier with one line, the suite not fitting this vLLM fails it
+    with one line naming the version, and a crash stays a crash."""
+    from engine.harness import engine_vllm_version
+    from fuzz.model import HarnessError
+    from fuzz.outcomes import ConfigRejected, started
+
+    version = engine_vllm_version()
+    try:
+        return started(build, version)
+    except ConfigRejected as exc:
+        pytest.skip(f"vLLM {version} refused the engine configuration: {exc.reason}")
+    except HarnessError as exc:
+        pytest.fail(f"harness error: the engine tier does not fit vLLM {version}: {exc}", pytrace=False)
 
 
 def _finish() -> None:
