@@ -218,7 +218,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         id="mamba-failed-load-rollback",
         title="a failed synchronous load on a Mamba layout resumes past the load's start, where no Mamba state exists",
-        since="0.33.0",
+        since="0.28.0",
         fixed_in=None,
         signatures=(
             Signature(
@@ -237,8 +237,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "load, at a point with no state: the tokens are recomputed from a stale state "
             "block, silently. Only the load's start is a valid resume point (what "
             "_handle_failed_recving does for async loads). Needs one Mamba group (multi-group "
-            "layouts are refused), invalid_block_ids and the recompute policy. Same code read "
-            "in 0.27.1 and 0.28.0, not run there."
+            "layouts are refused), invalid_block_ids and the recompute policy. The pin fails "
+            "on 0.28.0 and 0.33.0 alike; 0.27.1 has the same code but no scheduler tier here."
         ),
     ),
     KnownBug(

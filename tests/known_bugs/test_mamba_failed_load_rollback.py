@@ -4,7 +4,8 @@ rolls the request back to a point with no valid Mamba state.
 Found by: ``failed-load-recomputed`` in the scheduler state machine
 (``fail_next_sync_loads`` on a single-group Mamba layout), 2026-12-01.
 
-Analysis (vLLM 0.33.0, same code in 0.27.1 and 0.28.0):
+Analysis (vLLM 0.33.0; the pin fails on 0.28.0 too, and 0.27.1 has the same
+code, where this suite has no scheduler tier):
 ``Scheduler._update_requests_with_invalid_blocks``
 (vllm/v1/core/sched/scheduler.py) handles ``invalid_block_ids`` from the
 connector by walking the request's block table and setting
