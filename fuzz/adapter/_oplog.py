@@ -53,7 +53,7 @@ def last_oplog() -> OpLog | None:
     return _LAST[0] if _LAST else None
 
 
-def run_config(draw: SchedulerDraw, built: Any) -> RunConfig:
+def run_config(draw: SchedulerDraw, built: Any, groups: tuple[Any, ...] = ()) -> RunConfig:
     cache = built.scheduler.vllm_config.cache_config
     kv = built.kv_config
     return RunConfig(
@@ -65,6 +65,8 @@ def run_config(draw: SchedulerDraw, built: Any) -> RunConfig:
         hash_block_size=built.hash_block_size,
         max_model_len=MAX_MODEL_LEN,
         kv_config_fields=tuple((f, getattr(kv, f)) for f in KV_CONFIG_FIELDS if hasattr(kv, f)),
+        groups=tuple(groups),
+        null_block_id=built.scheduler.kv_cache_manager.block_pool.null_block.block_id,
     )
 
 

@@ -102,7 +102,7 @@ class SchedulerHarness:
         self._gone: set[str] = set()
         self.spies = Spies(self.scheduler, len(self.groups), self._new_admission)
         # Everything done to vLLM, in the suite's words (a repro's source of truth).
-        self.oplog = OpLog(_oplog.run_config(draw, built))
+        self.oplog = OpLog(_oplog.run_config(draw, built, self.groups))
         _oplog.set_last_oplog(self.oplog)
         self._fed: FedOutput | None = None
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Union
 
+from fuzz.model._kv import GroupInfo
 from fuzz.model._scheduler import ExternalReply, SchedulerDraw
 
 __all__ = [
@@ -52,6 +53,8 @@ class RunConfig:
     # What KV-cache planning writes onto the KVCacheConfig (name, value), for
     # the fields the installed release has.
     kv_config_fields: tuple[tuple[str, int | None], ...] = ()
+    groups: tuple[GroupInfo, ...] = ()  # as the built manager has them
+    null_block_id: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
