@@ -258,7 +258,9 @@ def _breaking_step(op: Step, args: str, invariant: str) -> list[str]:
             "    try:",
             f"        _step(scheduler, watch{args})",
             "    except Exception as exc:",
-            f'        pytest.fail(f"step {op.index}: {{type(exc).__name__}}: {{exc}} escaped the scheduler; "',
+            "        at = traceback.extract_tb(exc.__traceback__)[-1]",
+            f'        pytest.fail(f"step {op.index}: {{type(exc).__name__}}({{exc}}) escaped the scheduler from "',
+            '                    f"{at.name} ({at.filename.rsplit(\'/vllm/\', 1)[-1]}:{at.lineno}); "',
             '                    f"groups: {_describe_groups()}")',
         ]
     check = _CHECK_OF[invariant]
@@ -309,6 +311,7 @@ def scheduler_repro(
     lines = [
         header,
         "import json",
+        "import traceback",
         "",
         "import pytest",
         "import torch",

@@ -44,7 +44,7 @@ BUGS = {
 }
 # The scheduler-tier limit for the pre-fix assert (issue 13).
 LIMITS = {"pre_fix_assert_all": {"groups": 2, "requests": 3, "steps": 6}}
-ALLOWED_IMPORTS = {"json", "pytest", "torch", "vllm"}
+ALLOWED_IMPORTS = {"json", "pytest", "torch", "traceback", "vllm"}
 
 
 def _find(bug: str) -> InvariantViolation:
