@@ -112,10 +112,19 @@ def _without_step(log: OpLog, index: int) -> OpLog:
     return OpLog(log.config, [op for op in log.ops if not (isinstance(op, Step) and op.index == index)])
 
 
+def _without_group(log: OpLog, index: int) -> OpLog:
+    draw = log.config.draw
+    groups = draw.layout.groups[:index] + draw.layout.groups[index + 1 :]
+    layout = dataclasses.replace(draw.layout, groups=groups)
+    config = dataclasses.replace(log.config, draw=dataclasses.replace(draw, layout=layout))
+    return OpLog(config, list(log.ops))
+
+
 def shrink_oplog(log: OpLog, invariant: str, *, budget: int = 60) -> OpLog:
-    """Drop the requests, then the steps, that ``invariant``'s failure does not
-    need (greedy, one at a time, each candidate replayed with every check),
-    and cut the log at the step that breaks. At most ``budget`` replays."""
+    """Drop the KV-cache groups, then the requests, then the steps that
+    ``invariant``'s failure does not need (greedy, one at a time, each
+    candidate replayed with every check), and cut the log at the step that
+    breaks. At most ``budget`` replays."""
     current = _replay_checked(log, invariant)
     if current is None:
         return log  # not reproducible by replay: keep what was recorded
@@ -123,6 +132,16 @@ def shrink_oplog(log: OpLog, invariant: str, *, budget: int = 60) -> OpLog:
     changed = True
     while changed and tries < budget:
         changed = False
+        for index in range(len(current.config.draw.layout.groups) if len(current.config.draw.layout.groups) > 1 else 0):
+            if tries >= budget:
+                break
+            tries += 1
+            smaller = _replay_checked(_without_group(current, index), invariant)
+            if smaller is not None:
+                current, changed = smaller, True
+                break
+        if changed:
+            continue
         for req in list(current.requests):
             if tries >= budget:
                 break

@@ -138,3 +138,24 @@ def test_invariants_it_cannot_state_get_no_file() -> None:
         pytest.skip("no scheduler run in this session yet")
     assert "finished-once" not in WRITABLE
     assert scheduler_repro(log, invariant="finished-once", target="t", seed=0, violation="") is None
+
+
+def test_groups_the_failure_does_not_need_shrink_away() -> None:
+    """The any-layout target's shrunk pre-fix failure, as a campaign first
+    wrote it (3 groups): replay-shrinking drops the second full-attention
+    group, the two requests and two steps stay."""
+    from fuzz.adapter import SchedulerHarness
+    from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+    from fuzz.repro_scheduler import shrink_oplog
+
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4), SpecDraw("FullAttentionSpec", 4)),
+                        hash_block_size=1, num_blocks=19)
+    draw = SchedulerDraw(layout, max_num_batched_tokens=4, max_num_seqs=1, model_runner="v2")
+    with planted_scheduler_bug("pre_fix_assert_all"):
+        harness = SchedulerHarness(draw)
+        harness.add_request(range(0, 42, 7), reply=ExternalReply("store", store_len=6))
+        harness.step()
+        harness.add_request(range(0, 70, 7), reply=ExternalReply("store", store_len=10))
+        assert harness.step().error_type == "AssertionError"
+        shrunk = shrink_oplog(harness.oplog, "no-exception")
+    assert repro_size(shrunk) == {"groups": 2, "blocks": 19, "requests": 2, "steps": 2}, shrunk.config.draw
