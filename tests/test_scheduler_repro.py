@@ -159,3 +159,33 @@ def test_groups_the_failure_does_not_need_shrink_away() -> None:
         assert harness.step().error_type == "AssertionError"
         shrunk = shrink_oplog(harness.oplog, "no-exception")
     assert repro_size(shrunk) == {"groups": 2, "blocks": 19, "requests": 2, "steps": 2}, shrunk.config.draw
+
+
+# The real vLLM bugs of tests/test_known_vllm_bugs_scheduler.py, through the
+# writer: the generated files fail on the installed vLLM while it has the bug.
+# (The hand-written pins stay: the Mamba undercount's is one allocate_slots
+# call on a bare manager, clearer than any scheduler program.)
+@pytest.mark.parametrize("bug_id", ["mamba-external-block-undercount", "same-step-cow-chain"])
+def test_a_real_vllm_bug_regenerates_as_a_failing_repro(bug_id: str, tmp_path: Path) -> None:
+    from fuzz.adapter import VLLM_VERSION
+    from fuzz.known_bugs import known_bug
+    from tests.test_known_vllm_bugs_scheduler import _pool_nearly_full_scenario, _shared_partial_hit_step
+
+    if not known_bug(bug_id).affects(VLLM_VERSION):
+        pytest.skip(f"{bug_id} does not affect vLLM {VLLM_VERSION}")
+    if bug_id == "mamba-external-block-undercount":
+        harness, step = _pool_nearly_full_scenario()
+        log, invariant = harness.oplog, "no-exception"
+    else:
+        _shared_partial_hit_step(2)
+        log, invariant = last_oplog(), "copy-source-ready"
+    assert log is not None
+    source = scheduler_repro(log, invariant=invariant, target="tests/test_known_vllm_bugs_scheduler.py", seed=None,
+                             violation=bug_id)
+    assert source and _imports(source) <= ALLOWED_IMPORTS
+    path = tmp_path / f"test_{bug_id.replace('-', '_')}.py"
+    path.write_text(source)
+    failure = _run_repro(path, tmp_path, None)
+    assert failure is not None, f"the generated repro of {bug_id} passes on vLLM {VLLM_VERSION}"
+    expected = "ValueError" if invariant == "no-exception" else "read blocks written by copies of the same step"
+    assert expected in str(failure), str(failure)
