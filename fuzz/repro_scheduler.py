@@ -438,6 +438,8 @@ def scheduler_repro_from_last_run(*, target: str, seed: object, invariant: str, 
     log = adapter.last_oplog()
     if log is None or invariant not in _CHECK_OF:
         return None
+    if _replay_checked(log, invariant) is None:
+        return None  # the last run is not this failure (several failures replayed at once)
     log = shrink_oplog(log, invariant)
     return scheduler_repro(log, invariant=invariant, target=target, seed=seed, violation=violation)
 
