@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from fuzz import adapter
 from fuzz.model import Abort, AddRequest, Evict, InvariantViolation, OpLog, SpecDraw, Step
 from invariants._common import group_behaviour
-from invariants.classification import Behaviour
+from invariants.classification import Behaviour, classification_of_kind
 
 __all__ = ["WRITABLE", "repro_size", "scheduler_repro", "scheduler_repro_from_last_run", "shrink_oplog"]
 
@@ -54,6 +54,13 @@ _CHECK_OF = {
     "truncated-view": "_check_truncated_view",
     "mamba-state-at-boundary": "_check_mamba_state_at_resume_boundary",
     "diverged-falls-back": "_check_diverged_hit_falls_back",
+    # The KV-connector protocol (invariants/connector.py).
+    "external-contiguous": "_check_external_range_contiguous",
+    "load-blocks-cover": "_check_load_blocks_cover_range",
+    "told-external-accounted": "_check_told_external_accounted",
+    "meta-built-once": "_check_meta_built_once",
+    "sync-load-announced": "_check_sync_load_announced",
+    "finished-once": "_check_finished_once",
 }
 WRITABLE = frozenset(_CHECK_OF)
 
@@ -293,7 +300,16 @@ def _breaking_step(op: Step, args: str, invariant: str) -> list[str]:
 
 
 def _roles(log: OpLog) -> list[str]:
-    return [_ROLE.get(group_behaviour(g), "scratch") for g in log.config.groups]
+    """Per group: must-cover, windowed (must-cover, but its attention span
+    skips old tokens: the file's checks leave it out), whole-state, scratch."""
+    roles = []
+    for g, draw in zip(log.config.groups, log.config.draw.layout.groups):
+        role = _ROLE.get(group_behaviour(g), "scratch")
+        span = classification_of_kind(draw.kind).span
+        if role == "must-cover" and span is not None and draw.param(span[0]) is not None:
+            role = "windowed"
+        roles.append(role)
+    return roles
 
 
 def scheduler_repro(
@@ -371,7 +387,8 @@ def scheduler_repro(
         *[f"    {_spec_code(g)}," for g in draw.layout.groups],
         "]",
         f"# Per group, what it must hold of a request's local prefix: every block",
-        f"# (must-cover), its state at the boundary (whole-state), nothing (scratch).",
+        f"# (must-cover), its state at the boundary (whole-state), nothing (scratch);",
+        f"# 'windowed' groups skip old tokens (their window is not checked here).",
         f"ROLES = {_roles(log)!r}",
         f"NUM_BLOCKS = {draw.layout.num_blocks}  # block {cfg.null_block_id} is the null block",
         f"BLOCK_SIZE = {cfg.block_size}  # the smallest prefix-cacheable group block, as the engine sets it",
@@ -455,6 +472,13 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         self.asked = {}  # request id -> number of get_num_new_matched_tokens calls
         self.told = {}  # request id -> num_external_tokens of update_state_after_alloc, this step
         self.answers = {}  # request id -> its last answer this step
+        self.asked_with = {}  # request id -> num_computed_tokens of its last question this step
+        self.async_answers = {}  # request id -> whether its last answer this step was async
+        self.told_blocks = {}  # request id -> block ids per group handed with the last update_state_after_alloc
+        self.events = []  # this step: ("alloc", rid, local, external) and ("told", rid, external)
+        self.metas = []  # this step: what each build_connector_meta was handed
+        self.finished = {}  # request id -> request_finished calls so far
+        self.finish_calls = []  # (request id, nth call for it, status)
         self.loads_in_flight = set()
 
     @property
@@ -466,6 +490,8 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         asked = self.asked.get(request.request_id, 0)
         self.asked[request.request_id] = asked + 1
         self.answers[request.request_id] = None
+        self.asked_with[request.request_id] = num_computed_tokens
+        self.async_answers[request.request_id] = False
         if kind == "zero":
             self.answers[request.request_id] = 0
             return 0, False
@@ -478,22 +504,35 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         limit = request.num_tokens if load_async else request.num_tokens - 1
         answer = max(0, min(held, limit) - num_computed_tokens)
         self.answers[request.request_id] = answer
+        self.async_answers[request.request_id] = bool(load_async and answer)
         return answer, bool(load_async and answer)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         self.told[request.request_id] = num_external_tokens
+        self.told_blocks[request.request_id] = [list(g) for g in blocks.get_block_ids()]
+        self.events.append(("told", request.request_id, num_external_tokens))
         kind, *_, load_async = STORE.get(request.request_id) or ("zero", 0, 0, 0, False)
         if num_external_tokens and load_async:
             self.loads_in_flight.add(request.request_id)
 
     def build_connector_meta(self, scheduler_output):
+        out = scheduler_output
+        cached = out.scheduled_cached_reqs
+        self.metas.append(dict(
+            named={n.req_id for n in out.scheduled_new_reqs} | set(cached.req_ids),
+            scheduled=set(out.num_scheduled_tokens),
+            has_sync_kv_loads=getattr(out, "has_sync_kv_loads", None),
+        ))
         return KVConnectorMetadata()
 
     def request_finished(self, request, block_ids):
+        rid = request.request_id
+        self.finished[rid] = self.finished.get(rid, 0) + 1
+        self.finish_calls.append((rid, self.finished[rid], request.status.name))
         return False, None
 
     def request_finished_all_groups(self, request, block_ids):
-        return False, None
+        return self.request_finished(request, block_ids)
 
     # Worker side: never used, the scheduler runs alone.
     def start_load_kv(self, forward_context, **kwargs):
@@ -605,6 +644,7 @@ class _Watch:
         self.step = 0
         self.admissions = {}
         self.num_tokens = {}
+        self.seen = set()  # every request seen in the scheduler
         sched, mgr = scheduler, scheduler.kv_cache_manager
         lookup = type(sched)._get_local_prefix_cache_hit
         allocate = type(mgr).allocate_slots
@@ -627,6 +667,10 @@ class _Watch:
 
         def allocate_slots(request, num_new_tokens, *args, **kwargs):
             adm = self.admissions.get(request.request_id)
+            sched.connector.events.append((
+                "alloc", request.request_id, kwargs.get("num_new_computed_tokens", 0),
+                kwargs.get("num_external_computed_tokens", 0),
+            ))
             if adm is not None and "local" not in adm:
                 blocks = kwargs.get("new_computed_blocks")
                 adm["local"] = kwargs.get("num_new_computed_tokens", 0)
@@ -645,6 +689,7 @@ class _Watch:
         for i, rid in enumerate(cached.req_ids):
             computed.setdefault(rid, cached.num_computed_tokens[i])
         told = scheduler.connector.told
+        self.seen |= set(scheduler.requests)
         self.num_tokens = {rid: scheduler.requests[rid].num_tokens for rid in computed}
         for rid in list(self.admissions):
             adm = self.admissions[rid]
@@ -666,8 +711,11 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
     watch.step += 1
     watch.admissions.clear()
     connector = scheduler.connector
-    connector.told.clear()
-    connector.answers.clear()
+    for record in (connector.told, connector.answers, connector.asked_with, connector.async_answers,
+                   connector.told_blocks, connector.events, connector.metas):
+        record.clear()
+    watch.seen |= set(scheduler.requests)
+    watch.loads_in_flight = set(connector.loads_in_flight)
     out = scheduler.schedule()
     watch.settle(scheduler, out)
     ids = list(out.num_scheduled_tokens)
@@ -858,3 +906,123 @@ def _check_diverged_hit_falls_back(scheduler, out, watch, step):
         )
 ''',
 }
+
+_CHECKS.update({
+    "external-contiguous": '''
+
+def _check_external_range_contiguous(scheduler, out, watch, step):
+    """A load starts where the local part ends: the local tokens kept equal
+    the num_computed_tokens the connector was asked with, the external count
+    equals its answer, and local + external stays within the prompt."""
+    connector = scheduler.connector
+    for rid, adm in watch.admissions.items():
+        ext = adm["external"]
+        if not ext:
+            continue
+        local, asked, answer = adm["local"], connector.asked_with.get(rid), connector.answers.get(rid)
+        assert asked is not None and local == asked, (
+            f"step {step}, request {rid}: the scheduler kept {local} local tokens but asked the connector "
+            f"from {asked}: the load [{local}, {local + ext}) does not start where the answer starts"
+        )
+        assert answer is None or ext == answer, (
+            f"step {step}, request {rid}: the connector answered {answer} tokens but was told to load {ext}"
+        )
+        assert local + ext <= adm["num_tokens"], (
+            f"step {step}, request {rid}: the load ends at {local + ext}, past the prompt "
+            f"(num_tokens={adm['num_tokens']})"
+        )
+''',
+    "load-blocks-cover": '''
+
+def _check_load_blocks_cover_range(scheduler, out, watch, step):
+    """The blocks update_state_after_alloc hands the connector hold the
+    external range [local, local + external) at each group's block size (a
+    whole-state group: its state block at the resume boundary)."""
+    null = scheduler.kv_cache_manager.block_pool.null_block.block_id
+    for rid, adm in watch.admissions.items():
+        ext = adm["external"]
+        if not ext:
+            continue
+        local = adm["local"]
+        total = local + ext
+        handed = scheduler.connector.told_blocks[rid]
+        for g, (spec, role) in enumerate(zip(SPECS, ROLES)):
+            b = spec.block_size
+            if role == "whole-state":
+                needed = [_cdiv(total, b) - 1]
+            elif role == "must-cover":
+                needed = list(range(local // b, _cdiv(total, b)))
+            else:
+                continue
+            ids = handed[g]
+            missing = [i for i in needed if i >= len(ids) or ids[i] == null]
+            assert not missing, (
+                f"step {step}, request {rid}: group {g} {type(spec).__name__} (block_size={b}): the connector "
+                f"is told to load {ext} tokens after {local} local ones, so it needs block indices {needed}, "
+                f"but was handed blocks {ids}: indices {missing} are missing or the null block ({null})"
+            )
+''',
+    "told-external-accounted": '''
+
+def _check_told_external_accounted(scheduler, out, watch, step):
+    """update_state_after_alloc tells the connector the external count the
+    request's allocate_slots call just before it accounted."""
+    last_alloc = {}
+    for event in scheduler.connector.events:
+        if event[0] == "alloc":
+            last_alloc[event[1]] = event
+            continue
+        _, rid, told = event
+        alloc = last_alloc.get(rid)
+        assert alloc is not None and alloc[3] == told, (
+            f"step {step}: update_state_after_alloc told the connector to load {told} external tokens for "
+            f"request {rid}, but its allocate_slots call "
+            + ("was missing" if alloc is None else f"accounted num_external_computed_tokens={alloc[3]} "
+               f"(num_new_computed_tokens={alloc[2]})")
+        )
+''',
+    "meta-built-once": '''
+
+def _check_meta_built_once(scheduler, out, watch, step):
+    """Every schedule() that returns calls build_connector_meta exactly once,
+    empty steps included."""
+    metas = scheduler.connector.metas
+    assert len(metas) == 1, (
+        f"step {step}: schedule() returned after calling build_connector_meta {len(metas)} times "
+        f"(expected once; {out.total_num_scheduled_tokens} tokens scheduled)"
+    )
+''',
+    "sync-load-announced": '''
+
+def _check_sync_load_announced(scheduler, out, watch, step):
+    """A request told to load external tokens synchronously is scheduled in
+    the output build_connector_meta receives, and that output says
+    has_sync_kv_loads."""
+    connector = scheduler.connector
+    sync = [r for r, ext in connector.told.items() if ext and not connector.async_answers.get(r)]
+    for meta in connector.metas:
+        for rid in sync:
+            assert rid in meta["named"] and rid in meta["scheduled"], (
+                f"step {step}: request {rid} was told to load {connector.told[rid]} external tokens "
+                f"synchronously, but the step's output does not schedule it"
+            )
+            assert meta["has_sync_kv_loads"] is not False, (
+                f"step {step}: request {rid} was told to load {connector.told[rid]} external tokens "
+                f"synchronously, but the step's output says has_sync_kv_loads=False"
+            )
+''',
+    "finished-once": '''
+
+def _check_finished_once(scheduler, out, watch, step):
+    """The connector hears request_finished exactly once per request, for a
+    finished request, and no request leaves the scheduler without it."""
+    connector = scheduler.connector
+    for rid, nth, status in connector.finish_calls:
+        assert nth == 1 and status.startswith("FINISHED"), (
+            f"step {step}: request_finished({rid}) was called "
+            + (f"again (call #{nth} for it)" if nth != 1 else f"while the request was {status}")
+        )
+    untold = sorted(r for r in watch.seen if r not in scheduler.requests and not connector.finished.get(r))
+    assert not untold, f"step {step}: requests {untold} left the scheduler without request_finished"
+''',
+})

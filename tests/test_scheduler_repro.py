@@ -29,7 +29,7 @@ from fuzz.targets.target_scheduler import UNSUPPORTED, single_shot_strategy
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
-SEARCH = settings(max_examples=600, derandomize=True, database=None, deadline=None,
+SEARCH = settings(max_examples=2000, derandomize=True, database=None, deadline=None,
                   phases=[Phase.generate], suppress_health_check=list(HealthCheck))
 
 # Planted bug -> the invariant the campaign's checks (all of them) report first.
@@ -41,6 +41,16 @@ BUGS = {
     "truncation_one_block_short": "local-part-covered",
     "reports_external_twice": "computed-below-num-tokens",
     "truncate_touches_refcounts": "no-leaked-blocks",
+    # The KV-connector protocol's planted bugs.
+    "asks_connector_unaligned": "external-contiguous",
+    "tells_connector_total": "told-external-accounted",
+    "hands_connector_cached_blocks": "load-blocks-cover",
+    "keeps_tail_and_loads": "no-exception",
+    "skips_meta_on_empty_step": "meta-built-once",
+    "async_load_counted_scheduled": "no-exception",
+    "no_sync_load_flag": "sync-load-announced",
+    "connector_finished_twice": "finished-once",
+    "async_load_computes_at_once": "no-exception",
 }
 # The scheduler-tier limit for the pre-fix assert (issue 13).
 LIMITS = {"pre_fix_assert_all": {"groups": 2, "requests": 3, "steps": 6}}
@@ -132,12 +142,19 @@ def test_the_state_machine_shrunk_program_becomes_a_repro(tmp_path: Path) -> Non
     _check_repro(source, bug, tmp_path)
 
 
+def test_every_planted_scheduler_bug_has_a_repro_case() -> None:
+    from fuzz.adapter import PLANTED_SCHEDULER_BUGS
+
+    assert set(BUGS) == set(PLANTED_SCHEDULER_BUGS), set(BUGS) ^ set(PLANTED_SCHEDULER_BUGS)
+    assert set(BUGS.values()) <= WRITABLE
+
+
 def test_invariants_it_cannot_state_get_no_file() -> None:
     log = last_oplog()
     if log is None or not log.steps:
         pytest.skip("no scheduler run in this session yet")
-    assert "finished-once" not in WRITABLE
-    assert scheduler_repro(log, invariant="finished-once", target="t", seed=0, violation="") is None
+    assert "async-load-lands-first" not in WRITABLE
+    assert scheduler_repro(log, invariant="async-load-lands-first", target="t", seed=0, violation="") is None
 
 
 def test_groups_the_failure_does_not_need_shrink_away() -> None:
