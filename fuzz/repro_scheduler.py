@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import textwrap
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from fuzz import adapter
 from fuzz.model import Abort, AddRequest, Evict, InvariantViolation, OpLog, SpecDraw, Step
@@ -61,6 +61,9 @@ _CHECK_OF = {
     "meta-built-once": "_check_meta_built_once",
     "sync-load-announced": "_check_sync_load_announced",
     "finished-once": "_check_finished_once",
+    "dropped-answer-loads-nothing": "_check_dropped_answer_loads_nothing",
+    "meta-names-scheduled": "_check_meta_names_scheduled",
+    "async-load-lands-first": "_check_async_load_lands_first",
 }
 WRITABLE = frozenset(_CHECK_OF)
 
@@ -72,17 +75,20 @@ _ROLE = {Behaviour.MUST_COVER: "must-cover", Behaviour.MAY_BE_SHORT: "whole-stat
 # ---------------------------------------------------------------------------
 
 
-def _replay_checked(log: OpLog, invariant: str) -> OpLog | None:
-    """Run ``log``'s operations through a fresh harness with every check on;
-    the new log (up to the step that broke) when ``invariant`` still breaks."""
+def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None], ...] | None = None) -> OpLog | None:
+    """Run ``log``'s operations through a fresh harness with ``checks`` on
+    (default: every check); the new log (up to the step that broke) when
+    ``invariant`` still breaks."""
     from fuzz.runners.scheduler import ALL_CHECKS, Stepper
     from invariants.scheduler import check_no_leaked_blocks
+
+    checks = ALL_CHECKS if checks is None else checks
 
     try:
         harness = adapter.SchedulerHarness(log.config.draw)
     except adapter.InvalidLayout:
         return None
-    run = Stepper(harness, ALL_CHECKS)
+    run = Stepper(harness, checks)
     try:
         for op in log.ops:
             if isinstance(op, AddRequest):
@@ -101,7 +107,7 @@ def _replay_checked(log: OpLog, invariant: str) -> OpLog | None:
                     harness.fail_next_sync_loads()
                 run.step()
         run.drain()
-        if not harness.broken:
+        if not harness.broken and check_no_leaked_blocks in checks:
             check_no_leaked_blocks(harness.pool_observation())
     except InvariantViolation as exc:
         return harness.oplog if exc.invariant == invariant else None
@@ -127,12 +133,14 @@ def _without_group(log: OpLog, index: int) -> OpLog:
     return OpLog(config, list(log.ops))
 
 
-def shrink_oplog(log: OpLog, invariant: str, *, budget: int = 60) -> OpLog:
+def shrink_oplog(
+    log: OpLog, invariant: str, *, budget: int = 60, checks: tuple[Callable[..., None], ...] | None = None
+) -> OpLog:
     """Drop the KV-cache groups, then the requests, then the steps that
     ``invariant``'s failure does not need (greedy, one at a time, each
     candidate replayed with every check), and cut the log at the step that
-    breaks. At most ``budget`` replays."""
-    current = _replay_checked(log, invariant)
+    breaks. At most ``budget`` replays, each with ``checks`` (default: all)."""
+    current = _replay_checked(log, invariant, checks)
     if current is None:
         return log  # not reproducible by replay: keep what was recorded
     tries = 1
@@ -143,7 +151,7 @@ def shrink_oplog(log: OpLog, invariant: str, *, budget: int = 60) -> OpLog:
             if tries >= budget:
                 break
             tries += 1
-            smaller = _replay_checked(_without_group(current, index), invariant)
+            smaller = _replay_checked(_without_group(current, index), invariant, checks)
             if smaller is not None:
                 current, changed = smaller, True
                 break
@@ -153,7 +161,7 @@ def shrink_oplog(log: OpLog, invariant: str, *, budget: int = 60) -> OpLog:
             if tries >= budget:
                 break
             tries += 1
-            smaller = _replay_checked(_without_request(current, req.request_id), invariant)
+            smaller = _replay_checked(_without_request(current, req.request_id), invariant, checks)
             if smaller is not None:
                 current, changed = smaller, True
                 break
@@ -163,7 +171,7 @@ def shrink_oplog(log: OpLog, invariant: str, *, budget: int = 60) -> OpLog:
             if tries >= budget:
                 break
             tries += 1
-            smaller = _replay_checked(_without_step(current, step.index), invariant)
+            smaller = _replay_checked(_without_step(current, step.index), invariant, checks)
             if smaller is not None and len(smaller.steps) < len(current.steps):
                 current, changed = smaller, True
                 break
@@ -522,6 +530,9 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
             named={n.req_id for n in out.scheduled_new_reqs} | set(cached.req_ids),
             scheduled=set(out.num_scheduled_tokens),
             has_sync_kv_loads=getattr(out, "has_sync_kv_loads", None),
+            already_finished=sorted(
+                r for r in {n.req_id for n in out.scheduled_new_reqs} | set(cached.req_ids) if self.finished.get(r)
+            ),
         ))
         return KVConnectorMetadata()
 
@@ -667,6 +678,8 @@ class _Watch:
 
         def allocate_slots(request, num_new_tokens, *args, **kwargs):
             adm = self.admissions.get(request.request_id)
+            if adm is not None and "alloc_external" not in adm:
+                adm["alloc_external"] = kwargs.get("num_external_computed_tokens", 0)
             sched.connector.events.append((
                 "alloc", request.request_id, kwargs.get("num_new_computed_tokens", 0),
                 kwargs.get("num_external_computed_tokens", 0),
@@ -1024,5 +1037,54 @@ def _check_finished_once(scheduler, out, watch, step):
         )
     untold = sorted(r for r in watch.seen if r not in scheduler.requests and not connector.finished.get(r))
     assert not untold, f"step {step}: requests {untold} left the scheduler without request_finished"
+''',
+})
+
+_CHECKS.update({
+    "dropped-answer-loads-nothing": '''
+
+def _check_dropped_answer_loads_nothing(scheduler, out, watch, step):
+    """When the local hit ends in a sub-block tail P and the connector's
+    answer does not exceed it (0 < answer <= P), the scheduler keeps the tail
+    and loads nothing: update_state_after_alloc and allocate_slots both get 0
+    external tokens."""
+    for rid, adm in watch.admissions.items():
+        tail = adm["local_hit"] % SCHEDULER_BLOCK_SIZE
+        answer = adm["answer"]
+        if not (tail and answer is not None and 0 < answer <= tail):
+            continue
+        assert not adm["external"] and not adm.get("alloc_external"), (
+            f"step {step}, request {rid}: the local hit {adm['local_hit']} ends in a sub-block tail of {tail} "
+            f"tokens and the answer {answer} does not exceed it, yet update_state_after_alloc got "
+            f"num_external_tokens={adm['external']} and allocate_slots num_external_computed_tokens="
+            f"{adm.get('alloc_external')}"
+        )
+''',
+    "meta-names-scheduled": '''
+
+def _check_meta_names_scheduled(scheduler, out, watch, step):
+    """The output build_connector_meta receives names (as new or cached
+    requests) exactly the requests with tokens scheduled, and none the
+    connector was already told had finished."""
+    for meta in scheduler.connector.metas:
+        extra = sorted(meta["named"] - meta["scheduled"])
+        unnamed = sorted(meta["scheduled"] - meta["named"])
+        assert not (extra or unnamed or meta["already_finished"]), (
+            f"step {step}: the output handed to build_connector_meta names {extra} with no tokens scheduled, "
+            f"schedules {unnamed} without naming them, names {meta['already_finished']} already finished"
+        )
+''',
+    "async-load-lands-first": '''
+
+def _check_async_load_lands_first(scheduler, out, watch, step):
+    """No request whose async load is in flight (from an earlier step, not
+    yet reported, or started in this one) has tokens scheduled."""
+    connector = scheduler.connector
+    started = {r for r, ext in connector.told.items() if ext and connector.async_answers.get(r)}
+    early = sorted(r for r in out.num_scheduled_tokens if r in watch.loads_in_flight | started)
+    assert not early, (
+        f"step {step}: requests {early} have tokens scheduled "
+        f"({ {r: out.num_scheduled_tokens[r] for r in early} }) while their async load is in flight"
+    )
 ''',
 })

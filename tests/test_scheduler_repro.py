@@ -22,10 +22,11 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from fuzz.adapter import last_oplog, planted_scheduler_bug
 from fuzz.model import InvariantViolation
-from fuzz.repro_scheduler import WRITABLE, repro_size, scheduler_repro, scheduler_repro_from_last_run
+from fuzz.repro_scheduler import WRITABLE, repro_size, scheduler_repro, scheduler_repro_from_last_run, shrink_oplog
 from fuzz.runners.scheduler import run_single_shot
 from fuzz.targets import target_scheduler
 from fuzz.targets.target_scheduler import UNSUPPORTED, single_shot_strategy
+from invariants import connector as conn
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -153,8 +154,8 @@ def test_invariants_it_cannot_state_get_no_file() -> None:
     log = last_oplog()
     if log is None or not log.steps:
         pytest.skip("no scheduler run in this session yet")
-    assert "async-load-lands-first" not in WRITABLE
-    assert scheduler_repro(log, invariant="async-load-lands-first", target="t", seed=0, violation="") is None
+    assert "an-invariant-it-cannot-state" not in WRITABLE
+    assert scheduler_repro(log, invariant="an-invariant-it-cannot-state", target="t", seed=0, violation="") is None
 
 
 def test_groups_the_failure_does_not_need_shrink_away() -> None:
@@ -163,7 +164,6 @@ def test_groups_the_failure_does_not_need_shrink_away() -> None:
     group, the two requests and two steps stay."""
     from fuzz.adapter import SchedulerHarness
     from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
-    from fuzz.repro_scheduler import shrink_oplog
 
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4), SpecDraw("FullAttentionSpec", 4)),
                         hash_block_size=1, num_blocks=19)
@@ -206,3 +206,27 @@ def test_a_real_vllm_bug_regenerates_as_a_failing_repro(bug_id: str, tmp_path: P
     assert failure is not None, f"the generated repro of {bug_id} passes on vLLM {VLLM_VERSION}"
     expected = "ValueError" if invariant == "no-exception" else "read blocks written by copies of the same step"
     assert expected in str(failure), str(failure)
+
+
+# The connector checks a planted bug never reaches first with every check on
+# (the scheduler raises soon after): searched, shrunk and written with that
+# check alone, as tests/test_scheduler_planted.py searches them.
+@pytest.mark.parametrize(("check", "bug"), [
+    (conn.check_dropped_answer_loads_nothing, "keeps_tail_and_loads"),
+    (conn.check_meta_names_scheduled, "async_load_counted_scheduled"),
+    (conn.check_async_load_lands_first, "async_load_computes_at_once"),
+], ids=lambda v: v if isinstance(v, str) else v.__name__)
+def test_a_check_alone_becomes_a_repro(check, bug: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    @SEARCH
+    @given(scenario=single_shot_strategy())
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, (check,), record=False)
+
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+        search()
+    invariant = caught.value.invariant
+    assert invariant in WRITABLE
+    with planted_scheduler_bug(bug):
+        log = shrink_oplog(last_oplog(), invariant, checks=(check,))
+    source = scheduler_repro(log, invariant=invariant, target="scheduler-single-shot", seed=0, violation="")
+    _check_repro(source, bug, tmp_path)
