@@ -20,6 +20,8 @@ __all__ = ["TARGETS", "Target", "default_targets", "get_target"]
 # listing targets never imports vLLM.
 TRUNCATION_TIER = ("truncate", "connector-lookup", "per-group-lookup")
 SCHEDULER_TIER = ("truncate", "local-prefix-hit")
+# Scheduler targets write their repro from the run's operation log.
+SCHEDULER_REPRO = "fuzz.repro_scheduler:scheduler_repro_from_last_run"
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ TARGETS: dict[str, Target] = {
             "fuzz_scheduler_single_shot",
             strategy="single_shot_strategy",
             check="check_single_shot",
+            repro=SCHEDULER_REPRO,
             needs=SCHEDULER_TIER,
         ),
         Target(
@@ -95,6 +98,7 @@ TARGETS: dict[str, Target] = {
             "fuzz_scheduler_single_shot_any_layout",
             strategy="any_layout_strategy",
             check="check_single_shot",
+            repro=SCHEDULER_REPRO,
             needs=SCHEDULER_TIER,
         ),
         Target(
@@ -103,6 +107,7 @@ TARGETS: dict[str, Target] = {
             "fuzz.targets.target_scheduler",
             "TestSchedulerMachine",
             machine="SchedulerMachine",
+            repro=SCHEDULER_REPRO,
             needs=SCHEDULER_TIER,
         ),
     ]

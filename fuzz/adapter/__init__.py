@@ -12,6 +12,7 @@ package; strategies and invariants never import it, and speak in
 * ``_connector``: the scripted KV connector vLLM loads by module path;
 * ``_observe``: recording wrappers on a live scheduler, vLLM frames;
 * ``_scheduler``: a real ``Scheduler`` driven a step at a time;
+* ``_oplog``: its operation log read from vLLM's objects, and replayed;
 * ``_planted``: deliberately wrong vLLM code for the self-tests.
 """
 
@@ -24,6 +25,7 @@ from fuzz.adapter._planted import (
     planted_scheduler_bug,
     planted_truncate_bug,
 )
+from fuzz.adapter._oplog import last_oplog, replay_oplog
 from fuzz.adapter._scheduler import SchedulerHarness
 from fuzz.adapter._specs import (
     InvalidLayout,
@@ -51,10 +53,12 @@ __all__ = [
     "SpecFacts",
     "build_spec",
     "init_hashing",
+    "last_oplog",
     "missing_capabilities",
     "planted_scheduler_bug",
     "planted_truncate_bug",
     "qualified_name",
+    "replay_oplog",
     "resolve_block_sizes",
     "spec_base_class",
     "spec_class_by_name",

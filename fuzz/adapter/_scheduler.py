@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from fuzz.adapter import _compat, _connector
+from fuzz.adapter import _compat, _connector, _oplog
 from fuzz.adapter._config import build_scheduler
 from fuzz.adapter._env import VLLM_VERSION, sha256
 from fuzz.adapter._observe import Spies, vllm_frames
@@ -29,6 +29,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 from fuzz.model import ConnectorAlloc  # noqa: E402
+from fuzz.model import Abort, AddRequest, ConnectorAnswer, Evict, FedOutput, OpLog, Step  # noqa: E402
 from fuzz.model import (  # noqa: E402
     AdmissionObservation,
     ExternalReply,
@@ -114,6 +115,10 @@ class SchedulerHarness:
         self._finishes_seen = 0
         self._gone: set[str] = set()
         self.spies = Spies(self.scheduler, len(self.groups), self._new_admission)
+        # Everything done to vLLM, in the suite's words (a repro's source of truth).
+        self.oplog = OpLog(_oplog.run_config(draw, built, self.groups))
+        _oplog.set_last_oplog(self.oplog)
+        self._fed: FedOutput | None = None
 
     def _new_admission(self, request: Request, **lookup: Any) -> AdmissionObservation:
         """A waiting request's observation as its local lookup returns."""
@@ -195,10 +200,12 @@ class SchedulerHarness:
         if reply is not None:
             self.script.replies[rid] = reply
         self._requests[rid] = req
+        self.oplog.ops.append(AddRequest(rid, tuple(tokens), max_tokens, reply, self.step_index))
         self.scheduler.add_request(req)
         return rid
 
     def abort(self, request_id: str) -> None:
+        self.oplog.ops.append(Abort(request_id, self.step_index))
         self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
 
     def fail_async_load(self, request_id: str) -> None:
@@ -240,6 +247,7 @@ class SchedulerHarness:
         if self.broken:
             raise RuntimeError(f"the scheduler is unusable after an earlier failure: {self.broken}")
         self.step_index += 1
+        self._fed = None
         self.spies.new_step()
         self._step_failed_loads = []
         asked_before = len(self.script.queries)
@@ -287,6 +295,19 @@ class SchedulerHarness:
         if error:
             self.broken = error
         finishes, left = self._finish_calls()
+        self.oplog.ops.append(
+            Step(
+                index=self.step_index,
+                output=None if out is None else _oplog.scheduled_output(out),
+                answers=tuple(
+                    ConnectorAnswer(q.request_id, q.num_computed_tokens, q.reply, q.load_async) for q in queries
+                ),
+                fed=self._fed,
+                error=error,
+                error_where=where,
+                left=tuple(sorted(finished)),
+            )
+        )
         return StepObservation(
             step=self.step_index,
             admissions=admissions,
@@ -457,6 +478,13 @@ class SchedulerHarness:
             sampled_token_ids=sampled,
             kv_connector_output=connector_output,
         )
+        self._fed = FedOutput(
+            req_ids=tuple(ids),
+            sampled_token_ids=tuple(tuple(t) for t in sampled),
+            finished_recving=tuple(sorted(recving)),
+            failed_recving=tuple(sorted(failed)),
+            invalid_block_ids=tuple(sorted(invalid_block_ids)),
+        )
         before = set(sched.requests)
         t0 = time.perf_counter()
         try:
@@ -533,5 +561,6 @@ class SchedulerHarness:
         """Drop hand-picked blocks from the prefix cache (a search shortcut:
         a failure reached this way must be re-derived through a real path)."""
         if block_ids:
+            self.oplog.ops.append(Evict(tuple(sorted(block_ids)), self.step_index))
             self.shortcut_evictions += 1
             self.manager.evict_blocks(set(block_ids))

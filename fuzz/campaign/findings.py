@@ -2,9 +2,13 @@
 standalone repro and a JSON sidecar for each key, and the failing example's
 choices for the shared database.
 
-A failure's key is ``target|invariant|failing line`` (the deepest frame in
-vLLM or in the suite's invariants): the same bug found again, by this worker
-or another, has the same key and is written once.
+A failure's key is its crash state, in the ClusterFuzz sense, read from vLLM's
+side rather than ours (:func:`crash_state`): the invariant, plus the exception
+type and vLLM's three innermost frames (``file:function``) when vLLM raised,
+or else the vLLM function whose result broke the invariant (``where``). The
+target is not part of it: one bug reached by several targets is one entry
+listing them all, and two different vLLM exceptions never share a key. The
+same bug found again, by this worker or another, is written once.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from fuzz import known_bugs
 from fuzz.model import InvariantViolation
 from fuzz.registry import get_target
 
-__all__ = ["Findings", "failure_key", "failing_choices"]
+__all__ = ["Findings", "crash_state", "failure_key", "failing_choices"]
+
+CRASH_DEPTH = 3  # frames in a crash state (ClusterFuzz uses three)
 
 _BLOB = re.compile(r"@reproduce_failure\((?P<version>'[^']*'|\"[^\"]*\"), (?P<blob>b(?:'[^']*'|\"[^\"]*\"))\)")
 
@@ -39,8 +45,47 @@ def failing_line(exc: BaseException) -> str:
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
 
 
+def _traceback_frames(exc: BaseException, depth: int = CRASH_DEPTH) -> tuple[str, ...]:
+    """The innermost ``depth`` vLLM frames of ``exc``'s traceback, innermost
+    first, as ``vllm/v1/core/block_pool.py:BlockPool.get_new_blocks``; when
+    none lies in vLLM (the suite's own failure), the innermost frames of all."""
+    frames = []
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        path = frame.f_code.co_filename.replace("\\", "/")
+        frames.append((path, frame.f_code.co_qualname))
+    ours = [(p, q) for p, q in frames if "/vllm/" in p]
+    chosen = ours or frames
+    out = []
+    for path, qualname in reversed(chosen):
+        rel = "vllm/" + path.rsplit("/vllm/", 1)[1] if "/vllm/" in path else path.rsplit("/", 2)[-1]
+        out.append(f"{rel}:{qualname}")
+    return tuple(out[:depth])
+
+
+def crash_state(exc: BaseException) -> str:
+    """What makes a failure distinct, read from vLLM's side.
+
+    * vLLM raised (an :class:`InvariantViolation` carrying ``exception`` and
+      ``frames``, or any other exception): ``invariant|ExcType|f1 < f2 < f3``
+      with vLLM's three innermost frames, innermost first;
+    * an invariant broke on a result: ``invariant|where``, the vLLM function
+      whose result broke it (``Scheduler.schedule``).
+    """
+    invariant = getattr(exc, "invariant", None)
+    if invariant is None:  # not a checked failure: the exception itself
+        return f"{type(exc).__name__}|{type(exc).__name__}|{' < '.join(_traceback_frames(exc)) or '?'}"
+    exception = getattr(exc, "exception", None)
+    if exception:
+        frames = tuple(getattr(exc, "frames", ()))[:CRASH_DEPTH]
+        return f"{invariant}|{exception}|{' < '.join(frames) or '?'}"
+    return f"{invariant}|{getattr(exc, 'where', '') or failing_line(exc)}"
+
+
 def failure_key(target: str, exc: BaseException) -> str:
-    return f"{target}|{getattr(exc, 'invariant', type(exc).__name__)}|{failing_line(exc)}"
+    """The deduplication key: the crash state (``target`` is listed in the
+    entry, not part of the key)."""
+    del target
+    return crash_state(exc)
 
 
 def _blob(exc: BaseException) -> str | None:
@@ -73,20 +118,47 @@ class Findings:
         self.worker = worker
         self.vllm_version = vllm_version
         self.keys: set[str] = set()
+        self.entries: dict[str, dict[str, Any]] = {}  # key -> its sidecar
 
     def known(self, target: str, exc: BaseException) -> bool:
-        return failure_key(target, exc) in self.keys
+        """True when this failure was recorded already; ``target`` is then
+        added to the entry's targets (one bug, several targets: one entry)."""
+        key = failure_key(target, exc)
+        if key not in self.keys:
+            return False
+        self._also_found_by(key, target)
+        return True
+
+    def _also_found_by(self, key: str, target: str) -> None:
+        meta = self.entries[key]
+        if target in meta["targets"]:
+            return
+        meta["targets"].append(target)
+        self._write_sidecar(meta)
+
+    def _write_sidecar(self, meta: dict[str, Any]) -> None:
+        path = self.repro_dir / f"{meta['stem']}.json"
+        if path.exists():  # another worker wrote this bug first: keep its targets too
+            try:
+                theirs = json.loads(path.read_text()).get("targets", [])
+            except (OSError, ValueError):
+                theirs = []
+            meta["targets"] = sorted(set(meta["targets"]) | set(theirs), key=(theirs + meta["targets"]).index)
+        path.write_text(json.dumps(meta, indent=2))
 
     def record(self, target_name: str, seed: int | None, exc: BaseException) -> dict[str, Any] | None:
         """Write the repro and sidecar of a new failure and return the sidecar
-        (None when this key is known already)."""
+        (None when this key is known already: then ``target_name`` joins the
+        entry's targets)."""
         invariant = getattr(exc, "invariant", type(exc).__name__)
         key = failure_key(target_name, exc)
         if key in self.keys:
+            self._also_found_by(key, target_name)
             return None
         self.keys.add(key)
         digest = hashlib.sha1(key.encode()).hexdigest()[:8]
-        stem = f"{target_name}-{invariant}-{digest}".replace("/", "_")
+        # Named by the crash state alone, so every worker writes one bug to one file.
+        stem = f"{invariant}-{digest}".replace("/", "_")
         self.repro_dir.mkdir(parents=True, exist_ok=True)
         message = str(exc)
         repro_file = None
@@ -100,7 +172,10 @@ class Findings:
         if isinstance(exc, InvariantViolation):
             bug = known_bugs.match(known_bugs.failure_of(exc), self.vllm_version)
         meta = {
-            "target": target_name,
+            "target": target_name,  # the first to find it
+            # Every target that reached the same crash state (fuzz.campaign.totals merges them).
+            "targets": [target_name],
+            "stem": stem,
             "invariant": invariant,
             # A documented bug of this vLLM release (fuzz/known_bugs.py): reported,
             # never a new violation.
@@ -121,5 +196,6 @@ class Findings:
             "found_at": round(time.time(), 3),
             "worker": self.worker,
         }
-        (self.repro_dir / f"{stem}.json").write_text(json.dumps(meta, indent=2))
+        self.entries[key] = meta
+        self._write_sidecar(meta)
         return meta

@@ -22,7 +22,8 @@ def summary_table(total: Totals, elapsed: float) -> str:
     rows = [("target", "examples", "examples/s", "first example", "violations")]
     fails: dict[str, set[str]] = {}
     for f in total.failures:
-        fails.setdefault(f["target"], set()).add(f["key"])
+        for name in f.get("targets") or [f["target"]]:
+            fails.setdefault(name, set()).add(f["key"])
     for name in sorted(set(total.examples) | set(fails)):
         n = total.examples.get(name, 0)
         secs = total.seconds.get(name) or elapsed
@@ -110,8 +111,9 @@ def write_reports(
         link = f"[{repro}]({Path(repro_dir, repro).resolve().as_uri()})" if repro else "(no standalone repro for this target)"
         first = f["violation"].splitlines()[0] if f["violation"] else ""
         known = f" (known vLLM bug `{f['known_bug']}`, fuzz/known_bugs.py)" if f.get("known_bug") else ""
+        targets = ", ".join(f"`{t}`" for t in f.get("targets") or [f["target"]])
         header += [
-            f"- **{f['invariant']}**{known} in `{f['target']}` at `{f['failing_line']}` after {f['found_after_s']}s: {first}",
+            f"- **{f['invariant']}**{known} in {targets} at `{f['key'].split('|', 1)[1]}` after {f['found_after_s']}s: {first}",
             f"  - repro: {link}; replay: `python -m fuzz replay {Path(repro_dir, repro or '')}`",
         ]
     if total.unsupported:
@@ -142,8 +144,9 @@ def write_reports(
         for f in failures.values():
             repro = f.get("repro")
             link = f"<a href='{html.escape(Path(repro_dir, repro).resolve().as_uri())}'>{html.escape(repro)}</a>" if repro else "no repro"
-            body.append(f"<li><b>{html.escape(f['invariant'])}</b> in {html.escape(f['target'])} "
-                        f"at <code>{html.escape(f['failing_line'])}</code>: {link}</li>")
+            targets = ", ".join(f.get("targets") or [f["target"]])
+            body.append(f"<li><b>{html.escape(f['invariant'])}</b> in {html.escape(targets)} "
+                        f"at <code>{html.escape(f['key'].split('|', 1)[1])}</code>: {link}</li>")
         body.append("</ul>")
     body.append("<h2>Coverage</h2>")
     body.append(_svg_bars("Per-group hit gap (scheduler blocks)", tel.get("hit_gap", {}), numeric_keys=True))

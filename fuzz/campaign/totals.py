@@ -26,6 +26,10 @@ def _earliest(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return {k: min(v for v in (a.get(k), b.get(k)) if v is not None) for k in {**a, **b}}
 
 
+def _targets(failure: dict[str, Any]) -> list[str]:
+    return list(failure.get("targets") or [failure["target"]])
+
+
 @dataclass
 class Totals:
     """Counts per target, the distinct failures, and what the targets reached.
@@ -48,12 +52,17 @@ class Totals:
     unsupported: dict[str, str] = field(default_factory=dict)
 
     def merge(self, other: Totals) -> Totals:
-        """The sum of two parts (counts add up, failures are deduplicated by key)."""
+        """The sum of two parts (counts add up, failures are deduplicated by
+        key: the earlier finding is kept, listing every target of both)."""
         failures = {f["key"]: f for f in self.failures}
         for f in other.failures:
             mine = failures.get(f["key"])
-            if mine is None or f.get("found_after_s", 0) < mine.get("found_after_s", 0):
+            if mine is None:
                 failures[f["key"]] = f
+                continue
+            first, second = (f, mine) if f.get("found_after_s", 0) < mine.get("found_after_s", 0) else (mine, f)
+            targets = list(dict.fromkeys(_targets(first) + _targets(second)))
+            failures[f["key"]] = {**first, "targets": targets}
         names = set(self.telemetry) | set(other.telemetry)
         return Totals(
             examples=_add(self.examples, other.examples),

@@ -13,6 +13,8 @@ rest of the suite survive vLLM's moving internal API.
   :class:`ConnectorFinish`), one step
   (:class:`StepObservation`, :class:`AdmissionObservation`) and the idle
   pool (:class:`PoolObservation`);
+* ``_oplog``: the operation log of a scheduler run (:class:`OpLog`), a
+  repro's source of truth;
 * ``_violations``: :class:`InvariantViolation`, :class:`HarnessError`;
 * ``_catalog``: what the installed vLLM offers (:func:`installed`), filled in
   by the adapter.
@@ -20,6 +22,17 @@ rest of the suite survive vLLM's moving internal API.
 
 from fuzz.model._catalog import Installed, installed, register_installed
 from fuzz.model._kv import BlockRef, GroupInfo, GroupTruncation, LayoutDraw, SpecDraw, TruncationObservation
+from fuzz.model._oplog import (
+    Abort,
+    AddRequest,
+    ConnectorAnswer,
+    Evict,
+    FedOutput,
+    OpLog,
+    RunConfig,
+    ScheduledOutput,
+    Step,
+)
 from fuzz.model._scheduler import (
     REPLY_KINDS,
     AdmissionObservation,
@@ -36,6 +49,15 @@ from fuzz.model._violations import HarnessError, InvariantViolation
 
 __all__ = [
     "REPLY_KINDS",
+    "Abort",
+    "AddRequest",
+    "ConnectorAnswer",
+    "Evict",
+    "FedOutput",
+    "OpLog",
+    "RunConfig",
+    "ScheduledOutput",
+    "Step",
     "AdmissionObservation",
     "BlockRef",
     "ConnectorAlloc",

@@ -1,0 +1,149 @@
+"""The operation log's vLLM side: reading a ``SchedulerOutput`` into the
+suite's words, the run's configuration, and replaying a log on a fresh
+scheduler.
+
+:func:`replay_oplog` feeds vLLM exactly what the log says (requests, aborts,
+hand-picked evictions, each step's ``ModelRunnerOutput``; the scripted
+connector answers by each request's recorded rule) and returns the
+``SchedulerOutput`` s it got, so a test can compare them with the log's.
+The harness records the last log it built under :func:`last_oplog` (the
+minimal failing example, since Hypothesis runs it last).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fuzz.adapter import _compat, _connector
+from fuzz.adapter._config import _MODEL_CONFIGS, MAX_MODEL_LEN, build_scheduler
+from fuzz.adapter._env import sha256
+
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+
+from fuzz.model import (  # noqa: E402
+    Abort,
+    AddRequest,
+    Evict,
+    FedOutput,
+    OpLog,
+    RunConfig,
+    ScheduledOutput,
+    SchedulerDraw,
+    Step,
+)
+
+__all__ = ["KV_CONFIG_FIELDS", "last_oplog", "replay_oplog", "run_config", "scheduled_output", "set_last_oplog"]
+
+# What KV-cache planning writes onto the KVCacheConfig (fuzz.adapter._compat.record_resolved_sizes).
+KV_CONFIG_FIELDS = ("prefix_cache_retention_interval", "hash_block_size", "cache_hit_alignment_tokens")
+
+_LAST: list[OpLog] = []
+
+
+def set_last_oplog(log: OpLog) -> None:
+    _LAST[:] = [log]
+
+
+def last_oplog() -> OpLog | None:
+    """The log of the last scheduler harness built in this process."""
+    return _LAST[0] if _LAST else None
+
+
+def run_config(draw: SchedulerDraw, built: Any, groups: tuple[Any, ...] = ()) -> RunConfig:
+    cache = built.scheduler.vllm_config.cache_config
+    kv = built.kv_config
+    return RunConfig(
+        draw=draw,
+        model_json=json.dumps(_MODEL_CONFIGS[draw.model]),
+        block_size=cache.block_size,
+        prefix_match_unit=cache.prefix_match_unit,
+        scheduler_block_size=built.scheduler_block_size,
+        hash_block_size=built.hash_block_size,
+        max_model_len=MAX_MODEL_LEN,
+        kv_config_fields=tuple((f, getattr(kv, f)) for f in KV_CONFIG_FIELDS if hasattr(kv, f)),
+        groups=tuple(groups),
+        null_block_id=built.scheduler.kv_cache_manager.block_pool.null_block.block_id,
+    )
+
+
+def scheduled_output(out: Any) -> ScheduledOutput:
+    cached = out.scheduled_cached_reqs
+    resumed = set(getattr(cached, "resumed_req_ids", ()) or ())
+    return ScheduledOutput(
+        new_requests=tuple(
+            (n.req_id, n.num_computed_tokens, tuple(tuple(g) for g in n.block_ids)) for n in out.scheduled_new_reqs
+        ),
+        cached_requests=tuple(
+            (rid, cached.num_computed_tokens[i], rid in resumed) for i, rid in enumerate(cached.req_ids)
+        ),
+        num_scheduled=tuple(out.num_scheduled_tokens.items()),
+        preempted=tuple(sorted(out.preempted_req_ids or ())),
+        finished=tuple(sorted(out.finished_req_ids or ())),
+        copies=tuple((c.src_block_id, c.dst_block_id) for c in out.kv_cache_block_copies or ()),
+    )
+
+
+def model_runner_output(fed: FedOutput) -> Any:
+    """The ``ModelRunnerOutput`` a :class:`FedOutput` describes."""
+    failure_kw = {"failed_recving": set(fed.failed_recving)} if _compat.HAS_FAILED_RECVING else {}
+    connector = (
+        KVConnectorOutput(
+            finished_recving=set(fed.finished_recving),
+            invalid_block_ids=set(fed.invalid_block_ids),
+            **failure_kw,
+        )
+        if fed.finished_recving or fed.failed_recving or fed.invalid_block_ids
+        else None
+    )
+    return ModelRunnerOutput(
+        req_ids=list(fed.req_ids),
+        req_id_to_index={r: i for i, r in enumerate(fed.req_ids)},
+        sampled_token_ids=[list(t) for t in fed.sampled_token_ids],
+        kv_connector_output=connector,
+    )
+
+
+def replay_oplog(log: OpLog) -> list[ScheduledOutput | None]:
+    """Run ``log`` on a fresh scheduler; one output per step (None where
+    ``schedule()`` raised; replay stops there)."""
+    built = build_scheduler(log.config.draw)
+    sched = built.scheduler
+    script = _connector.SCRIPT
+    outputs: list[ScheduledOutput | None] = []
+    for op in log.ops:
+        if isinstance(op, AddRequest):
+            if op.reply is not None:
+                script.replies[op.request_id] = op.reply
+            sched.add_request(
+                Request(
+                    request_id=op.request_id,
+                    prompt_token_ids=list(op.token_ids),
+                    sampling_params=SamplingParams(max_tokens=op.max_tokens, ignore_eos=op.ignore_eos),
+                    pooling_params=None,
+                    block_hasher=get_request_block_hasher(built.hash_block_size, sha256),
+                )
+            )
+        elif isinstance(op, Abort):
+            sched.finish_requests(op.request_id, RequestStatus.FINISHED_ABORTED)
+        elif isinstance(op, Evict):
+            sched.kv_cache_manager.evict_blocks(set(op.block_ids))
+        elif isinstance(op, Step):
+            try:
+                out = sched.schedule()
+            except Exception:  # noqa: BLE001 - the log says where it raised
+                outputs.append(None)
+                break
+            outputs.append(scheduled_output(out))
+            if op.fed is None:
+                break
+            script.loads_in_flight.difference_update(op.fed.finished_recving)
+            script.loads_in_flight.difference_update(op.fed.failed_recving)
+            try:
+                sched.update_from_output(out, model_runner_output(op.fed))
+            except Exception:  # noqa: BLE001
+                break
+    return outputs

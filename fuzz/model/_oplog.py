@@ -1,0 +1,173 @@
+"""The operation log: everything a scheduler run did to vLLM, in the suite's
+own types (no vLLM objects).
+
+The scheduler harness (:mod:`fuzz.adapter._scheduler`) appends to an
+:class:`OpLog` as it goes: the configuration it built (:class:`RunConfig`),
+each request with its tokens, sampling parameters and arrival step
+(:class:`AddRequest`), aborts (:class:`Abort`), hand-picked evictions
+(:class:`Evict`, the search shortcut; every other block leaves the cache on a
+path vLLM takes itself: LRU pressure, preemption, a KV-load failure fed in a
+step's output), and each engine step (:class:`Step`): what ``schedule()``
+returned (:class:`ScheduledOutput`), every connector answer it asked for
+(:class:`ConnectorAnswer`), and the ``ModelRunnerOutput`` fed back through
+``update_from_output()`` (:class:`FedOutput`), with finished async loads,
+failed ones and invalid blocks.
+
+The log is the source of truth of a standalone repro (:mod:`fuzz.repro_scheduler`),
+and replaying it (:func:`fuzz.adapter.replay_oplog`) gives the same
+``SchedulerOutput`` s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Union
+
+from fuzz.model._kv import GroupInfo
+from fuzz.model._scheduler import ExternalReply, SchedulerDraw
+
+__all__ = [
+    "Abort",
+    "AddRequest",
+    "ConnectorAnswer",
+    "Evict",
+    "FedOutput",
+    "OpLog",
+    "RunConfig",
+    "ScheduledOutput",
+    "Step",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """What the scheduler was built with, as the engine core resolved it."""
+
+    draw: SchedulerDraw  # layout (groups, pool), scheduler limits, connector capability, model runner
+    model_json: str  # the model's config.json (written locally; never a hub)
+    block_size: int  # CacheConfig.block_size: the smallest prefix-cacheable group block
+    prefix_match_unit: int | None
+    scheduler_block_size: int  # LCM of the group block sizes
+    hash_block_size: int
+    max_model_len: int
+    # What KV-cache planning writes onto the KVCacheConfig (name, value), for
+    # the fields the installed release has.
+    kv_config_fields: tuple[tuple[str, int | None], ...] = ()
+    groups: tuple[GroupInfo, ...] = ()  # as the built manager has them
+    null_block_id: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class AddRequest:
+    """``scheduler.add_request`` before step ``arrival_step`` + 1."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    max_tokens: int
+    reply: ExternalReply | None  # the external store's rule for this request
+    arrival_step: int
+    ignore_eos: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Abort:
+    """``scheduler.finish_requests(request_id, FINISHED_ABORTED)`` between steps."""
+
+    request_id: str
+    step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Evict:
+    """``kv_cache_manager.evict_blocks(block_ids)`` by hand (the search shortcut)."""
+
+    block_ids: tuple[int, ...]
+    step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectorAnswer:
+    """One ``get_num_new_matched_tokens(request, num_computed_tokens)`` and its answer."""
+
+    request_id: str
+    num_computed_tokens: int
+    answer: int | None
+    load_async: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledOutput:
+    """A ``SchedulerOutput`` in the suite's words (what replay compares)."""
+
+    # (request id, num_computed_tokens, block ids per group)
+    new_requests: tuple[tuple[str, int, tuple[tuple[int, ...], ...]], ...]
+    # (request id, num_computed_tokens, resumed)
+    cached_requests: tuple[tuple[str, int, bool], ...]
+    num_scheduled: tuple[tuple[str, int], ...]
+    preempted: tuple[str, ...]
+    finished: tuple[str, ...]
+    copies: tuple[tuple[int, int], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class FedOutput:
+    """The ``ModelRunnerOutput`` fed back through ``update_from_output``."""
+
+    req_ids: tuple[str, ...]
+    sampled_token_ids: tuple[tuple[int, ...], ...]
+    finished_recving: tuple[str, ...] = ()
+    failed_recving: tuple[str, ...] = ()
+    invalid_block_ids: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One ``schedule()`` + ``update_from_output()`` (``index`` counts from 1)."""
+
+    index: int
+    output: ScheduledOutput | None  # None: schedule() raised
+    answers: tuple[ConnectorAnswer, ...]
+    fed: FedOutput | None  # None: nothing was fed back (schedule() raised)
+    error: str | None = None  # "ExcType: message"
+    error_where: str | None = None  # "schedule" or "update_from_output"
+    left: tuple[str, ...] = ()  # requests that finished in update_from_output
+
+
+Op = Union[AddRequest, Abort, Evict, Step]
+
+
+@dataclasses.dataclass
+class OpLog:
+    """A run's configuration and operations, in order."""
+
+    config: RunConfig
+    ops: list[Op] = dataclasses.field(default_factory=list)
+
+    @property
+    def steps(self) -> list[Step]:
+        return [op for op in self.ops if isinstance(op, Step)]
+
+    @property
+    def requests(self) -> list[AddRequest]:
+        return [op for op in self.ops if isinstance(op, AddRequest)]
+
+    def until_step(self, index: int) -> OpLog:
+        """The log up to and including step ``index`` (what led to it)."""
+        out = []
+        for op in self.ops:
+            out.append(op)
+            if isinstance(op, Step) and op.index == index:
+                break
+        return OpLog(self.config, out)
+
+    def answers_for(self, request_id: str) -> list[ConnectorAnswer]:
+        return [a for s in self.steps for a in s.answers if a.request_id == request_id]
+
+    def size(self) -> dict[str, int]:
+        """Groups, blocks (the pool), requests and ``schedule()`` steps."""
+        return {
+            "groups": len(self.config.draw.layout.groups),
+            "blocks": self.config.draw.layout.num_blocks,
+            "requests": len(self.requests),
+            "steps": len(self.steps),
+        }

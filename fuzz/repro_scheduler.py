@@ -1,0 +1,1090 @@
+"""Standalone repros of scheduler-tier failures, written from the operation log.
+
+The log (:class:`fuzz.model.OpLog`) says everything a run did to vLLM; this
+module turns it into a pytest file in vLLM's ``tests/v1/core`` idiom that
+imports vLLM and the standard library only:
+
+* ``pytestmark = pytest.mark.cpu_test``, small ``_make_*`` helpers, the
+  model's ``config.json`` written into ``tmp_path`` (never a hub);
+* a scripted KV connector class in the file itself, loaded through
+  ``KVTransferConfig`` by the file's own module path (``__name__``), which
+  answers by each request's recorded store rule (the answers the recorded
+  run got are listed beside it);
+* the program: each request, abort, hand-picked eviction and step, in order,
+  with the ``ModelRunnerOutput`` each step feeds back computed as the
+  harness computed it (one sampled token per finished prefill, async loads
+  reported done or failed), so a fixed vLLM that schedules differently is
+  still driven sensibly;
+* at the step where the invariant broke, the same claim, checked on vLLM's
+  own objects, with a message naming the group, its block size and the
+  numbers; then every request is run to the end and the pool must be whole
+  again (vLLM's own leak check: every block but the null block free, no
+  ``ref_cnt`` left).
+
+It fails on the vLLM that produced it and passes once the bug is gone.
+:func:`shrink_oplog` first drops whatever the failure does not need (requests,
+their twins, fills and probes; trailing steps), by replaying the log through
+the harness with every check on. :data:`WRITABLE` names the invariants the
+file can state on vLLM's objects; for the others no file is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import textwrap
+from collections.abc import Callable, Iterable
+
+from fuzz import adapter
+from fuzz.model import Abort, AddRequest, Evict, InvariantViolation, OpLog, SpecDraw, Step
+from invariants._common import group_behaviour
+from invariants.classification import Behaviour, classification_of_kind
+
+__all__ = ["WRITABLE", "repro_size", "scheduler_repro", "scheduler_repro_from_last_run", "shrink_oplog"]
+
+# Invariant -> the check function emitted into the file (None: the step itself
+# must not raise; the pool check is in every file).
+_CHECK_OF = {
+    "no-exception": None,
+    "no-leaked-blocks": None,
+    "computed-below-num-tokens": "_check_computed_below_num_tokens",
+    "copy-source-ready": "_check_copy_sources_ready",
+    "computed-adds-up": "_check_computed_tokens_add_up",
+    "local-part-covered": "_check_local_part_covered",
+    "truncated-view": "_check_truncated_view",
+    "mamba-state-at-boundary": "_check_mamba_state_at_resume_boundary",
+    "diverged-falls-back": "_check_diverged_hit_falls_back",
+    # The KV-connector protocol (invariants/connector.py).
+    "external-contiguous": "_check_external_range_contiguous",
+    "load-blocks-cover": "_check_load_blocks_cover_range",
+    "told-external-accounted": "_check_told_external_accounted",
+    "meta-built-once": "_check_meta_built_once",
+    "sync-load-announced": "_check_sync_load_announced",
+    "finished-once": "_check_finished_once",
+    "dropped-answer-loads-nothing": "_check_dropped_answer_loads_nothing",
+    "meta-names-scheduled": "_check_meta_names_scheduled",
+    "async-load-lands-first": "_check_async_load_lands_first",
+}
+WRITABLE = frozenset(_CHECK_OF)
+
+_ROLE = {Behaviour.MUST_COVER: "must-cover", Behaviour.MAY_BE_SHORT: "whole-state", Behaviour.SCRATCH: "scratch"}
+
+
+# ---------------------------------------------------------------------------
+# Shrinking the log
+# ---------------------------------------------------------------------------
+
+
+def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None], ...] | None = None) -> OpLog | None:
+    """Run ``log``'s operations through a fresh harness with ``checks`` on
+    (default: every check); the new log (up to the step that broke) when
+    ``invariant`` still breaks."""
+    from fuzz.runners.scheduler import ALL_CHECKS, Stepper
+    from invariants.scheduler import check_no_leaked_blocks
+
+    checks = ALL_CHECKS if checks is None else checks
+
+    try:
+        harness = adapter.SchedulerHarness(log.config.draw)
+    except adapter.InvalidLayout:
+        return None
+    run = Stepper(harness, checks)
+    try:
+        for op in log.ops:
+            if isinstance(op, AddRequest):
+                harness.add_request(op.token_ids, max_tokens=op.max_tokens, reply=op.reply, request_id=op.request_id)
+            elif isinstance(op, Abort):
+                if op.request_id in harness.live_request_ids:
+                    harness.abort(op.request_id)
+            elif isinstance(op, Evict):
+                harness.evict_shortcut(set(op.block_ids))
+            elif isinstance(op, Step):
+                if harness.broken:
+                    break
+                for rid in op.fed.failed_recving if op.fed else ():
+                    harness.fail_async_load(rid)
+                if op.fed and op.fed.invalid_block_ids and harness.can_report_invalid_blocks:
+                    harness.fail_next_sync_loads()
+                run.step()
+        run.drain()
+        if not harness.broken and check_no_leaked_blocks in checks:
+            check_no_leaked_blocks(harness.pool_observation())
+    except InvariantViolation as exc:
+        return harness.oplog if exc.invariant == invariant else None
+    except Exception:  # noqa: BLE001 - another failure: not this one
+        return None
+    return None
+
+
+def _without_request(log: OpLog, request_id: str) -> OpLog:
+    ops = [op for op in log.ops if getattr(op, "request_id", None) != request_id]
+    return OpLog(log.config, ops)
+
+
+def _without_step(log: OpLog, index: int) -> OpLog:
+    return OpLog(log.config, [op for op in log.ops if not (isinstance(op, Step) and op.index == index)])
+
+
+def _without_group(log: OpLog, index: int) -> OpLog:
+    draw = log.config.draw
+    groups = draw.layout.groups[:index] + draw.layout.groups[index + 1 :]
+    layout = dataclasses.replace(draw.layout, groups=groups)
+    config = dataclasses.replace(log.config, draw=dataclasses.replace(draw, layout=layout))
+    return OpLog(config, list(log.ops))
+
+
+def shrink_oplog(
+    log: OpLog, invariant: str, *, budget: int = 60, checks: tuple[Callable[..., None], ...] | None = None
+) -> OpLog:
+    """Drop the KV-cache groups, then the requests, then the steps that
+    ``invariant``'s failure does not need (greedy, one at a time, each
+    candidate replayed with every check), and cut the log at the step that
+    breaks. At most ``budget`` replays, each with ``checks`` (default: all)."""
+    current = _replay_checked(log, invariant, checks)
+    if current is None:
+        return log  # not reproducible by replay: keep what was recorded
+    tries = 1
+    changed = True
+    while changed and tries < budget:
+        changed = False
+        for index in range(len(current.config.draw.layout.groups) if len(current.config.draw.layout.groups) > 1 else 0):
+            if tries >= budget:
+                break
+            tries += 1
+            smaller = _replay_checked(_without_group(current, index), invariant, checks)
+            if smaller is not None:
+                current, changed = smaller, True
+                break
+        if changed:
+            continue
+        for req in list(current.requests):
+            if tries >= budget:
+                break
+            tries += 1
+            smaller = _replay_checked(_without_request(current, req.request_id), invariant, checks)
+            if smaller is not None:
+                current, changed = smaller, True
+                break
+        if changed:
+            continue
+        for step in reversed(current.steps[:-1]):
+            if tries >= budget:
+                break
+            tries += 1
+            smaller = _replay_checked(_without_step(current, step.index), invariant, checks)
+            if smaller is not None and len(smaller.steps) < len(current.steps):
+                current, changed = smaller, True
+                break
+    return current
+
+
+def _broken_step(log: OpLog) -> int:
+    """The step a check failed after: the log's last step (the runners stop there)."""
+    return log.steps[-1].index if log.steps else 0
+
+
+def repro_size(log: OpLog) -> dict[str, int]:
+    """Groups, blocks, requests and ``schedule()`` steps up to the failure."""
+    return log.until_step(_broken_step(log)).size()
+
+
+# ---------------------------------------------------------------------------
+# Writing the file
+# ---------------------------------------------------------------------------
+
+
+def _spec_code(draw: SpecDraw) -> str:
+    cls, kwargs = adapter.spec_constructor(draw)
+    args = ", ".join(f"{k}={_value(v)}" for k, v in kwargs.items())
+    return f"{cls.__name__}({args})"
+
+
+def _value(v: object) -> str:
+    if isinstance(v, SpecDraw):
+        return _spec_code(v)
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k!r}: {_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, tuple):
+        items = [_value(x) for x in v]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    return repr(v)
+
+
+def _spec_classes(draws: Iterable[SpecDraw]) -> set[str]:
+    out: set[str] = set()
+    for d in draws:
+        out.add(adapter.spec_constructor(d)[0].__name__)
+        out |= _spec_classes(d.inner)
+    return out
+
+
+def _tokens(name: str, tokens: tuple[int, ...]) -> str:
+    if len(tokens) >= 2 and tokens[1] > tokens[0]:
+        start, stride = tokens[0], tokens[1] - tokens[0]
+        if tokens == tuple(range(start, start + stride * len(tokens), stride)):
+            step = "" if stride == 1 else f", {stride}"
+            return f"{name} = list(range({start}, {start + stride * len(tokens)}{step}))  # {len(tokens)} tokens"
+    body = textwrap.fill(", ".join(map(str, tokens)), 84, initial_indent="    ", subsequent_indent="    ")
+    return f"{name} = [\n{body}\n]  # {len(tokens)} tokens"
+
+
+def _const(request_id: str) -> str:
+    return "PROMPT_" + "".join(c if c.isalnum() else "_" for c in request_id).upper()
+
+
+def _program(log: OpLog, broken: int, invariant: str) -> list[str]:
+    """The test body's lines, up to and including the step that breaks."""
+    lines: list[str] = []
+    pending_plain = 0
+    first_plain = 0
+
+    def flush() -> None:
+        nonlocal pending_plain
+        if pending_plain == 1:
+            lines.append(f"    _step(scheduler, watch)  # step {first_plain}")
+        elif pending_plain > 1:
+            lines.append(f"    for _ in range({pending_plain}):  # steps {first_plain}-{first_plain + pending_plain - 1}")
+            lines.append("        _step(scheduler, watch)")
+        pending_plain = 0
+
+    for op in log.until_step(broken).ops:
+        if isinstance(op, Step):
+            fed = op.fed
+            args = ""
+            if fed is not None and fed.failed_recving:
+                args += f", failed_loads={set(fed.failed_recving)!r}"
+            if fed is not None and fed.invalid_block_ids:
+                args += f", invalid_block_ids={set(fed.invalid_block_ids)!r}"
+            if op.index == broken:
+                flush()
+                lines += _breaking_step(op, args, invariant)
+            elif args:
+                flush()
+                lines.append(f"    _step(scheduler, watch{args})  # step {op.index}")
+            else:
+                if pending_plain == 0:
+                    first_plain = op.index
+                pending_plain += 1
+            continue
+        flush()
+        if isinstance(op, AddRequest):
+            lines.append(
+                f'    scheduler.add_request(_make_request("{op.request_id}", {_const(op.request_id)}, '
+                f"max_tokens={op.max_tokens}))"
+            )
+        elif isinstance(op, Abort):
+            lines.append(f'    scheduler.finish_requests("{op.request_id}", RequestStatus.FINISHED_ABORTED)')
+        elif isinstance(op, Evict):
+            lines.append("    # Blocks dropped from the prefix cache by hand (the search shortcut).")
+            lines.append(f"    scheduler.kv_cache_manager.evict_blocks({set(op.block_ids)!r})")
+    flush()
+    return lines
+
+
+def _breaking_step(op: Step, args: str, invariant: str) -> list[str]:
+    sched = "" if op.output is None else f" (it scheduled {dict(op.output.num_scheduled)})"
+    if invariant == "no-exception":
+        what = op.error or "an exception"
+        return [
+            f"    # Step {op.index}: vLLM raised {what.splitlines()[0][:120]}{sched}.",
+            "    # No exception may escape schedule() / update_from_output() for a",
+            "    # configuration vLLM accepted: it kills the engine core.",
+            "    try:",
+            f"        _step(scheduler, watch{args})",
+            "    except Exception as exc:",
+            "        at = traceback.extract_tb(exc.__traceback__)[-1]",
+            f'        pytest.fail(f"step {op.index}: {{type(exc).__name__}}({{exc}}) escaped the scheduler from "',
+            '                    f"{at.name} ({at.filename.rsplit(\'/vllm/\', 1)[-1]}:{at.lineno}); "',
+            '                    f"groups: {_describe_groups()}")',
+        ]
+    check = _CHECK_OF[invariant]
+    if check is None:  # the pool check at the end states it
+        return [f"    _step(scheduler, watch{args})  # step {op.index}"]
+    return [
+        f"    # Step {op.index}{sched}: the step where '{invariant}' broke.",
+        f"    out = _step(scheduler, watch{args})",
+        f"    {check}(scheduler, out, watch, step={op.index})",
+    ]
+
+
+def _roles(log: OpLog) -> list[str]:
+    """Per group: must-cover, windowed (must-cover, but its attention span
+    skips old tokens: the file's checks leave it out), whole-state, scratch."""
+    roles = []
+    for g, draw in zip(log.config.groups, log.config.draw.layout.groups):
+        role = _ROLE.get(group_behaviour(g), "scratch")
+        span = classification_of_kind(draw.kind).span
+        if role == "must-cover" and span is not None and draw.param(span[0]) is not None:
+            role = "windowed"
+        roles.append(role)
+    return roles
+
+
+def scheduler_repro(
+    log: OpLog, *, invariant: str, target: str, seed: object, violation: str, vllm_version: str | None = None
+) -> str | None:
+    """The source of a standalone pytest file reproducing ``log``'s failure of
+    ``invariant`` at its last step (None when the file cannot state it)."""
+    if invariant not in _CHECK_OF or not log.steps:
+        return None
+    from fuzz.repro import repro_header
+
+    cfg = log.config
+    draw = cfg.draw
+    broken = _broken_step(log)
+    size = repro_size(log)
+    header = repro_header(
+        title=f"Repro: Scheduler.schedule() violates '{invariant}'.",
+        vllm_version=vllm_version or adapter.VLLM_VERSION,
+        target=target,
+        seed=seed,
+        invariant=invariant,
+        violation=violation,
+        scenario=(
+            f"{draw!r}; {size['groups']} groups, {size['blocks']} blocks, {size['requests']} requests, "
+            f"{size['steps']} schedule() steps"
+        ),
+    )
+    kinds = sorted(_spec_classes(draw.layout.groups) | {"KVCacheConfig", "KVCacheGroupSpec"})
+    requests = log.until_step(broken).requests
+    store = {r.request_id: None if r.reply is None else dataclasses.astuple(r.reply) for r in requests}
+    answers = {r.request_id: [(a.num_computed_tokens, a.answer, a.load_async) for a in log.answers_for(r.request_id)]
+               for r in requests}
+    model = json.loads(cfg.model_json)
+    lines = [
+        header,
+        "import json",
+        "import traceback",
+        "",
+        "import pytest",
+        "import torch",
+        "",
+        "from vllm.config import (",
+        "    CacheConfig,",
+        "    DeviceConfig,",
+        "    KVTransferConfig,",
+        "    ModelConfig,",
+        "    SchedulerConfig,",
+        "    VllmConfig,",
+        ")",
+        "from vllm.distributed.kv_transfer.kv_connector.v1.base import (",
+        "    KVConnectorBase_V1,",
+        "    KVConnectorMetadata,",
+        "    SupportsHMA,",
+        ")",
+        "from vllm.sampling_params import SamplingParams",
+        "from vllm.utils.hashing import sha256",
+        "from vllm.v1.core.kv_cache_utils import (",
+        "    generate_scheduler_kv_cache_config,",
+        "    get_request_block_hasher,",
+        "    init_none_hash,",
+        ")",
+        "from vllm.v1.core.sched.scheduler import Scheduler",
+        "from vllm.v1.kv_cache_interface import (",
+        *[f"    {k}," for k in kinds],
+        ")",
+        "from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput",
+        "from vllm.v1.request import Request, RequestStatus",
+        "from vllm.v1.structured_output import StructuredOutputManager",
+        "",
+        "pytestmark = pytest.mark.cpu_test",
+        "",
+        "# A tiny local model: vLLM reads its config.json only (no weights, no hub).",
+        "MODEL_CONFIG = " + _wrap_dict(model),
+        "SPECS = [",
+        *[f"    {_spec_code(g)}," for g in draw.layout.groups],
+        "]",
+        f"# Per group, what it must hold of a request's local prefix: every block",
+        f"# (must-cover), its state at the boundary (whole-state), nothing (scratch);",
+        f"# 'windowed' groups skip old tokens (their window is not checked here).",
+        f"ROLES = {_roles(log)!r}",
+        f"NUM_BLOCKS = {draw.layout.num_blocks}  # block {cfg.null_block_id} is the null block",
+        f"BLOCK_SIZE = {cfg.block_size}  # the smallest prefix-cacheable group block, as the engine sets it",
+        f"PREFIX_MATCH_UNIT = {cfg.prefix_match_unit}",
+        f"SCHEDULER_BLOCK_SIZE = {cfg.scheduler_block_size}  # LCM of the group block sizes",
+        f"HASH_BLOCK_SIZE = {cfg.hash_block_size}",
+        f"MAX_MODEL_LEN = {cfg.max_model_len}",
+        f"MAX_NUM_SEQS = {draw.max_num_seqs}",
+        f"MAX_NUM_BATCHED_TOKENS = {draw.max_num_batched_tokens}",
+        f"LONG_PREFILL_TOKEN_THRESHOLD = {draw.long_prefill_token_threshold}",
+        f"KV_LOAD_FAILURE_POLICY = {draw.kv_load_failure_policy!r}",
+        f"# What the engine's KV-cache planning writes onto the KVCacheConfig.",
+        f"KV_CONFIG_FIELDS = {dict(cfg.kv_config_fields)!r}",
+        f"# The connector's supports_divergent_local_hybrid_hits.",
+        f"DIVERGENT_HITS = {draw.divergent_hits!r}",
+        "",
+        "# The external store, per request: (kind, tokens held, first answers",
+        "# 'not yet', tokens over-reported, async). kind 'store': it holds the first",
+        "# tokens-held tokens; 'zero': nothing; 'undecided': None for the first",
+        "# answers, then as 'store'; 'over': more than the prompt (a contract breach).",
+        "STORE = " + _wrap_dict(store),
+        "# The answers the recorded run got, (num_computed_tokens, answer, async) per call.",
+        "RECORDED_ANSWERS = " + _wrap_dict(answers),
+        "",
+    ]
+    for r in requests:
+        lines.append(_tokens(_const(r.request_id), r.token_ids))
+    lines.append("")
+    lines.append(_BODY)
+    lines.append(_CHECKS.get(invariant, ""))
+    lines += [
+        "",
+        "",
+        f"def test_scheduler_{invariant.replace('-', '_')}_repro(tmp_path, monkeypatch):",
+    ]
+    if draw.model_runner is not None:
+        lines.append(
+            f'    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "{1 if draw.model_runner == "v2" else 0}")'
+        )
+    lines += [
+        "    init_none_hash(sha256)",
+        "    scheduler = _make_scheduler(tmp_path)",
+        "    watch = _Watch(scheduler)",
+        *_program(log, broken, invariant),
+        "",
+        "    # Every request runs to its end; then the pool must be whole again.",
+        "    _drain(scheduler, watch)",
+        "    _assert_no_leaked_blocks(scheduler)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _wrap_dict(d: dict) -> str:
+    if not d:
+        return "{}"
+    items = [f"    {k!r}: {v!r}," for k, v in d.items()]
+    return "{\n" + "\n".join(items) + "\n}"
+
+
+def scheduler_repro_from_last_run(*, target: str, seed: object, invariant: str, violation: str) -> str | None:
+    """The repro of the last scheduler run in this process (the minimal
+    failing example: Hypothesis runs it last), shrunk further by replay."""
+    log = adapter.last_oplog()
+    if log is None or invariant not in _CHECK_OF:
+        return None
+    if _replay_checked(log, invariant) is None:
+        return None  # the last run is not this failure (several failures replayed at once)
+    log = shrink_oplog(log, invariant)
+    return scheduler_repro(log, invariant=invariant, target=target, seed=seed, violation=violation)
+
+
+_BODY = '''
+class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
+    """A scheduler-side KV connector answering from STORE. It never moves KV:
+    it records what the scheduler tells it, and which async loads are in
+    flight (the test reports them done, or failed, in the next step)."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.asked = {}  # request id -> number of get_num_new_matched_tokens calls
+        self.told = {}  # request id -> num_external_tokens of update_state_after_alloc, this step
+        self.answers = {}  # request id -> its last answer this step
+        self.asked_with = {}  # request id -> num_computed_tokens of its last question this step
+        self.async_answers = {}  # request id -> whether its last answer this step was async
+        self.told_blocks = {}  # request id -> block ids per group handed with the last update_state_after_alloc
+        self.events = []  # this step: ("alloc", rid, local, external) and ("told", rid, external)
+        self.metas = []  # this step: what each build_connector_meta was handed
+        self.finished = {}  # request id -> request_finished calls so far
+        self.finish_calls = []  # (request id, nth call for it, status)
+        self.loads_in_flight = set()
+
+    @property
+    def supports_divergent_local_hybrid_hits(self):
+        return DIVERGENT_HITS
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        kind, held, undecided, extra, load_async = STORE.get(request.request_id) or ("zero", 0, 0, 0, False)
+        asked = self.asked.get(request.request_id, 0)
+        self.asked[request.request_id] = asked + 1
+        self.answers[request.request_id] = None
+        self.asked_with[request.request_id] = num_computed_tokens
+        self.async_answers[request.request_id] = False
+        if kind == "zero":
+            self.answers[request.request_id] = 0
+            return 0, False
+        if kind == "over":
+            self.answers[request.request_id] = request.num_tokens - num_computed_tokens + extra
+            return request.num_tokens - num_computed_tokens + extra, False
+        if kind == "undecided" and asked < undecided:
+            return None, False
+        # A sync load leaves the last token to compute; an async one may bring all.
+        limit = request.num_tokens if load_async else request.num_tokens - 1
+        answer = max(0, min(held, limit) - num_computed_tokens)
+        self.answers[request.request_id] = answer
+        self.async_answers[request.request_id] = bool(load_async and answer)
+        return answer, bool(load_async and answer)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        self.told[request.request_id] = num_external_tokens
+        self.told_blocks[request.request_id] = [list(g) for g in blocks.get_block_ids()]
+        self.events.append(("told", request.request_id, num_external_tokens))
+        kind, *_, load_async = STORE.get(request.request_id) or ("zero", 0, 0, 0, False)
+        if num_external_tokens and load_async:
+            self.loads_in_flight.add(request.request_id)
+
+    def build_connector_meta(self, scheduler_output):
+        out = scheduler_output
+        cached = out.scheduled_cached_reqs
+        self.metas.append(dict(
+            named={n.req_id for n in out.scheduled_new_reqs} | set(cached.req_ids),
+            scheduled=set(out.num_scheduled_tokens),
+            has_sync_kv_loads=getattr(out, "has_sync_kv_loads", None),
+            already_finished=sorted(
+                r for r in {n.req_id for n in out.scheduled_new_reqs} | set(cached.req_ids) if self.finished.get(r)
+            ),
+        ))
+        return KVConnectorMetadata()
+
+    def request_finished(self, request, block_ids):
+        rid = request.request_id
+        self.finished[rid] = self.finished.get(rid, 0) + 1
+        self.finish_calls.append((rid, self.finished[rid], request.status.name))
+        return False, None
+
+    def request_finished_all_groups(self, request, block_ids):
+        return self.request_finished(request, block_ids)
+
+    # Worker side: never used, the scheduler runs alone.
+    def start_load_kv(self, forward_context, **kwargs):
+        raise NotImplementedError
+
+    def wait_for_layer_load(self, layer_name):
+        raise NotImplementedError
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        raise NotImplementedError
+
+    def wait_for_save(self):
+        raise NotImplementedError
+
+
+def _make_model_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    return ModelConfig(
+        model=str(tmp_path),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        seed=0,
+        max_model_len=MAX_MODEL_LEN,
+    )
+
+
+def _make_kv_cache_config():
+    config = KVCacheConfig(
+        num_blocks=NUM_BLOCKS,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec([f"g{i}.layer"], spec) for i, spec in enumerate(SPECS)],
+    )
+    config = generate_scheduler_kv_cache_config([config])
+    for name, value in KV_CONFIG_FIELDS.items():
+        setattr(config, name, value)
+    return config
+
+
+def _make_scheduler(tmp_path):
+    vllm_config = VllmConfig(
+        model_config=_make_model_config(tmp_path),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=MAX_NUM_SEQS,
+            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+            max_model_len=MAX_MODEL_LEN,
+            long_prefill_token_threshold=LONG_PREFILL_TOKEN_THRESHOLD,
+            enable_chunked_prefill=True,
+            is_encoder_decoder=False,
+        ),
+        cache_config=CacheConfig(
+            block_size=BLOCK_SIZE,
+            enable_prefix_caching=True,
+            mamba_cache_mode="align",
+            prefix_match_unit=PREFIX_MATCH_UNIT,
+            cache_dtype="auto",
+        ),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="ScriptedConnector",
+            kv_connector_module_path=__name__,  # this file
+            kv_role="kv_both",
+            kv_load_failure_policy=KV_LOAD_FAILURE_POLICY,
+        ),
+        device_config=DeviceConfig(device="cpu"),
+    )
+    # As on GPU: the hybrid KV-cache manager is on (a CPU-only install turns it off).
+    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    vllm_config.cache_config.num_gpu_blocks = NUM_BLOCKS
+    return Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=_make_kv_cache_config(),
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=SCHEDULER_BLOCK_SIZE,
+        hash_block_size=HASH_BLOCK_SIZE,
+        log_stats=False,
+    )
+
+
+def _make_request(request_id, token_ids, max_tokens):
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=list(token_ids),
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256),
+    )
+
+
+def _ids(blocks):
+    return [[b.block_id for b in group] for group in blocks.blocks]
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _describe_groups():
+    return ", ".join(
+        f"group {i} {type(s).__name__} (block_size={s.block_size}, {r})" for i, (s, r) in enumerate(zip(SPECS, ROLES))
+    )
+
+
+class _Watch:
+    """What the scheduler's prefix-cache branch saw and did for each request
+    it admitted in the current step: its local lookup (and, beside it, the
+    joint hit every group agrees on and each group's own hit) and the
+    arguments of its allocate_slots call. Nothing the scheduler does changes."""
+
+    def __init__(self, scheduler):
+        self.step = 0
+        self.admissions = {}
+        self.num_tokens = {}
+        self.seen = set()  # every request seen in the scheduler
+        sched, mgr = scheduler, scheduler.kv_cache_manager
+        lookup = type(sched)._get_local_prefix_cache_hit
+        allocate = type(mgr).allocate_slots
+        coordinator = mgr.coordinator
+
+        def local_hit(request, max_cache_hit_length=None):
+            limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
+            joint_blocks, joint_hit, _ = type(mgr).get_computed_blocks(mgr, request, max_cache_hit_length)
+            if hasattr(coordinator, "find_longest_cache_hit_per_group"):
+                per_group = list(coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)[1])
+            else:
+                per_group = [joint_hit] * len(SPECS)
+            result = lookup(sched, request, max_cache_hit_length)
+            blocks, num_local = result[0], result[1]
+            self.admissions[request.request_id] = dict(
+                local_hit=num_local, lookup=_ids(blocks), joint_hit=joint_hit, joint=_ids(joint_blocks),
+                per_group=per_group,
+            )
+            return result
+
+        def allocate_slots(request, num_new_tokens, *args, **kwargs):
+            adm = self.admissions.get(request.request_id)
+            if adm is not None and "alloc_external" not in adm:
+                adm["alloc_external"] = kwargs.get("num_external_computed_tokens", 0)
+            sched.connector.events.append((
+                "alloc", request.request_id, kwargs.get("num_new_computed_tokens", 0),
+                kwargs.get("num_external_computed_tokens", 0),
+            ))
+            if adm is not None and "local" not in adm:
+                blocks = kwargs.get("new_computed_blocks")
+                adm["local"] = kwargs.get("num_new_computed_tokens", 0)
+                adm["adopted"] = [[] for _ in SPECS] if blocks is None else _ids(blocks)
+            return allocate(mgr, request, num_new_tokens, *args, **kwargs)
+
+        sched._get_local_prefix_cache_hit = local_hit
+        mgr.allocate_slots = allocate_slots
+
+    def settle(self, scheduler, out):
+        """After schedule(): each admitted request's computed tokens, its
+        block table, the external tokens the connector was told, and the
+        connector's answer. Requests that were not admitted are dropped."""
+        computed = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            computed.setdefault(rid, cached.num_computed_tokens[i])
+        told = scheduler.connector.told
+        self.seen |= set(scheduler.requests)
+        self.num_tokens = {rid: scheduler.requests[rid].num_tokens for rid in computed}
+        for rid in list(self.admissions):
+            adm = self.admissions[rid]
+            if rid not in told or rid not in scheduler.requests or "local" not in adm:
+                del self.admissions[rid]
+                continue
+            # An async load's request waits for its KV outside the output.
+            adm["num_computed_tokens"] = computed.get(rid, scheduler.requests[rid].num_computed_tokens)
+            adm["external"] = told[rid]
+            adm["num_tokens"] = scheduler.requests[rid].num_tokens
+            adm["answer"] = scheduler.connector.answers.get(rid)
+            adm["table"] = [list(g) for g in scheduler.kv_cache_manager.get_block_ids(rid)]
+
+
+def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
+    """One engine step: schedule(), then what a model runner returns (a
+    sampled token for each request whose prefill completes, none for a
+    partial chunk; each async load in flight reported done, or failed)."""
+    watch.step += 1
+    watch.admissions.clear()
+    connector = scheduler.connector
+    for record in (connector.told, connector.answers, connector.asked_with, connector.async_answers,
+                   connector.told_blocks, connector.events, connector.metas):
+        record.clear()
+    watch.seen |= set(scheduler.requests)
+    watch.loads_in_flight = set(connector.loads_in_flight)
+    out = scheduler.schedule()
+    watch.settle(scheduler, out)
+    ids = list(out.num_scheduled_tokens)
+    sampled = []
+    for rid in ids:
+        req = scheduler.requests[rid]
+        sampled.append([1000 + watch.step % 24] if req.num_computed_tokens >= req.num_tokens else [])
+    recving = {r for r in connector.loads_in_flight if r in scheduler.requests}
+    connector.loads_in_flight -= recving
+    connector_output = None
+    if recving or invalid_block_ids:
+        connector_output = KVConnectorOutput(
+            finished_recving=recving,
+            failed_recving=recving & set(failed_loads),
+            invalid_block_ids=set(invalid_block_ids),
+        )
+    scheduler.update_from_output(
+        out,
+        ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=sampled,
+            kv_connector_output=connector_output,
+        ),
+    )
+    return out
+
+
+def _drain(scheduler, watch, max_steps=400):
+    for _ in range(max_steps):
+        if not scheduler.requests:
+            return
+        _step(scheduler, watch)
+    for rid in list(scheduler.requests):  # stalled: end them
+        scheduler.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+    while scheduler.requests:
+        _step(scheduler, watch)
+
+
+def _assert_no_leaked_blocks(scheduler):
+    pool = scheduler.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == NUM_BLOCKS - 1, (
+        f"{pool.get_num_free_blocks()} free blocks after every request finished, "
+        f"expected {NUM_BLOCKS - 1} (all but the null block); groups: {_describe_groups()}"
+    )
+    held = [(b.block_id, b.ref_cnt) for b in pool.blocks if b.ref_cnt and not b.is_null]
+    assert not held, f"blocks still referenced (block_id, ref_cnt): {held}"
+'''
+
+_CHECKS = {
+    "computed-below-num-tokens": '''
+
+def _check_computed_below_num_tokens(scheduler, out, watch, step):
+    """A request scheduled for the first time (or resumed) leaves at least
+    one token to compute: num_computed_tokens < num_tokens."""
+    cached = out.scheduled_cached_reqs
+    rows = [(n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs]
+    rows += [(r, cached.num_computed_tokens[i]) for i, r in enumerate(cached.req_ids) if r in cached.resumed_req_ids]
+    for rid, computed in rows:
+        num_tokens = watch.num_tokens[rid]
+        assert computed < num_tokens, (
+            f"step {step}: request {rid} scheduled with num_computed_tokens={computed} >= "
+            f"num_tokens={num_tokens}: nothing left to compute; groups: {_describe_groups()}"
+        )
+''',
+    "copy-source-ready": '''
+
+def _check_copy_sources_ready(scheduler, out, watch, step):
+    """No copy-on-write copy of a step reads another copy's destination."""
+    copies = [(c.src_block_id, c.dst_block_id) for c in out.kv_cache_block_copies or []]
+    written = {dst for _, dst in copies}
+    chained = [c for c in copies if c[0] in written]
+    assert not chained, f"step {step}: copies {chained} read blocks written by copies of the same step: {copies}"
+''',
+    "computed-adds-up": '''
+
+def _check_computed_tokens_add_up(scheduler, out, watch, step):
+    """num_computed_tokens == local tokens handed to allocate_slots + external
+    tokens the connector was told to load, and no group adopts a cached block
+    past the local part: at most ceil(local / block_size) (none for scratch)."""
+    for rid, adm in watch.admissions.items():
+        local = adm["num_computed_tokens"] - adm["external"]
+        assert adm["local"] == local, (
+            f"step {step}, request {rid}: num_computed_tokens={adm['num_computed_tokens']} - external "
+            f"{adm['external']} = {local} local tokens, but allocate_slots got "
+            f"num_new_computed_tokens={adm['local']}"
+        )
+        for g, (spec, role, adopted) in enumerate(zip(SPECS, ROLES, adm["adopted"])):
+            limit = 0 if role == "scratch" else _cdiv(local, spec.block_size)
+            assert len(adopted) <= limit, (
+                f"step {step}, request {rid}: group {g} {type(spec).__name__} (block_size="
+                f"{spec.block_size}) adopted {len(adopted)} cached blocks {adopted}, but the local "
+                f"part is {local} tokens (num_computed_tokens={adm['num_computed_tokens']} = local "
+                f"{local} + external {adm['external']}): at most ceil({local} / {spec.block_size}) "
+                f"= {limit}"
+            )
+''',
+    "local-part-covered": '''
+
+def _check_local_part_covered(scheduler, out, watch, step):
+    """Every must-cover group holds each block of the local part the request
+    resumes from: an adopted cached block, or (only for a connector that
+    completes divergent hits and loads external tokens, for a group whose
+    own hit lags) a real block handed to the connector."""
+    null = scheduler.kv_cache_manager.block_pool.null_block.block_id
+    for rid, adm in watch.admissions.items():
+        local = adm["num_computed_tokens"] - adm["external"]
+        completes = DIVERGENT_HITS and adm["external"] > 0
+        for g, (spec, role) in enumerate(zip(SPECS, ROLES)):
+            if role != "must-cover":
+                continue
+            adopted, table = adm["adopted"][g], adm["table"][g]
+            lagging = completes and adm["per_group"][g] < local
+            missing = [
+                i for i in range(_cdiv(local, spec.block_size))
+                if not ((i < len(adopted) and adopted[i] != null) or (lagging and i < len(table) and table[i] != null))
+            ]
+            assert not missing, (
+                f"step {step}, request {rid}: group {g} {type(spec).__name__} (block_size={spec.block_size}) "
+                f"must hold the local tokens [0, {local}) it resumes from at {adm['num_computed_tokens']}, "
+                f"but block indices {missing} are not held: adopted {adopted}, table {table}, "
+                f"own hit {adm['per_group'][g]}"
+            )
+''',
+    "truncated-view": '''
+
+def _check_truncated_view(scheduler, out, watch, step):
+    """When the connector's answer exceeds the local sub-block tail P = H % S,
+    the local part is the aligned H - P and each group adopts exactly its
+    lookup truncated there (whole-state groups: at most what they hold)."""
+    for rid, adm in watch.admissions.items():
+        hit = adm["local_hit"]
+        tail = hit % SCHEDULER_BLOCK_SIZE
+        answer = adm["answer"]
+        if not tail or answer is None or answer <= tail:
+            continue
+        aligned = hit - tail
+        local = adm["num_computed_tokens"] - adm["external"]
+        assert local == aligned, (
+            f"step {step}, request {rid}: the answer {answer} exceeds the sub-block tail {tail} of the "
+            f"local hit {hit}, so the local part must be {aligned}; it is {local}"
+        )
+        for g, (spec, role) in enumerate(zip(SPECS, ROLES)):
+            keep = aligned // spec.block_size
+            looked_up = adm["lookup"][g]
+            expected = [] if role == "scratch" else looked_up[: min(keep, len(looked_up))]
+            assert adm["adopted"][g] == expected, (
+                f"step {step}, request {rid}: group {g} {type(spec).__name__} (block_size={spec.block_size}) "
+                f"adopted {adm['adopted'][g]}, not its lookup {looked_up} truncated at {aligned}: {expected}"
+            )
+''',
+    "mamba-state-at-boundary": '''
+
+def _check_mamba_state_at_resume_boundary(scheduler, out, watch, step):
+    """With no external tokens, each whole-state (Mamba) group's adopted
+    blocks end in a real state block exactly at the local boundary."""
+    null = scheduler.kv_cache_manager.block_pool.null_block.block_id
+    for rid, adm in watch.admissions.items():
+        local = adm["num_computed_tokens"] - adm["external"]
+        if adm["external"] or local == 0:
+            continue
+        for g, (spec, role) in enumerate(zip(SPECS, ROLES)):
+            if role != "whole-state":
+                continue
+            adopted = adm["adopted"][g]
+            idx = _cdiv(local, spec.block_size) - 1
+            state = adopted[idx] if idx < len(adopted) else None
+            assert state is not None and state != null, (
+                f"step {step}, request {rid}: it resumes at {local} with no external tokens, but group {g} "
+                f"{type(spec).__name__} (block_size={spec.block_size}) has no state there: adopted "
+                f"{adopted} (index {idx} is {'missing' if state is None else 'the null block'})"
+            )
+''',
+    "diverged-falls-back": '''
+
+def _check_diverged_hit_falls_back(scheduler, out, watch, step):
+    """With no external tokens, a local hit deeper than the joint hit every
+    group agrees on falls back to exactly that joint hit and its blocks."""
+    for rid, adm in watch.admissions.items():
+        local = adm["num_computed_tokens"] - adm["external"]
+        if adm["external"] or adm["local_hit"] <= adm["joint_hit"]:
+            continue
+        assert local == adm["joint_hit"] and adm["adopted"] == adm["joint"], (
+            f"step {step}, request {rid}: the local hit {adm['local_hit']} runs deeper than the joint hit "
+            f"{adm['joint_hit']} (per-group hits {adm['per_group']}) with no external tokens, so the "
+            f"scheduler must fall back to {adm['joint_hit']} with blocks {adm['joint']}; it kept {local} "
+            f"local tokens, blocks {adm['adopted']}; groups: {_describe_groups()}"
+        )
+''',
+}
+
+_CHECKS.update({
+    "external-contiguous": '''
+
+def _check_external_range_contiguous(scheduler, out, watch, step):
+    """A load starts where the local part ends: the local tokens kept equal
+    the num_computed_tokens the connector was asked with, the external count
+    equals its answer, and local + external stays within the prompt."""
+    connector = scheduler.connector
+    for rid, adm in watch.admissions.items():
+        ext = adm["external"]
+        if not ext:
+            continue
+        local, asked, answer = adm["local"], connector.asked_with.get(rid), connector.answers.get(rid)
+        assert asked is not None and local == asked, (
+            f"step {step}, request {rid}: the scheduler kept {local} local tokens but asked the connector "
+            f"from {asked}: the load [{local}, {local + ext}) does not start where the answer starts"
+        )
+        assert answer is None or ext == answer, (
+            f"step {step}, request {rid}: the connector answered {answer} tokens but was told to load {ext}"
+        )
+        assert local + ext <= adm["num_tokens"], (
+            f"step {step}, request {rid}: the load ends at {local + ext}, past the prompt "
+            f"(num_tokens={adm['num_tokens']})"
+        )
+''',
+    "load-blocks-cover": '''
+
+def _check_load_blocks_cover_range(scheduler, out, watch, step):
+    """The blocks update_state_after_alloc hands the connector hold the
+    external range [local, local + external) at each group's block size (a
+    whole-state group: its state block at the resume boundary)."""
+    null = scheduler.kv_cache_manager.block_pool.null_block.block_id
+    for rid, adm in watch.admissions.items():
+        ext = adm["external"]
+        if not ext:
+            continue
+        local = adm["local"]
+        total = local + ext
+        handed = scheduler.connector.told_blocks[rid]
+        for g, (spec, role) in enumerate(zip(SPECS, ROLES)):
+            b = spec.block_size
+            if role == "whole-state":
+                needed = [_cdiv(total, b) - 1]
+            elif role == "must-cover":
+                needed = list(range(local // b, _cdiv(total, b)))
+            else:
+                continue
+            ids = handed[g]
+            missing = [i for i in needed if i >= len(ids) or ids[i] == null]
+            assert not missing, (
+                f"step {step}, request {rid}: group {g} {type(spec).__name__} (block_size={b}): the connector "
+                f"is told to load {ext} tokens after {local} local ones, so it needs block indices {needed}, "
+                f"but was handed blocks {ids}: indices {missing} are missing or the null block ({null})"
+            )
+''',
+    "told-external-accounted": '''
+
+def _check_told_external_accounted(scheduler, out, watch, step):
+    """update_state_after_alloc tells the connector the external count the
+    request's allocate_slots call just before it accounted."""
+    last_alloc = {}
+    for event in scheduler.connector.events:
+        if event[0] == "alloc":
+            last_alloc[event[1]] = event
+            continue
+        _, rid, told = event
+        alloc = last_alloc.get(rid)
+        assert alloc is not None and alloc[3] == told, (
+            f"step {step}: update_state_after_alloc told the connector to load {told} external tokens for "
+            f"request {rid}, but its allocate_slots call "
+            + ("was missing" if alloc is None else f"accounted num_external_computed_tokens={alloc[3]} "
+               f"(num_new_computed_tokens={alloc[2]})")
+        )
+''',
+    "meta-built-once": '''
+
+def _check_meta_built_once(scheduler, out, watch, step):
+    """Every schedule() that returns calls build_connector_meta exactly once,
+    empty steps included."""
+    metas = scheduler.connector.metas
+    assert len(metas) == 1, (
+        f"step {step}: schedule() returned after calling build_connector_meta {len(metas)} times "
+        f"(expected once; {out.total_num_scheduled_tokens} tokens scheduled)"
+    )
+''',
+    "sync-load-announced": '''
+
+def _check_sync_load_announced(scheduler, out, watch, step):
+    """A request told to load external tokens synchronously is scheduled in
+    the output build_connector_meta receives, and that output says
+    has_sync_kv_loads."""
+    connector = scheduler.connector
+    sync = [r for r, ext in connector.told.items() if ext and not connector.async_answers.get(r)]
+    for meta in connector.metas:
+        for rid in sync:
+            assert rid in meta["named"] and rid in meta["scheduled"], (
+                f"step {step}: request {rid} was told to load {connector.told[rid]} external tokens "
+                f"synchronously, but the step's output does not schedule it"
+            )
+            assert meta["has_sync_kv_loads"] is not False, (
+                f"step {step}: request {rid} was told to load {connector.told[rid]} external tokens "
+                f"synchronously, but the step's output says has_sync_kv_loads=False"
+            )
+''',
+    "finished-once": '''
+
+def _check_finished_once(scheduler, out, watch, step):
+    """The connector hears request_finished exactly once per request, for a
+    finished request, and no request leaves the scheduler without it."""
+    connector = scheduler.connector
+    for rid, nth, status in connector.finish_calls:
+        assert nth == 1 and status.startswith("FINISHED"), (
+            f"step {step}: request_finished({rid}) was called "
+            + (f"again (call #{nth} for it)" if nth != 1 else f"while the request was {status}")
+        )
+    untold = sorted(r for r in watch.seen if r not in scheduler.requests and not connector.finished.get(r))
+    assert not untold, f"step {step}: requests {untold} left the scheduler without request_finished"
+''',
+})
+
+_CHECKS.update({
+    "dropped-answer-loads-nothing": '''
+
+def _check_dropped_answer_loads_nothing(scheduler, out, watch, step):
+    """When the local hit ends in a sub-block tail P and the connector's
+    answer does not exceed it (0 < answer <= P), the scheduler keeps the tail
+    and loads nothing: update_state_after_alloc and allocate_slots both get 0
+    external tokens."""
+    for rid, adm in watch.admissions.items():
+        tail = adm["local_hit"] % SCHEDULER_BLOCK_SIZE
+        answer = adm["answer"]
+        if not (tail and answer is not None and 0 < answer <= tail):
+            continue
+        assert not adm["external"] and not adm.get("alloc_external"), (
+            f"step {step}, request {rid}: the local hit {adm['local_hit']} ends in a sub-block tail of {tail} "
+            f"tokens and the answer {answer} does not exceed it, yet update_state_after_alloc got "
+            f"num_external_tokens={adm['external']} and allocate_slots num_external_computed_tokens="
+            f"{adm.get('alloc_external')}"
+        )
+''',
+    "meta-names-scheduled": '''
+
+def _check_meta_names_scheduled(scheduler, out, watch, step):
+    """The output build_connector_meta receives names (as new or cached
+    requests) exactly the requests with tokens scheduled, and none the
+    connector was already told had finished."""
+    for meta in scheduler.connector.metas:
+        extra = sorted(meta["named"] - meta["scheduled"])
+        unnamed = sorted(meta["scheduled"] - meta["named"])
+        assert not (extra or unnamed or meta["already_finished"]), (
+            f"step {step}: the output handed to build_connector_meta names {extra} with no tokens scheduled, "
+            f"schedules {unnamed} without naming them, names {meta['already_finished']} already finished"
+        )
+''',
+    "async-load-lands-first": '''
+
+def _check_async_load_lands_first(scheduler, out, watch, step):
+    """No request whose async load is in flight (from an earlier step, not
+    yet reported, or started in this one) has tokens scheduled."""
+    connector = scheduler.connector
+    started = {r for r, ext in connector.told.items() if ext and connector.async_answers.get(r)}
+    early = sorted(r for r in out.num_scheduled_tokens if r in watch.loads_in_flight | started)
+    assert not early, (
+        f"step {step}: requests {early} have tokens scheduled "
+        f"({ {r: out.num_scheduled_tokens[r] for r in early} }) while their async load is in flight"
+    )
+''',
+})

@@ -1,0 +1,232 @@
+"""Every planted scheduler-path bug becomes a standalone vLLM test.
+
+For each planted bug (:data:`fuzz.adapter.PLANTED_SCHEDULER_BUGS`: the
+``Scheduler.schedule`` edits and the wrong ``truncate_computed_blocks``
+variants): the single-shot fuzzer finds it with every check on, the writer
+(:mod:`fuzz.repro_scheduler`) shrinks the operation log and writes a pytest
+file importing vLLM and the standard library only, and that file fails with
+the bug planted and passes without it. The same holds for the state machine.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from fuzz.adapter import last_oplog, planted_scheduler_bug
+from fuzz.model import InvariantViolation
+from fuzz.repro_scheduler import WRITABLE, repro_size, scheduler_repro, scheduler_repro_from_last_run, shrink_oplog
+from fuzz.runners.scheduler import run_single_shot
+from fuzz.targets import target_scheduler
+from fuzz.targets.target_scheduler import UNSUPPORTED, single_shot_strategy
+from invariants import connector as conn
+
+pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
+
+SEARCH = settings(max_examples=2000, derandomize=True, database=None, deadline=None,
+                  phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+
+# Planted bug -> the invariant the campaign's checks (all of them) report first.
+BUGS = {
+    "pre_fix_assert_all": "no-exception",
+    "no_divergent_fallback": "mamba-state-at-boundary",
+    "fallback_discards_hit": "diverged-falls-back",
+    "skip_truncation": "computed-adds-up",
+    "truncation_one_block_short": "local-part-covered",
+    "reports_external_twice": "computed-below-num-tokens",
+    "truncate_touches_refcounts": "no-leaked-blocks",
+    # The KV-connector protocol's planted bugs.
+    "asks_connector_unaligned": "external-contiguous",
+    "tells_connector_total": "told-external-accounted",
+    "hands_connector_cached_blocks": "load-blocks-cover",
+    "keeps_tail_and_loads": "no-exception",
+    "skips_meta_on_empty_step": "meta-built-once",
+    "async_load_counted_scheduled": "no-exception",
+    "no_sync_load_flag": "sync-load-announced",
+    "connector_finished_twice": "finished-once",
+    "async_load_computes_at_once": "no-exception",
+}
+# The scheduler-tier limit for the pre-fix assert (issue 13).
+LIMITS = {"pre_fix_assert_all": {"groups": 2, "requests": 3, "steps": 6}}
+ALLOWED_IMPORTS = {"json", "pytest", "torch", "traceback", "vllm"}
+
+
+def _find(bug: str) -> InvariantViolation:
+    """The first failing single-shot example, every check on (as the campaign runs it)."""
+
+    @SEARCH
+    @given(scenario=single_shot_strategy())
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, record=False)
+
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+        search()
+    return caught.value
+
+
+def _run_repro(path: Path, tmp_path: Path, bug: str | None) -> BaseException | None:
+    """Import the file under its own module name (its connector is loaded by
+    that name) and run its test, with ``bug`` planted; the failure, or None."""
+    name = f"kvtrunc_repro_{path.stem}_{bug or 'unplanted'}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        (test,) = [getattr(module, n) for n in dir(module) if n.startswith("test_")]
+        planted = planted_scheduler_bug(bug) if bug else contextlib.nullcontext()
+        with pytest.MonkeyPatch.context() as mp, planted:
+            run_dir = tmp_path / (bug or "unplanted")
+            run_dir.mkdir()
+            test(run_dir, mp)
+    except (AssertionError, pytest.fail.Exception) as exc:
+        return exc
+    finally:
+        del sys.modules[name]
+    return None
+
+
+def _imports(source: str) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names.add((node.module or "").split(".")[0])
+    return names
+
+
+def _check_repro(source: str | None, bug: str, tmp_path: Path) -> Path:
+    assert source, f"{bug}: no repro written"
+    assert _imports(source) <= ALLOWED_IMPORTS, _imports(source)
+    assert "pytestmark = pytest.mark.cpu_test" in source and "kv_connector_module_path=__name__" in source
+    path = tmp_path / f"test_repro_{bug}.py"
+    path.write_text(source)
+    failure = _run_repro(path, tmp_path, bug)
+    assert failure is not None, f"{bug}: the repro passes with the bug planted\n{source}"
+    assert _run_repro(path, tmp_path, None) is None, f"{bug}: the repro fails on unmodified vLLM\n{source}"
+    return path
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_a_planted_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
+    violation = _find(bug)
+    assert violation.invariant == BUGS[bug], str(violation)
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-single-shot", seed=0,
+                                               invariant=violation.invariant, violation=str(violation))
+        log = last_oplog()  # the shrunk run the file replays
+    assert log is not None
+    size = repro_size(log)
+    for what, limit in LIMITS.get(bug, {}).items():
+        assert size[what] <= limit, (bug, size)
+    _check_repro(source, bug, tmp_path)
+
+
+def test_the_state_machine_shrunk_program_becomes_a_repro(tmp_path: Path) -> None:
+    bug = "skip_truncation"
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+        run_state_machine_as_test(target_scheduler.SchedulerMachine,
+                                  settings=settings(SEARCH, max_examples=300, stateful_step_count=30))
+    violation = caught.value
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-machine", seed=0,
+                                               invariant=violation.invariant, violation=str(violation))
+    _check_repro(source, bug, tmp_path)
+
+
+def test_every_planted_scheduler_bug_has_a_repro_case() -> None:
+    from fuzz.adapter import PLANTED_SCHEDULER_BUGS
+
+    assert set(BUGS) == set(PLANTED_SCHEDULER_BUGS), set(BUGS) ^ set(PLANTED_SCHEDULER_BUGS)
+    assert set(BUGS.values()) <= WRITABLE
+
+
+def test_invariants_it_cannot_state_get_no_file() -> None:
+    log = last_oplog()
+    if log is None or not log.steps:
+        pytest.skip("no scheduler run in this session yet")
+    assert "an-invariant-it-cannot-state" not in WRITABLE
+    assert scheduler_repro(log, invariant="an-invariant-it-cannot-state", target="t", seed=0, violation="") is None
+
+
+def test_groups_the_failure_does_not_need_shrink_away() -> None:
+    """The any-layout target's shrunk pre-fix failure, as a campaign first
+    wrote it (3 groups): replay-shrinking drops the second full-attention
+    group, the two requests and two steps stay."""
+    from fuzz.adapter import SchedulerHarness
+    from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4), SpecDraw("FullAttentionSpec", 4)),
+                        hash_block_size=1, num_blocks=19)
+    draw = SchedulerDraw(layout, max_num_batched_tokens=4, max_num_seqs=1, model_runner="v2")
+    with planted_scheduler_bug("pre_fix_assert_all"):
+        harness = SchedulerHarness(draw)
+        harness.add_request(range(0, 42, 7), reply=ExternalReply("store", store_len=6))
+        harness.step()
+        harness.add_request(range(0, 70, 7), reply=ExternalReply("store", store_len=10))
+        assert harness.step().error_type == "AssertionError"
+        shrunk = shrink_oplog(harness.oplog, "no-exception")
+    assert repro_size(shrunk) == {"groups": 2, "blocks": 19, "requests": 2, "steps": 2}, shrunk.config.draw
+
+
+# The real vLLM bugs of tests/test_known_vllm_bugs_scheduler.py, through the
+# writer: the generated files fail on the installed vLLM while it has the bug.
+# (The hand-written pins stay: the Mamba undercount's is one allocate_slots
+# call on a bare manager, clearer than any scheduler program.)
+@pytest.mark.parametrize("bug_id", ["mamba-external-block-undercount", "same-step-cow-chain"])
+def test_a_real_vllm_bug_regenerates_as_a_failing_repro(bug_id: str, tmp_path: Path) -> None:
+    from fuzz.adapter import VLLM_VERSION
+    from fuzz.known_bugs import known_bug
+    from tests.test_known_vllm_bugs_scheduler import _pool_nearly_full_scenario, _shared_partial_hit_step
+
+    if not known_bug(bug_id).affects(VLLM_VERSION):
+        pytest.skip(f"{bug_id} does not affect vLLM {VLLM_VERSION}")
+    if bug_id == "mamba-external-block-undercount":
+        harness, step = _pool_nearly_full_scenario()
+        log, invariant = harness.oplog, "no-exception"
+    else:
+        _shared_partial_hit_step(2)
+        log, invariant = last_oplog(), "copy-source-ready"
+    assert log is not None
+    source = scheduler_repro(log, invariant=invariant, target="tests/test_known_vllm_bugs_scheduler.py", seed=None,
+                             violation=bug_id)
+    assert source and _imports(source) <= ALLOWED_IMPORTS
+    path = tmp_path / f"test_{bug_id.replace('-', '_')}.py"
+    path.write_text(source)
+    failure = _run_repro(path, tmp_path, None)
+    assert failure is not None, f"the generated repro of {bug_id} passes on vLLM {VLLM_VERSION}"
+    expected = "ValueError" if invariant == "no-exception" else "read blocks written by copies of the same step"
+    assert expected in str(failure), str(failure)
+
+
+# The connector checks a planted bug never reaches first with every check on
+# (the scheduler raises soon after): searched, shrunk and written with that
+# check alone, as tests/test_scheduler_planted.py searches them.
+@pytest.mark.parametrize(("check", "bug"), [
+    (conn.check_dropped_answer_loads_nothing, "keeps_tail_and_loads"),
+    (conn.check_meta_names_scheduled, "async_load_counted_scheduled"),
+    (conn.check_async_load_lands_first, "async_load_computes_at_once"),
+], ids=lambda v: v if isinstance(v, str) else v.__name__)
+def test_a_check_alone_becomes_a_repro(check, bug: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    @SEARCH
+    @given(scenario=single_shot_strategy())
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, (check,), record=False)
+
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+        search()
+    invariant = caught.value.invariant
+    assert invariant in WRITABLE
+    with planted_scheduler_bug(bug):
+        log = shrink_oplog(last_oplog(), invariant, checks=(check,))
+    source = scheduler_repro(log, invariant=invariant, target="scheduler-single-shot", seed=0, violation="")
+    _check_repro(source, bug, tmp_path)
