@@ -32,8 +32,11 @@ def _raised(exception: str, frames: tuple[str, ...], invariant: str = "no-except
                               exception=exception, frames=frames)
 
 
+START = time.time()  # one campaign start for every worker here
+
+
 def _findings(tmp_path: Path, worker: str = "w") -> Findings:
-    return Findings(repro_dir=tmp_path, start=time.time(), campaign_seed=0, worker=worker, vllm_version="0.33.0")
+    return Findings(repro_dir=tmp_path, start=START, campaign_seed=0, worker=worker, vllm_version="0.33.0")
 
 
 def test_two_different_vllm_exceptions_are_two_entries() -> None:
