@@ -559,3 +559,45 @@ def fuzzing_rate(record_path: Path, targets: Iterable[str]) -> tuple[int, float,
     total = data.get("total", {})
     return (sum(total.get("examples", {}).values()), sum(total.get("seconds", {}).values()),
             bool(data["config"].get("coverage")))
+
+
+def compare(ours: dict[str, Any], theirs: dict[str, Any], *, ours_name: str = "campaign",
+            theirs_name: str = "vLLM tests") -> list[str]:
+    """Per function, side by side: branches each side covers, and the branches
+    ``theirs`` takes that ``ours`` never does (with their source lines). Both
+    summaries (``coverage-summary.json``) must come from the same vLLM source."""
+    out = [f"| function | {ours_name} | {theirs_name} | only {theirs_name} | only {ours_name} |",
+           "|---|---:|---:|---:|---:|"]
+    gaps: list[str] = []
+    theirs_rows = {(r["module"], r["function"]): r for r in theirs["functions"]}
+    for row in ours["functions"]:
+        other = theirs_rows.get((row["module"], row["function"]))
+        if other is None or (row["branches"] == 0 and other["branches"] == 0):
+            continue
+        mine = {(m["from"], m["to"]) for m in row["missing"]}
+        their_missing = {(m["from"], m["to"]): m for m in other["missing"]}
+        only_theirs = sorted(mine - set(their_missing))
+        only_ours = sorted(set(their_missing) - mine)
+        out.append(f"| `{row['function']}` | {row['covered']}/{row['branches']} | {other['covered']}/{other['branches']} "
+                   f"| {len(only_theirs)} | {len(only_ours)} |")
+        by_arc = {(m["from"], m["to"]): m for m in row["missing"]}
+        for arc in only_theirs:
+            m = by_arc[arc]
+            dest = "exit" if arc[1] < 0 else f"line {arc[1]}"
+            gaps.append(f"- `{row['function']}` {row['module'].removeprefix('vllm/v1/core/')}:{arc[0]} "
+                        f"`{m['source'][:90]}` -> {dest}")
+    files = [f"| `{m.removeprefix('vllm/v1/core/')}` | {f['branches_covered']}/{f['branches']} | "
+             f"{theirs['files'].get(m, {}).get('branches_covered', '-')}/{theirs['files'].get(m, {}).get('branches', '-')} |"
+             for m, f in ours["files"].items()]
+    return ([f"| file | {ours_name} branches | {theirs_name} branches |", "|---|---:|---:|", *files, "", *out, "",
+             f"Branches {theirs_name} take and the {ours_name} never does:", "", *(gaps or ["None."])])
+
+
+if __name__ == "__main__":  # python -m fuzz.coverage compare OURS_DIR THEIRS_DIR
+    import sys
+
+    if len(sys.argv) != 4 or sys.argv[1] != "compare":
+        print("usage: python -m fuzz.coverage compare CAMPAIGN_REPORT_DIR VLLM_TESTS_DIR", file=sys.stderr)
+        sys.exit(2)
+    summaries = [json.loads((Path(d) / "coverage-summary.json").read_text()) for d in sys.argv[2:]]
+    print("\n".join(compare(*summaries)))

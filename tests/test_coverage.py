@@ -91,3 +91,18 @@ def test_coverage_refuses_a_planted_bug(capsys) -> None:  # type: ignore[no-unty
 
     assert main(["run", "--coverage", "--plant", "pre_fix_assert_all"]) == 2
     assert "unmodified vLLM" in capsys.readouterr().err
+
+
+def test_compare_lists_the_branches_only_the_other_side_takes() -> None:
+    def summary(missing: list[tuple[int, int]]) -> dict:
+        rows = [{"module": "vllm/v1/core/kv_cache_manager.py", "function": "KVCacheManager.f", "branches": 4,
+                 "covered": 4 - len(missing),
+                 "missing": [{"from": a, "to": b, "source": f"if x{a}:", "to_source": ""} for a, b in missing]}]
+        return {"files": {"vllm/v1/core/kv_cache_manager.py": {"branches": 4, "branches_covered": 4 - len(missing)}},
+                "functions": rows}
+
+    ours, theirs = summary([(10, 11), (12, -5)]), summary([(12, -5), (14, 15)])
+    text = "\n".join(coverage.compare(ours, theirs))
+    assert "| `KVCacheManager.f` | 2/4 | 2/4 | 1 | 1 |" in text
+    assert "kv_cache_manager.py:10 `if x10:` -> line 11" in text
+    assert ":12" not in text.split("never does:")[1]  # both miss it: no gap of ours
