@@ -593,11 +593,84 @@ def compare(ours: dict[str, Any], theirs: dict[str, Any], *, ours_name: str = "c
              f"Branches {theirs_name} take and the {ours_name} never does:", "", *(gaps or ["None."])])
 
 
-if __name__ == "__main__":  # python -m fuzz.coverage compare OURS_DIR THEIRS_DIR
+def measure_overhead(targets: list[str], *, seconds: float = 4.0, repeats: int = 3) -> list[str]:
+    """Examples per second of each target with the tracer on and off, in one
+    process, alternating runs of ``seconds`` with the same seeds (so both see
+    the same machine load); medians of ``repeats``. Returns table lines."""
+    import statistics
+
+    import coverage
+
+    from fuzz import adapter
+    from fuzz.hunting import budget_settings, property_test
+    from fuzz.registry import get_target
+    from hypothesis import Phase, Verbosity
+
+    class _Stop(BaseException):
+        pass
+
+    adapter.init_hashing()
+    root = vllm_root()
+    cov = coverage.Coverage(data_file=None, branch=True, include=[str(root / m) for m in MODULES],
+                            config_file=False)
+
+    def rate(name: str, seed: int, secs: float, traced: bool) -> float:
+        strategy, check, machine = get_target(name).load()
+        count, stop_at = 0, time.monotonic() + secs
+
+        def wrap(inner: Any) -> Any:
+            def counted(*args: Any, **kwargs: Any) -> None:
+                nonlocal count
+                count += 1
+                try:
+                    inner(*args, **kwargs)
+                except Exception:  # noqa: BLE001 - a known bug's failure: still an example
+                    pass
+                if time.monotonic() > stop_at:
+                    raise _Stop
+
+            return counted
+
+        settings = budget_settings(max_examples=10**9, phases=[Phase.generate, Phase.target],
+                                   verbosity=Verbosity.quiet)
+        test = property_test(settings=settings, strategy=strategy, body=check, machine=machine, seed=seed, wrap=wrap)
+        t0 = time.monotonic()
+        if traced:
+            cov.start()
+        try:
+            test()
+        except _Stop:
+            pass
+        finally:
+            if traced:
+                cov.stop()
+        return count / (time.monotonic() - t0)
+
+    out = ["| target | untraced examples/s | traced examples/s | overhead |", "|---|---:|---:|---:|"]
+    for name in targets:
+        rate(name, 10**6, 1.0, False)  # warm-up: the target's module, its first vLLM configuration
+        runs: dict[bool, list[float]] = {False: [], True: []}
+        for r in range(repeats):
+            for traced in ((False, True) if r % 2 == 0 else (True, False)):
+                runs[traced].append(rate(name, r, seconds, traced))
+        plain, traced_rate = statistics.median(runs[False]), statistics.median(runs[True])
+        out.append(f"| {name} | {plain:.1f} | {traced_rate:.1f} | {100 * (1 - traced_rate / plain):.0f}% |")
+        print(out[-1], flush=True)
+    return out
+
+
+if __name__ == "__main__":  # python -m fuzz.coverage compare OURS THEIRS | overhead [TARGET ...]
     import sys
 
-    if len(sys.argv) != 4 or sys.argv[1] != "compare":
-        print("usage: python -m fuzz.coverage compare CAMPAIGN_REPORT_DIR VLLM_TESTS_DIR", file=sys.stderr)
+    if len(sys.argv) == 4 and sys.argv[1] == "compare":
+        summaries = [json.loads((Path(d) / "coverage-summary.json").read_text()) for d in sys.argv[2:]]
+        print("\n".join(compare(*summaries)))
+    elif len(sys.argv) >= 2 and sys.argv[1] == "overhead":
+        from fuzz.registry import default_targets
+
+        names = sys.argv[2:] or [t.name for t in default_targets()]
+        print("\n".join(measure_overhead(names)))
+    else:
+        print("usage: python -m fuzz.coverage compare CAMPAIGN_REPORT_DIR VLLM_TESTS_DIR\n"
+              "       python -m fuzz.coverage overhead [TARGET ...]", file=sys.stderr)
         sys.exit(2)
-    summaries = [json.loads((Path(d) / "coverage-summary.json").read_text()) for d in sys.argv[2:]]
-    print("\n".join(compare(*summaries)))
