@@ -528,8 +528,9 @@ def overhead_line(traced: tuple[int, float], untraced: tuple[int, float] | None)
                 "into the same --report-dir first to print the overhead")
     m, secs0 = untraced
     base = m / max(secs0, 1e-9)
-    return (f"coverage overhead: {rate:.1f} examples/s traced vs {base:.1f} untraced "
-            f"({100 * (1 - rate / base):.0f}% fewer examples per second)" if base > 0 else "")
+    return (f"coverage overhead: {rate:.1f} examples/s traced vs {base:.1f} in the last untraced run here "
+            f"({100 * (1 - rate / max(base, 1e-9)):+.0f}% fewer; two runs see different machine load: "
+            "`python -m fuzz.coverage overhead` alternates both in one process)")
 
 
 def report_section(report_dir: Path) -> tuple[list[str], str] | None:
