@@ -103,7 +103,7 @@ def _build_parser() -> argparse.ArgumentParser:
     from fuzz.matrix.envs import DEFAULT_ROOT
 
     p = _Parser(prog="python -m fuzz", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", metavar="{run,list,replay,merge,matrix}")
+    sub = p.add_subparsers(dest="command", metavar="{run,list,replay,merge,matrix,bugbench}")
     run = sub.add_parser("run", help="fuzz the targets for a wall-clock budget")
     run.add_argument("--budget", default=DEFAULT_BUDGET, help="fuzzing time, e.g. 90s, 10m; start-up (~10 s) comes on top (default %(default)s)")
     run.add_argument("--workers", default="1", help="worker processes: N or auto (pytest-xdist)")
@@ -122,6 +122,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--report-dir", default=str(ROOT / "fuzz-out" / "report"), help="where report.md and report.html go")
     run.add_argument("--vllm-src", default=None, help="a vLLM source checkout to fuzz instead of the installed vLLM")
     run.add_argument("--plant", default=None, help="plant a known truncation or scheduler bug (self-tests and benchmarks)")
+    run.add_argument("--coverage", action="store_true",
+                     help="measure line and branch coverage of vLLM's KV-cache and scheduler code (coverage.py; "
+                          "see fuzz/coverage.py and docs/coverage.md)")
     sub.add_parser("list", help="list the targets")
     replay = sub.add_parser("replay", help="rerun a saved repro and say whether it still fails")
     replay.add_argument("file", help="a repro .py file written by `run` (its .json sidecar is used when present)")
@@ -130,6 +133,8 @@ def _build_parser() -> argparse.ArgumentParser:
     merge.add_argument("campaigns", nargs="+", help="campaign.json files (or the report dirs holding them)")
     merge.add_argument("--report-dir", default=str(ROOT / "fuzz-out" / "report"), help="where the merged report goes")
     merge.add_argument("--repro-dir", default=str(ROOT / "fuzz-out" / "repros"), help="where the shards' repros were gathered")
+    sub.add_parser("bugbench", help="time to find each known vLLM bug over repeated trials (fuzz/bugbench.py)",
+                   add_help=False)
     matrix = sub.add_parser("matrix", help="run the targets on every supported vLLM release",
                             description="Run the targets on every supported vLLM release (see fuzz/matrix/).")
     matrix.add_argument("releases", nargs="*", metavar="RELEASE",
@@ -174,6 +179,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     budget = parse_duration(args.budget)
     workers = _workers(args.workers)
+    if args.coverage and args.plant:
+        raise UsageError("--coverage measures unmodified vLLM: drop --plant (planted edits are compiled under vLLM's filenames)")
     names = _target_names(args.target, default=[t.name for t in default_targets()])
     try:
         shard = parse_shard(args.shard) if args.shard else None
@@ -207,6 +214,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         shard=None if shard is None else str(shard),
         reuse_only=args.reuse_only,
         plant=args.plant,
+        coverage=args.coverage,
     )
     print(f"fuzz run: targets {', '.join(names)}; budget {budget:.0f}s; workers {workers}; "
           f"seed {args.seed}; db {', '.join(map(databases.describe, dbs))}"
@@ -219,7 +227,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     total = result.totals
     print(summary_table(total, result.elapsed))
     print(startup_line(total))
-    paths = write_reports(total, report_dir, repro_dir=repro_dir, elapsed=result.elapsed, config=config)
+    sections = _coverage_sections(config, total, [Path(config.stats_dir) / "coverage"], report_dir)
+    paths = write_reports(total, report_dir, repro_dir=repro_dir, elapsed=result.elapsed, config=config,
+                          sections=sections)
     print(f"report: {paths[0]} and {paths[1]}")
     shutil.copy(result.log, report_dir / "pytest.log")
     CampaignRecord(config, total, result.elapsed).write(report_dir)
@@ -255,6 +265,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _coverage_sections(config, total, sources: list[Path], report_dir: Path, *,  # type: ignore[no-untyped-def]
+                       overhead: bool = True) -> tuple:
+    """Combine the coverage data of ``sources`` into ``report_dir``, print the
+    per-file lines and the overhead, and return the report's section."""
+    from fuzz import coverage
+
+    if not config.coverage:
+        return ()
+    previous = coverage.fuzzing_rate(report_dir / "campaign.json", config.targets)
+    if coverage.combine(sources, report_dir) is None:
+        print("coverage: no worker saved coverage data")
+        return ()
+    section = coverage.report_section(report_dir)
+    if section is None:
+        return ()
+    md, _ = section
+    print("\n".join(md[: md.index("### Branches per function")]).rstrip())
+    if overhead:
+        untraced = None if previous is None or previous[2] else previous[:2]
+        print(coverage.overhead_line((total.example_count, sum(total.seconds.values())), untraced))
+    print(f"coverage: {report_dir / coverage.DATA_FILE}, {report_dir / 'coverage-summary.json'}")
+    return (section,)
+
+
 def _unknown_plant(name: str) -> str | None:
     """Why ``--plant name`` is refused (None: it is a planted truncation or
     scheduler bug). Imports vLLM, so the runner asks while its workers start."""
@@ -277,8 +311,9 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     print(summary_table(record.totals, record.elapsed))
     report_dir = Path(args.report_dir)
+    sections = _coverage_sections(record.config, record.totals, [p.parent for p in paths], report_dir, overhead=False)
     md, html = write_reports(record.totals, report_dir, repro_dir=Path(args.repro_dir), elapsed=record.elapsed,
-                             config=record.config)
+                             config=record.config, sections=sections)
     record.write(report_dir)
     print(f"merged {len(paths)} shard(s) (shards {record.config.shard}); report: {md} and {html}")
     return EXIT_VIOLATION if record.totals.failures else EXIT_OK
@@ -352,6 +387,10 @@ _COMMANDS = {"list": lambda args: _cmd_list(), "replay": _cmd_replay, "merge": _
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv) or ["run"]
+    if argv[0] == "bugbench":  # its own options: fuzz/bugbench.py
+        from fuzz import bugbench
+
+        return bugbench.main(argv[1:])
     try:
         args = _build_parser().parse_args(argv)
         return _COMMANDS[args.command or "run"](args)

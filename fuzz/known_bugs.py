@@ -18,6 +18,7 @@ When vLLM fixes an open bug its strict xfail turns red: set ``fixed_in``
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ __all__ = [
     "failure_of",
     "known_bug",
     "match",
+    "suppressing",
     "unbuildable_spec_classes",
 ]
 
@@ -98,6 +100,11 @@ class KnownBug:
     reach: str
     pinned_by: str  # the strict-xfail test or the standalone repro
     analysis: str
+    # The fuzz targets (fuzz.registry) expected to find it from generated
+    # examples alone (python -m fuzz bugbench times them); empty: none can,
+    # with the reason in ``bench_note``.
+    targets: tuple[str, ...] = ()
+    bench_note: str = ""
 
     def affects(self, version: str) -> bool:
         """Whether ``version`` has the bug. A source checkout (no release
@@ -128,6 +135,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         ),
         reach="engine",
         pinned_by="docs/repros/test_vllm_0_27_1_pre_fix_truncate_crash.py",
+        targets=("truncate-hybrid", "truncate-any-layout"),
         analysis=(
             "With an external hit past a shorter Mamba hit, the scheduler truncates the "
             "local blocks at the aligned endpoint; the pre-fix code asserted every group "
@@ -166,6 +174,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         ),
         reach="engine",
         pinned_by="docs/repros/test_vllm_0_28_0_second_full_attention_group_not_trimmed.py",
+        targets=("scheduler-any-layout", "scheduler-machine"),
         analysis=(
             "HybridKVCacheCoordinator.find_longest_cache_hit trims the first full-attention "
             "group to the joint hit; a second one (another block size; any FullAttentionSpec "
@@ -183,6 +192,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         signatures=(Signature("copy-source-ready", where="Scheduler.schedule"),),
         reach="engine",
         pinned_by="tests/test_known_vllm_bugs_scheduler.py::test_standalone_same_step_partial_hits_never_chain_block_copies",
+        targets=("scheduler-machine", "scheduler-single-shot", "scheduler-any-layout"),
         analysis=(
             "Two requests take the same sub-block (partial) prefix hit in one step. The "
             "first request's copy-on-write destination is registered in the prefix cache "
@@ -207,6 +217,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         ),
         reach="engine",
         pinned_by="tests/test_known_vllm_bugs_scheduler.py::test_mamba_external_load_admission_never_overdraws_the_pool",
+        targets=("scheduler-single-shot", "scheduler-any-layout", "scheduler-machine"),
         analysis=(
             "In align mode the estimate caps a new request's Mamba blocks at 1 (+ partial "
             "hit + checkpoint), but with external tokens allocate_external_computed_blocks "
@@ -255,6 +266,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         ),
         reach="engine",
         pinned_by="tests/known_bugs/test_sink_full_attention_manager.py::test_sink_full_attention_group_builds_a_manager",
+        bench_note=(
+            "not a search problem: every layout with a sink group fails in the manager's "
+            "constructor, before any scenario runs, so the spec-kind table test finds it "
+            "with one construction; the strategies leave the spec class out (unbuildable)"
+        ),
         analysis=(
             "KVCacheCoordinator passes needs_kv_cache_zeroing= to every single-type "
             "manager; SinkFullAttentionManager.__init__ does not accept it, so any model "
@@ -262,6 +278,16 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
 )
+
+
+SUPPRESS_ENV = "FUZZ_KNOWN_BUGS"  # "report": known bugs are reported like any violation
+
+
+def suppressing() -> bool:
+    """Whether runners set aside a known bug's violation (the default) rather
+    than raise it; ``FUZZ_KNOWN_BUGS=report`` turns that off (python -m fuzz
+    bugbench, which times how long finding them takes)."""
+    return os.environ.get(SUPPRESS_ENV, "suppress") != "report"
 
 
 def failure_of(violation: InvariantViolation) -> Failure:

@@ -40,6 +40,7 @@ class CampaignConfig:
     shard: str | None = None  # "K/N" when sharded
     reuse_only: bool = False
     plant: str | None = None  # a planted truncation bug (self-tests, benchmarks)
+    coverage: bool = False  # measure vLLM's code with coverage.py (fuzz.coverage)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "targets", tuple(self.targets))

@@ -26,6 +26,7 @@ import contextlib
 import time
 import unittest
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 from hypothesis import Phase, Verbosity
@@ -180,12 +181,14 @@ class TargetFuzzer:
 
 
 def run_slot(config: CampaignConfig, slot: int, targets: list[str], *, database: ExampleDatabase | None,
-             progress: Progress, findings: Findings) -> FairSchedule | None:
+             progress: Progress, findings: Findings,
+             slice_context: Callable[[str], AbstractContextManager[None]] | None = None) -> FairSchedule | None:
     """Fuzz ``targets`` on ``slot`` for the campaign's budget (counted from
     now, so start-up comes on top), in fair slices, and return the schedule
     as it ran; with ``reuse_only``, replay what the database holds (and what
     others save into it) instead, until each target has reported a failure
-    or the budget ends."""
+    or the budget ends. ``slice_context(target)`` wraps each slice (the
+    coverage tracer's per-target context, :mod:`fuzz.coverage`)."""
     start = time.monotonic()
     deadline = start + config.budget
     progress.totals.startup_s.append(round(time.time() - config.start, 3))
@@ -201,7 +204,8 @@ def run_slot(config: CampaignConfig, slot: int, targets: list[str], *, database:
     def timed(name: str) -> Iterator[None]:
         t0 = time.monotonic()
         try:
-            yield
+            with slice_context(name) if slice_context is not None else contextlib.nullcontext():
+                yield
         finally:
             progress.totals.seconds[name] = progress.totals.seconds.get(name, 0.0) + time.monotonic() - t0
 

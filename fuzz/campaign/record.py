@@ -55,5 +55,6 @@ def merge_campaigns(paths: list[Path]) -> CampaignRecord:
         items=tuple(i for r in records for i in r.config.items),
         slots=sum(r.config.slots for r in records),
         shard=", ".join(r.config.shard or "1/1" for r in records),
+        coverage=any(r.config.coverage for r in records),
     )
     return CampaignRecord(config, Totals.sum(r.totals for r in records), max(r.elapsed for r in records))

@@ -80,8 +80,10 @@ def _svg_bars(title: str, counter: dict[str, int], *, numeric_keys: bool = False
 
 
 def write_reports(
-    total: Totals, report_dir: Path, *, repro_dir: Path, elapsed: float, config: CampaignConfig
+    total: Totals, report_dir: Path, *, repro_dir: Path, elapsed: float, config: CampaignConfig,
+    sections: tuple[tuple[list[str], str], ...] = (),
 ) -> tuple[Path, Path]:
+    """``sections``: more (Markdown lines, HTML) to add, e.g. vLLM code coverage (fuzz.coverage)."""
     report_dir.mkdir(parents=True, exist_ok=True)
     tel = total.telemetry
     n = total.example_count
@@ -125,6 +127,8 @@ def write_reports(
     md += _md_counter("Group layouts drawn", tel.get("layouts", {}), limit=20)
     md += _md_counter("Per-group hit gap (max - min, in scheduler blocks)", tel.get("hit_gap", {}))
     md += _md_counter("Configurations rejected by vLLM", tel.get("rejections", {}))
+    for more_md, _ in sections:
+        md += [""] + more_md
     md_path = report_dir / "report.md"
     md_path.write_text("\n".join(md) + "\n")
 
@@ -154,6 +158,7 @@ def write_reports(
     body.append(_svg_bars("Spec types drawn", tel.get("spec_kinds", {})))
     body.append(_svg_bars("Group layouts drawn", tel.get("layouts", {})))
     body.append(_svg_bars("Rejected configurations", tel.get("rejections", {})))
+    body += [more_html for _, more_html in sections]
     body.append("<h2>Raw data</h2><pre>" + html.escape(json.dumps(tel, indent=1, sort_keys=True)[:20000]) + "</pre>")
     body.append("</body></html>")
     html_path = report_dir / "report.html"

@@ -71,6 +71,8 @@ def run_campaign(config: CampaignConfig, *, workers: int, profile: str, env: dic
     env[config_module.ENV] = config.to_env()
     cmd = [sys.executable, "-m", "pytest", str(WORKER_MODULE), "-q", "-p", "no:cacheprovider",
            "--rootdir", str(ROOT), "-o", "addopts=", "-W", "ignore::DeprecationWarning"]
+    if config.coverage:
+        cmd += ["-p", "fuzz.coverage"]  # starts the tracer before conftest.py imports vLLM
     if workers > 1:
         cmd += ["-p", "xdist.plugin", "-n", str(workers), "--dist", "load"]
     if junit is not None:

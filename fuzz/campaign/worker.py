@@ -17,6 +17,7 @@ import os
 import pytest
 
 from fuzz import adapter
+from fuzz.coverage import active_tracer
 from fuzz.campaign.config import CampaignConfig
 from fuzz.campaign.databases import DatabaseUnavailable, open_database
 from fuzz.campaign.findings import Findings
@@ -69,7 +70,9 @@ def test_campaign(slot: int) -> None:
         planted = adapter.planted_scheduler_bug(config.plant)
     try:
         with planted:
-            run_slot(config, slot, runnable, database=database, progress=progress, findings=findings)
+            tracer = active_tracer()
+            run_slot(config, slot, runnable, database=database, progress=progress, findings=findings,
+                     slice_context=None if tracer is None else tracer.slice)
     except DatabaseUnavailable as exc:
         harness_error(str(exc))
     except HarnessError as exc:
