@@ -205,7 +205,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         id="mamba-external-block-undercount",
         title="MambaManager.get_num_blocks_to_allocate omits the block a synchronous external load needs",
-        since="0.33.0",
+        since="0.27.1",
         fixed_in=None,
         signatures=(
             Signature(
@@ -223,7 +223,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "hit + checkpoint), but with external tokens allocate_external_computed_blocks "
             "takes one block for the loaded boundary state and allocate_new_blocks another "
             "for the running state; with exactly the estimate free, BlockPool.get_new_blocks "
-            "raises ValueError inside schedule(), which kills the engine core."
+            "raises ValueError inside schedule(), which kills the engine core. The standalone "
+            "pin fails the same way on 0.27.1 and 0.28.0 (a 0.28.0 bugbench trial met it too)."
         ),
     ),
     KnownBug(
