@@ -241,6 +241,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         ),
         reach="engine",
         pinned_by="tests/known_bugs/test_mamba_failed_load_rollback.py::test_failed_sync_load_on_mamba_resumes_where_a_state_exists",
+        targets=("scheduler-machine",),
         analysis=(
             "Scheduler._update_requests_with_invalid_blocks rolls a request back to the first "
             "invalid block of its table (idx * block_size), right for attention. A Mamba group "
