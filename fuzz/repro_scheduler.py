@@ -64,6 +64,8 @@ _CHECK_OF = {
     "dropped-answer-loads-nothing": "_check_dropped_answer_loads_nothing",
     "meta-names-scheduled": "_check_meta_names_scheduled",
     "async-load-lands-first": "_check_async_load_lands_first",
+    "failed-load-recomputed": "_check_failed_load_recomputed",
+    "failed-load-not-cached": "_check_failed_load_not_cached",
 }
 WRITABLE = frozenset(_CHECK_OF)
 
@@ -399,6 +401,7 @@ def scheduler_repro(
         f"# 'windowed' groups skip old tokens (their window is not checked here).",
         f"ROLES = {_roles(log)!r}",
         f"NUM_BLOCKS = {draw.layout.num_blocks}  # block {cfg.null_block_id} is the null block",
+        f"NULL_BLOCK = {cfg.null_block_id}",
         f"BLOCK_SIZE = {cfg.block_size}  # the smallest prefix-cacheable group block, as the engine sets it",
         f"PREFIX_MATCH_UNIT = {cfg.prefix_match_unit}",
         f"SCHEDULER_BLOCK_SIZE = {cfg.scheduler_block_size}  # LCM of the group block sizes",
@@ -416,7 +419,8 @@ def scheduler_repro(
         "# The external store, per request: (kind, tokens held, first answers",
         "# 'not yet', tokens over-reported, async). kind 'store': it holds the first",
         "# tokens-held tokens; 'zero': nothing; 'undecided': None for the first",
-        "# answers, then as 'store'; 'over': more than the prompt (a contract breach).",
+        "# answers, then as 'store'; 'over': more than the prompt (a contract breach);",
+        "# 'saved': the connector's own store of what finished requests computed.",
         "STORE = " + _wrap_dict(store),
         "# The answers the recorded run got, (num_computed_tokens, answer, async) per call.",
         "RECORDED_ANSWERS = " + _wrap_dict(answers),
@@ -488,6 +492,18 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         self.finished = {}  # request id -> request_finished calls so far
         self.finish_calls = []  # (request id, nth call for it, status)
         self.loads_in_flight = set()
+        self.saved = []  # token prefixes finished requests computed, in whole scheduler blocks
+
+    def _saved_prefix(self, tokens):
+        best = 0
+        for entry in self.saved:
+            n = 0
+            for a, b in zip(entry, tokens):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n // SCHEDULER_BLOCK_SIZE * SCHEDULER_BLOCK_SIZE)
+        return best
 
     @property
     def supports_divergent_local_hybrid_hits(self):
@@ -508,6 +524,8 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
             return request.num_tokens - num_computed_tokens + extra, False
         if kind == "undecided" and asked < undecided:
             return None, False
+        if kind == "saved":  # the connector's own store: what finished requests computed
+            held = self._saved_prefix(list(request.prompt_token_ids))
         # A sync load leaves the last token to compute; an async one may bring all.
         limit = request.num_tokens if load_async else request.num_tokens - 1
         answer = max(0, min(held, limit) - num_computed_tokens)
@@ -540,6 +558,11 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         rid = request.request_id
         self.finished[rid] = self.finished.get(rid, 0) + 1
         self.finish_calls.append((rid, self.finished[rid], request.status.name))
+        if request.status.name != "FINISHED_ERROR":  # save what it computed, in whole blocks
+            computed = list(request.all_token_ids[: request.num_computed_tokens])
+            whole = len(computed) // SCHEDULER_BLOCK_SIZE * SCHEDULER_BLOCK_SIZE
+            if whole:
+                self.saved.append(computed[:whole])
         return False, None
 
     def request_finished_all_groups(self, request, block_ids):
@@ -692,6 +715,22 @@ class _Watch:
 
         sched._get_local_prefix_cache_hit = local_hit
         mgr.allocate_slots = allocate_slots
+        # Failed loads: reported this step (request id -> facts), and failed
+        # async loads waiting to leave WAITING_FOR_REMOTE_KVS.
+        self.failed = {}
+        self.async_answers_seen = {}
+        self.failed_waiting = {}
+        self.landed = {}  # request id -> failed blocks still cached as it left
+        waiting_done = getattr(sched, "_update_waiting_for_remote_kv", None)
+        if waiting_done is not None:
+            def update_waiting_for_remote_kv(request):
+                result = waiting_done(request)
+                facts = self.failed_waiting.pop(request.request_id, None)
+                if facts is not None:
+                    self.landed[request.request_id] = (facts, _still_cached(mgr, facts["blocks"]))
+                return result
+
+            sched._update_waiting_for_remote_kv = update_waiting_for_remote_kv
 
     def settle(self, scheduler, out):
         """After schedule(): each admitted request's computed tokens, its
@@ -717,6 +756,37 @@ class _Watch:
             adm["table"] = [list(g) for g in scheduler.kv_cache_manager.get_block_ids(rid)]
 
 
+def _still_cached(manager, blocks):
+    pool = manager.block_pool
+    return [[b for b in group if pool.blocks[b].block_hash is not None] for group in blocks]
+
+
+def _failed_facts(scheduler, watch, failed_loads, invalid_block_ids):
+    """Per request whose load this step reports failed: how, the load's start,
+    the first failed token, the blocks the failed part was written into."""
+    facts = {}
+    for rid in failed_loads:
+        adm = watch.admissions.get(rid, {})
+        start = adm.get("local", 0)
+        table = scheduler.kv_cache_manager.get_block_ids(rid)
+        blocks = [[b for b in g[start // s.block_size:] if b != NULL_BLOCK] for g, s in zip(table, SPECS)]
+        facts[rid] = dict(how="failed_recving", start=start, first=start, blocks=blocks,
+                          request=scheduler.requests[rid])
+    for rid, adm in watch.admissions.items():
+        if not invalid_block_ids or not adm.get("external") or watch.async_answers_seen.get(rid):
+            continue
+        (table,) = adm["table"]
+        start = adm["num_computed_tokens"] - adm["external"]
+        end = _cdiv(adm["num_computed_tokens"], SPECS[0].block_size)
+        bad = [k for k in range(start // SPECS[0].block_size, end) if table[k] in invalid_block_ids]
+        if bad:
+            facts[rid] = dict(how="invalid_block_ids", start=start, first=bad[0] * SPECS[0].block_size,
+                              blocks=[[table[k] for k in range(start // SPECS[0].block_size, end)
+                                       if table[k] != NULL_BLOCK]],
+                              request=scheduler.requests[rid])
+    return facts
+
+
 def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
     """One engine step: schedule(), then what a model runner returns (a
     sampled token for each request whose prefill completes, none for a
@@ -729,7 +799,9 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
         record.clear()
     watch.seen |= set(scheduler.requests)
     watch.loads_in_flight = set(connector.loads_in_flight)
+    watch.landed.clear()
     out = scheduler.schedule()
+    watch.async_answers_seen = dict(connector.async_answers)
     watch.settle(scheduler, out)
     ids = list(out.num_scheduled_tokens)
     sampled = []
@@ -738,6 +810,8 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
         sampled.append([1000 + watch.step % 24] if req.num_computed_tokens >= req.num_tokens else [])
     recving = {r for r in connector.loads_in_flight if r in scheduler.requests}
     connector.loads_in_flight -= recving
+    watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
+    watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
     connector_output = None
     if recving or invalid_block_ids:
         connector_output = KVConnectorOutput(
@@ -779,6 +853,52 @@ def _assert_no_leaked_blocks(scheduler):
 '''
 
 _CHECKS = {
+    "failed-load-recomputed": '''
+
+def _check_failed_load_recomputed(scheduler, out, watch, step):
+    """A load reported failed is never taken as computed: policy "fail" ends
+    its request (FINISHED_ERROR); "recompute" sends it back to at most its
+    first failed block, and with a whole-state (Mamba) group to at most the
+    load's start (that group holds one state, at the load's end)."""
+    for rid, f in watch.failed.items():
+        request = f["request"]
+        status, computed = request.status.name, request.num_computed_tokens
+        if KV_LOAD_FAILURE_POLICY == "fail":
+            assert status == "FINISHED_ERROR", (
+                f"step {step}: request {rid}'s load failed ({f['how']}) under kv_load_failure_policy='fail', "
+                f"but the request is {status}; groups: {_describe_groups()}"
+            )
+            continue
+        bound = f["start"] if "whole-state" in ROLES else f["first"]
+        assert status != "FINISHED_ERROR" and computed <= bound, (
+            f"step {step}: request {rid}'s load of tokens from {f['start']} failed ({f['how']}, first failed "
+            f"token {f['first']}) under kv_load_failure_policy='recompute', but it is {status} with "
+            f"num_computed_tokens={computed} (at most {bound} expected); groups: {_describe_groups()}"
+        )
+''',
+    "failed-load-not-cached": '''
+
+def _check_failed_load_not_cached(scheduler, out, watch, step):
+    """No block a failed load was written into keeps a prefix-cache hash:
+    after the report, and as a failed async load's request leaves
+    WAITING_FOR_REMOTE_KVS (vLLM keeps a failed sync load's blocks cached
+    under "recompute", on purpose: that case is left out)."""
+    mgr = scheduler.kv_cache_manager
+    for rid, f in watch.failed.items():
+        if f["how"] == "invalid_block_ids" and KV_LOAD_FAILURE_POLICY == "recompute":
+            continue
+        cached = [g for g in _still_cached(mgr, f["blocks"]) if g]
+        assert not cached, (
+            f"step {step}: request {rid}'s load failed ({f['how']}, policy {KV_LOAD_FAILURE_POLICY!r}), but "
+            f"blocks {cached} it was written into still carry a prefix-cache hash; groups: {_describe_groups()}"
+        )
+    for rid, (f, still) in watch.landed.items():
+        cached = [g for g in still if g]
+        assert not cached, (
+            f"step {step}: request {rid}'s async load failed, but as it left WAITING_FOR_REMOTE_KVS blocks "
+            f"{cached} it was written into carry a prefix-cache hash; groups: {_describe_groups()}"
+        )
+''',
     "computed-below-num-tokens": '''
 
 def _check_computed_below_num_tokens(scheduler, out, watch, step):

@@ -143,10 +143,39 @@ def test_the_state_machine_shrunk_program_becomes_a_repro(tmp_path: Path) -> Non
     _check_repro(source, bug, tmp_path)
 
 
+# Planted bugs on the failed-load paths only the state machine reaches (its
+# fail_next_*_loads rules): searched with their check alone (as
+# tests/test_scheduler_planted.py does), shrunk, written.
+MACHINE_BUGS = {
+    "resumes_past_invalid_block": (conn.check_failed_load_recomputed, 1500),
+    "evicts_invalid_blocks_on_recompute": (conn.check_failed_load_not_cached, 1500),
+    "failed_async_load_kept": (conn.check_failed_load_recomputed, 300),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(MACHINE_BUGS))
+def test_a_planted_failed_load_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
+    check, budget = MACHINE_BUGS[bug]
+    search = settings(SEARCH, max_examples=budget, stateful_step_count=30)
+    with (
+        planted_scheduler_bug(bug),
+        target_scheduler.checks_for_machine((check,)),
+        pytest.raises(InvariantViolation) as caught,
+    ):
+        run_state_machine_as_test(target_scheduler.SchedulerMachine, settings=search)
+    invariant = caught.value.invariant
+    assert invariant in WRITABLE
+    with planted_scheduler_bug(bug):
+        log = shrink_oplog(last_oplog(), invariant, checks=(check,))
+    source = scheduler_repro(log, invariant=invariant, target="scheduler-machine", seed=0, violation="")
+    _check_repro(source, bug, tmp_path)
+
+
 def test_every_planted_scheduler_bug_has_a_repro_case() -> None:
     from fuzz.adapter import PLANTED_SCHEDULER_BUGS
 
-    assert set(BUGS) == set(PLANTED_SCHEDULER_BUGS), set(BUGS) ^ set(PLANTED_SCHEDULER_BUGS)
+    cases = set(BUGS) | set(MACHINE_BUGS)
+    assert cases == set(PLANTED_SCHEDULER_BUGS), cases ^ set(PLANTED_SCHEDULER_BUGS)
     assert set(BUGS.values()) <= WRITABLE
 
 
