@@ -13,12 +13,15 @@ rest of the suite survive vLLM's moving internal API.
   :class:`ConnectorFinish`), one step
   (:class:`StepObservation`, :class:`AdmissionObservation`) and the idle
   pool (:class:`PoolObservation`);
+* ``_ownership``: the shadow model of block ownership after one
+  ``schedule()`` (:class:`OwnershipObservation`);
 * ``_violations``: :class:`InvariantViolation`, :class:`HarnessError`;
 * ``_catalog``: what the installed vLLM offers (:func:`installed`), filled in
   by the adapter.
 """
 
 from fuzz.model._catalog import Installed, installed, register_installed
+from fuzz.model._ownership import AllocationRecord, HeldTable, LookupRecord, OwnershipObservation
 from fuzz.model._kv import BlockRef, GroupInfo, GroupTruncation, LayoutDraw, SpecDraw, TruncationObservation
 from fuzz.model._scheduler import (
     REPLY_KINDS,
@@ -36,6 +39,7 @@ from fuzz.model._violations import HarnessError, InvariantViolation
 __all__ = [
     "REPLY_KINDS",
     "AdmissionObservation",
+    "AllocationRecord",
     "BlockRef",
     "ConnectorAlloc",
     "ConnectorFinish",
@@ -44,9 +48,12 @@ __all__ = [
     "GroupInfo",
     "GroupTruncation",
     "HarnessError",
+    "HeldTable",
     "Installed",
     "InvariantViolation",
     "LayoutDraw",
+    "LookupRecord",
+    "OwnershipObservation",
     "PoolObservation",
     "SchedulerDraw",
     "SpecDraw",

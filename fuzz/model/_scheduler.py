@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from fuzz.model._kv import GroupInfo, LayoutDraw
+from fuzz.model._ownership import OwnershipObservation
 
 __all__ = [
     "REPLY_KINDS",
@@ -312,6 +313,9 @@ class StepObservation:
     # scheduler with how many times the connector had been told it finished.
     connector_finishes: tuple[ConnectorFinish, ...] = ()
     left_scheduler: tuple[tuple[str, int], ...] = ()
+    # Block ownership right after schedule() (None: schedule() raised, or
+    # the harness was built without the ownership spy).
+    ownership: OwnershipObservation | None = dataclasses.field(default=None, compare=False)
 
     def describe(self) -> str:
         lines = [f"step {self.step} on vLLM {self.vllm_version}: scheduled {self.num_scheduled}"]
