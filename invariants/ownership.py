@@ -272,8 +272,23 @@ def _reservation_violations(step: StepObservation) -> Iterator[InvariantViolatio
     if own is None:
         return
     for rec in own.allocations:
+        total_counted = sum(c or 0 for c in rec.counted)
+        if sum(rec.taken) > total_counted and all(t <= max(c or 0, 0) for c, t in zip(rec.counted, rec.taken)):
+            # Each group kept to its own count, but a negative count (a group
+            # expecting to give blocks back) let the sum admit less than the
+            # other groups took.
+            yield _violation(
+                "reservation-covers-allocation",
+                step,
+                own,
+                f"allocate_slots({rec.request_id}, num_new_tokens={rec.num_new_tokens}) counted "
+                f"{total_counted} blocks in all (per group {list(rec.counted)}) but took "
+                f"{sum(rec.taken)} (per group {list(rec.taken)}): a negative per-group count "
+                f"hides blocks another group takes",
+                where="KVCacheManager.allocate_slots",
+            )
         for g, counted, taken, takers in zip(own.groups, rec.counted, rec.taken, rec.takers):
-            if taken <= (counted or 0):
+            if taken <= max(counted or 0, 0):
                 continue
             yield _violation(
                 "reservation-covers-allocation",
@@ -294,7 +309,9 @@ def _reservation_violations(step: StepObservation) -> Iterator[InvariantViolatio
 def check_reservation_covers_allocation(step: StepObservation) -> None:
     """For every ``allocate_slots`` that passed its free-block check, each
     group took from the pool (new blocks, and evictable cached blocks it
-    touched) no more than its ``get_num_blocks_to_allocate`` counted."""
+    touched) no more than its ``get_num_blocks_to_allocate`` counted (a
+    negative count covers nothing), and all groups together no more than the
+    sum the free-block check compared with the pool."""
     for violation in _reservation_violations(step):
         raise violation
 

@@ -22,11 +22,13 @@ from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.stateful import run_state_machine_as_test
 
 from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, SchedulerHarness, planted_scheduler_bug
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.runners.scheduler import run_single_shot, triage
-from fuzz.targets.target_scheduler import any_layout_strategy, single_shot_strategy
+from fuzz.targets import target_scheduler
+from fuzz.targets.target_scheduler import single_shot_strategy
 from invariants import ownership as own
 from invariants.scheduler import STEP_CHECKS
 from strategies.scheduler import SingleShotScenario
@@ -83,6 +85,20 @@ def test_ownership_invariant_catches_planted_bug(
         run_single_shot(scenario, others, record=False)
     # The same scenario on unmodified vLLM satisfies the invariant.
     run_single_shot(scenario, (check,), record=False)
+
+
+@pytest.mark.parametrize(
+    ("bug", "invariant"),
+    [("mamba_frees_resume_state", "read-blocks-held"), ("cow_block_not_reserved", "reservation-covers-allocation")],
+)
+def test_state_machine_checks_ownership_every_step(monkeypatch: pytest.MonkeyPatch, bug: str, invariant: str) -> None:
+    """The state machine's step loop runs the ownership checks too (here
+    alone, so the planted bug is not met first by an admission check)."""
+    monkeypatch.setattr(target_scheduler, "ALL_CHECKS", own.OWNERSHIP_CHECKS)
+    machine_search = settings(SEARCH, max_examples=200, stateful_step_count=30)
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+        run_state_machine_as_test(target_scheduler.SchedulerMachine, settings=machine_search)
+    assert caught.value.invariant == invariant, str(caught.value)
 
 
 def test_every_ownership_check_has_a_planted_case() -> None:

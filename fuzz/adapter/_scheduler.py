@@ -212,7 +212,7 @@ class SchedulerHarness:
             error, error_type, where = f"{type(exc).__name__}: {exc}", type(exc).__name__, "schedule"
             frames = vllm_frames(exc)
         self.vllm_seconds += time.perf_counter() - t0
-        ownership = None if out is None else self.ownership.observe(self.step_index, out, self.read_rules)
+        ownership = self.ownership.observe(self.step_index, out, self.read_rules)
         queries = self.script.queries[asked_before:]
         allocs = self.script.allocs[allocs_before:]
         dishonest = tuple(

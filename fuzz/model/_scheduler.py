@@ -313,8 +313,8 @@ class StepObservation:
     # scheduler with how many times the connector had been told it finished.
     connector_finishes: tuple[ConnectorFinish, ...] = ()
     left_scheduler: tuple[tuple[str, int], ...] = ()
-    # Block ownership right after schedule() (None: schedule() raised, or
-    # the harness was built without the ownership spy).
+    # Block ownership right after schedule() (when it raised: what it had
+    # allocated and looked up before; None: no ownership spy).
     ownership: OwnershipObservation | None = dataclasses.field(default=None, compare=False)
 
     def describe(self) -> str:
