@@ -326,6 +326,17 @@ _OWNERSHIP_EDITS: dict[str, tuple[str, tuple[str, str, str], tuple[tuple[str, st
         ("vllm.v1.core.single_type_kv_cache_manager", "SingleTypeKVCacheManager", "get_num_blocks_to_allocate"),
         (("num_new_blocks += 1", "num_new_blocks += 0"),),
     ),
+    "mamba_count_goes_negative": (
+        "MambaManager.get_num_blocks_to_allocate answers -1 instead of 0: the sum the "
+        "free-block check compares with the pool hides a block another group takes",
+        ("vllm.v1.core.single_type_kv_cache_manager", "MambaManager", "get_num_blocks_to_allocate"),
+        (
+            (
+                "return num_new_blocks + num_evictable_computed_blocks",
+                "return (num_new_blocks + num_evictable_computed_blocks) or -1",
+            ),
+        ),
+    ),
     "lookup_rounds_limit_up": (
         "FullAttentionManager.find_longest_cache_hit rounds the caller's limit up to a "
         "whole block: a prompt's last block can be a hit",
