@@ -125,6 +125,15 @@ def _held_violations(step: StepObservation) -> Iterator[InvariantViolation]:
         start, end = t.computed_before, t.computed_before + t.num_scheduled
         for g, rule, table in zip(own.groups, own.read_rules, t.tables):
             wanted = read_indices(rule, g.block_size, start, end, t.num_prompt_tokens)
+            if wanted and wanted[-1] < len(table):
+                # Fast path (every step): all real, referenced enough, none free.
+                ids = [table[i] for i in wanted]
+                if null not in ids and all(
+                    holders[b] <= own.ref_cnt[b] and (holders[b] == 1 or b in own.cached) for b in ids
+                ) and own.in_free_queue.isdisjoint(ids):
+                    continue
+            elif not wanted:
+                continue
             problems = []
             for i in wanted:
                 bid = table[i] if i < len(table) else None

@@ -27,8 +27,9 @@ __all__ = ["OwnershipSpy", "read_rules"]
 
 
 def _unpatched(obj: Any, name: str) -> Callable[..., Any]:
-    """``obj.name`` as its class defines it now (skipping the instance
-    wrapper; a planted bug swapped in on the class after set-up still runs)."""
+    """``obj.name`` as its class defines it when the harness is built
+    (skipping any instance wrapper; planted bugs are swapped in on the class
+    before that)."""
     cls = type(obj)
     for klass in cls.__mro__:
         if name in klass.__dict__:
@@ -92,8 +93,10 @@ class OwnershipSpy:
         pool, mgr, coord = self.pool, self.manager, self.coordinator
         spy = self
 
+        real_get_new_blocks, real_touch = _unpatched(pool, "get_new_blocks"), _unpatched(pool, "touch")
+
         def get_new_blocks(num_blocks: int) -> Any:
-            blocks = _unpatched(pool, "get_new_blocks")(num_blocks)
+            blocks = real_get_new_blocks(num_blocks)
             if spy._group is not None and blocks:
                 spy._taken[spy._group] += len(blocks)
                 spy._takers[spy._group].add(spy._caller)
@@ -110,7 +113,7 @@ class OwnershipSpy:
                 if n:
                     spy._taken[spy._group] += n
                     spy._takers[spy._group].add(spy._caller)
-            return _unpatched(pool, "touch")(blocks)
+            return real_touch(blocks)
 
         pool.get_new_blocks = get_new_blocks
         pool.touch = touch
@@ -152,18 +155,20 @@ class OwnershipSpy:
         inner_allocate = mgr.__dict__.get("allocate_slots") or _unpatched(mgr, "allocate_slots")
         mgr.allocate_slots = allocate_slots
 
+        real_lookup = _unpatched(coord, "find_longest_cache_hit")
+
         def find_longest_cache_hit(block_hashes: Any, max_cache_hit_length: int, *args: Any, **kwargs: Any) -> Any:
-            result = _unpatched(coord, "find_longest_cache_hit")(block_hashes, max_cache_hit_length, *args, **kwargs)
+            result = real_lookup(block_hashes, max_cache_hit_length, *args, **kwargs)
             spy._lookups.append(LookupRecord("find_longest_cache_hit", max_cache_hit_length, (result[1],)))
             return result
 
         coord.find_longest_cache_hit = find_longest_cache_hit
         if hasattr(type(coord), "find_longest_cache_hit_per_group"):
 
+            real_per_group = _unpatched(coord, "find_longest_cache_hit_per_group")
+
             def per_group(block_hashes: Any, max_cache_hit_length: int, *args: Any, **kwargs: Any) -> Any:
-                result = _unpatched(coord, "find_longest_cache_hit_per_group")(
-                    block_hashes, max_cache_hit_length, *args, **kwargs
-                )
+                result = real_per_group(block_hashes, max_cache_hit_length, *args, **kwargs)
                 spy._lookups.append(
                     LookupRecord("find_longest_cache_hit_per_group", max_cache_hit_length, tuple(result[1]))
                 )
@@ -174,8 +179,10 @@ class OwnershipSpy:
     def _wrap_manager(self, index: int, stm: Any) -> None:
         spy = self
 
+        real_count = _unpatched(stm, "get_num_blocks_to_allocate")
+
         def get_num_blocks_to_allocate(*args: Any, **kwargs: Any) -> int:
-            n = _unpatched(stm, "get_num_blocks_to_allocate")(*args, **kwargs)
+            n = real_count(*args, **kwargs)
             if spy._rid is not None and spy._counted:
                 spy._counted[index] = n
             return n
@@ -183,13 +190,14 @@ class OwnershipSpy:
         def in_group(name: str) -> Callable[..., Any]:
             owner = next(k for k in type(stm).__mro__ if name in k.__dict__).__qualname__
             caller = f"{owner}.{name}"
+            real = _unpatched(stm, name)
 
             def call(*args: Any, **kwargs: Any) -> Any:
                 outer = spy._group, spy._caller
                 spy._group = index if spy._rid is not None and spy._taken else None
                 spy._caller = caller
                 try:
-                    return _unpatched(stm, name)(*args, **kwargs)
+                    return real(*args, **kwargs)
                 finally:
                     spy._group, spy._caller = outer
 

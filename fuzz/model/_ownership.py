@@ -54,7 +54,7 @@ class LookupRecord:
     """One prefix-cache lookup of the coordinator, with the limit its caller
     passed. ``call`` is ``"find_longest_cache_hit"`` (``hits`` holds the
     joint hit once) or ``"find_longest_cache_hit_per_group"`` (one hit per
-    group); ``num_tokens`` is the request's length where the caller is known."""
+    group)."""
 
     call: str
     limit: int
