@@ -23,6 +23,13 @@ Then seconds to find each planted bug (median of ``--seeds`` seeds, clock
 stopped at the first failing example, before shrinking). Figures belong
 here, never in timed tests; on a shared machine compare ratios.
 
+``--ownership-cost`` instead measures what the block-ownership model
+(:mod:`invariants.ownership`, :mod:`fuzz.adapter._ownership`) costs each
+scheduler target: examples per second with the model on and off (the spy's
+wrappers not installed, no observation, the checks see none), alternated,
+medians of ``--repeats``; and, with it on, microseconds per step spent
+building the observation and running the four checks.
+
 ``--breakdown SECONDS`` instead runs each target's campaign worker loop for
 that long and prints where its time went: Hypothesis's phases (replay,
 generation, target, shrink), the target itself (vLLM and the invariants),
@@ -33,6 +40,7 @@ slice set-up (docs/campaign-profile.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import json
 import os
@@ -218,6 +226,86 @@ def _child_breakdown(name: str, seconds: float) -> dict[str, Any]:
             "rows": [[phase, part, secs] for (phase, part), secs in rows if secs >= 0.005]}
 
 
+@contextlib.contextmanager
+def _ownership_off() -> Any:
+    """The scheduler harness without the ownership model: no wrappers, no
+    observation (the ownership checks then return at once)."""
+    from fuzz.adapter._ownership import OwnershipSpy
+
+    install, observe = OwnershipSpy._install, OwnershipSpy.observe
+    OwnershipSpy._install = lambda self: None  # type: ignore[method-assign]
+    OwnershipSpy.observe = lambda self, *a, **k: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        OwnershipSpy._install, OwnershipSpy.observe = install, observe  # type: ignore[method-assign]
+
+
+def _child_ownership_cost(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Examples/s of ``name`` with the ownership model on and off, and the
+    per-step time of its observation and checks."""
+    from fuzz import adapter
+    from fuzz.adapter._ownership import OwnershipSpy
+    from fuzz.registry import get_target
+    from invariants import ownership
+
+    adapter.init_hashing()
+    target = get_target(name)
+    _raw_run(target, max(args.examples // 4, 20), seed=999)  # warm-up
+    on, off = [], []
+    for r in range(args.repeats):
+        on.append(_raw_run(target, args.examples, seed=1000 + r)[0])
+        with _ownership_off():
+            off.append(_raw_run(target, args.examples, seed=1000 + r)[0])
+    # Per step, with the model on: the observation, and the four checks.
+    spent = {"observe": 0.0, "checks": 0.0}
+    steps = 0
+
+    def timed(fn: Any, part: str) -> Any:
+        def call(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                result = fn(*a, **k)
+                return list(result) if part == "checks" else result
+            finally:
+                spent[part] += time.perf_counter() - t0
+
+        return call
+
+    observe = OwnershipSpy.observe
+    originals = {c: c.violations for c in ownership.OWNERSHIP_CHECKS}
+
+    def counted_observe(self: Any, *a: Any, **k: Any) -> Any:
+        nonlocal steps
+        steps += 1
+        return timed(observe, "observe")(self, *a, **k)
+
+    OwnershipSpy.observe = counted_observe  # type: ignore[method-assign]
+    for c, each in originals.items():
+        c.violations = timed(each, "checks")
+    try:
+        examples = _raw_run(target, args.examples, seed=2000)[1]
+    finally:
+        OwnershipSpy.observe = observe  # type: ignore[method-assign]
+        for c, each in originals.items():
+            c.violations = each
+    return {"target": name, "on": on, "off": off, "steps": steps, "examples": examples,
+            "observe_us": 1e6 * spent["observe"] / max(steps, 1), "checks_us": 1e6 * spent["checks"] / max(steps, 1),
+            "vllm": adapter.VLLM_VERSION}
+
+
+def _report_ownership_cost(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    print(f"vLLM {results[0]['vllm'] if results else '?'}; block-ownership model on vs off, raw in-process hunts of "
+          f"{args.examples} examples, alternated, medians of {args.repeats}")
+    head = f"{'target':<22} {'on ex/s':>8} {'off ex/s':>9} {'on/off':>7} {'steps/ex':>9} {'observe us/step':>16} {'checks us/step':>15}"
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        on, off = _median(r["on"]), _median(r["off"])
+        print(f"{r['target']:<22} {on:8.1f} {off:9.1f} {on / off if off else 0:7.2f} "
+              f"{r['steps'] / max(r['examples'], 1):9.1f} {r['observe_us']:16.1f} {r['checks_us']:15.1f}")
+
+
 def _child_planted(args: argparse.Namespace) -> dict[str, Any]:
     from fuzz import adapter
     from fuzz.hunting import hunt
@@ -329,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-planted", action="store_true", help="skip the planted-bug hunts")
     parser.add_argument("--breakdown", type=float, default=None, metavar="SECONDS",
                         help="instead: where a worker's time goes, each target's worker loop run this long")
+    parser.add_argument("--ownership-cost", action="store_true",
+                        help="instead: the block-ownership model's cost on each scheduler target (on vs off)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -340,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
             result = _child_planted(args)
         elif args.breakdown:
             result = _child_breakdown(args.child, args.breakdown)
+        elif args.ownership_cost:
+            result = _child_ownership_cost(args.child, args)
         else:
             result = _child_target(args.child, args)
         print("BENCH " + json.dumps(result))
@@ -347,6 +439,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.breakdown:
         results = [_child(["--child", name, "--breakdown", str(args.breakdown)]) for name in args.targets]
         _report_breakdown(results)
+        return 0
+    if args.ownership_cost:
+        names = [t for t in args.targets if t.startswith("scheduler-")]
+        results = [_child(["--child", n, "--ownership-cost", "--examples", str(args.examples), "--repeats",
+                           str(args.repeats)]) for n in names]
+        _report_ownership_cost(results, args)
+        if args.json:
+            args.json.write_text(json.dumps({"ownership_cost": results}, indent=1))
         return 0
     common = ["--examples", str(args.examples), "--repeats", str(args.repeats), "--campaign-seconds",
               str(args.campaign_seconds), "--seeds", str(args.seeds), "--find-budget", str(args.find_budget)]

@@ -119,6 +119,22 @@ class KnownBug:
         return any(s.matches(failure) for s in self.signatures)
 
 
+# The coordinator's full-attention type is isinstance(spec, FullAttentionSpec):
+# these groups take sub-block (partial) hits and copy them on write.
+_FULL_ATTENTION_KINDS = (
+    "FullAttentionSpec",
+    "MLAAttentionSpec",
+    "HiddenStateCacheSpec",
+    "RSWASpec",
+    "SinkFullAttentionSpec",
+)
+
+# The ownership checks' names for the vLLM calls that write a block in a step
+# and for a resume point set when an async load lands (invariants/ownership.py).
+_COPY_ON_WRITE = "SingleTypeKVCacheManager._apply_cow"
+_NEW_BLOCK = "BlockPool.get_new_blocks"
+_ASYNC_LANDED = "Scheduler._update_waiting_for_remote_kv"
+
 KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         id="pre-fix-truncate-assert",
@@ -189,7 +205,10 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         title="a same-step partial-hit copy-on-write reads another copy's destination",
         since="0.29.0",
         fixed_in=None,
-        signatures=(Signature("copy-source-ready", where="Scheduler.schedule"),),
+        # The block-ownership model sees the same chain as a same-step hazard
+        # whose writer is a copy-on-write destination, in an attention group.
+        signatures=(Signature("copy-source-ready", where="Scheduler.schedule"),)
+        + tuple(Signature("same-step-hazard", where=_COPY_ON_WRITE, group_kind=k) for k in _FULL_ATTENTION_KINDS),
         reach="engine",
         pinned_by="tests/test_known_vllm_bugs_scheduler.py::test_standalone_same_step_partial_hits_never_chain_block_copies",
         targets=("scheduler-machine", "scheduler-single-shot", "scheduler-any-layout"),
@@ -213,6 +232,15 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 exception="ValueError",
                 frame="BlockPool.get_new_blocks",
                 where="Scheduler.schedule",
+            ),
+            # The whole class, seen by the block-ownership model even when the
+            # pool has room: the Mamba group's external-state block is taken
+            # beyond the count.
+            Signature(
+                "reservation-covers-allocation",
+                frame="SingleTypeKVCacheManager.allocate_external_computed_blocks",
+                where="KVCacheManager.allocate_slots",
+                group_kind="MambaSpec",
             ),
         ),
         reach="engine",
@@ -252,6 +280,48 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "_handle_failed_recving does for async loads). Needs one Mamba group (multi-group "
             "layouts are refused), invalid_block_ids and the recompute policy. The pin fails "
             "on 0.28.0 and 0.33.0 alike; 0.27.1 has the same code but no scheduler tier here."
+        ),
+    ),
+    KnownBug(
+        id="same-step-partial-hit-reads-unwritten-block",
+        title="a same-step partial-hit copy-on-write reads a block another request's allocation fills in the same step",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=tuple(
+            Signature("same-step-hazard", where=_NEW_BLOCK, group_kind=k) for k in _FULL_ATTENTION_KINDS
+        ),
+        reach="engine",
+        pinned_by="tests/known_bugs/test_ownership_findings.py::test_partial_hit_copy_never_reads_a_block_filled_in_the_same_step",
+        analysis=(
+            "KVCacheManager.allocate_slots caches a request's blocks (and, for full "
+            "attention, the partial tail under its sub-block hash) as soon as it allocates "
+            "them, before the step's synchronous external load or forward pass fills them. "
+            "A second request admitted in the same step takes a sub-block hit on such a "
+            "block and queues a copy-on-write copy of it; kv_cache_block_copies run in the "
+            "model runner's state update, before start_load_kv and before the forward "
+            "pass, so the copy reads the block's old contents. MambaManager defers "
+            "same-step hits (cached_blocks_this_step); full-attention groups do not. The "
+            "same root cause as same-step-cow-chain, with a fresh block as the source."
+        ),
+    ),
+    KnownBug(
+        id="full-prompt-async-load-replays-outside-window",
+        title="after an async load of the whole prompt, the last-token recompute reads blocks a windowed group already dropped",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=(Signature("read-blocks-held", where=_ASYNC_LANDED),),
+        reach="engine",
+        pinned_by="tests/known_bugs/test_ownership_findings.py::test_full_prompt_async_load_resumes_where_every_group_holds_state",
+        analysis=(
+            "An async load that covers the whole prompt is admitted with "
+            "num_computed_tokens = num_tokens; allocate_slots sizes every group for that "
+            "boundary, so a Mamba group holds only the state at num_tokens and sliding-"
+            "window / chunked-local groups null the blocks outside the window at num_tokens. "
+            "When the load lands, Scheduler._update_waiting_for_remote_kv sets "
+            "num_computed_tokens = num_tokens - 1 so the last token is recomputed for its "
+            "logits; that token reads the state at num_tokens - 1 (a null block for Mamba) "
+            "and, for windowed groups, one token further back than the blocks kept. Seen "
+            "only after async loads; synchronous full-prompt answers did not show it."
         ),
     ),
     KnownBug(

@@ -6,7 +6,9 @@
 * :mod:`invariants.truncation`: ``truncate_computed_blocks``;
 * :mod:`invariants.scheduler`: ``Scheduler.schedule()`` with a KV connector;
 * :mod:`invariants.connector`: the scheduler's side of the KV-connector
-  protocol (what it told the connector against what it accounted for).
+  protocol (what it told the connector against what it accounted for);
+* :mod:`invariants.ownership`: block ownership after every ``schedule()``
+  (held blocks, same-step hazards, reservations, lookup limits).
 """
 
 from fuzz.model import InvariantViolation

@@ -10,7 +10,8 @@ Step checks (:data:`STEP_CHECKS`) see a whole ``schedule()`` +
 waiting request's trip through the prefix-cache branch; the pool check runs
 once every request has finished. ``check_step`` runs a selection of them.
 The connector-protocol checks of :mod:`invariants.connector` are among the
-step and admission checks.
+step and admission checks, and so are the block-ownership checks of
+:mod:`invariants.ownership`.
 
 Vocabulary for one admission (a waiting request's prefix-cache lookup):
 
@@ -38,6 +39,7 @@ from invariants._common import group_behaviour as _behaviour
 from invariants._common import group_kind, group_name as _name
 from invariants.classification import Behaviour, classification_of_kind
 from invariants.connector import CONNECTOR_ADMISSION_CHECKS, CONNECTOR_STEP_CHECKS
+from invariants.ownership import OWNERSHIP_CHECKS
 
 __all__ = [
     "WHERE",
@@ -356,6 +358,8 @@ STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     check_computed_below_num_tokens,
     check_copy_sources_ready,
     *CONNECTOR_STEP_CHECKS,
+    # The shadow model of block ownership (invariants/ownership.py).
+    *OWNERSHIP_CHECKS,
 )
 
 ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
@@ -383,6 +387,10 @@ def step_violations(
     found: list[InvariantViolation] = []
     for check in STEP_CHECKS:
         if check in selected:
+            each = getattr(check, "violations", None)  # a check that reports every violation it finds
+            if each is not None:
+                found.extend(each(step))
+                continue
             try:
                 check(step)
             except InvariantViolation as v:

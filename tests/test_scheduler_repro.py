@@ -172,10 +172,13 @@ def test_a_planted_failed_load_bug_becomes_a_standalone_repro(bug: str, tmp_path
 
 
 def test_every_planted_scheduler_bug_has_a_repro_case() -> None:
-    from fuzz.adapter import PLANTED_SCHEDULER_BUGS
+    from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS
 
+    # The ownership checks (invariants/ownership.py) are not stated by the
+    # writer yet: their planted bugs get a JSON sidecar, no .py (see README).
     cases = set(BUGS) | set(MACHINE_BUGS)
-    assert cases == set(PLANTED_SCHEDULER_BUGS), cases ^ set(PLANTED_SCHEDULER_BUGS)
+    expected = set(PLANTED_SCHEDULER_BUGS) - set(PLANTED_OWNERSHIP_BUGS)
+    assert cases == expected, cases ^ expected
     assert set(BUGS.values()) <= WRITABLE
 
 

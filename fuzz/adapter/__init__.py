@@ -20,6 +20,7 @@ from fuzz.adapter._compat import CAPABILITIES, missing_capabilities
 from fuzz.adapter._env import VLLM_VERSION, init_hashing
 from fuzz.adapter._manager import Lookup, ManagerHarness
 from fuzz.adapter._planted import (
+    PLANTED_OWNERSHIP_BUGS,
     PLANTED_SCHEDULER_BUGS,
     PLANTED_TRUNCATE_BUGS,
     planted_scheduler_bug,
@@ -43,6 +44,7 @@ from fuzz.adapter._specs import (
 
 __all__ = [
     "CAPABILITIES",
+    "PLANTED_OWNERSHIP_BUGS",
     "PLANTED_SCHEDULER_BUGS",
     "PLANTED_TRUNCATE_BUGS",
     "VLLM_VERSION",

@@ -10,13 +10,17 @@ Two families:
   the path the real one would; the connector-path edits
   (:data:`_CONNECTOR_EDITS`) do the same to ``Scheduler.schedule`` or to the
   scheduler method that calls the connector, each breaking one rule of the
-  KV-connector protocol (:mod:`invariants.connector`).
+  KV-connector protocol (:mod:`invariants.connector`); the ownership edits
+  (:data:`PLANTED_OWNERSHIP_BUGS`) recompile one method of vLLM's block
+  bookkeeping (single-type managers) the same way, each breaking one
+  block-ownership rule (:mod:`invariants.ownership`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 import textwrap
 from collections.abc import Callable, Iterator
@@ -31,6 +35,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager  # noqa:
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
 __all__ = [
+    "PLANTED_OWNERSHIP_BUGS",
     "PLANTED_SCHEDULER_BUGS",
     "PLANTED_TRUNCATE_BUGS",
     "planted_scheduler_bug",
@@ -319,9 +324,63 @@ _CONNECTOR_EDITS: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
     ),
 }
 
+# name: (description, (vLLM module, class, method), edits): planted bugs in
+# vLLM's block bookkeeping (allocation, freeing, lookups), each breaking one
+# block-ownership rule (invariants/ownership.py).
+_OWNERSHIP_EDITS: dict[str, tuple[str, tuple[str, str, str], tuple[tuple[str, str], ...]]] = {
+    "mamba_frees_resume_state": (
+        "MambaManager.get_num_skipped_tokens counts the state at the resume point as "
+        "skipped: remove_skipped_blocks frees the state block the next step starts from",
+        ("vllm.v1.core.single_type_kv_cache_manager", "MambaManager", "get_num_skipped_tokens"),
+        (("return num_computed_tokens - 1", "return num_computed_tokens"),),
+    ),
+    "mamba_adopts_same_step_state": (
+        "MambaManager.get_num_blocks_to_allocate drops its same-step guard: a request "
+        "adopts a Mamba state another request only writes in the same step",
+        ("vllm.v1.core.single_type_kv_cache_manager", "MambaManager", "get_num_blocks_to_allocate"),
+        (
+            (
+                "and new_computed_blocks[-1].block_hash in self.cached_blocks_this_step",
+                "and new_computed_blocks[-1].block_hash in () and self.cached_blocks_this_step",
+            ),
+        ),
+    ),
+    "cow_block_not_reserved": (
+        "get_num_blocks_to_allocate forgets the extra block a partial-hit copy-on-write "
+        "takes: allocation takes one block more than admission counted",
+        ("vllm.v1.core.single_type_kv_cache_manager", "SingleTypeKVCacheManager", "get_num_blocks_to_allocate"),
+        (("num_new_blocks += 1", "num_new_blocks += 0"),),
+    ),
+    "mamba_count_goes_negative": (
+        "MambaManager.get_num_blocks_to_allocate answers -1 instead of 0: the sum the "
+        "free-block check compares with the pool hides a block another group takes",
+        ("vllm.v1.core.single_type_kv_cache_manager", "MambaManager", "get_num_blocks_to_allocate"),
+        (
+            (
+                "return num_new_blocks + num_evictable_computed_blocks",
+                "return (num_new_blocks + num_evictable_computed_blocks) or -1",
+            ),
+        ),
+    ),
+    "lookup_rounds_limit_up": (
+        "FullAttentionManager.find_longest_cache_hit rounds the caller's limit up to a "
+        "whole block: a prompt's last block can be a hit",
+        ("vllm.v1.core.single_type_kv_cache_manager", "FullAttentionManager", "find_longest_cache_hit"),
+        (
+            (
+                "for block_hash in itertools.islice(full_block_hashes, max_length // block_size):",
+                "for block_hash in itertools.islice(full_block_hashes, -(-max_length // block_size)):",
+            ),
+        ),
+    ),
+}
+
+PLANTED_OWNERSHIP_BUGS: dict[str, str] = {name: desc for name, (desc, _, _) in _OWNERSHIP_EDITS.items()}
+
 PLANTED_SCHEDULER_BUGS: dict[str, str] = {
     **{name: desc for name, (desc, _) in _SCHEDULE_EDITS.items()},
     **{name: desc for name, (desc, _, _) in _CONNECTOR_EDITS.items()},
+    **PLANTED_OWNERSHIP_BUGS,
     "pre_fix_assert_all": (
         "truncate_computed_blocks as before vLLM PR 51468: every group, Mamba "
         "included, asserts it covers the endpoint"
@@ -389,6 +448,34 @@ def _patched_schedule(name: str) -> Callable[..., Any]:
     return namespace[method]
 
 
+@functools.cache
+def _patched_method(name: str) -> tuple[type, str, Any]:
+    """The planted ownership edit ``name``: its vLLM class, method name and
+    the edited method (a function, or a classmethod), compiled under the
+    class's own source file."""
+    _, (module_name, class_name, method), edits = _OWNERSHIP_EDITS[name]
+    module = importlib.import_module(module_name)
+    cls = getattr(module, class_name)
+    original = vars(cls)[method]
+    func = original.__func__ if isinstance(original, classmethod) else original
+    source = textwrap.dedent(inspect.getsource(func))
+    if isinstance(original, classmethod) and not source.lstrip().startswith("@classmethod"):
+        source = "@classmethod\n" + source
+    for old, new in edits:
+        source = _edit(source, old, new, name, f"{class_name}.{method}")
+    # Compiled inside a class body so a zero-argument super() has its
+    # __class__ cell, which then points at the real class.
+    shim = "class _Planted:\n" + textwrap.indent(source, "    ")
+    namespace = dict(vars(module))
+    exec(compile(shim, inspect.getsourcefile(func), "exec"), namespace)  # noqa: S102
+    edited = vars(namespace["_Planted"])[method]
+    inner = edited.__func__ if isinstance(edited, classmethod) else edited
+    for var, cell in zip(inner.__code__.co_freevars, inner.__closure__ or ()):
+        if var == "__class__":
+            cell.cell_contents = cls
+    return cls, method, edited
+
+
 @contextlib.contextmanager
 def planted_scheduler_bug(name: str) -> Iterator[None]:
     """Run the enclosed code against a deliberately broken scheduler path."""
@@ -397,6 +484,15 @@ def planted_scheduler_bug(name: str) -> Iterator[None]:
     if name in _TRUNCATE_BUG_FOR:
         with planted_truncate_bug(_TRUNCATE_BUG_FOR[name]):
             yield
+        return
+    if name in _OWNERSHIP_EDITS:
+        cls, method, edited = _patched_method(name)
+        original = vars(cls)[method]
+        setattr(cls, method, edited)
+        try:
+            yield
+        finally:
+            setattr(cls, method, original)
         return
     method, _ = _planted_edits(name)
     original = vars(Scheduler)[method]

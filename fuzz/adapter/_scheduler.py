@@ -20,6 +20,7 @@ from fuzz.adapter import _compat, _connector, _oplog
 from fuzz.adapter._config import build_scheduler
 from fuzz.adapter._env import VLLM_VERSION, sha256
 from fuzz.adapter._observe import Spies, vllm_frames
+from fuzz.adapter._ownership import OwnershipSpy, read_rules
 from fuzz.adapter._specs import qualified_name
 
 from vllm.sampling_params import SamplingParams  # noqa: E402
@@ -40,6 +41,7 @@ from fuzz.model import (  # noqa: E402
     SpecDraw,
     StepObservation,
 )
+from invariants._common import group_behaviour as _group_behaviour  # noqa: E402
 from invariants.classification import classification_of_kind  # noqa: E402
 
 __all__ = ["SchedulerHarness"]
@@ -119,6 +121,10 @@ class SchedulerHarness:
         self.oplog = OpLog(_oplog.run_config(draw, built, self.groups))
         _oplog.set_last_oplog(self.oplog)
         self._fed: FedOutput | None = None
+        self.ownership = OwnershipSpy(self.scheduler, self.groups, self.spans)
+        self.read_rules = read_rules(
+            built.kv_config, self.groups, self.spans, tuple(_group_behaviour(g).value for g in self.groups)
+        )
 
     def _new_admission(self, request: Request, **lookup: Any) -> AdmissionObservation:
         """A waiting request's observation as its local lookup returns."""
@@ -250,6 +256,7 @@ class SchedulerHarness:
         self._fed = None
         self.spies.new_step()
         self._step_failed_loads = []
+        self.ownership.new_step()
         asked_before = len(self.script.queries)
         allocs_before = len(self.script.allocs)
         metas_before = len(self.script.metas)
@@ -264,6 +271,7 @@ class SchedulerHarness:
             error, error_type, where = f"{type(exc).__name__}: {exc}", type(exc).__name__, "schedule"
             frames = vllm_frames(exc)
         self.vllm_seconds += time.perf_counter() - t0
+        ownership = self.ownership.observe(self.step_index, out, self.read_rules)
         queries = self.script.queries[asked_before:]
         allocs = self.script.allocs[allocs_before:]
         dishonest = tuple(
@@ -331,6 +339,7 @@ class SchedulerHarness:
             connector_finishes=finishes,
             left_scheduler=left,
             failed_loads=tuple(self._step_failed_loads),
+            ownership=ownership,
         )
 
     def _connector_allocs(self, queries: list[Any], allocs: list[Any]) -> tuple[ConnectorAlloc, ...]:

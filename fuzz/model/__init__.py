@@ -15,12 +15,15 @@ rest of the suite survive vLLM's moving internal API.
   pool (:class:`PoolObservation`);
 * ``_oplog``: the operation log of a scheduler run (:class:`OpLog`), a
   repro's source of truth;
+* ``_ownership``: the shadow model of block ownership after one
+  ``schedule()`` (:class:`OwnershipObservation`);
 * ``_violations``: :class:`InvariantViolation`, :class:`HarnessError`;
 * ``_catalog``: what the installed vLLM offers (:func:`installed`), filled in
   by the adapter.
 """
 
 from fuzz.model._catalog import Installed, installed, register_installed
+from fuzz.model._ownership import AllocationRecord, HeldTable, LookupRecord, OwnershipObservation
 from fuzz.model._kv import BlockRef, GroupInfo, GroupTruncation, LayoutDraw, SpecDraw, TruncationObservation
 from fuzz.model._oplog import (
     Abort,
@@ -59,6 +62,7 @@ __all__ = [
     "ScheduledOutput",
     "Step",
     "AdmissionObservation",
+    "AllocationRecord",
     "BlockRef",
     "ConnectorAlloc",
     "ConnectorFinish",
@@ -68,9 +72,12 @@ __all__ = [
     "GroupInfo",
     "GroupTruncation",
     "HarnessError",
+    "HeldTable",
     "Installed",
     "InvariantViolation",
     "LayoutDraw",
+    "LookupRecord",
+    "OwnershipObservation",
     "PoolObservation",
     "SchedulerDraw",
     "SpecDraw",

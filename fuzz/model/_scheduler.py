@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from fuzz.model._kv import GroupInfo, LayoutDraw
+from fuzz.model._ownership import OwnershipObservation
 
 __all__ = [
     "REPLY_KINDS",
@@ -363,6 +364,9 @@ class StepObservation:
     # KV loads reported failed in this step, and failed async loads the
     # scheduler took back out of WAITING_FOR_REMOTE_KVS in this step.
     failed_loads: tuple[FailedLoad, ...] = ()
+    # Block ownership right after schedule() (when it raised: what it had
+    # allocated and looked up before; None: no ownership spy).
+    ownership: OwnershipObservation | None = dataclasses.field(default=None, compare=False)
 
     def describe(self) -> str:
         lines = [f"step {self.step} on vLLM {self.vllm_version}: scheduled {self.num_scheduled}"]

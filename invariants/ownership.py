@@ -1,0 +1,385 @@
+"""Invariants of block ownership, checked after every ``schedule()``.
+
+The shadow model (:class:`fuzz.model.OwnershipObservation`) says which
+request holds which block, in every group, at the moment the model runner
+would run the step, and what the step's allocations and lookups did. The
+admission checks of :mod:`invariants.scheduler` look at a request when it is
+admitted; these look at every request holding blocks, every step:
+
+* ``read-blocks-held`` (:func:`check_read_blocks_held`): every block a
+  running request reads in this step is held by it;
+* ``same-step-hazard`` (:func:`check_no_same_step_hazard`): no block written
+  in this step is read by another request before the write;
+* ``reservation-covers-allocation``
+  (:func:`check_reservation_covers_allocation`): what ``allocate_slots``
+  counted per group covers what it then took from the pool;
+* ``lookup-within-limit`` (:func:`check_lookup_within_limit`): no prefix-cache
+  hit reaches past the limit its caller passed.
+
+Each check yields every violation it finds (``check.violations(step)``), so
+that a known vLLM bug's own signature can be set aside without hiding a
+different violation of the same check in the same step.
+
+What a request reads in a step that computes tokens ``[s, e)`` in a group of
+block size ``b`` (block indices into its table):
+
+* full attention: ``[0, ceil(e/b))``;
+* sliding window ``W``: ``[max(0, s-W+1) // b, ceil(e/b))`` (the window of
+  the first computed token; vLLM may retain more, never less);
+* chunked local ``C``: ``[(s//C*C) // b, ceil(e/b))`` (the current chunk);
+* R-SWA ``W`` with a prompt of ``P`` tokens: ``[0, ceil(P/b))`` and
+  ``[max(P, s-W) // b, ceil(e/b))`` (vLLM frees the gap between);
+* a recurrent state (Mamba): the state block at the resume boundary,
+  ``ceil(s/b) - 1`` (when ``s > 0``), and the block the chunk's final state
+  is written to, ``ceil(e/b) - 1``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+from fuzz.model import InvariantViolation, OwnershipObservation, StepObservation
+from invariants._common import cdiv, group_kind, group_name
+
+__all__ = [
+    "OWNERSHIP_CHECKS",
+    "WHERE_ASYNC_LANDED",
+    "WHERE_COPY_ON_WRITE",
+    "WHERE_NEW_BLOCK",
+    "check_lookup_within_limit",
+    "check_no_same_step_hazard",
+    "check_read_blocks_held",
+    "check_reservation_covers_allocation",
+    "read_indices",
+]
+
+# The vLLM calls that write a block in a step: a same-step hazard names the
+# writer as its ``where`` (known-bug signatures tell the copy-on-write chain
+# from other hazards by it).
+WHERE_COPY_ON_WRITE = "SingleTypeKVCacheManager._apply_cow"
+WHERE_NEW_BLOCK = "BlockPool.get_new_blocks"
+# A held-block violation of a request whose async load landed in this step
+# (its resume point was set there, not at admission).
+WHERE_ASYNC_LANDED = "Scheduler._update_waiting_for_remote_kv"
+
+
+def _observed(step: StepObservation) -> OwnershipObservation | None:
+    """The step's ownership, when ``schedule()`` returned normally."""
+    if step.error is not None and step.error_where == "schedule":
+        return None
+    return step.ownership
+
+
+def _violation(invariant: str, step: StepObservation, own: OwnershipObservation, text: str, **facts: object) -> InvariantViolation:
+    message = f"step {own.step}: {text}\n{own.describe()}"
+    if step.context:
+        message += f"\n  scenario: {step.context}"
+    return InvariantViolation(invariant, message, **facts)  # type: ignore[arg-type]
+
+
+def read_indices(rule: tuple[str, int], block_size: int, start: int, end: int, prompt: int) -> list[int]:
+    """Block indices a step computing tokens ``[start, end)`` reads (see the
+    module docstring)."""
+    kind, value = rule
+    last = cdiv(end, block_size)
+    if kind == "full":
+        return list(range(last))
+    if kind == "window":
+        return list(range(max(0, start - value + 1) // block_size, last))
+    if kind == "chunk":
+        return list(range(start // value * value // block_size, last))
+    if kind == "rswa":
+        head = cdiv(prompt, block_size)
+        tail = max(prompt, start - value) // block_size
+        return list(range(min(head, last))) + list(range(max(head, tail), last))
+    if kind == "state":
+        states = {last - 1}
+        if start > 0:
+            states.add(cdiv(start, block_size) - 1)
+        return sorted(states)
+    return []
+
+
+# ---------------------------------------------------------------------------
+# Held blocks
+# ---------------------------------------------------------------------------
+
+
+def _held_violations(step: StepObservation) -> Iterator[InvariantViolation]:
+    own = _observed(step)
+    if own is None:
+        return
+    null = own.null_block_id
+    holders: Counter[int] = Counter()
+    for t in own.tables:
+        for table in t.tables:
+            holders.update(set(table) - {null})
+    fresh_for = {bid: rid for bid, rid, _ in own.fresh}
+    # Requests whose async load landed this step: their resume point was set
+    # by Scheduler._update_waiting_for_remote_kv, not by the admission.
+    landed = {a.request_id for a in step.connector_allocs if a.asked_with is None}
+    for t in own.tables:
+        if not t.num_scheduled:
+            continue
+        start, end = t.computed_before, t.computed_before + t.num_scheduled
+        for g, rule, table in zip(own.groups, own.read_rules, t.tables):
+            wanted = read_indices(rule, g.block_size, start, end, t.num_prompt_tokens)
+            if wanted and wanted[-1] < len(table):
+                # Fast path (every step): all real, referenced enough, none free.
+                ids = [table[i] for i in wanted]
+                if null not in ids and all(
+                    holders[b] <= own.ref_cnt[b] and (holders[b] == 1 or b in own.cached) for b in ids
+                ) and own.in_free_queue.isdisjoint(ids):
+                    continue
+            elif not wanted:
+                continue
+            problems = []
+            for i in wanted:
+                bid = table[i] if i < len(table) else None
+                if bid is None:
+                    problems.append(f"index {i} is past the table's {len(table)} blocks")
+                elif bid == null:
+                    problems.append(f"index {i} is the null block")
+                elif own.ref_cnt.get(bid, 0) <= 0:
+                    problems.append(f"block {bid} (index {i}) has ref_cnt {own.ref_cnt.get(bid, 0)}")
+                elif bid in own.in_free_queue:
+                    problems.append(f"block {bid} (index {i}) sits in the free queue")
+                elif holders[bid] > 1 and bid not in own.cached:
+                    others = [o.request_id for o in own.tables if o is not t and any(bid in tb for tb in o.tables)]
+                    problems.append(
+                        f"block {bid} (index {i}) is shared with {others} but is no cached prefix block"
+                        + (f" (handed to {fresh_for[bid]} as a fresh block this step)" if bid in fresh_for else "")
+                    )
+                elif holders[bid] > own.ref_cnt[bid]:
+                    problems.append(
+                        f"block {bid} (index {i}) sits in {holders[bid]} block tables but has ref_cnt {own.ref_cnt[bid]}"
+                    )
+            if problems:
+                yield _violation(
+                    "read-blocks-held",
+                    step,
+                    own,
+                    f"request {t.request_id} computes tokens [{start}, {end}) and reads blocks "
+                    f"{wanted} of {group_name(g)} ({rule[0]}{'' if not rule[1] else f' {rule[1]}'}), "
+                    f"but they are not all held by it: " + "; ".join(problems)
+                    + f" (table {list(table)})",
+                    where=WHERE_ASYNC_LANDED if t.request_id in landed else "Scheduler.schedule",
+                    group_kind=group_kind(g),
+                )
+
+
+def check_read_blocks_held(step: StepObservation) -> None:
+    """Every block a request scheduled in this step reads (see
+    :func:`read_indices`) is a real block of its table that it holds:
+    ``ref_cnt > 0``, not in the free queue, and shared with another request
+    only as a cached prefix block whose ``ref_cnt`` counts every holder (so
+    never handed to another request as a fresh block)."""
+    for violation in _held_violations(step):
+        raise violation
+
+
+check_read_blocks_held.violations = _held_violations  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------
+# Same-step hazards
+# ---------------------------------------------------------------------------
+
+
+def _hazard_violations(step: StepObservation) -> Iterator[InvariantViolation]:
+    own = _observed(step)
+    if own is None:
+        return
+    null = own.null_block_id
+    written: dict[int, tuple[str, str]] = {}  # block id -> (writer request, where)
+    for bid, rid, _ in own.fresh:
+        written[bid] = (rid, WHERE_NEW_BLOCK)
+    for t in own.tables:
+        for table in t.tables:
+            for src, dst in own.copies:
+                if dst in table:
+                    written[dst] = (t.request_id, WHERE_COPY_ON_WRITE)
+    located = {}
+    for t in own.tables:
+        for g, table in zip(own.groups, t.tables):
+            for bid in table:
+                if bid != null:
+                    located.setdefault(bid, (t.request_id, g))
+    # Copies run before the step's forward pass: a source written in the
+    # same step is read before it is written.
+    for src, dst in own.copies:
+        if src in written:
+            writer, where = written[src]
+            reader, g = located.get(dst, ("?", None))
+            yield _violation(
+                "same-step-hazard",
+                step,
+                own,
+                f"copy {src}->{dst} for request {reader} reads block {src}, which this step writes "
+                f"({'as a copy-on-write destination' if where == WHERE_COPY_ON_WRITE else 'as a new block'} "
+                f"of request {writer}): the copy runs before the write"
+                + ("" if g is None else f" ({group_name(g)})"),
+                where=where,
+                group_kind=None if g is None else group_kind(g),
+            )
+    # A recurrent state is read at the start of the step's scan and written
+    # at its end: adopting a state block another request writes in the
+    # same step starts from a state that does not exist yet. (An attention
+    # layer writes the batch's keys and values before it attends, so a
+    # same-step attention block is readable; vLLM defers only Mamba hits,
+    # MambaManager.cached_blocks_this_step.)
+    for adm in step.admissions:
+        if not adm.alloc_ok or adm.alloc_local_blocks is None:
+            continue
+        for g, rule, adopted in zip(own.groups, own.read_rules, adm.alloc_local_blocks):
+            if rule[0] != "state":
+                continue
+            held = own.table_of(adm.request_id)
+            kept = set() if held is None else set(held.tables[g.index])
+            for bid in adopted:
+                # A state the request dropped again in the same allocation
+                # (an external load supplies a later one) is never read.
+                if bid == null or bid not in kept or bid not in written or written[bid][0] == adm.request_id:
+                    continue
+                writer, where = written[bid]
+                yield _violation(
+                    "same-step-hazard",
+                    step,
+                    own,
+                    f"request {adm.request_id} adopts block {bid} of {group_name(g)} as a cached state "
+                    f"(adopted {list(adopted)}), but request {writer} writes it in this same step "
+                    f"({'copy-on-write destination' if where == WHERE_COPY_ON_WRITE else 'new block'}): "
+                    f"the state is read before it exists",
+                    where=where,
+                    group_kind=group_kind(g),
+                )
+
+
+def check_no_same_step_hazard(step: StepObservation) -> None:
+    """No block written in this step (a new block, a copy-on-write
+    destination, a new recurrent state) is read by another request in the
+    same step before the write: no copy-on-write copy reads it, and no
+    recurrent-state group adopts it as a cache hit. Generalises
+    ``copy-source-ready`` (copy reading a copy) to every writer and group."""
+    for violation in _hazard_violations(step):
+        raise violation
+
+
+check_no_same_step_hazard.violations = _hazard_violations  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------
+# Reservations
+# ---------------------------------------------------------------------------
+
+_CORE = "vllm/v1/core/single_type_kv_cache_manager.py:"
+
+
+def _reservation_violations(step: StepObservation) -> Iterator[InvariantViolation]:
+    own = step.ownership  # an allocation that raised inside schedule() counts too
+    if own is None:
+        return
+    for rec in own.allocations:
+        total_counted = sum(c or 0 for c in rec.counted)
+        if sum(rec.taken) > total_counted and all(t <= max(c or 0, 0) for c, t in zip(rec.counted, rec.taken)):
+            # Each group kept to its own count, but a negative count (a group
+            # expecting to give blocks back) let the sum admit less than the
+            # other groups took.
+            yield _violation(
+                "reservation-covers-allocation",
+                step,
+                own,
+                f"allocate_slots({rec.request_id}, num_new_tokens={rec.num_new_tokens}) counted "
+                f"{total_counted} blocks in all (per group {list(rec.counted)}) but took "
+                f"{sum(rec.taken)} (per group {list(rec.taken)}): a negative per-group count "
+                f"hides blocks another group takes",
+                where="KVCacheManager.allocate_slots",
+            )
+        for g, counted, taken, takers in zip(own.groups, rec.counted, rec.taken, rec.takers):
+            if taken <= max(counted or 0, 0):
+                continue
+            yield _violation(
+                "reservation-covers-allocation",
+                step,
+                own,
+                f"allocate_slots({rec.request_id}, num_new_tokens={rec.num_new_tokens}, "
+                f"num_new_computed_tokens={rec.num_new_computed_tokens}, "
+                f"num_external_computed_tokens={rec.num_external_computed_tokens}) counted "
+                f"{counted} blocks for {group_name(g)} (get_num_blocks_to_allocate) but took {taken} "
+                f"from the pool ({', '.join(takers)}){' and raised' if rec.raised else ''}: a pool "
+                f"holding exactly the count runs dry",
+                where="KVCacheManager.allocate_slots",
+                group_kind=group_kind(g),
+                frames=tuple(_CORE + name for name in takers),
+            )
+
+
+def check_reservation_covers_allocation(step: StepObservation) -> None:
+    """For every ``allocate_slots`` that passed its free-block check, each
+    group took from the pool (new blocks, and evictable cached blocks it
+    touched) no more than its ``get_num_blocks_to_allocate`` counted (a
+    negative count covers nothing), and all groups together no more than the
+    sum the free-block check compared with the pool."""
+    for violation in _reservation_violations(step):
+        raise violation
+
+
+check_reservation_covers_allocation.violations = _reservation_violations  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------
+# Lookup limits
+# ---------------------------------------------------------------------------
+
+
+def _lookup_violations(step: StepObservation) -> Iterator[InvariantViolation]:
+    own = step.ownership
+    if own is None:
+        return
+    for rec in own.lookups:
+        over = [(i, h) for i, h in enumerate(rec.hits) if h > rec.limit]
+        if over:
+            what = (
+                f"the joint hit {rec.hits[0]}"
+                if rec.call == "find_longest_cache_hit"
+                else "per-group hits " + ", ".join(f"{group_name(own.groups[i])}: {h}" for i, h in over)
+            )
+            yield _violation(
+                "lookup-within-limit",
+                step,
+                own,
+                f"{rec.call}(block_hashes, {rec.limit}) returned {what}, past the limit {rec.limit}",
+                where=f"KVCacheCoordinator.{rec.call}",
+                group_kind=None if rec.call == "find_longest_cache_hit" else group_kind(own.groups[over[0][0]]),
+            )
+    for adm in step.admissions:
+        if adm.local_hit > adm.num_tokens - 1:
+            yield _violation(
+                "lookup-within-limit",
+                step,
+                own,
+                f"request {adm.request_id}: the scheduler's local lookup hit {adm.local_hit} tokens "
+                f"of a {adm.num_tokens}-token prompt, past the limit num_tokens - 1 = {adm.num_tokens - 1}",
+                where="Scheduler._get_local_prefix_cache_hit",
+            )
+
+
+def check_lookup_within_limit(step: StepObservation) -> None:
+    """No prefix-cache lookup of the step returns a hit, joint or per group,
+    longer than the limit its caller passed (the coordinator's
+    ``max_cache_hit_length``), and no local hit of an admission reaches the
+    prompt's last token (``num_tokens - 1``)."""
+    for violation in _lookup_violations(step):
+        raise violation
+
+
+check_lookup_within_limit.violations = _lookup_violations  # type: ignore[attr-defined]
+
+
+OWNERSHIP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
+    check_read_blocks_held,
+    check_no_same_step_hazard,
+    check_reservation_covers_allocation,
+    check_lookup_within_limit,
+)
