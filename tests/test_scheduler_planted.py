@@ -137,7 +137,9 @@ def test_every_scheduler_check_has_a_planted_case() -> None:
         # (a Mamba group with no hit at all) makes allocate_slots assert
         # inside schedule(): with every check on, whichever the machine meets
         # first reports it.
-        ("no_divergent_fallback", {"mamba-state-at-boundary", "local-part-covered", "no-exception"}),
+        # (The ownership model sees the same missing state as a read of blocks
+        # the request does not hold.)
+        ("no_divergent_fallback", {"mamba-state-at-boundary", "local-part-covered", "no-exception", "read-blocks-held"}),
         ("skip_truncation", {"computed-adds-up"}),
     ],
 )
