@@ -45,6 +45,7 @@ from invariants._common import cdiv, group_kind, group_name
 __all__ = [
     "OWNERSHIP_CHECKS",
     "WHERE_ASYNC_LANDED",
+    "WHERE_ROLLED_BACK",
     "WHERE_COPY_ON_WRITE",
     "WHERE_NEW_BLOCK",
     "check_lookup_within_limit",
@@ -62,6 +63,8 @@ WHERE_NEW_BLOCK = "BlockPool.get_new_blocks"
 # A held-block violation of a request whose async load landed in this step
 # (its resume point was set there, not at admission).
 WHERE_ASYNC_LANDED = "Scheduler._update_waiting_for_remote_kv"
+# ... and of a request the previous step rolled back for a failed sync load.
+WHERE_ROLLED_BACK = "Scheduler._update_requests_with_invalid_blocks"
 
 
 def _observed(step: StepObservation) -> OwnershipObservation | None:
@@ -164,7 +167,11 @@ def _held_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                     f"{wanted} of {group_name(g)} ({rule[0]}{'' if not rule[1] else f' {rule[1]}'}), "
                     f"but they are not all held by it: " + "; ".join(problems)
                     + f" (table {list(table)})",
-                    where=WHERE_ASYNC_LANDED if t.request_id in landed else "Scheduler.schedule",
+                    where=WHERE_ASYNC_LANDED
+                    if t.request_id in landed
+                    else WHERE_ROLLED_BACK
+                    if t.request_id in step.rolled_back
+                    else "Scheduler.schedule",
                     group_kind=group_kind(g),
                 )
 
@@ -294,7 +301,7 @@ def _reservation_violations(step: StepObservation) -> Iterator[InvariantViolatio
                 f"{total_counted} blocks in all (per group {list(rec.counted)}) but took "
                 f"{sum(rec.taken)} (per group {list(rec.taken)}): a negative per-group count "
                 f"hides blocks another group takes",
-                where="KVCacheManager.allocate_slots",
+                where=WHERE_ROLLED_BACK if rec.request_id in step.rolled_back else "KVCacheManager.allocate_slots",
             )
         for g, counted, taken, takers in zip(own.groups, rec.counted, rec.taken, rec.takers):
             if taken <= max(counted or 0, 0):

@@ -111,6 +111,7 @@ class SchedulerHarness:
         self._sync_failures: dict[str, tuple[int, int, tuple[int, ...]]] = {}
         self._failed_async: dict[str, FailedLoad] = {}
         self._step_failed_loads: list[FailedLoad] = []
+        self._rolled_back: frozenset[str] = frozenset()
         self._watch_failed_landing()
         # Connector calls already reported in a step observation; requests
         # already seen leaving the scheduler.
@@ -256,6 +257,7 @@ class SchedulerHarness:
         self._fed = None
         self.spies.new_step()
         self._step_failed_loads = []
+        rolled_back, self._rolled_back = self._rolled_back, frozenset()
         self.ownership.new_step()
         asked_before = len(self.script.queries)
         allocs_before = len(self.script.allocs)
@@ -339,6 +341,7 @@ class SchedulerHarness:
             connector_finishes=finishes,
             left_scheduler=left,
             failed_loads=tuple(self._step_failed_loads),
+            rolled_back=rolled_back,
             ownership=ownership,
         )
 
@@ -528,6 +531,9 @@ class SchedulerHarness:
         self._sync_failures.clear()
         for load in reported:
             self._step_failed_loads.append(self._failed_load_now(load, self._requests[load.request_id], "reported"))
+        self._rolled_back = frozenset(
+            f.request_id for f in reported if f.how == "invalid_block_ids" and f.policy == "recompute"
+        )
 
     def drain(self, max_steps: int = 64, context: str = "") -> list[StepObservation]:
         """Step until no request is left (or ``max_steps``)."""
