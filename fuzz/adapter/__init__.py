@@ -9,6 +9,8 @@ package; strategies and invariants never import it, and speak in
 * ``_specs``: spec classes and layouts (discovery, construction, resolver);
 * ``_manager``: a real ``KVCacheManager`` driven by a truncation scenario;
 * ``_config``: model, scheduler and cache configs, built as the engine does;
+* ``_engine_plan``: a model's config.json + cache flags planned into the
+  scheduler's KV-cache config by vLLM's own planning code;
 * ``_connector``: the scripted KV connector vLLM loads by module path;
 * ``_observe``: recording wrappers on a live scheduler, vLLM frames;
 * ``_scheduler``: a real ``Scheduler`` driven a step at a time;
@@ -17,6 +19,7 @@ package; strategies and invariants never import it, and speak in
 
 from fuzz.adapter._compat import CAPABILITIES, missing_capabilities
 from fuzz.adapter._env import VLLM_VERSION, init_hashing
+from fuzz.adapter._engine_plan import EnginePlan, plan_engine, planned_layout
 from fuzz.adapter._manager import Lookup, ManagerHarness
 from fuzz.adapter._planted import (
     PLANTED_SCHEDULER_BUGS,
@@ -41,6 +44,7 @@ from fuzz.adapter._specs import (
 
 __all__ = [
     "CAPABILITIES",
+    "EnginePlan",
     "PLANTED_SCHEDULER_BUGS",
     "PLANTED_TRUNCATE_BUGS",
     "VLLM_VERSION",
@@ -52,6 +56,8 @@ __all__ = [
     "build_spec",
     "init_hashing",
     "missing_capabilities",
+    "plan_engine",
+    "planned_layout",
     "planted_scheduler_bug",
     "planted_truncate_bug",
     "qualified_name",

@@ -99,8 +99,12 @@ class Findings:
         bug = None
         if isinstance(exc, InvariantViolation):
             bug = known_bugs.match(known_bugs.failure_of(exc), self.vllm_version)
+        target = get_target(target_name)
         meta = {
             "target": target_name,
+            # Scheduler tier: engine-reachable or scheduler-API, and why.
+            "reach": target.reach,
+            "reach_reason": target.reach_reason,
             "invariant": invariant,
             # A documented bug of this vLLM release (fuzz/known_bugs.py): reported,
             # never a new violation.

@@ -15,10 +15,13 @@ rest of the suite survive vLLM's moving internal API.
   pool (:class:`PoolObservation`);
 * ``_violations``: :class:`InvariantViolation`, :class:`HarnessError`;
 * ``_catalog``: what the installed vLLM offers (:func:`installed`), filled in
-  by the adapter.
+  by the adapter;
+* ``_engine``: an engine-reachable configuration (:class:`EngineDraw`: a
+  model's config.json and cache flags) and the reach labels.
 """
 
 from fuzz.model._catalog import Installed, installed, register_installed
+from fuzz.model._engine import ENGINE_REACHABLE, SCHEDULER_API, EngineDraw, reach_label
 from fuzz.model._kv import BlockRef, GroupInfo, GroupTruncation, LayoutDraw, SpecDraw, TruncationObservation
 from fuzz.model._scheduler import (
     REPLY_KINDS,
@@ -34,6 +37,10 @@ from fuzz.model._scheduler import (
 from fuzz.model._violations import HarnessError, InvariantViolation
 
 __all__ = [
+    "ENGINE_REACHABLE",
+    "SCHEDULER_API",
+    "EngineDraw",
+    "reach_label",
     "REPLY_KINDS",
     "AdmissionObservation",
     "BlockRef",
