@@ -1,0 +1,152 @@
+"""The engine-reachable strategy against vLLM's own planning.
+
+* For named real model configurations, the planner
+  (``fuzz.adapter.plan_engine``, no model built) gives the same scheduler
+  KV-cache config as vLLM's planning run over the model's real layers built
+  on the meta device (tests/_engine_reference.py, in its own process).
+* What the strategy draws is what the planner plans, and the scheduler the
+  harness builds holds that same config.
+* ``strategies.scheduler.engine_layout`` (the hand-written model the
+  scheduler-API targets still use) agrees with the real path on every group
+  block size; where it departs (the hash unit) is pinned here.
+* Planted: a planner that got one fact wrong (the Mamba block size, the
+  sliding-window block) is caught by the comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+
+from fuzz.adapter import SchedulerHarness, plan_engine, planned_layout
+from fuzz.adapter import _engine_plan
+from fuzz.model import ENGINE_REACHABLE, SCHEDULER_API, SchedulerDraw
+from fuzz.registry import TARGETS, default_targets
+from strategies.engine_models import engine_scheduler_draws, named_engine_models
+from strategies.scheduler import engine_layout
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from _engine_reference import MAX_MODEL_LEN, NUM_BLOCKS, summary  # noqa: E402
+
+# The named configurations whose real layers build on the meta device here
+# (Qwen3-Next's GDN layer asks the platform for a device; GPT-OSS's sink
+# attention needs the FlashAttention extension): NemotronH with and without
+# a prefix-match unit, Jamba, Gemma-3.
+BUILT = (
+    "nemotron-h (pattern M-M-M*-M, prefix caching)",
+    "nemotron-h --prefix-match-unit 8",
+    "jamba (1 attention in 8)",
+    "gemma-3 (5 sliding : 1 full)",
+)
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, dict[str, object]]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "_engine_reference.py"), *BUILT],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("REFERENCE ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    return json.loads(lines[-1][len("REFERENCE "):])
+
+
+def _planned(name: str) -> dict[str, object]:
+    plan = plan_engine(named_engine_models()[name], num_blocks=NUM_BLOCKS, max_model_len=MAX_MODEL_LEN)
+    return summary(plan.kv_config, plan.scheduler_block_size, plan.hash_block_size)
+
+
+@pytest.mark.parametrize("name", BUILT)
+def test_planner_matches_vllm_planning_over_real_layers(reference: dict[str, dict[str, object]], name: str) -> None:
+    assert _planned(name) == reference[name]
+
+
+def test_a_wrong_planner_is_caught(reference: dict[str, dict[str, object]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: Mamba layers keep the user's block size instead of the
+    aligned one (what the hand-written engine_layout once assumed)."""
+    real = _engine_plan._layer_specs
+
+    def unaligned(vllm_config, layers):  # type: ignore[no-untyped-def]
+        specs = real(vllm_config, layers)
+        return {
+            n: dataclasses.replace(s, block_size=16) if type(s).__name__ == "MambaSpec" else s
+            for n, s in specs.items()
+        }
+
+    monkeypatch.setattr(_engine_plan, "_layer_specs", unaligned)
+    name = BUILT[0]
+    try:
+        planned = _planned(name)
+    except Exception:  # noqa: BLE001 - vLLM refusing the wrong plan also counts as caught
+        return
+    assert planned != reference[name]
+
+
+@pytest.mark.parametrize("name", sorted(named_engine_models()))
+def test_every_named_configuration_plans_and_builds(name: str) -> None:
+    """Every named configuration (those whose layers cannot be built here
+    too) plans, and the harness's scheduler holds exactly the plan."""
+    engine = named_engine_models()[name]
+    layout = dataclasses.replace(planned_layout(engine), num_blocks=NUM_BLOCKS, max_model_len=MAX_MODEL_LEN)
+    harness = SchedulerHarness(SchedulerDraw(layout=layout, engine=engine))
+    plan = plan_engine(engine, num_blocks=NUM_BLOCKS, max_model_len=MAX_MODEL_LEN)
+    assert [g.kv_cache_spec for g in harness.kv_cache_config.kv_cache_groups] == [
+        g.kv_cache_spec for g in plan.kv_config.kv_cache_groups
+    ]
+    assert (harness.scheduler_block_size, harness.hash_block_size) == (
+        plan.scheduler_block_size,
+        plan.hash_block_size,
+    )
+
+
+@settings(max_examples=40)
+@given(config=engine_scheduler_draws())
+def test_drawn_layouts_are_the_plans(config: SchedulerDraw) -> None:
+    """The strategy sizes prompts by the layout the engine plans for the
+    drawn model and flags, and labels the draw engine-reachable."""
+    assert config.engine is not None
+    assert config.reach[0] == ENGINE_REACHABLE
+    try:
+        plan = plan_engine(config.engine)
+    except Exception:  # noqa: BLE001 - a refused config: the strategy holds a placeholder
+        return
+    assert config.layout.groups == plan.layout().groups
+    assert config.layout.hash_block_size == plan.hash_block_size
+
+
+@pytest.mark.parametrize("name", sorted(named_engine_models()))
+def test_engine_layout_against_the_real_path(name: str) -> None:
+    """engine_layout (the scheduler-API targets' model of the engine) keeps
+    every group block size the engine plans: Mamba groups already sit on the
+    smallest attention block (align mode sets mamba_block_size to the
+    attention block). It departs on the hash unit only: where the engine's
+    unit leaves fewer than four units per Mamba block it picks a finer one,
+    which is what an operator's smaller --prefix-match-unit gives; the unit
+    it picks always divides every block."""
+    real = planned_layout(named_engine_models()[name])
+    modelled = engine_layout(real)
+    assert modelled.groups == real.groups
+    assert modelled.hash_block_size <= real.hash_block_size
+    assert all(g.block_size % modelled.hash_block_size == 0 for g in real.groups)
+    mamba = [g.block_size for g in real.groups if g.kind == "MambaSpec"]
+    if mamba and len(real.groups) > 1 and mamba[0] // real.hash_block_size >= 4:
+        assert modelled.hash_block_size == real.hash_block_size
+
+
+def test_targets_are_labelled() -> None:
+    """Every scheduler target says which kind its findings are, and why;
+    both kinds run by default."""
+    scheduler = [t for t in TARGETS.values() if t.name.startswith("scheduler-")]
+    assert {t.reach for t in scheduler} == {ENGINE_REACHABLE, SCHEDULER_API}
+    assert all(t.reach_reason for t in scheduler)
+    defaults = {t.reach for t in default_targets()}
+    assert {ENGINE_REACHABLE, SCHEDULER_API} <= defaults
