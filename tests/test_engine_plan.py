@@ -150,3 +150,52 @@ def test_targets_are_labelled() -> None:
     assert all(t.reach_reason for t in scheduler)
     defaults = {t.reach for t in default_targets()}
     assert {ENGINE_REACHABLE, SCHEDULER_API} <= defaults
+
+
+# -- the leads (docs/leads.md) -------------------------------------------------
+
+_NEMOTRON_TWO_FA = dict(
+    architectures=["NemotronHForCausalLM"], model_type="nemotron_h", num_hidden_layers=3,
+    hybrid_override_pattern="M**", mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=1,
+    conv_kernel=4, expand=1, chunk_size=64, intermediate_size=128, hidden_size=64, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=32, vocab_size=1024, max_position_embeddings=4096,
+)
+
+
+def _harness(engine):  # type: ignore[no-untyped-def]
+    layout = dataclasses.replace(planned_layout(engine), num_blocks=NUM_BLOCKS, max_model_len=MAX_MODEL_LEN)
+    return SchedulerHarness(SchedulerDraw(layout=layout, engine=engine))
+
+
+def test_engine_full_attention_groups_are_looked_up_together() -> None:
+    """Lead "a lagging second full-attention group": an engine gives every
+    full-attention layer one spec, so a model with more full-attention layers
+    than one group holds (NemotronH "M**": one Mamba layer, two attention
+    layers, groups of one layer) gets several full-attention groups with the
+    same spec, and the coordinator looks them up as one entry: one hit for
+    all, so none can lag another."""
+    from fuzz.model import EngineDraw
+
+    harness = _harness(EngineDraw.of("nemotron-h", _NEMOTRON_TWO_FA, prefix_match_unit=4))
+    groups = harness.kv_cache_config.kv_cache_groups
+    fa = [i for i, g in enumerate(groups) if type(g.kv_cache_spec).__name__ == "FullAttentionSpec"]
+    assert len(fa) == 2
+    assert groups[fa[0]].kv_cache_spec == groups[fa[1]].kv_cache_spec
+    entries = [tuple(e.group_ids) for e in harness.manager.coordinator.attention_groups]
+    assert tuple(fa) in entries, entries
+
+
+def test_engine_sliding_window_hybrid_has_no_divergent_path() -> None:
+    """Lead "a lagging sliding-window group handed to a divergence-capable
+    connector": the only shipped hybrid with sliding-window attention layers
+    (NemotronH, ``config.sliding_window``) applies the window to every
+    attention layer, so there is no full-attention group and the per-group
+    (divergent) lookup is off: ``get_computed_blocks_for_connector`` returns
+    the joint hit and never reports a divergence."""
+    from fuzz.model import EngineDraw
+
+    engine = EngineDraw.of("nemotron-h", dict(_NEMOTRON_TWO_FA, sliding_window=32), prefix_match_unit=4)
+    harness = _harness(engine)
+    kinds = {type(g.kv_cache_spec).__name__ for g in harness.kv_cache_config.kv_cache_groups}
+    assert kinds == {"MambaSpec", "SlidingWindowSpec"}
+    assert harness.manager.coordinator.full_attention_group_id is None

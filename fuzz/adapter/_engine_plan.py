@@ -89,8 +89,10 @@ _Layer = tuple[tuple[str, Any], ...]
 
 def _nemotron_h(hf: Any) -> list[_Layer]:
     # nemotron_h.py: hybrid_override_pattern[i]: "M" Mamba2 mixer, "*"
-    # attention, "-" MLP and "E" MoE (no KV cache).
-    kinds = {"M": (("mamba", "mamba2"),), "*": (("attention", None),)}
+    # attention (every one with config.sliding_window, when set), "-" MLP and
+    # "E" MoE (no KV cache).
+    window = getattr(hf, "sliding_window", None)
+    kinds = {"M": (("mamba", "mamba2"),), "*": (("attention", window),)}
     return [kinds.get(c, ()) for c in hf.hybrid_override_pattern]
 
 
