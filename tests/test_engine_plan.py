@@ -199,3 +199,18 @@ def test_engine_sliding_window_hybrid_has_no_divergent_path() -> None:
     kinds = {type(g.kv_cache_spec).__name__ for g in harness.kv_cache_config.kv_cache_groups}
     assert kinds == {"MambaSpec", "SlidingWindowSpec"}
     assert harness.manager.coordinator.full_attention_group_id is None
+
+
+@pytest.mark.parametrize(("target", "reach"), [("scheduler-engine-reachable", ENGINE_REACHABLE), ("scheduler-single-shot", SCHEDULER_API)])
+def test_finding_sidecars_carry_the_reach_label(tmp_path: Path, target: str, reach: str) -> None:
+    from fuzz.campaign.findings import Findings
+
+    findings = Findings(repro_dir=tmp_path, start=0.0, campaign_seed=None, worker="w0", vllm_version="0.33.0")
+    try:
+        raise ValueError("planted failure")
+    except ValueError as exc:
+        meta = findings.record(target, 0, exc)
+    assert meta is not None
+    assert meta["reach"] == reach and meta["reach_reason"] == TARGETS[target].reach_reason
+    written = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert written["reach"] == reach
