@@ -122,7 +122,7 @@ TARGETS: dict[str, Target] = {
             "fuzz_scheduler_engine_reachable",
             strategy="engine_reachable_strategy",
             check="check_single_shot",
-            needs=SCHEDULER_TIER,
+            needs=(*SCHEDULER_TIER, "engine-planning"),
             reach="engine-reachable",
             reach_reason=(
                 "KV-cache config planned by vLLM's own engine code (verify_and_update_config hooks, "

@@ -25,12 +25,17 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from fuzz.adapter import SchedulerHarness, plan_engine, planned_layout
+from fuzz.adapter import SchedulerHarness, missing_capabilities
 from fuzz.adapter import _engine_plan
+from fuzz.adapter._engine_plan import plan_engine, planned_layout
 from fuzz.model import ENGINE_REACHABLE, SCHEDULER_API, SchedulerDraw
 from fuzz.registry import TARGETS, default_targets
 from strategies.engine_models import engine_scheduler_draws, named_engine_models
 from strategies.scheduler import engine_layout
+
+pytestmark = pytest.mark.skipif(
+    bool(missing_capabilities(("engine-planning",))), reason="; ".join(missing_capabilities(("engine-planning",)))
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))

@@ -19,7 +19,6 @@ package; strategies and invariants never import it, and speak in
 
 from fuzz.adapter._compat import CAPABILITIES, missing_capabilities
 from fuzz.adapter._env import VLLM_VERSION, init_hashing
-from fuzz.adapter._engine_plan import EnginePlan, plan_engine, planned_layout
 from fuzz.adapter._manager import Lookup, ManagerHarness
 from fuzz.adapter._planted import (
     PLANTED_SCHEDULER_BUGS,
@@ -44,7 +43,6 @@ from fuzz.adapter._specs import (
 
 __all__ = [
     "CAPABILITIES",
-    "EnginePlan",
     "PLANTED_SCHEDULER_BUGS",
     "PLANTED_TRUNCATE_BUGS",
     "VLLM_VERSION",
@@ -56,8 +54,6 @@ __all__ = [
     "build_spec",
     "init_hashing",
     "missing_capabilities",
-    "plan_engine",
-    "planned_layout",
     "planted_scheduler_bug",
     "planted_truncate_bug",
     "qualified_name",
@@ -69,3 +65,8 @@ __all__ = [
     "spec_facts",
     "temporary_spec_subclass",
 ]
+
+# The engine planner registers itself with fuzz.model (strategies size
+# prompts by its layouts) on releases that have the planning code it calls.
+if CAPABILITIES["engine-planning"].present():
+    from fuzz.adapter import _engine_plan  # noqa: F401

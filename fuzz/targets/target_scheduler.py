@@ -135,6 +135,9 @@ def fuzz_scheduler_single_shot_any_layout(scenario: SingleShotScenario) -> None:
     run_single_shot(scenario)
 
 
+@pytest.mark.skipif(
+    bool(missing_capabilities(("engine-planning",))), reason="; ".join(missing_capabilities(("engine-planning",)))
+)
 @given(scenario=engine_reachable_strategy())
 def fuzz_scheduler_engine_reachable(scenario: SingleShotScenario) -> None:
     """Configurations a real engine builds: a model config.json and cache
