@@ -51,7 +51,6 @@ from fuzz.adapter import _compat, _connector
 from fuzz.adapter._env import init_hashing
 from fuzz.adapter._specs import refused
 
-import torch  # noqa: E402
 from vllm.config import (  # noqa: E402
     CacheConfig,
     DeviceConfig,
