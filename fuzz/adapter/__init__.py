@@ -17,6 +17,8 @@ package; strategies and invariants never import it, and speak in
 * ``_planted``: deliberately wrong vLLM code for the self-tests.
 """
 
+import dataclasses as _dataclasses
+
 from fuzz.adapter._compat import CAPABILITIES, missing_capabilities
 from fuzz.adapter._env import VLLM_VERSION, init_hashing
 from fuzz.adapter._manager import Lookup, ManagerHarness
@@ -27,6 +29,8 @@ from fuzz.adapter._planted import (
     planted_truncate_bug,
 )
 from fuzz.adapter._scheduler import SchedulerHarness
+from fuzz.model import installed as _installed
+from fuzz.model import register_installed as _register_installed
 from fuzz.adapter._specs import (
     InvalidLayout,
     SpecFacts,
@@ -66,7 +70,17 @@ __all__ = [
     "temporary_spec_subclass",
 ]
 
-# The engine planner registers itself with fuzz.model (strategies size
-# prompts by its layouts) on releases that have the planning code it calls.
+
+
+def _planned_layout_or_none(engine):  # type: ignore[no-untyped-def]
+    # Imported on first use: the planner pulls in vLLM's model registry and
+    # attention backends, which every other adapter user can do without.
+    from fuzz.adapter import _engine_plan
+
+    return _engine_plan.layout_or_none(engine)
+
+
+# Strategies size prompts by the engine planner's layouts (fuzz.model), on
+# releases that have the planning code it calls.
 if CAPABILITIES["engine-planning"].present():
-    from fuzz.adapter import _engine_plan  # noqa: F401
+    _register_installed(_dataclasses.replace(_installed(), plan_layout=_planned_layout_or_none))

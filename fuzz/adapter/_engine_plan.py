@@ -76,10 +76,10 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from fuzz.adapter._specs import InvalidLayout  # noqa: E402
-from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw, installed, register_installed  # noqa: E402
+from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw  # noqa: E402
 from fuzz.model._engine import EngineDraw  # noqa: E402
 
-__all__ = ["EnginePlan", "build_engine_scheduler", "plan_engine", "planned_layout"]
+__all__ = ["EnginePlan", "build_engine_scheduler", "layout_or_none", "plan_engine", "planned_layout"]
 
 # What a layer is, per the model class: ("attention", sliding_window or
 # None) or ("mamba", mamba_type). A layer may hold both (Falcon-H1).
@@ -363,14 +363,13 @@ def planned_layout(engine: EngineDraw) -> LayoutDraw:
     return plan_engine(engine).layout()
 
 
-def _layout_or_none(engine: EngineDraw) -> LayoutDraw | None:
+def layout_or_none(engine: EngineDraw) -> LayoutDraw | None:
+    """:func:`planned_layout`, or None when vLLM refuses the configuration
+    (what ``fuzz.model.installed().plan_layout`` answers)."""
     try:
         return planned_layout(engine)
     except InvalidLayout:
         return None
-
-
-register_installed(dataclasses.replace(installed(), plan_layout=_layout_or_none))
 
 
 def build_engine_scheduler(draw: SchedulerDraw) -> Any:
