@@ -22,6 +22,13 @@ TRUNCATION_TIER = ("truncate", "connector-lookup", "per-group-lookup")
 SCHEDULER_TIER = ("truncate", "local-prefix-hit")
 # Scheduler targets write their repro from the run's operation log.
 SCHEDULER_REPRO = "fuzz.repro_scheduler:scheduler_repro_from_last_run"
+# The reach labels (fuzz.model.ENGINE_REACHABLE / SCHEDULER_API), spelled out
+# here so listing targets never imports the suite's model.
+_API = "scheduler-API"
+_API_WHY = (
+    "layouts drawn directly (strategies/scheduler.py, as vLLM's unit tests build schedulers); "
+    "no engine path is known to build every one"
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,12 @@ class Target:
     # The vLLM capabilities it cannot run without (fuzz.adapter.CAPABILITIES),
     # checked before fuzzing: a target this vLLM cannot host is skipped.
     needs: tuple[str, ...] = ()
+    # Scheduler tier: can a real engine hand the scheduler the configurations
+    # this target draws? "engine-reachable" (vLLM's planning code built them
+    # from a model config) or "scheduler-API" (built directly, as vLLM's unit
+    # tests do), and why; every finding's sidecar carries both.
+    reach: str | None = None
+    reach_reason: str = ""
 
     @property
     def nodeid(self) -> str:
@@ -90,6 +103,8 @@ TARGETS: dict[str, Target] = {
             check="check_single_shot",
             repro=SCHEDULER_REPRO,
             needs=SCHEDULER_TIER,
+            reach=_API,
+            reach_reason=_API_WHY,
         ),
         Target(
             "scheduler-any-layout",
@@ -100,6 +115,23 @@ TARGETS: dict[str, Target] = {
             check="check_single_shot",
             repro=SCHEDULER_REPRO,
             needs=SCHEDULER_TIER,
+            reach=_API,
+            reach_reason=_API_WHY,
+        ),
+        Target(
+            "scheduler-engine-reachable",
+            "Scheduler.schedule() single-shot over KV-cache configs vLLM's engine planning builds from real "
+            "architectures (NemotronH, Jamba, Qwen3-Next, Granite-4.0-H, Falcon-H1, Gemma-3, GPT-OSS)",
+            "fuzz.targets.target_scheduler",
+            "fuzz_scheduler_engine_reachable",
+            strategy="engine_reachable_strategy",
+            check="check_single_shot",
+            needs=(*SCHEDULER_TIER, "engine-planning"),
+            reach="engine-reachable",
+            reach_reason=(
+                "KV-cache config planned by vLLM's own engine code (verify_and_update_config hooks, "
+                "hybrid block-size alignment, get_kv_cache_configs, the block-size resolver) from a model config.json"
+            ),
         ),
         Target(
             "scheduler-machine",
@@ -109,6 +141,8 @@ TARGETS: dict[str, Target] = {
             machine="SchedulerMachine",
             repro=SCHEDULER_REPRO,
             needs=SCHEDULER_TIER,
+            reach=_API,
+            reach_reason=_API_WHY,
         ),
     ]
 }

@@ -7,7 +7,9 @@ per label per example). Asserts the share of examples that reached the
 external-hit truncation and the divergent-hit fallback; prints every
 label's share (``-s`` to see them). The state machine is measured per run
 (``target_scheduler.MACHINE_REACH``): most runs must admit a request, and
-some must reach the truncation branch.
+some must reach the truncation branch. The engine-reachable target
+(``fuzz_scheduler_engine_reachable``) meets the same floors, and nearly all
+of its configurations must be ones vLLM builds.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from fuzz.targets import target_scheduler
 
 MIN_TRUNCATION = 0.30
 MIN_FALLBACK = 0.10
+# The engine-reachable target (configs vLLM's engine planning builds): the
+# same floors as the core target, and nearly every config must build (the
+# strategies draw what a real engine accepts, by construction).
+ENGINE_MIN_BUILT = 0.95
 MACHINE_MIN_ADMITTING = 0.60
 MACHINE_MIN_TRUNCATION = 0.02
 
@@ -64,4 +70,26 @@ def test_state_machine_reach() -> None:
     assert truncation >= MACHINE_MIN_TRUNCATION, (
         f"the truncation branch was reached in {truncation:.1%} of {n} state-machine runs "
         f"(need {MACHINE_MIN_TRUNCATION:.0%})"
+    )
+
+
+def test_engine_reachable_reach() -> None:
+    before = runner.REACH.copy()
+    target_scheduler.fuzz_scheduler_engine_reachable()
+    n, shares = _shares(runner.REACH - before, "examples", "engine-reachable single-shot")
+    built = 1.0 - shares.get("config rejected", 0.0)
+    print(f"  {built:6.1%}  configurations a real engine builds")
+    truncation = shares.get(runner.TRUNCATION, 0.0)
+    fallback = shares.get(runner.FALLBACK, 0.0)
+    assert built >= ENGINE_MIN_BUILT, (
+        f"vLLM refused {1 - built:.1%} of {n} engine-reachable configurations (need <= "
+        f"{1 - ENGINE_MIN_BUILT:.0%}); strategies/engine_models.py draws what vLLM no longer accepts"
+    )
+    assert truncation >= MIN_TRUNCATION, (
+        f"the external-hit truncation branch was reached by {truncation:.1%} of {n} "
+        f"engine-reachable examples (need {MIN_TRUNCATION:.0%})"
+    )
+    assert fallback >= MIN_FALLBACK, (
+        f"the divergent-hit fallback was reached by {fallback:.1%} of {n} engine-reachable "
+        f"examples (need {MIN_FALLBACK:.0%})"
     )

@@ -9,12 +9,16 @@ package; strategies and invariants never import it, and speak in
 * ``_specs``: spec classes and layouts (discovery, construction, resolver);
 * ``_manager``: a real ``KVCacheManager`` driven by a truncation scenario;
 * ``_config``: model, scheduler and cache configs, built as the engine does;
+* ``_engine_plan``: a model's config.json + cache flags planned into the
+  scheduler's KV-cache config by vLLM's own planning code;
 * ``_connector``: the scripted KV connector vLLM loads by module path;
 * ``_observe``: recording wrappers on a live scheduler, vLLM frames;
 * ``_scheduler``: a real ``Scheduler`` driven a step at a time;
 * ``_oplog``: its operation log read from vLLM's objects, and replayed;
 * ``_planted``: deliberately wrong vLLM code for the self-tests.
 """
+
+import dataclasses as _dataclasses
 
 from fuzz.adapter._compat import CAPABILITIES, missing_capabilities
 from fuzz.adapter._env import VLLM_VERSION, init_hashing
@@ -28,6 +32,8 @@ from fuzz.adapter._planted import (
 )
 from fuzz.adapter._oplog import last_oplog, replay_oplog
 from fuzz.adapter._scheduler import SchedulerHarness
+from fuzz.model import installed as _installed
+from fuzz.model import register_installed as _register_installed
 from fuzz.adapter._specs import (
     InvalidLayout,
     SpecFacts,
@@ -69,3 +75,18 @@ __all__ = [
     "spec_facts",
     "temporary_spec_subclass",
 ]
+
+
+
+def _planned_layout_or_none(engine):  # type: ignore[no-untyped-def]
+    # Imported on first use: the planner pulls in vLLM's model registry and
+    # attention backends, which every other adapter user can do without.
+    from fuzz.adapter import _engine_plan
+
+    return _engine_plan.layout_or_none(engine)
+
+
+# Strategies size prompts by the engine planner's layouts (fuzz.model), on
+# releases that have the planning code it calls.
+if CAPABILITIES["engine-planning"].present():
+    _register_installed(_dataclasses.replace(_installed(), plan_layout=_planned_layout_or_none))

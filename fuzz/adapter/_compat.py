@@ -53,6 +53,11 @@ class Capability:
         return hasattr(self.owner, self.attribute)
 
 
+try:
+    from vllm.v1.core import kv_cache_planning as _planning
+except ImportError:  # releases that plan KV caches in kv_cache_utils only
+    _planning = None
+
 CAPABILITIES: dict[str, Capability] = {
     "truncate": Capability(
         "KVCacheManager.truncate_computed_blocks", "0.27.1", KVCacheManager, "truncate_computed_blocks"
@@ -71,6 +76,11 @@ CAPABILITIES: dict[str, Capability] = {
     ),
     "local-prefix-hit": Capability(
         "Scheduler._get_local_prefix_cache_hit", "0.28.0", Scheduler, "_get_local_prefix_cache_hit"
+    ),
+    # The engine-reachable target plans configs with the engine's own code
+    # (fuzz/adapter/_engine_plan.py), written against 0.33.0's planning module.
+    "engine-planning": Capability(
+        "vllm.v1.core.kv_cache_planning.get_kv_cache_configs", "0.33.0", _planning, "get_kv_cache_configs"
     ),
 }
 

@@ -177,6 +177,10 @@ def build_scheduler(draw: SchedulerDraw) -> BuiltScheduler:
     Raises :class:`InvalidLayout` when vLLM refuses the configuration (its
     config validation, block-size resolver or constructors).
     """
+    if draw.engine is not None:  # engine-reachable: vLLM's planning code decides
+        from fuzz.adapter._engine_plan import build_engine_scheduler
+
+        return build_engine_scheduler(draw)
     init_hashing()
     layout = draw.layout
     prefix_match_unit = None if len(layout.groups) == 1 else layout.hash_block_size

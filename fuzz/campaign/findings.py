@@ -134,6 +134,9 @@ class Findings:
         if target in meta["targets"]:
             return
         meta["targets"].append(target)
+        found_by = get_target(target)
+        if found_by.reach == "engine-reachable" and meta.get("reach") != "engine-reachable":
+            meta["reach"], meta["reach_reason"] = found_by.reach, found_by.reach_reason
         self._write_sidecar(meta)
 
     def _write_sidecar(self, meta: dict[str, Any]) -> None:
@@ -171,11 +174,16 @@ class Findings:
         bug = None
         if isinstance(exc, InvariantViolation):
             bug = known_bugs.match(known_bugs.failure_of(exc), self.vllm_version)
+        target = get_target(target_name)
         meta = {
             "target": target_name,  # the first to find it
             # Every target that reached the same crash state (fuzz.campaign.totals merges them).
             "targets": [target_name],
             "stem": stem,
+            # Scheduler tier: engine-reachable or scheduler-API, and why (the
+            # strongest label of the targets that found it).
+            "reach": target.reach,
+            "reach_reason": target.reach_reason,
             "invariant": invariant,
             # A documented bug of this vLLM release (fuzz/known_bugs.py): reported,
             # never a new violation.

@@ -62,7 +62,10 @@ class Totals:
                 continue
             first, second = (f, mine) if f.get("found_after_s", 0) < mine.get("found_after_s", 0) else (mine, f)
             targets = list(dict.fromkeys(_targets(first) + _targets(second)))
-            failures[f["key"]] = {**first, "targets": targets}
+            merged = {**first, "targets": targets}
+            if second.get("reach") == "engine-reachable":  # the strongest label wins
+                merged["reach"], merged["reach_reason"] = second["reach"], second.get("reach_reason")
+            failures[f["key"]] = merged
         names = set(self.telemetry) | set(other.telemetry)
         return Totals(
             examples=_add(self.examples, other.examples),

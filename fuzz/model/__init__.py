@@ -19,11 +19,14 @@ rest of the suite survive vLLM's moving internal API.
   ``schedule()`` (:class:`OwnershipObservation`);
 * ``_violations``: :class:`InvariantViolation`, :class:`HarnessError`;
 * ``_catalog``: what the installed vLLM offers (:func:`installed`), filled in
-  by the adapter.
+  by the adapter;
+* ``_engine``: an engine-reachable configuration (:class:`EngineDraw`: a
+  model's config.json and cache flags) and the reach labels.
 """
 
 from fuzz.model._catalog import Installed, installed, register_installed
 from fuzz.model._ownership import AllocationRecord, HeldTable, LookupRecord, OwnershipObservation
+from fuzz.model._engine import ENGINE_REACHABLE, SCHEDULER_API, EngineDraw, reach_label
 from fuzz.model._kv import BlockRef, GroupInfo, GroupTruncation, LayoutDraw, SpecDraw, TruncationObservation
 from fuzz.model._oplog import (
     Abort,
@@ -51,6 +54,10 @@ from fuzz.model._scheduler import (
 from fuzz.model._violations import HarnessError, InvariantViolation
 
 __all__ = [
+    "ENGINE_REACHABLE",
+    "SCHEDULER_API",
+    "EngineDraw",
+    "reach_label",
     "REPLY_KINDS",
     "Abort",
     "AddRequest",

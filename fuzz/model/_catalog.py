@@ -10,6 +10,7 @@ a strategy has imported the adapter to run anything at all.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 __all__ = ["Installed", "installed", "register_installed"]
@@ -21,6 +22,8 @@ class Installed:
     # Qualified names of every KVCacheSpec subclass reachable now (a call:
     # tests define and retire classes while the process runs).
     spec_classes: Callable[[], tuple[str, ...]]
+    # The layout vLLM's engine plans for an EngineDraw (None: refused).
+    plan_layout: Callable[[Any], Any] | None = None
 
 
 _INSTALLED: Installed | None = None

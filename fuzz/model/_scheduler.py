@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from fuzz.model._engine import EngineDraw, reach_label
 from fuzz.model._kv import GroupInfo, LayoutDraw
 from fuzz.model._ownership import OwnershipObservation
 
@@ -35,12 +36,23 @@ class SchedulerDraw:
     # looks like: with V2, requests resumed after a preemption are reported
     # as new requests; with V1, among the cached ones.
     model_runner: str | None = None
+    # The model and cache flags vLLM's engine planned ``layout`` from
+    # (engine-reachable); None: the layout was built directly (scheduler-API).
+    engine: EngineDraw | None = None
+
+    @property
+    def reach(self) -> tuple[str, str]:
+        """(label, reason): engine-reachable or scheduler-API, and why."""
+        return reach_label(self.engine)
 
     @property
     def model(self) -> str:
-        """A hybrid model for layouts with a whole-state (Mamba-like) group,
-        else a plain decoder."""
+        """The engine draw's architecture family; else a hybrid model for
+        layouts with a whole-state (Mamba-like) group, else a plain decoder."""
         from invariants.classification import Behaviour, classification_of_kind
+
+        if self.engine is not None:
+            return self.engine.name
 
         whole_state = any(
             classification_of_kind(g.kind).behaviour is Behaviour.MAY_BE_SHORT for g in self.layout.groups
@@ -55,7 +67,8 @@ class SchedulerDraw:
             f"long_prefill_token_threshold={self.long_prefill_token_threshold}, "
             f"connector.supports_divergent_local_hybrid_hits={self.divergent_hits}, "
             f"kv_load_failure_policy={self.kv_load_failure_policy!r}"
-            f"{'' if self.model_runner is None else f', model_runner={self.model_runner!r}'})"
+            f"{'' if self.model_runner is None else f', model_runner={self.model_runner!r}'}"
+            f"{'' if self.engine is None else f', engine={self.engine!r}'})"
         )
 
 

@@ -10,6 +10,10 @@ uses the evict shortcut.
   tests/test_scheduler_reach.py).
 * ``fuzz_scheduler_single_shot_any_layout``: the same with other groups
   beside full attention + Mamba, and over any 1-4 group layout.
+* ``fuzz_scheduler_engine_reachable``: the same single-shot scenarios over
+  KV-cache configs vLLM's own engine planning builds from real model
+  configurations (:mod:`strategies.engine_models`); findings here are
+  labelled engine-reachable, the layout-drawn targets' scheduler-API.
 * ``fuzz_scheduler_evict_shortcut``: also evicts hand-picked blocks per group
   before the replay. A search aid only: a failure here must be re-derived
   through a real path before it is reported as a vLLM bug, so it runs only
@@ -46,6 +50,7 @@ from fuzz.registry import SCHEDULER_TIER
 from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.runners.scheduler import ALL_CHECKS, Stepper, build_harness, run_single_shot
 from invariants.scheduler import check_no_leaked_blocks
+from strategies.engine_models import engine_single_shot_scenarios
 from strategies.scheduler import (
     PromptDraw,
     SingleShotScenario,
@@ -74,6 +79,10 @@ def any_layout_strategy():  # type: ignore[no-untyped-def]
         shortcut=False,
         flavours={"tail": 1, "inside": 1, "free": 1},
     )
+
+
+def engine_reachable_strategy():  # type: ignore[no-untyped-def]
+    return engine_single_shot_scenarios()
 
 
 def check_single_shot(scenario: SingleShotScenario) -> None:
@@ -125,6 +134,18 @@ def fuzz_scheduler_single_shot_any_layout(scenario: SingleShotScenario) -> None:
     """Full attention + Mamba + other groups (sliding window, chunked local,
     MLA, scratch, ...), and any 1-4 group layout of every drawable spec
     kind; real paths only, over-reports included."""
+    run_single_shot(scenario)
+
+
+@pytest.mark.skipif(
+    bool(missing_capabilities(("engine-planning",))), reason="; ".join(missing_capabilities(("engine-planning",)))
+)
+@given(scenario=engine_reachable_strategy())
+def fuzz_scheduler_engine_reachable(scenario: SingleShotScenario) -> None:
+    """Configurations a real engine builds: a model config.json and cache
+    flags, planned into the scheduler's KV-cache config by vLLM's own code;
+    real paths only, over-reports included."""
+    note(f"reach: {scenario.config.reach[0]} ({scenario.config.reach[1]})")
     run_single_shot(scenario)
 
 
