@@ -126,6 +126,7 @@ TARGETS: dict[str, Target] = {
             "fuzz_scheduler_engine_reachable",
             strategy="engine_reachable_strategy",
             check="check_single_shot",
+            repro=SCHEDULER_REPRO,
             needs=(*SCHEDULER_TIER, "engine-planning"),
             reach="engine-reachable",
             reach_reason=(

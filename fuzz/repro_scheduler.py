@@ -149,7 +149,9 @@ def shrink_oplog(
     changed = True
     while changed and tries < budget:
         changed = False
-        for index in range(len(current.config.draw.layout.groups) if len(current.config.draw.layout.groups) > 1 else 0):
+        # An engine-planned configuration keeps its groups: the engine decides them.
+        groups = len(current.config.draw.layout.groups) if current.config.draw.engine is None else 0
+        for index in range(groups if groups > 1 else 0):
             if tries >= budget:
                 break
             tries += 1

@@ -262,3 +262,26 @@ def test_a_check_alone_becomes_a_repro(check, bug: str, tmp_path: Path) -> None:
         log = shrink_oplog(last_oplog(), invariant, checks=(check,))
     source = scheduler_repro(log, invariant=invariant, target="scheduler-single-shot", seed=0, violation="")
     _check_repro(source, bug, tmp_path)
+
+
+def test_an_engine_reachable_finding_becomes_a_repro(tmp_path: Path) -> None:
+    """The engine-reachable target's configurations come from vLLM's own
+    planning: the writer keeps the planned groups (no group shrinking) and
+    the file still fails planted and passes unplanted."""
+    from fuzz.targets.target_scheduler import engine_reachable_strategy
+
+    bug = "pre_fix_assert_all"
+
+    @settings(SEARCH, max_examples=600)
+    @given(scenario=engine_reachable_strategy())
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, record=False)
+
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+        search()
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-engine-reachable", seed=0,
+                                               invariant=caught.value.invariant, violation=str(caught.value))
+        log = last_oplog()
+    assert log is not None and log.config.draw.engine is not None
+    _check_repro(source, bug, tmp_path)

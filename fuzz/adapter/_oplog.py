@@ -58,7 +58,7 @@ def run_config(draw: SchedulerDraw, built: Any, groups: tuple[Any, ...] = ()) ->
     kv = built.kv_config
     return RunConfig(
         draw=draw,
-        model_json=json.dumps(_MODEL_CONFIGS[draw.model]),
+        model_json=json.dumps(draw.engine.config_dict() if draw.engine is not None else _MODEL_CONFIGS[draw.model]),
         block_size=cache.block_size,
         prefix_match_unit=cache.prefix_match_unit,
         scheduler_block_size=built.scheduler_block_size,
