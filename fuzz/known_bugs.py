@@ -298,6 +298,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         ),
         reach="engine",
         pinned_by="tests/known_bugs/test_ownership_findings.py::test_partial_hit_copy_never_reads_a_block_filled_in_the_same_step",
+        targets=("scheduler-single-shot", "scheduler-any-layout", "scheduler-machine"),
         analysis=(
             "KVCacheManager.allocate_slots caches a request's blocks (and, for full "
             "attention, the partial tail under its sub-block hash) as soon as it allocates "
@@ -318,6 +319,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         signatures=(Signature("read-blocks-held", where=_ASYNC_LANDED),),
         reach="engine",
         pinned_by="tests/known_bugs/test_ownership_findings.py::test_full_prompt_async_load_resumes_where_every_group_holds_state",
+        targets=("scheduler-single-shot", "scheduler-any-layout", "scheduler-machine"),
         analysis=(
             "An async load that covers the whole prompt is admitted with "
             "num_computed_tokens = num_tokens; allocate_slots sizes every group for that "
