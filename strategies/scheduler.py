@@ -387,6 +387,15 @@ def _blocks_needed(layout: LayoutDraw, num_tokens: int) -> int:
     return sum(3 if _is_mamba(g) else -(-num_tokens // g.block_size) for g in layout.groups)
 
 
+def _admission_estimate(layout: LayoutDraw, num_tokens: int) -> int:
+    """The blocks vLLM's admission check asks of an idle pool for a request
+    of ``num_tokens`` tokens loading all but its last token synchronously
+    from the store: one per block of every token-proportional group (cached
+    hits on an idle pool are evictable, so they count), one for a whole-state
+    (Mamba) group's running state."""
+    return sum(1 if _is_mamba(g) else -(-num_tokens // g.block_size) for g in layout.groups)
+
+
 def _mid_block_end(after: int, block: int, blocks_ahead: int, rem: int) -> int:
     """A prompt length past ``after`` whose last hash boundary lies inside a
     block: ``blocks_ahead`` whole blocks on, plus remainder ``rem``."""
@@ -432,9 +441,13 @@ def _free_prompts(
 # How the replay relates to the fills: "tail" extends the longest fill past
 # its sub-block tail entry (the truncation branch), after a probe request
 # that stops inside it; "inside" stops the replay inside it (where only some
-# groups kept state: the divergent-hit fallback); "free" places everything
-# anywhere.
-FLAVOURS = ("tail", "inside", "free")
+# groups kept state: the divergent-hit fallback); "twins" submits two or
+# three identical replays two blocks past the tail entry, mostly with no
+# external answer, with the token budget and sequence cap to admit them all
+# in one step (all take the same sub-block hit: same-step copy-on-write);
+# "load" is a tail whose replay loads synchronously into a pool sized at its
+# admission estimate (Mamba layouts); "free" places everything anywhere.
+FLAVOURS = ("tail", "inside", "free", "twins", "load")
 
 
 @st.composite
@@ -458,7 +471,7 @@ def _single_shots(
     # state behind: that starves a later local hit (so the tail flavour's
     # fills compute locally) and makes hits diverge (half the inside
     # flavour's fills load).
-    if flavour == "tail":
+    if flavour in ("tail", "twins", "load"):
         fill_replies = False
     elif flavour == "inside":
         fill_replies = draw(st.booleans(), label="fills consult the connector")
@@ -471,7 +484,7 @@ def _single_shots(
     concurrent = draw(st.sampled_from((False, True, False)), label="concurrent fills")
     longest = max(p.prefix for p in fills)
     probe = None
-    if flavour == "tail":
+    if flavour in ("tail", "load"):
         # Before the tail replay, a request that stops inside the last fill,
         # where only some groups kept state, mostly with no external answer.
         back = draw(st.integers(1, s), label="probe offset")
@@ -482,8 +495,24 @@ def _single_shots(
             draw(st.integers(1, 3), label="probe max_tokens"),
             draw(external_replies(at, allow_over=False, often_zero=True), label="probe reply"),
         )
+    # The load flavour on a Mamba layout: the replay ends one token past a
+    # block end and loads all the rest synchronously (the loaded state and
+    # the running state then sit in different Mamba blocks), into a pool
+    # whose free blocks are its admission estimate (mostly), or one block
+    # either side (the estimate is this module's arithmetic, not vLLM's).
+    # Without a Mamba group it is a tail replay.
+    at_estimate = flavour == "load" and any(_is_mamba(g) for g in layout.groups)
     delta = draw(st.integers(1, s), label="replay offset")
-    if flavour == "tail":
+    if at_estimate:
+        end = (longest // s + 1) * s + 1
+        prefix = min(shared_len, end)
+        suffix = end - prefix
+    elif flavour == "twins":
+        # Past the next block end (the copies then fill the hit's block).
+        end = longest + delta + 2 * s
+        prefix = min(shared_len, end)
+        suffix = end - prefix
+    elif flavour in ("tail", "load"):
         prefix, suffix = min(shared_len, longest + delta), 0
     elif flavour == "inside":
         prefix, suffix = max(1, longest - min(delta, max(1, longest - s))), 0
@@ -494,18 +523,40 @@ def _single_shots(
     # The tail replay finds the store holding its prompt (the answer then
     # exceeds the sub-block tail); the inside replay mostly finds nothing
     # (no external tokens behind a deeper hit); the free one anything.
-    if flavour == "tail":
+    if at_estimate:
+        undecided = draw(st.sampled_from((0, 0, 1)), label="undecided asks")
+        reply = ExternalReply("undecided" if undecided else "store", store_len=n, undecided=undecided)
+    elif flavour in ("tail", "load"):
         reply = draw(_tail_replies(n), label="replay reply")
     else:
-        reply = draw(external_replies(n, allow_over=allow_over, often_zero=flavour == "inside"), label="replay reply")
+        reply = draw(
+            external_replies(n, allow_over=allow_over and flavour != "twins", often_zero=flavour != "free"),
+            label="replay reply",
+        )
     replay = PromptDraw(prefix, suffix, draw(st.integers(1, 3), label="replay max_tokens"), reply)
-    # One replay in four comes with an identical twin in the same step.
-    copies = 2 if draw(st.integers(0, 3), label="replay twin") == 2 else 1
+    if flavour == "twins":
+        # Two or three copies, all admitted in the step they arrive: a
+        # sequence each and the token budget for all their prompts.
+        copies = draw(st.integers(2, 3), label="replay copies")
+        config = dataclasses.replace(
+            config,
+            max_num_seqs=max(config.max_num_seqs, copies),
+            max_num_batched_tokens=max(config.max_num_batched_tokens, copies * n),
+        )
+    else:
+        # One replay in four comes with an identical twin in the same step.
+        copies = 2 if draw(st.integers(0, 3), label="replay twin") == 2 else 1
     # A pool from just big enough for the largest request to roomy: small
     # pools make LRU eviction, preemption and churn real.
     need = _blocks_needed(layout, max(p.prefix + p.suffix + p.max_tokens for p in (*fills, replay)))
-    num_blocks = 1 + need + draw(_spare_blocks(need), label="spare blocks")
-    config = dataclasses.replace(config, layout=dataclasses.replace(layout, num_blocks=num_blocks))
+    if flavour == "twins":
+        num_blocks = 1 + 3 * copies * need + draw(st.integers(0, need), label="spare blocks")
+    elif at_estimate:
+        off = draw(st.sampled_from((0, 1, 0, -1, 0)), label="free blocks minus estimate")
+        num_blocks = max(2, 1 + _admission_estimate(layout, n) + off)
+    else:
+        num_blocks = 1 + need + draw(_spare_blocks(need), label="spare blocks")
+    config = dataclasses.replace(config, layout=dataclasses.replace(config.layout, num_blocks=num_blocks))
     evict_from = None
     if shortcut and draw(st.integers(0, 7), label="use evict shortcut") in (2, 5):
         evict_from = tuple(
@@ -530,9 +581,13 @@ def single_shot_scenarios(
     ``flavours`` weighs how the replay relates to the fills (default
     ``{"tail": 3, "inside": 1}``): "tail" fills form a conversation, a probe
     request stops inside the last turn (mostly with no external answer) and
-    the replay extends the last turn past its sub-block tail entry; "inside"
-    stops the replay inside it, mostly with no external answer; "free" puts
-    fills and replay anywhere. ``allow_over`` lets the inside and free
+    the replay extends the last turn past its sub-block tail entry; "load"
+    is a tail whose replay (on a Mamba layout) ends one token past a block
+    end and loads the rest synchronously into a pool sized at its admission
+    estimate (+-1); "inside" stops the replay inside it, mostly with no
+    external answer; "twins" submits two or three copies of a replay two
+    blocks past the tail entry, mostly with no external answer, all admitted
+    in one step; "free" puts fills and replay anywhere. ``allow_over`` lets the inside and free
     replays over-report. With ``shortcut`` one scenario in four also evicts
     hand-picked blocks per group before the replay (a search shortcut,
     labelled so). Shrinks to one fill, the first flavour and no eviction.

@@ -38,7 +38,7 @@ STRATEGIES = {
     "single_shot_any_layout": lambda: single_shot_scenarios(
         configs=scheduler_draws(layouts=scheduler_layouts(weights=(0, 1, 1))),
         shortcut=False,
-        flavours={"tail": 1, "inside": 1, "free": 1},
+        flavours={"tail": 1, "inside": 1, "free": 1, "twins": 1, "load": 1},
     ),
     "machine_configs": lambda: machine_configs(),
 }
@@ -48,7 +48,7 @@ PINNED = {
     "kv_cache_layouts": "5608e562c8e64c9efebe338c099f8e08ce76e0c9584a98d87abe75858999ea29",
     "truncation_scenarios": "eed6d48b7ef5aab90f064da62a37b2f51321cca0ecd635973221cec92160e2d8",
     "single_shot_scenarios": "619759b64f4439838165897a74e3eee75742bb8633e4274f4619cd3d53b402be",
-    "single_shot_any_layout": "2f5bc51e1acc8b4a53697fcce684c7f7d16e81212ac558a5887b3b25c9f65d78",
+    "single_shot_any_layout": "1ce83b2e74373b42a68c1245e29654ee3f38ee92627ee6edc9e6c640f8546e94",
     "machine_configs": "1ecffe6dfb25ac15b9d29acafc5129c142227426b005cac9c2211f0943f21c37",
 }
 
