@@ -291,7 +291,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         id="same-step-partial-hit-reads-unwritten-block",
         title="a same-step partial-hit copy-on-write reads a block another request's allocation fills in the same step",
-        since="0.33.0",
+        since="0.28.0",
         fixed_in=None,
         signatures=tuple(
             Signature("same-step-hazard", where=_NEW_BLOCK, group_kind=k) for k in _FULL_ATTENTION_KINDS
@@ -308,13 +308,13 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "model runner's state update, before start_load_kv and before the forward "
             "pass, so the copy reads the block's old contents. MambaManager defers "
             "same-step hits (cached_blocks_this_step); full-attention groups do not. The "
-            "same root cause as same-step-cow-chain, with a fresh block as the source."
+            "same root cause as same-step-cow-chain, with a fresh block as the source. Also met on 0.28.0 by a default campaign (seed 4, scheduler-single-shot)."
         ),
     ),
     KnownBug(
         id="full-prompt-async-load-replays-outside-window",
         title="after an async load of the whole prompt, the last-token recompute reads blocks a windowed group already dropped",
-        since="0.33.0",
+        since="0.28.0",
         fixed_in=None,
         signatures=(Signature("read-blocks-held", where=_ASYNC_LANDED),),
         reach="engine",
@@ -329,7 +329,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "num_computed_tokens = num_tokens - 1 so the last token is recomputed for its "
             "logits; that token reads the state at num_tokens - 1 (a null block for Mamba) "
             "and, for windowed groups, one token further back than the blocks kept. Seen "
-            "only after async loads; synchronous full-prompt answers did not show it."
+            "only after async loads; synchronous full-prompt answers did not show it. Its pin fails on 0.28.0 the same way."
         ),
     ),
     KnownBug(
