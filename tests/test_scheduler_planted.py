@@ -162,7 +162,7 @@ def test_state_machine_catches_planted_load_failure_bug(check: Callable[..., Non
     the bug also breaks cannot hide it."""
     # A failed sync load needs a single-group layout (vLLM maps invalid block
     # ids back to requests only then) and the policy the bug is on: rarer.
-    budget = 300 if bug == "failed_async_load_kept" else 1500
+    budget = 1500
     machine_search = settings(SEARCH, max_examples=budget, stateful_step_count=30)
     with (
         planted_scheduler_bug(bug),
