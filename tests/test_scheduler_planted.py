@@ -19,6 +19,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS, planted_scheduler_bug
 from fuzz.known_bugs import KNOWN_BUGS
+from tests.test_draws_pinned import _no_local_constants
 from fuzz.targets import target_scheduler
 from fuzz.runners.scheduler import run_single_shot
 from invariants import connector as conn
@@ -167,6 +168,7 @@ def test_state_machine_catches_planted_load_failure_bug(check: Callable[..., Non
     with (
         planted_scheduler_bug(bug),
         target_scheduler.checks_for_machine((check,)),
+        _no_local_constants(),  # what else the session imported must not move the search
         pytest.raises(InvariantViolation) as caught,
     ):
         run_state_machine_as_test(target_scheduler.SchedulerMachine, settings=machine_search)
