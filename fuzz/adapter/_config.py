@@ -29,7 +29,6 @@ from fuzz.adapter._specs import kv_cache_config, refused
 from vllm.config import (  # noqa: E402
     CacheConfig,
     DeviceConfig,
-    KVTransferConfig,
     ModelConfig,
     SchedulerConfig,
     VllmConfig,
@@ -143,12 +142,7 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
                 prefix_match_unit=prefix_match_unit,
                 cache_dtype="auto",
             ),
-            kv_transfer_config=KVTransferConfig(
-                kv_connector=_connector.CONNECTOR_NAME,
-                kv_connector_module_path=_connector.CONNECTOR_MODULE,
-                kv_role="kv_both",
-                kv_load_failure_policy=draw.kv_load_failure_policy,
-            ),
+            kv_transfer_config=_connector.transfer_config(draw.kv_load_failure_policy),
             device_config=DeviceConfig(device="cpu"),
         )
         # The lean CPU install has no vLLM platform, so VllmConfig turns the

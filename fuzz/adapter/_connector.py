@@ -26,6 +26,7 @@ import dataclasses
 import logging
 from typing import Any
 
+from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1 import base as _base
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -53,6 +54,16 @@ __all__ = [
 
 CONNECTOR_NAME = "ScriptedConnector"
 CONNECTOR_MODULE = __name__
+
+
+def transfer_config(kv_load_failure_policy: str) -> KVTransferConfig:
+    """The ``KVTransferConfig`` that makes vLLM load this connector by module path."""
+    return KVTransferConfig(
+        kv_connector=CONNECTOR_NAME,
+        kv_connector_module_path=CONNECTOR_MODULE,
+        kv_role="kv_both",
+        kv_load_failure_policy=kv_load_failure_policy,
+    )
 
 @dataclasses.dataclass(frozen=True)
 class QueryRecord:
