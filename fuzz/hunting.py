@@ -9,8 +9,9 @@ example database is used unless one is passed.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -21,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
 from fuzz.model import InvariantViolation
 
-__all__ = ["HuntResult", "budget_settings", "hunt", "property_test"]
+__all__ = ["HuntResult", "budget_settings", "hunt", "property_test", "without_module_constants"]
 
 T = TypeVar("T")
 
@@ -35,6 +36,24 @@ class HuntResult:
     @property
     def found(self) -> bool:
         return self.violation is not None
+
+
+@contextlib.contextmanager
+def without_module_constants() -> Iterator[None]:
+    """Hypothesis (6.170) mixes literal constants mined from every loaded
+    module of the project into generation, so a seeded run's examples depend
+    on what else the process imported. Inside this block it mines none: a
+    seeded run then draws the same examples whatever was imported."""
+    from hypothesis.internal.conjecture import providers
+
+    saved = providers._get_local_constants
+    providers._get_local_constants = lambda: providers.Constants()
+    providers.CONSTANTS_CACHE.cache.clear()
+    try:
+        yield
+    finally:
+        providers._get_local_constants = saved
+        providers.CONSTANTS_CACHE.cache.clear()
 
 
 def budget_settings(

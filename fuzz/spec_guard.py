@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fuzz import adapter
-from fuzz.hunting import hunt
+from fuzz.hunting import hunt, without_module_constants
 from fuzz.targets.target_truncate import check_truncation_scenario
 from invariants.classification import CLASSIFIED, EXEMPT, Behaviour, provisional, question_for
 from strategies.scenarios import truncation_scenarios
@@ -85,7 +85,8 @@ def judge_hypotheses(cls: type, *, max_examples: int = 1000) -> HypothesisVerdic
     qualname = adapter.qualified_name(cls)
     outcomes: dict[Behaviour, str | None] = {}
     for behaviour in _HYPOTHESES:
-        with provisional(qualname, behaviour):
+        # The verdict must not depend on what else the process imported.
+        with provisional(qualname, behaviour), without_module_constants():
             layouts = kv_cache_layouts(
                 kinds=("FullAttentionSpec", cls.__name__),
                 min_groups=2,

@@ -113,22 +113,26 @@ def _uniform_or_not(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw]) -> 
 
 
 @functools.cache
-def scheduler_layouts(*, weights: tuple[int, int, int] = (1, 0, 0)) -> st.SearchStrategy[LayoutDraw]:
-    """Engine-realistic layouts (:func:`engine_layout`), drawn from three
+def scheduler_layouts(*, weights: tuple[int, int, int, int] = (1, 0, 0, 0)) -> st.SearchStrategy[LayoutDraw]:
+    """Engine-realistic layouts (:func:`engine_layout`), drawn from four
     families with relative ``weights`` (default: the core case only):
     exactly full attention + Mamba (the core case), full attention + Mamba +
-    one or two other groups, and any 1-4 group layout of every drawable kind.
+    one or two other groups, any 1-4 group layout of every drawable kind,
+    and one group of any kind (a pure attention or pure recurrent model: the
+    only layout whose connector may report failed loads block by block, as
+    vLLM maps ``invalid_block_ids`` to requests for one group only).
     One in three layouts puts every group on one block size, as a hybrid
     model whose layers share ``cache_config.block_size`` does.
 
     Shrinks to a two-group full attention + Mamba layout on one block size.
     """
-    if len(weights) != 3 or min(weights) < 0 or not sum(weights):
-        raise ValueError(f"weights={weights} must be three non-negative counts, not all 0")
+    if len(weights) != 4 or min(weights) < 0 or not sum(weights):
+        raise ValueError(f"weights={weights} must be four non-negative counts, not all 0")
     families = (
         kv_cache_layouts(min_groups=2, max_groups=2, required=_CORE),
         kv_cache_layouts(min_groups=3, max_groups=4, required=_CORE),
         kv_cache_layouts(min_groups=1, max_groups=4),
+        kv_cache_layouts(min_groups=1, max_groups=1),
     )
     picks = [i for i, w in enumerate(weights) for _ in range(w)]
     return st.sampled_from(picks).flatmap(lambda i: _uniform_or_not(families[i]))
@@ -627,5 +631,5 @@ def machine_configs(
     request up to three times that.
     Shrinks towards the smallest pool."""
     if configs is None:
-        configs = scheduler_draws(layouts=scheduler_layouts(weights=(3, 1, 1)))
+        configs = scheduler_draws(layouts=scheduler_layouts(weights=(6, 2, 2, 1)))
     return _machine_configs(configs)

@@ -70,8 +70,10 @@ def spec_base_class() -> type:
 
 
 # Temporary test classes, hidden from discovery once their block ends (Python
-# keeps subclasses alive in __subclasses__ for as long as anything refers to them).
-_RETIRED_SPEC_CLASSES: set[int] = set()
+# keeps subclasses alive in __subclasses__ for as long as anything refers to
+# them). The classes themselves are kept, not their id()s: a collected class's
+# id is reused, and a later temporary class would then look retired.
+_RETIRED_SPEC_CLASSES: set[type] = set()
 
 
 def spec_classes() -> list[type]:
@@ -91,7 +93,7 @@ def spec_classes() -> list[type]:
 
     walk(_ki.KVCacheSpec)
     for qual, cls in list(found.items()):
-        if id(cls) in _RETIRED_SPEC_CLASSES:
+        if cls in _RETIRED_SPEC_CLASSES:
             del found[qual]
     registry = _compat.spec_registry()
     if registry is not None:
@@ -243,4 +245,4 @@ def temporary_spec_subclass(base_kind: str, name: str) -> Iterator[type]:
     try:
         yield cls
     finally:
-        _RETIRED_SPEC_CLASSES.add(id(cls))
+        _RETIRED_SPEC_CLASSES.add(cls)
