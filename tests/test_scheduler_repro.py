@@ -379,7 +379,12 @@ class _ReproStillFails(Exception):
 @pytest.mark.known_vllm_bug
 @pytest.mark.xfail(strict=True, raises=_ReproStillFails, reason="vLLM 0.33.0 has the bug: the written repro fails")
 @pytest.mark.parametrize(
-    "bug_id", ["same-step-partial-hit-reads-unwritten-block", "full-prompt-async-load-replays-outside-window"]
+    "bug_id",
+    [
+        "same-step-partial-hit-reads-unwritten-block",
+        "full-prompt-async-load-replays-outside-window",
+        "mamba-failed-load-rollback",
+    ],
 )
 def test_a_real_ownership_bug_regenerates_as_a_failing_repro(
     bug_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -391,16 +396,24 @@ def test_a_real_ownership_bug_regenerates_as_a_failing_repro(
 
     if not known_bugs.known_bug(bug_id).affects(VLLM_VERSION):
         pytest.skip(f"{bug_id} does not affect vLLM {VLLM_VERSION}")
-    scenario, check = {
-        "same-step-partial-hit-reads-unwritten-block": (
-            pins.SYNC_LOAD_THEN_SAME_STEP_PARTIAL_HIT, own.check_no_same_step_hazard
-        ),
-        "full-prompt-async-load-replays-outside-window": (pins.FULL_PROMPT_ASYNC_LOAD, own.check_read_blocks_held),
-    }[bug_id]
+    from tests.known_bugs.test_mamba_failed_load_rollback import _failed_sync_load
+
     monkeypatch.setattr(known_bugs, "match", lambda failure, version: None)  # the pin must see its own bug
-    with pytest.raises(InvariantViolation) as caught:
-        run_single_shot(scenario, (check,), record=False)
-    invariant = caught.value.invariant
+    if bug_id == "mamba-failed-load-rollback":
+        # Its pin states failed-load-recomputed; the ownership model sees the
+        # rolled-back request read the null block where its state should be.
+        check, invariant = own.check_read_blocks_held, "read-blocks-held"
+        _failed_sync_load("MambaSpec")
+    else:
+        scenario, check = {
+            "same-step-partial-hit-reads-unwritten-block": (
+                pins.SYNC_LOAD_THEN_SAME_STEP_PARTIAL_HIT, own.check_no_same_step_hazard
+            ),
+            "full-prompt-async-load-replays-outside-window": (pins.FULL_PROMPT_ASYNC_LOAD, own.check_read_blocks_held),
+        }[bug_id]
+        with pytest.raises(InvariantViolation) as caught:
+            run_single_shot(scenario, (check,), record=False)
+        invariant = caught.value.invariant
     log = shrink_oplog(last_oplog(), invariant, checks=(check,))
     source = scheduler_repro(log, invariant=invariant, target="tests/known_bugs/test_ownership_findings.py",
                              seed=None, violation=bug_id)
