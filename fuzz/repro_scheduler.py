@@ -66,8 +66,20 @@ _CHECK_OF = {
     "async-load-lands-first": "_check_async_load_lands_first",
     "failed-load-recomputed": "_check_failed_load_recomputed",
     "failed-load-not-cached": "_check_failed_load_not_cached",
+    # Block ownership (invariants/ownership.py).
+    "read-blocks-held": "_check_read_blocks_held",
+    "same-step-hazard": "_check_no_same_step_hazard",
+    "reservation-covers-allocation": "_check_reservation_covers_allocation",
+    "lookup-within-limit": "_check_lookup_within_limit",
 }
 WRITABLE = frozenset(_CHECK_OF)
+
+# The invariants whose checks need READ_RULES (which blocks a step reads).
+_READS = frozenset({"read-blocks-held", "same-step-hazard"})
+
+# ... and those stated on what the watch recorded inside schedule(), so that
+# they hold even when schedule() raises after the broken call.
+_EVEN_IF_IT_RAISES = frozenset({"reservation-covers-allocation", "lookup-within-limit"})
 
 _ROLE = {Behaviour.MUST_COVER: "must-cover", Behaviour.MAY_BE_SHORT: "whole-state", Behaviour.SCRATCH: "scratch"}
 
@@ -304,6 +316,16 @@ def _breaking_step(op: Step, args: str, invariant: str) -> list[str]:
     check = _CHECK_OF[invariant]
     if check is None:  # the pool check at the end states it
         return [f"    _step(scheduler, watch{args})  # step {op.index}"]
+    if invariant in _EVEN_IF_IT_RAISES:
+        return [
+            f"    # Step {op.index}{sched}: the step where '{invariant}' broke.",
+            "    # What schedule() did is checked even if it raised (the check needs no output).",
+            "    out = None",
+            "    try:",
+            f"        out = _step(scheduler, watch{args})",
+            "    finally:",
+            f"        {check}(scheduler, out, watch, step={op.index})",
+        ]
     return [
         f"    # Step {op.index}{sched}: the step where '{invariant}' broke.",
         f"    out = _step(scheduler, watch{args})",
@@ -322,6 +344,25 @@ def _roles(log: OpLog) -> list[str]:
             role = "windowed"
         roles.append(role)
     return roles
+
+
+def _read_rules(log: OpLog) -> list[tuple[str, int]]:
+    """Per group, which of a running request's blocks a step reads: the
+    ownership model's rule (:func:`invariants.ownership.read_indices`), from
+    the layout as the harness derives it."""
+    from types import SimpleNamespace
+
+    from fuzz.adapter._ownership import read_rules
+
+    draws = log.config.draw.layout.groups
+    spans = []
+    for draw in draws:
+        span = classification_of_kind(draw.kind).span
+        value = None if span is None or draw.inner else draw.param(span[0])
+        spans.append(None if value is None else (span[0], value))
+    config = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=adapter.build_spec(d)) for d in draws])
+    behaviours = tuple(group_behaviour(g).value for g in log.config.groups)
+    return list(read_rules(config, log.config.groups, tuple(spans), behaviours))
 
 
 def scheduler_repro(
@@ -402,6 +443,18 @@ def scheduler_repro(
         f"# (must-cover), its state at the boundary (whole-state), nothing (scratch);",
         f"# 'windowed' groups skip old tokens (their window is not checked here).",
         f"ROLES = {_roles(log)!r}",
+        *(
+            [
+                "# Per group, which block indices of its table a request computing tokens",
+                "# [s, e) reads, block size b: 'full' [0, ceil(e/b)); ('window', W) from",
+                "# (s-W+1)//b; ('chunk', C) from the chunk of s; ('rswa', W) the prompt's",
+                "# blocks and from (s-W)//b; 'state' the state blocks at ceil(s/b)-1 (the",
+                "# one it resumes from) and ceil(e/b)-1 (the one it writes); 'none' nothing.",
+                f"READ_RULES = {_read_rules(log)!r}",
+            ]
+            if invariant in _READS
+            else []
+        ),
         f"NUM_BLOCKS = {draw.layout.num_blocks}  # block {cfg.null_block_id} is the null block",
         f"NULL_BLOCK = {cfg.null_block_id}",
         f"BLOCK_SIZE = {cfg.block_size}  # the smallest prefix-cacheable group block, as the engine sets it",
@@ -674,7 +727,10 @@ class _Watch:
     """What the scheduler's prefix-cache branch saw and did for each request
     it admitted in the current step: its local lookup (and, beside it, the
     joint hit every group agrees on and each group's own hit) and the
-    arguments of its allocate_slots call. Nothing the scheduler does changes."""
+    arguments of its allocate_slots call; and, for every request, which
+    blocks it holds right after schedule() (see _watch_blocks for what the
+    block pool and the single-type managers did). Nothing the scheduler does
+    changes."""
 
     def __init__(self, scheduler):
         self.step = 0
@@ -688,13 +744,16 @@ class _Watch:
 
         def local_hit(request, max_cache_hit_length=None):
             limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
+            self._own_lookup = True  # the watch's lookups are not the scheduler's
             joint_blocks, joint_hit, _ = type(mgr).get_computed_blocks(mgr, request, max_cache_hit_length)
             if hasattr(coordinator, "find_longest_cache_hit_per_group"):
                 per_group = list(coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)[1])
             else:
                 per_group = [joint_hit] * len(SPECS)
+            self._own_lookup = False
             result = lookup(sched, request, max_cache_hit_length)
             blocks, num_local = result[0], result[1]
+            self.local_hits.append((request.request_id, num_local, request.num_tokens))
             self.admissions[request.request_id] = dict(
                 local_hit=num_local, lookup=_ids(blocks), joint_hit=joint_hit, joint=_ids(joint_blocks),
                 per_group=per_group,
@@ -713,10 +772,24 @@ class _Watch:
                 blocks = kwargs.get("new_computed_blocks")
                 adm["local"] = kwargs.get("num_new_computed_tokens", 0)
                 adm["adopted"] = [[] for _ in SPECS] if blocks is None else _ids(blocks)
-            return allocate(mgr, request, num_new_tokens, *args, **kwargs)
+            # What this call counts per group and takes from the pool (_watch_blocks).
+            outer, self._alloc = self._alloc, dict(
+                request=request.request_id, num_new_tokens=num_new_tokens, kwargs=kwargs,
+                counted=[None] * len(SPECS), taken=[0] * len(SPECS), takers=[set() for _ in SPECS],
+            )
+            result, raised = None, True
+            try:
+                result = allocate(mgr, request, num_new_tokens, *args, **kwargs)
+                raised = False
+            finally:
+                if raised or result is not None:  # None: it refused, taking nothing
+                    self.allocations.append(dict(self._alloc, raised=raised))
+                self._alloc = outer
+            return result
 
         sched._get_local_prefix_cache_hit = local_hit
         mgr.allocate_slots = allocate_slots
+        self._watch_blocks(mgr)
         # Failed loads: reported this step (request id -> facts), and failed
         # async loads waiting to leave WAITING_FOR_REMOTE_KVS.
         self.failed = {}
@@ -733,6 +806,100 @@ class _Watch:
                 return result
 
             sched._update_waiting_for_remote_kv = update_waiting_for_remote_kv
+
+    def _watch_blocks(self, mgr):
+        """Per step: the blocks the pool hands out (get_new_blocks, for which
+        request); per allocate_slots, what each group's
+        get_num_blocks_to_allocate counted against what the group then took
+        from the pool (new blocks, and cached blocks nobody references that
+        it touched: they leave the free queue); each prefix-cache lookup's
+        max_cache_hit_length and hit, per group where the call gives one."""
+        self.fresh = []  # (block id, request id)
+        self.allocations = []
+        self.lookups = []  # (call, max_cache_hit_length, hits)
+        self.local_hits = []  # (request id, local hit, num_tokens) per scheduler lookup
+        self.held = {}
+        self._alloc = None  # the allocate_slots call running
+        self._group = None  # (group, method) of the allocation call running
+        self._own_lookup = False
+        pool, coordinator = mgr.block_pool, mgr.coordinator
+        get_new_blocks, touch = pool.get_new_blocks, pool.touch
+
+        def take(n):
+            if n and self._alloc is not None and self._group is not None:
+                g, method = self._group
+                self._alloc["taken"][g] += n
+                self._alloc["takers"][g].add(method)
+
+        def new_blocks(num_blocks):
+            blocks = get_new_blocks(num_blocks)
+            rid = "?" if self._alloc is None else self._alloc["request"]
+            self.fresh += [(b.block_id, rid) for b in blocks]
+            take(len(blocks))
+            return blocks
+
+        def touch_blocks(blocks):
+            take(sum(1 for b in blocks if b.ref_cnt == 0 and not b.is_null))
+            return touch(blocks)
+
+        pool.get_new_blocks, pool.touch = new_blocks, touch_blocks
+        for g, manager in enumerate(coordinator.single_type_managers):
+            self._watch_group(g, manager)
+        for name in ("find_longest_cache_hit", "find_longest_cache_hit_per_group"):
+            if hasattr(coordinator, name):
+                setattr(coordinator, name, self._watched_lookup(name, getattr(coordinator, name)))
+
+    def _watch_group(self, g, manager):
+        count = manager.get_num_blocks_to_allocate
+
+        def get_num_blocks_to_allocate(*args, **kwargs):
+            n = count(*args, **kwargs)
+            if self._alloc is not None:
+                self._alloc["counted"][g] = n  # the last count is the one allocate_slots compares
+            return n
+
+        def in_group(method, call):
+            def run(*args, **kwargs):
+                outer, self._group = self._group, (g, method)
+                try:
+                    return call(*args, **kwargs)
+                finally:
+                    self._group = outer
+            return run
+
+        manager.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+        for method in ("add_local_computed_blocks", "allocate_external_computed_blocks", "allocate_new_blocks"):
+            if hasattr(manager, method):
+                setattr(manager, method, in_group(method, getattr(manager, method)))
+
+    def _watched_lookup(self, name, lookup):
+        def call(block_hashes, max_cache_hit_length, *args, **kwargs):
+            result = lookup(block_hashes, max_cache_hit_length, *args, **kwargs)
+            if not self._own_lookup:
+                hits = [result[1]] if name == "find_longest_cache_hit" else list(result[1])
+                self.lookups.append((name, max_cache_hit_length, hits))
+            return result
+        return call
+
+    def hold(self, scheduler, out):
+        """Right after schedule(): per request, its block table in every
+        group, the tokens it had computed before the step and the tokens
+        scheduled now; per block, (ref_cnt, in the free queue, cached)."""
+        managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+        self.held = {}
+        for g, manager in enumerate(managers):
+            for rid, blocks in manager.req_to_blocks.items():
+                row = self.held.setdefault(rid, dict(tables=[[] for _ in managers]))
+                row["tables"][g] = [b.block_id for b in blocks]
+        for rid, row in self.held.items():
+            request, n = scheduler.requests.get(rid), out.num_scheduled_tokens.get(rid, 0)
+            row["scheduled"] = n
+            row["computed_before"] = 0 if request is None else request.num_computed_tokens - n
+            row["num_prompt_tokens"] = 0 if request is None else request.num_prompt_tokens
+        self.blocks = {
+            b.block_id: (b.ref_cnt, b.prev_free_block is not None, b.block_hash is not None)
+            for b in scheduler.kv_cache_manager.block_pool.blocks
+        }
 
     def settle(self, scheduler, out):
         """After schedule(): each admitted request's computed tokens, its
@@ -802,7 +969,10 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
     watch.seen |= set(scheduler.requests)
     watch.loads_in_flight = set(connector.loads_in_flight)
     watch.landed.clear()
+    for record in (watch.fresh, watch.allocations, watch.lookups, watch.local_hits):
+        record.clear()
     out = scheduler.schedule()
+    watch.hold(scheduler, out)
     watch.async_answers_seen = dict(connector.async_answers)
     watch.settle(scheduler, out)
     ids = list(out.num_scheduled_tokens)
@@ -1208,5 +1378,161 @@ def _check_async_load_lands_first(scheduler, out, watch, step):
         f"step {step}: requests {early} have tokens scheduled "
         f"({ {r: out.num_scheduled_tokens[r] for r in early} }) while their async load is in flight"
     )
+''',
+})
+
+# The block-ownership invariants (invariants/ownership.py), stated on what the
+# watch saw: _Watch.hold (tables and pool state right after schedule()) and
+# _Watch._watch_blocks (fresh blocks, counts against takes, lookups).
+_CHECKS.update({
+    "read-blocks-held": '''
+
+def _read_indices(rule, block_size, start, end, num_prompt_tokens):
+    """Block indices a step computing tokens [start, end) reads (READ_RULES)."""
+    kind, value = rule
+    last = _cdiv(end, block_size)
+    if kind == "full":
+        return list(range(last))
+    if kind == "window":  # the window of the first computed token
+        return list(range(max(0, start - value + 1) // block_size, last))
+    if kind == "chunk":  # the current chunk
+        return list(range(start // value * value // block_size, last))
+    if kind == "rswa":  # the prompt, and the last `value` tokens
+        head = _cdiv(num_prompt_tokens, block_size)
+        tail = max(num_prompt_tokens, start - value) // block_size
+        return list(range(min(head, last))) + list(range(max(head, tail), last))
+    if kind == "state":  # the state it resumes from, and the one it writes
+        return sorted({last - 1} | ({_cdiv(start, block_size) - 1} if start > 0 else set()))
+    return []
+
+
+def _check_read_blocks_held(scheduler, out, watch, step):
+    """Every block a request scheduled in this step reads is a real block of
+    its table that it holds: not the null block, ref_cnt > 0, not in the free
+    queue, and shared with another request only as a cached prefix block
+    whose ref_cnt counts every holder."""
+    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+    holders = {}
+    for row in watch.held.values():
+        for table in row["tables"]:
+            for bid in set(table) - {NULL_BLOCK}:
+                holders[bid] = holders.get(bid, 0) + 1
+    for rid, row in watch.held.items():
+        if not row["scheduled"]:
+            continue
+        start = row["computed_before"]
+        end = start + row["scheduled"]
+        for g, (spec, rule, table) in enumerate(zip(SPECS, READ_RULES, row["tables"])):
+            block_size = managers[g].block_size
+            wanted = _read_indices(rule, block_size, start, end, row["num_prompt_tokens"])
+            problems = []
+            for i in wanted:
+                bid = table[i] if i < len(table) else None
+                ref_cnt, free, cached = watch.blocks.get(bid, (0, False, False))
+                if bid is None:
+                    problems.append(f"index {i} is past the table's {len(table)} blocks")
+                elif bid == NULL_BLOCK:
+                    problems.append(f"index {i} is the null block")
+                elif ref_cnt <= 0:
+                    problems.append(f"block {bid} (index {i}) has ref_cnt {ref_cnt}")
+                elif free:
+                    problems.append(f"block {bid} (index {i}) sits in the free queue")
+                elif holders[bid] > 1 and not cached:
+                    problems.append(f"block {bid} (index {i}) is in {holders[bid]} block tables but is no "
+                                    f"cached prefix block")
+                elif holders[bid] > ref_cnt:
+                    problems.append(f"block {bid} (index {i}) is in {holders[bid]} block tables but has "
+                                    f"ref_cnt {ref_cnt}")
+            assert not problems, (
+                f"step {step}: request {rid} computes tokens [{start}, {end}) and reads block indices "
+                f"{wanted} of group {g} {type(spec).__name__} (block_size={block_size}, reads {rule}), but "
+                f"they are not all held by it: " + "; ".join(problems) + f" (table {table}); "
+                f"groups: {_describe_groups()}"
+            )
+''',
+    "same-step-hazard": '''
+
+def _check_no_same_step_hazard(scheduler, out, watch, step):
+    """No block written in this step (a new block, a copy-on-write
+    destination) is read by another request before the write: no
+    copy-on-write copy reads it (the model runner applies the copies before
+    the forward pass), and no recurrent-state group adopts it as a cached
+    state (a state is read at the start of the step's scan, written at its
+    end)."""
+    copies = [(c.src_block_id, c.dst_block_id) for c in getattr(out, "kv_cache_block_copies", None) or []]
+    written = {bid: (rid, "a new block") for bid, rid in watch.fresh}
+    for rid, row in watch.held.items():
+        for table in row["tables"]:
+            written.update({dst: (rid, "a copy-on-write destination") for _, dst in copies if dst in table})
+    for src, dst in copies:
+        assert src not in written, (
+            f"step {step}: the copy {src}->{dst} reads block {src}, which this step writes as "
+            f"{written[src][1]} of request {written[src][0]}: the copy runs before the write; "
+            f"copies {copies}; groups: {_describe_groups()}"
+        )
+    for rid, adm in watch.admissions.items():
+        for g, (spec, rule, adopted) in enumerate(zip(SPECS, READ_RULES, adm["adopted"])):
+            if rule[0] != "state":
+                continue
+            # A state dropped again in the same allocation is never read.
+            kept = set(watch.held[rid]["tables"][g]) if rid in watch.held else set()
+            early = [b for b in adopted if b != NULL_BLOCK and b in kept and written.get(b, (rid,))[0] != rid]
+            assert not early, (
+                f"step {step}: request {rid} adopts blocks {early} of group {g} {type(spec).__name__} "
+                f"(block_size={spec.block_size}) as a cached state (adopted {adopted}), but "
+                + ", ".join(f"request {written[b][0]} writes block {b} as {written[b][1]}" for b in early)
+                + f" in this same step: the state is read before it exists; groups: {_describe_groups()}"
+            )
+''',
+    "reservation-covers-allocation": '''
+
+def _check_reservation_covers_allocation(scheduler, out, watch, step):
+    """Every allocate_slots that passed its free-block check took from the
+    pool, per group, no more than that group's get_num_blocks_to_allocate
+    counted (a negative count covers nothing), and in all no more than the
+    sum the free-block check compared with the pool."""
+    for a in watch.allocations:
+        call = (
+            f"allocate_slots({a['request']}, num_new_tokens={a['num_new_tokens']}, num_new_computed_tokens="
+            f"{a['kwargs'].get('num_new_computed_tokens', 0)}, num_external_computed_tokens="
+            f"{a['kwargs'].get('num_external_computed_tokens', 0)})" + (" (it raised)" if a["raised"] else "")
+        )
+        counted, taken = a["counted"], a["taken"]
+        for g, (spec, n, took, takers) in enumerate(zip(SPECS, counted, taken, a["takers"])):
+            assert took <= max(n or 0, 0), (
+                f"step {step}: {call} counted {n} blocks for group {g} {type(spec).__name__} "
+                f"(block_size={spec.block_size}) in get_num_blocks_to_allocate but took {took} from the pool "
+                f"({', '.join(sorted(takers))}): a pool holding exactly the count runs dry; "
+                f"groups: {_describe_groups()}"
+            )
+        total = sum(n or 0 for n in counted)
+        assert sum(taken) <= total, (
+            f"step {step}: {call} counted {total} blocks in all (per group {counted}) but took {sum(taken)} "
+            f"(per group {taken}): a negative per-group count hides blocks another group takes; "
+            f"groups: {_describe_groups()}"
+        )
+''',
+    "lookup-within-limit": '''
+
+def _check_lookup_within_limit(scheduler, out, watch, step):
+    """No prefix-cache lookup of the step returns a hit, joint or per group,
+    longer than the max_cache_hit_length its caller passed, and no local hit
+    of an admitted request reaches the prompt's last token (num_tokens - 1)."""
+    for call, limit, hits in watch.lookups:
+        over = [(g, hit) for g, hit in enumerate(hits) if hit > limit]
+        assert not over, (
+            f"step {step}: coordinator.{call}(block_hashes, max_cache_hit_length={limit}) returned "
+            + ", ".join(
+                f"the joint hit {hit}" if call == "find_longest_cache_hit"
+                else f"group {g} {type(SPECS[g]).__name__} (block_size={SPECS[g].block_size}) hit {hit}"
+                for g, hit in over
+            )
+            + f", past the limit {limit}; groups: {_describe_groups()}"
+        )
+    for rid, hit, num_tokens in watch.local_hits:
+        assert hit <= num_tokens - 1, (
+            f"step {step}: request {rid}'s local prefix-cache hit is {hit} tokens of a {num_tokens}-token "
+            f"prompt, past the limit num_tokens - 1 = {num_tokens - 1}; groups: {_describe_groups()}"
+        )
 ''',
 })

@@ -208,12 +208,10 @@ def test_a_planted_failed_load_bug_becomes_a_standalone_repro(bug: str, tmp_path
 def test_every_planted_scheduler_bug_has_a_repro_case() -> None:
     from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS
 
-    # The ownership checks (invariants/ownership.py) are not stated by the
-    # writer yet: their planted bugs get a JSON sidecar, no .py (see README).
-    cases = set(BUGS) | set(MACHINE_BUGS) | {bug for _, bug in CHECK_ALONE}
-    expected = set(PLANTED_SCHEDULER_BUGS) - set(PLANTED_OWNERSHIP_BUGS)
-    assert cases == expected, cases ^ expected
-    assert set(BUGS.values()) <= WRITABLE
+    cases = set(BUGS) | set(MACHINE_BUGS) | {bug for _, bug in CHECK_ALONE} | set(OWNERSHIP_BUGS)
+    assert cases == set(PLANTED_SCHEDULER_BUGS), cases ^ set(PLANTED_SCHEDULER_BUGS)
+    assert set(OWNERSHIP_BUGS) == set(PLANTED_OWNERSHIP_BUGS)
+    assert set(BUGS.values()) | set(OWNERSHIP_BUGS.values()) <= WRITABLE
 
 
 def test_invariants_it_cannot_state_get_no_file() -> None:
@@ -281,8 +279,8 @@ CHECK_ALONE = [
     (conn.check_dropped_answer_loads_nothing, "keeps_tail_and_loads"),
     (conn.check_meta_names_scheduled, "async_load_counted_scheduled"),
     (conn.check_async_load_lands_first, "async_load_computes_at_once"),
-    # With every check on, the block-ownership model (which the writer does
-    # not state yet) sees the untouched refcounts first.
+    # With every check on, the block-ownership model sees the untouched
+    # refcounts first (read-blocks-held): this case is about the leak.
     (inv.check_no_leaked_blocks, "truncate_touches_refcounts"),
 ]
 
@@ -325,3 +323,105 @@ def test_an_engine_reachable_finding_becomes_a_repro(tmp_path: Path) -> None:
         log = last_oplog()
     assert log is not None and log.config.draw.engine is not None
     _check_repro(source, bug, tmp_path)
+
+
+# The block-ownership planted bugs (invariants/ownership.py): found as
+# tests/test_ownership_planted.py finds them (the single-shot target's
+# strategy, the invariant's check alone), shrunk with that check, written.
+OWNERSHIP_BUGS = {
+    "mamba_frees_resume_state": "read-blocks-held",
+    "mamba_adopts_same_step_state": "same-step-hazard",
+    "cow_block_not_reserved": "reservation-covers-allocation",
+    "mamba_count_goes_negative": "reservation-covers-allocation",
+    "lookup_rounds_limit_up": "lookup-within-limit",
+}
+# Their repros, as measured here (groups / pool blocks / requests / steps, in
+# the README): 1/11/1/2, 1/34/2/6, 2/43/2/4, 1/24/1/3, 1/24/2/1 in the order
+# above. The pool is the drawn one; the rest may not grow.
+LIMITS.update({
+    "mamba_frees_resume_state": {"groups": 1, "requests": 1, "steps": 2},
+    "mamba_adopts_same_step_state": {"groups": 1, "requests": 2, "steps": 6},
+    "cow_block_not_reserved": {"groups": 2, "requests": 2, "steps": 4},
+    "mamba_count_goes_negative": {"groups": 1, "requests": 1, "steps": 3},
+    "lookup_rounds_limit_up": {"groups": 1, "requests": 2, "steps": 1},
+})
+
+
+@pytest.mark.parametrize("bug", sorted(OWNERSHIP_BUGS))
+def test_a_planted_ownership_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
+    from tests.test_ownership_planted import CASES
+    from tests.test_ownership_planted import _find as find_alone
+
+    ((check, invariant, strategy),) = [(c, i, st) for c, i, b, st in CASES if b == bug]
+    assert invariant == OWNERSHIP_BUGS[bug]
+    with _no_local_constants():  # what else the session imported must not move the search
+        violation, scenario = find_alone(check, bug, strategy)
+    assert violation.invariant == invariant, str(violation)
+    with planted_scheduler_bug(bug):
+        with pytest.raises(InvariantViolation):
+            run_single_shot(scenario, (check,), record=False)
+        log = shrink_oplog(last_oplog(), invariant, checks=(check,))
+    size = repro_size(log)
+    for what, limit in LIMITS[bug].items():
+        assert size[what] <= limit, (bug, size)
+    source = scheduler_repro(log, invariant=invariant, target="scheduler-single-shot", seed=0, violation=str(violation))
+    _check_repro(source, bug, tmp_path)
+
+
+class _ReproStillFails(Exception):
+    """The generated repro fails on the installed vLLM: the bug is still there."""
+
+
+# The real vLLM 0.33.0 bugs the ownership model found
+# (tests/known_bugs/test_ownership_findings.py), through the writer: the
+# generated file fails on the installed vLLM while it has the bug (a strict
+# xfail, as the pins are: it turns red the day vLLM fixes the bug).
+@pytest.mark.known_vllm_bug
+@pytest.mark.xfail(strict=True, raises=_ReproStillFails, reason="vLLM 0.33.0 has the bug: the written repro fails")
+@pytest.mark.parametrize(
+    "bug_id",
+    [
+        "same-step-partial-hit-reads-unwritten-block",
+        "full-prompt-async-load-replays-outside-window",
+        "mamba-failed-load-rollback",
+    ],
+)
+def test_a_real_ownership_bug_regenerates_as_a_failing_repro(
+    bug_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fuzz import known_bugs
+    from fuzz.adapter import VLLM_VERSION
+    from invariants import ownership as own
+    from tests.known_bugs import test_ownership_findings as pins
+
+    if not known_bugs.known_bug(bug_id).affects(VLLM_VERSION):
+        pytest.skip(f"{bug_id} does not affect vLLM {VLLM_VERSION}")
+    from tests.known_bugs.test_mamba_failed_load_rollback import _failed_sync_load
+
+    monkeypatch.setattr(known_bugs, "match", lambda failure, version: None)  # the pin must see its own bug
+    if bug_id == "mamba-failed-load-rollback":
+        # Its pin states failed-load-recomputed; the ownership model sees the
+        # rolled-back request read the null block where its state should be.
+        check, invariant = own.check_read_blocks_held, "read-blocks-held"
+        _failed_sync_load("MambaSpec")
+    else:
+        scenario, check = {
+            "same-step-partial-hit-reads-unwritten-block": (
+                pins.SYNC_LOAD_THEN_SAME_STEP_PARTIAL_HIT, own.check_no_same_step_hazard
+            ),
+            "full-prompt-async-load-replays-outside-window": (pins.FULL_PROMPT_ASYNC_LOAD, own.check_read_blocks_held),
+        }[bug_id]
+        with pytest.raises(InvariantViolation) as caught:
+            run_single_shot(scenario, (check,), record=False)
+        invariant = caught.value.invariant
+    log = shrink_oplog(last_oplog(), invariant, checks=(check,))
+    source = scheduler_repro(log, invariant=invariant, target="tests/known_bugs/test_ownership_findings.py",
+                             seed=None, violation=bug_id)
+    assert source and _imports(source) <= ALLOWED_IMPORTS
+    path = tmp_path / f"test_{bug_id.replace('-', '_')}.py"
+    path.write_text(source)
+    failure = _run_repro(path, tmp_path, None)
+    if failure is not None:
+        # The file's own check fails, at the step the harness saw break.
+        assert str(failure).startswith(f"step {log.steps[-1].index}:"), str(failure)
+        raise _ReproStillFails(str(failure))
