@@ -270,8 +270,9 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 group_kind="MambaSpec",
             ),
             # The next step, as the ownership model sees the rolled-back
-            # request: it reads the null block where the state should be, and
-            # the manager counts a negative number of blocks for it.
+            # request: it reads the null block where the state should be.
+            # (The manager also counts -1 blocks for it, with nothing taken:
+            # on a lone group that hides nothing, and is no violation.)
             Signature("read-blocks-held", where=_ROLLED_BACK, group_kind="MambaSpec"),
             # The same rollback on a windowed group: the window at the rolled-back
             # point reaches blocks the manager already freed (remove_skipped_blocks).
@@ -279,7 +280,6 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 Signature("read-blocks-held", where=_ROLLED_BACK, group_kind=k)
                 for k in ("SlidingWindowSpec", "SlidingWindowMLASpec", "ChunkedLocalAttentionSpec")
             ),
-            Signature("reservation-covers-allocation", where=_ROLLED_BACK),
         ),
         reach="engine",
         pinned_by="tests/known_bugs/test_mamba_failed_load_rollback.py::test_failed_sync_load_on_mamba_resumes_where_a_state_exists",
@@ -294,11 +294,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "_handle_failed_recving does for async loads). Needs one Mamba group (multi-group "
             "layouts are refused), invalid_block_ids and the recompute policy. The pin fails "
             "on 0.28.0 and 0.33.0 alike; 0.27.1 has the same code but no scheduler tier here. "
-            "A single sliding-window group suffers the same rollback (its window at the "
-            "rolled-back point reaches blocks remove_skipped_blocks already freed): the bench's "
-            "state machine met read-blocks-held on a lone SlidingWindowMLASpec group, the only "
-            "kind of layout the machine fails sync loads on; inferred from that run and the "
-            "code, not pinned separately."
+            "A single sliding-window group suffers the same rollback: allocate_slots nulled "
+            "the blocks outside the window at the load's end, and the recompute from the "
+            "rolled-back point reads them, in every chunk until it passes the load's end "
+            "(pinned by test_failed_sync_load_on_a_lone_window_recomputes_inside_its_window; "
+            "met by the bench's state machine on a lone SlidingWindowMLASpec group)."
         ),
     ),
     KnownBug(

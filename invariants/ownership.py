@@ -63,7 +63,8 @@ WHERE_NEW_BLOCK = "BlockPool.get_new_blocks"
 # A held-block violation of a request whose async load landed in this step
 # (its resume point was set there, not at admission).
 WHERE_ASYNC_LANDED = "Scheduler._update_waiting_for_remote_kv"
-# ... and of a request the previous step rolled back for a failed sync load.
+# ... and of a request recomputing what a failed sync load had covered before
+# vLLM rolled it back (until it computes past the load's end).
 WHERE_ROLLED_BACK = "Scheduler._update_requests_with_invalid_blocks"
 
 
@@ -289,7 +290,11 @@ def _reservation_violations(step: StepObservation) -> Iterator[InvariantViolatio
         return
     for rec in own.allocations:
         total_counted = sum(c or 0 for c in rec.counted)
-        if sum(rec.taken) > total_counted and all(t <= max(c or 0, 0) for c, t in zip(rec.counted, rec.taken)):
+        # The free-block check compares the sum with a pool that is never
+        # negative: a negative sum admits what a zero sum admits, so the pool
+        # can only run dry when more than max(sum, 0) blocks are taken (a
+        # lone negative count with nothing taken hides nothing).
+        if sum(rec.taken) > max(total_counted, 0) and all(t <= max(c or 0, 0) for c, t in zip(rec.counted, rec.taken)):
             # Each group kept to its own count, but a negative count (a group
             # expecting to give blocks back) let the sum admit less than the
             # other groups took.

@@ -28,7 +28,7 @@ from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, SchedulerHarness, planted_sched
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.runners.scheduler import run_single_shot, triage
 from fuzz.targets import target_scheduler
-from fuzz.targets.target_scheduler import single_shot_strategy
+from fuzz.targets.target_scheduler import any_layout_strategy, single_shot_strategy
 from invariants import ownership as own
 from invariants.scheduler import STEP_CHECKS
 from strategies.scheduler import SingleShotScenario
@@ -38,8 +38,11 @@ CASES: list[tuple[Callable[..., None], str, str, Callable[[], object]]] = [
     (own.check_read_blocks_held, "read-blocks-held", "mamba_frees_resume_state", single_shot_strategy),
     (own.check_no_same_step_hazard, "same-step-hazard", "mamba_adopts_same_step_state", single_shot_strategy),
     (own.check_reservation_covers_allocation, "reservation-covers-allocation", "cow_block_not_reserved", single_shot_strategy),
-    # The same claim summed over groups (each group within its own count).
-    (own.check_reservation_covers_allocation, "reservation-covers-allocation", "mamba_count_goes_negative", single_shot_strategy),
+    # The same claim summed over groups (each group within its own count):
+    # a -1 only hides something beside a group that takes a block in the same
+    # call, on differing block sizes (the any-layout mix meets it in ~40
+    # examples, the hybrid one in ~500).
+    (own.check_reservation_covers_allocation, "reservation-covers-allocation", "mamba_count_goes_negative", any_layout_strategy),
     (own.check_lookup_within_limit, "lookup-within-limit", "lookup_rounds_limit_up", single_shot_strategy),
 ]
 
@@ -161,3 +164,26 @@ def test_a_different_same_step_hazard_beside_the_known_chain_is_reported() -> No
     assert [(v.invariant, v.group_kind) for v in unknown] == [("same-step-hazard", "MambaSpec")], [
         str(v) for v in unknown
     ]
+
+
+def test_a_negative_count_that_hides_nothing_is_no_violation() -> None:
+    """Control for the summed reservation claim: after a failed sync load on
+    a lone Mamba group (the known rollback, tests/known_bugs/), the next
+    allocate_slots counts -1 blocks and takes none. The free-block check
+    compares the sum with a pool that is never negative, so nothing is hidden;
+    the planted ``mamba_count_goes_negative`` case above (a -1 beside a group
+    that takes blocks) is what the claim is for."""
+    layout = LayoutDraw((SpecDraw("MambaSpec", 4),), hash_block_size=4, num_blocks=32)
+    harness = SchedulerHarness(SchedulerDraw(layout=layout, max_num_batched_tokens=32, kv_load_failure_policy="recompute"))
+    harness.add_request(tuple(range(100, 116)), max_tokens=1, reply=ExternalReply("store", store_len=12))
+    harness.fail_next_sync_loads()
+    steps = harness.drain()
+    allocations = [a for s in steps if s.ownership for a in s.ownership.allocations]
+    assert any(a.counted == (-1,) and a.taken == (0,) for a in allocations), allocations
+    summed = [
+        str(v)
+        for s in steps
+        for v in own.check_reservation_covers_allocation.violations(s)
+        if "in all" in str(v)
+    ]
+    assert summed == [], summed

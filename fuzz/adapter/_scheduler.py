@@ -111,7 +111,9 @@ class SchedulerHarness:
         self._sync_failures: dict[str, tuple[int, int, tuple[int, ...]]] = {}
         self._failed_async: dict[str, FailedLoad] = {}
         self._step_failed_loads: list[FailedLoad] = []
-        self._rolled_back: frozenset[str] = frozenset()
+        # Request id -> the token count a failed synchronous load had brought
+        # it to before vLLM rolled it back (recompute policy).
+        self._recomputing: dict[str, int] = {}
         self._watch_failed_landing()
         # Connector calls already reported in a step observation; requests
         # already seen leaving the scheduler.
@@ -257,7 +259,7 @@ class SchedulerHarness:
         self._fed = None
         self.spies.new_step()
         self._step_failed_loads = []
-        rolled_back, self._rolled_back = self._rolled_back, frozenset()
+        rolled_back = self._still_recomputing()
         self.ownership.new_step()
         asked_before = len(self.script.queries)
         allocs_before = len(self.script.allocs)
@@ -455,7 +457,7 @@ class SchedulerHarness:
                 # vLLM truncates at the first invalid block of the table; a
                 # padded (null) position before it is not reported failed.
                 at = next(k for k in range(first, end) if table[k] != self.null_block_id)
-                self._sync_failures[adm.request_id] = (local, at * b, ids)
+                self._sync_failures[adm.request_id] = (local, at * b, ids, adm.num_computed_tokens or 0)
                 invalid.update(ids)
         return invalid
 
@@ -522,18 +524,29 @@ class SchedulerHarness:
             load = FailedLoad(rid, "failed_recving", policy, "reported", start, start, failed, "", 0, (), self.groups)
             reported.append(load)
             self._failed_async[rid] = load
-        for rid, (start, first_failed, ids) in sorted(self._sync_failures.items()):
+        for rid, (start, first_failed, ids, _) in sorted(self._sync_failures.items()):
             reported.append(
                 FailedLoad(
                     rid, "invalid_block_ids", policy, "reported", start, first_failed, (ids,), "", 0, (), self.groups
                 )
             )
+        if policy == "recompute":
+            # Rolled back to the first invalid block: the request recomputes
+            # from there up to where the failed load had brought it.
+            for rid, (*_, load_end) in self._sync_failures.items():
+                self._recomputing[rid] = load_end
         self._sync_failures.clear()
         for load in reported:
             self._step_failed_loads.append(self._failed_load_now(load, self._requests[load.request_id], "reported"))
-        self._rolled_back = frozenset(
-            f.request_id for f in reported if f.how == "invalid_block_ids" and f.policy == "recompute"
-        )
+
+    def _still_recomputing(self) -> frozenset[str]:
+        """Requests recomputing what a rolled-back synchronous load had
+        covered (from the step after the rollback until they compute past the
+        load's end, over as many steps as their chunks take)."""
+        live = self.scheduler.requests
+        for rid in [r for r, end in self._recomputing.items() if r not in live or live[r].num_computed_tokens >= end]:
+            del self._recomputing[rid]
+        return frozenset(self._recomputing)
 
     def drain(self, max_steps: int = 64, context: str = "") -> list[StepObservation]:
         """Step until no request is left (or ``max_steps``)."""

@@ -377,8 +377,9 @@ class StepObservation:
     # KV loads reported failed in this step, and failed async loads the
     # scheduler took back out of WAITING_FOR_REMOTE_KVS in this step.
     failed_loads: tuple[FailedLoad, ...] = ()
-    # Requests whose num_computed_tokens the previous update_from_output
-    # rolled back for a failed synchronous load (invalid_block_ids).
+    # Requests recomputing what a failed synchronous load (invalid_block_ids,
+    # recompute policy) had covered before vLLM rolled them back: from the
+    # step after the rollback until they compute past the load's end.
     rolled_back: frozenset[str] = frozenset()
     # Block ownership right after schedule() (when it raised: what it had
     # allocated and looked up before; None: no ownership spy).

@@ -30,6 +30,14 @@ load failures (``invalid_block_ids``) and ``kv_load_failure_policy=
 "recompute"``. Not reproduced on a real engine here (the CPU engine tier has
 no such connector).
 
+The same walk on a lone sliding-window group: a synchronous load of
+``[0, 17)`` (block size 2, window 8) leaves the blocks below the window of
+token 17 null; the rollback resumes at 10, and the recompute of ``[10, 14)``
+and then ``[14, 18)`` reads those null blocks (their KV was never loaded).
+The harness labels every chunk of that recompute as this bug (not only the
+step right after the rollback), so a campaign does not report the later
+chunks as a new violation.
+
 Strict xfail: this turns red the day vLLM fixes it; then set ``fixed_in`` on
 the ``mamba-failed-load-rollback`` entry of fuzz/known_bugs.py.
 """
@@ -43,6 +51,7 @@ from fuzz.known_bugs import KNOWN_BUGS, failure_of
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.connector import check_failed_load_recomputed
+from invariants.ownership import check_read_blocks_held
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -83,3 +92,39 @@ def test_the_failure_is_the_registered_known_bug() -> None:
         _check(_failed_sync_load("MambaSpec"))
     (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
     assert bug.id == "mamba-failed-load-rollback"
+
+
+def _failed_sync_load_on_a_window() -> list[StepObservation]:
+    """18 tokens, one sliding-window group (block 2, window 8), 4 tokens a
+    step; the connector answers 17 from 0 and that load fails block by block."""
+    layout = LayoutDraw((SpecDraw("SlidingWindowSpec", 2, (("sliding_window", 8),)),), hash_block_size=2, num_blocks=32)
+    harness = SchedulerHarness(
+        SchedulerDraw(layout=layout, max_num_batched_tokens=4, max_num_seqs=2, kv_load_failure_policy="recompute")
+    )
+    harness.add_request(tuple(range(100, 118)), max_tokens=1, reply=ExternalReply("store", store_len=17))
+    harness.fail_next_sync_loads()
+    return harness.drain(context="SlidingWindowSpec: sync load of [0, 17) fails")
+
+
+@pytest.mark.known_vllm_bug
+@pytest.mark.xfail(
+    strict=True,
+    raises=InvariantViolation,
+    reason="vLLM: a failed sync load on a lone sliding-window group recomputes from blocks outside the kept window",
+)
+def test_failed_sync_load_on_a_lone_window_recomputes_inside_its_window() -> None:
+    for step in _failed_sync_load_on_a_window():
+        check_read_blocks_held(step)
+
+
+def test_every_recomputed_chunk_on_the_window_is_the_known_bug() -> None:
+    """Both chunks of the recompute read null blocks, and both are labelled
+    this bug: the second is no new violation."""
+    steps = _failed_sync_load_on_a_window()
+    flagged = {s.step: list(check_read_blocks_held.violations(s)) for s in steps}
+    chunks = [n for n, vs in flagged.items() if vs]
+    assert len(chunks) == 2, {n: [str(v) for v in vs] for n, vs in flagged.items()}
+    for vs in flagged.values():
+        for v in vs:
+            (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(v))]
+            assert bug.id == "mamba-failed-load-rollback", str(v)
