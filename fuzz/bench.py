@@ -59,41 +59,92 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # -- in the child process ------------------------------------------------------
-def _raw_run(target: Any, examples: int, seed: int) -> tuple[float, int, float]:
-    """(examples/s, examples, seconds) of one in-process run."""
+class _Work:
+    """Counts the ``schedule()`` steps the scheduler targets run (every one
+    goes through :meth:`fuzz.runners.scheduler.Stepper.step`), so a rate can
+    be read per unit of work. A scheduler example is anything from one step
+    to hundreds, and how heavy the examples are depends on the seed and on
+    how long the Hypothesis run is (docs/campaign-profile.md), so examples
+    per second of two runs compare the examples they drew as much as the
+    speed of what ran them. A truncation example is one truncation: there
+    examples are the unit of work (``steps`` stays 0)."""
+
+    steps = 0
+
+    @classmethod
+    @contextlib.contextmanager
+    def counted(cls) -> Any:
+        from fuzz.runners.scheduler import Stepper
+
+        step = Stepper.step
+
+        def counting(self: Any) -> Any:
+            cls.steps += 1
+            return step(self)
+
+        Stepper.step = counting  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            Stepper.step = step  # type: ignore[method-assign]
+
+
+def _raw_run(target: Any, examples: int, seed: int) -> tuple[float, int, float, int]:
+    """(examples/s, examples, seconds, schedule() steps) of one in-process run."""
     from fuzz.hunting import hunt
 
     strategy, check, machine = target.load()
-    res = hunt(check, strategy, machine=machine, max_examples=examples, seed=seed)
+    before = _Work.steps
+    with _Work.counted():
+        res = hunt(check, strategy, machine=machine, max_examples=examples, seed=seed)
     if res.found:
         raise SystemExit(f"{target.name}: unmodified vLLM failed during the benchmark: {res.violation}")
-    return res.examples / res.seconds, res.examples, res.seconds
+    return res.examples / res.seconds, res.examples, res.seconds, _Work.steps - before
 
 
-def _campaign_run(name: str, seconds: float) -> tuple[float, int, float]:
-    """(steady examples/s, examples, seconds) of the campaign worker loop on
-    one target, its first slice left out."""
+def _campaign_run(name: str, seconds: float, seed: int | None = None) -> tuple[float, int, float, int]:
+    """(steady examples/s, examples, seconds, schedule() steps) of the
+    campaign worker loop on one target, its first slice left out."""
     from fuzz import adapter
     from fuzz.campaign.config import CampaignConfig
     from fuzz.campaign.databases import open_database
     from fuzz.campaign.findings import Findings
-    from fuzz.campaign.fuzzer import run_slot
+    from fuzz.campaign.fuzzer import TargetFuzzer, run_slot
     from fuzz.campaign.progress import Progress
 
-    with tempfile.TemporaryDirectory(prefix="fuzz-bench-") as tmp:
-        config = CampaignConfig(targets=(name,), items=((name, 0),), slots=1, budget=seconds, start=time.time(),
-                                repro_dir=f"{tmp}/repros", stats_dir=tmp, db=(f"{tmp}/db",))
-        progress = Progress(tmp, "bench", start=config.start, vllm_version=adapter.VLLM_VERSION)
-        findings = Findings(repro_dir=config.repro_dir, start=config.start, campaign_seed=None, worker="bench",
-                            vllm_version=adapter.VLLM_VERSION)
-        schedule = run_slot(config, 0, [name], database=open_database(list(config.db)), progress=progress,
-                            findings=findings)
+    per_slice: list[int] = []  # steps of each generate or replay call, in the schedule's order
+    originals = {m: getattr(TargetFuzzer, m) for m in ("generate", "replay")}
+
+    def counted(method: Any) -> Any:
+        def call(*a: Any, **k: Any) -> Any:
+            before = _Work.steps
+            try:
+                return method(*a, **k)
+            finally:
+                per_slice.append(_Work.steps - before)
+
+        return call
+
+    for m, fn in originals.items():
+        setattr(TargetFuzzer, m, counted(fn))
+    try:
+        with tempfile.TemporaryDirectory(prefix="fuzz-bench-") as tmp, _Work.counted():
+            config = CampaignConfig(targets=(name,), items=((name, 0),), slots=1, budget=seconds, start=time.time(),
+                                    repro_dir=f"{tmp}/repros", stats_dir=tmp, db=(f"{tmp}/db",), seed=seed)
+            progress = Progress(tmp, "bench", start=config.start, vllm_version=adapter.VLLM_VERSION)
+            findings = Findings(repro_dir=config.repro_dir, start=config.start, campaign_seed=seed, worker="bench",
+                                vllm_version=adapter.VLLM_VERSION)
+            schedule = run_slot(config, 0, [name], database=open_database(list(config.db)), progress=progress,
+                                findings=findings)
+    finally:
+        for m, fn in originals.items():
+            setattr(TargetFuzzer, m, fn)
     if progress.totals.failures:
         raise SystemExit(f"{name}: unmodified vLLM failed during the benchmark: {progress.totals.failures[0]['violation']}")
-    assert schedule is not None
-    steady = [(secs, n) for turn, secs, n in schedule.history if turn.index > 0]
-    secs, n = sum(s for s, _ in steady), sum(n for _, n in steady)
-    return (n / secs if secs else 0.0), n, secs
+    assert schedule is not None and len(per_slice) == len(schedule.history)
+    steady = [(secs, n, steps) for (turn, secs, n), steps in zip(schedule.history, per_slice) if turn.index > 0]
+    secs, n = sum(s for s, _, _ in steady), sum(n for _, n, _ in steady)
+    return (n / secs if secs else 0.0), n, secs, sum(st for _, _, st in steady)
 
 
 def _vllm_share(target: Any, examples: int) -> float:
@@ -110,6 +161,57 @@ def _vllm_share(target: Any, examples: int) -> float:
     total = sum(row[2] for row in stats.stats.values())  # tottime
     in_vllm = sum(row[2] for key, row in stats.stats.items() if "/vllm/" in key[0])
     return in_vllm / total if total else 0.0
+
+
+def _child_draws(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Per seed: ``--examples`` examples as one Hypothesis run, then as runs
+    of ``--draws`` examples each (the campaign's slices, without the
+    campaign): examples, seconds, schedule() steps of each."""
+    from hypothesis import Verbosity
+
+    from fuzz import adapter
+    from fuzz.campaign.fuzzer import GENERATE
+    from fuzz.hunting import budget_settings, hunt, property_test
+    from fuzz.registry import get_target
+
+    adapter.init_hashing()
+    target = get_target(name)
+    strategy, check, machine = target.load()
+    hunt(check, strategy, machine=machine, max_examples=5, seed=0)  # the first configuration's warm-up
+    counted = 0
+
+    def body(value: Any) -> None:
+        nonlocal counted
+        counted += 1
+        assert check is not None
+        check(value)
+
+    def wrap(inner: Any) -> Any:
+        def each(*a: Any, **k: Any) -> None:
+            nonlocal counted
+            counted += 1
+            inner(*a, **k)
+
+        return each
+
+    def timed(runs: list[tuple[int, int]]) -> list[float]:
+        nonlocal counted
+        counted, before, t0 = 0, _Work.steps, time.perf_counter()
+        with _Work.counted():
+            for n, seed in runs:
+                settings = budget_settings(max_examples=n, phases=GENERATE, verbosity=Verbosity.quiet)
+                if machine is not None:
+                    property_test(settings=settings, machine=machine, seed=seed, wrap=wrap)()
+                else:
+                    property_test(settings=settings, strategy=strategy, body=body, seed=seed)()
+        return [counted, time.perf_counter() - t0, _Work.steps - before]
+
+    rows = []
+    for seed in range(1, args.repeats + 1):
+        whole = timed([(args.examples, seed)])
+        sliced = timed([(args.draws, seed * 1000 + i) for i in range(max(args.examples // args.draws, 1))])
+        rows.append({"seed": seed, "whole": whole, "sliced": sliced})
+    return {"target": name, "rows": rows}
 
 
 def _child_target(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -130,7 +232,7 @@ def _child_target(name: str, args: argparse.Namespace) -> dict[str, Any]:
     raw, campaign = [], []
     for r in range(args.repeats):
         raw.append(_raw_run(target, args.examples, seed=1000 + r))
-        campaign.append(_campaign_run(name, args.campaign_seconds))
+        campaign.append(_campaign_run(name, args.campaign_seconds, seed=2000 + r))
     branches = telemetry.snapshot()["branches"]
     share = _vllm_share(target, max(args.examples // 2, 100))
     return {"target": name, "import_s": import_s, "first_example_s": first_s, "warmup": warmup, "raw": raw,
@@ -217,7 +319,7 @@ def _child_breakdown(name: str, seconds: float) -> dict[str, Any]:
     clock.wrap(fuzzer, "property_test", "slice set-up")
     gc.callbacks.append(clock.gc_callback)
     t0 = time.perf_counter()
-    rate, examples, _ = _campaign_run(name, seconds)
+    rate, examples, _, _ = _campaign_run(name, seconds)
     clock._switch()
     gc.callbacks.remove(clock.gc_callback)
     wall = time.perf_counter() - t0
@@ -355,6 +457,16 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
+def _work_rate(run: list[Any]) -> float:
+    """Work per second of one run (examples/s, examples, seconds, steps)."""
+    _, examples, seconds, steps = run
+    return (steps or examples) / seconds if seconds else 0.0
+
+
+def _steps_per_example(runs: list[list[Any]]) -> float:
+    return sum(r[3] for r in runs) / max(sum(r[1] for r in runs), 1)
+
+
 def _fmt_times(found: list[list[float] | None]) -> str:
     hits = [f[0] for f in found if f]
     if not hits:
@@ -362,6 +474,27 @@ def _fmt_times(found: list[list[float] | None]) -> str:
     misses = len(found) - len(hits)
     return (f"median {statistics.median(hits):6.2f} s  (min {min(hits):.2f}, max {max(hits):.2f})"
             + (f"  missed by {misses} seed(s)" if misses else ""))
+
+
+def _report_draws(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    print(f"{args.examples} examples as one Hypothesis run vs as runs of {args.draws} (generate, target and shrink "
+          f"phases, no database), per seed")
+    head = f"{'target':<27} {'seed':>4}  {'run':<10} {'ex/s':>7} {'steps/s':>8} {'steps/ex':>8}"
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        spans: dict[str, list[tuple[float, float]]] = {"whole": [], "sliced": []}
+        for row in r["rows"]:
+            for kind in ("whole", "sliced"):
+                n, secs, steps = row[kind]
+                spans[kind].append((n / secs, steps / secs))
+                print(f"{r['target']:<27} {row['seed']:4}  {kind:<10} {n / secs:7.1f} {steps / secs:8.0f} "
+                      f"{steps / max(n, 1):8.1f}")
+        for kind, rates in spans.items():
+            ex, st = [a for a, _ in rates], [b for _, b in rates]
+            print(f"{r['target']:<27} {'all':>4}  {kind:<10} median {statistics.median(ex):.1f} ex/s "
+                  f"(max/min {max(ex) / min(ex):.2f}), {statistics.median(st):.0f} steps/s "
+                  f"(max/min {max(st) / min(st):.2f})")
 
 
 def _report_breakdown(results: list[dict[str, Any]]) -> None:
@@ -378,14 +511,21 @@ def _report(results: list[dict[str, Any]], planted: dict[str, Any] | None, args:
           f"raw = in-process hunt of {args.examples} examples, campaign = the worker loop for "
           f"{args.campaign_seconds:g} s (first slice left out); medians of {args.repeats}")
     print("(2-core shared machine: compare ratios within one run, not absolute numbers)\n")
-    head = f"{'target':<22} {'raw ex/s':>9} {'campaign ex/s':>14} {'campaign/raw':>13}  {'vLLM':>5}  warm-up (1st run ex/s; import, 1st example s)"
+    head = (f"{'target':<27} {'raw ex/s':>8} {'camp ex/s':>9} {'ratio':>5}  {'raw work/s':>10} {'camp work/s':>11} "
+            f"{'campaign/raw':>12}  {'steps/ex raw, camp':>18}  {'vLLM':>4}  warm-up (1st run ex/s; import, 1st example s)")
     print(head)
     print("-" * len(head))
     for r in results:
-        raw = _median([x[0] for x in r["raw"]])
-        camp = _median([x[0] for x in r["campaign"]])
-        print(f"{r['target']:<22} {raw:9.1f} {camp:14.1f} {camp / raw if raw else 0:13.2f}  {100 * r['vllm_share']:4.0f}%  "
+        raw, camp = _median([x[0] for x in r["raw"]]), _median([x[0] for x in r["campaign"]])
+        raw_work, camp_work = _median([_work_rate(x) for x in r["raw"]]), _median([_work_rate(x) for x in r["campaign"]])
+        per_ex = (f"{_steps_per_example(r['raw']):8.1f}, {_steps_per_example(r['campaign']):8.1f}"
+                  if any(x[3] for x in r["raw"]) else f"{'-':>18}")
+        print(f"{r['target']:<27} {raw:8.1f} {camp:9.1f} {camp / raw if raw else 0:5.2f}  {raw_work:10.1f} {camp_work:11.1f} "
+              f"{camp_work / raw_work if raw_work else 0:12.2f}  {per_ex}  {100 * r['vllm_share']:3.0f}%  "
               f"{r['warmup'][0]:.1f}; {r['import_s']:.1f}, {r['first_example_s']:.2f}")
+    print("work = schedule() steps for the scheduler targets, examples (one truncation each) for the truncation "
+          "targets;\ncampaign/raw compares work rates: scheduler examples differ in size by a factor of ten and more, "
+          "and\nshort Hypothesis runs (the campaign's slices) draw heavier ones (docs/campaign-profile.md)")
     print()
     for r in results:
         b = r["branches"]
@@ -419,6 +559,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: where a worker's time goes, each target's worker loop run this long")
     parser.add_argument("--ownership-cost", action="store_true",
                         help="instead: the block-ownership model's cost on each scheduler target (on vs off)")
+    parser.add_argument("--draws", type=int, default=None, metavar="N",
+                        help="instead: each scheduler target's examples/s and steps/s as one run of --examples "
+                             "examples vs runs of N (what a short run draws), one row per seed (--repeats seeds)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -432,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
             result = _child_breakdown(args.child, args.breakdown)
         elif args.ownership_cost:
             result = _child_ownership_cost(args.child, args)
+        elif args.draws:
+            result = _child_draws(args.child, args)
         else:
             result = _child_target(args.child, args)
         print("BENCH " + json.dumps(result))
@@ -439,6 +584,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.breakdown:
         results = [_child(["--child", name, "--breakdown", str(args.breakdown)]) for name in args.targets]
         _report_breakdown(results)
+        return 0
+    if args.draws:
+        names = [t for t in args.targets if t.startswith("scheduler-")]
+        results = [_child(["--child", n, "--draws", str(args.draws), "--examples", str(args.examples), "--repeats",
+                           str(args.repeats)]) for n in names]
+        _report_draws(results, args)
+        if args.json:
+            args.json.write_text(json.dumps({"draws": results}, indent=1))
         return 0
     if args.ownership_cost:
         names = [t for t in args.targets if t.startswith("scheduler-")]
