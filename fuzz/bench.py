@@ -102,14 +102,15 @@ def _raw_run(target: Any, examples: int, seed: int) -> tuple[float, int, float, 
     return res.examples / res.seconds, res.examples, res.seconds, _Work.steps - before
 
 
-def _campaign_run(name: str, seconds: float, seed: int | None = None) -> tuple[float, int, float, int]:
-    """(steady examples/s, examples, seconds, schedule() steps) of the
-    campaign worker loop on one target, its first slice left out."""
+def _campaign_run(name: str, seconds: float, seed: int | None = None) -> tuple[float, int, float, int, list[list[Any]]]:
+    """(steady examples/s, examples, seconds, schedule() steps, slices) of
+    the campaign worker loop on one target, its first slice left out; each
+    steady slice as [examples asked, seed, seconds, examples run, steps]."""
     from fuzz import adapter
     from fuzz.campaign.config import CampaignConfig
     from fuzz.campaign.databases import open_database
     from fuzz.campaign.findings import Findings
-    from fuzz.campaign.fuzzer import TargetFuzzer, run_slot
+    from fuzz.campaign.fuzzer import TargetFuzzer, run_slot, slice_seed
     from fuzz.campaign.progress import Progress
 
     per_slice: list[int] = []  # steps of each generate or replay call, in the schedule's order
@@ -142,9 +143,42 @@ def _campaign_run(name: str, seconds: float, seed: int | None = None) -> tuple[f
     if progress.totals.failures:
         raise SystemExit(f"{name}: unmodified vLLM failed during the benchmark: {progress.totals.failures[0]['violation']}")
     assert schedule is not None and len(per_slice) == len(schedule.history)
-    steady = [(secs, n, steps) for (turn, secs, n), steps in zip(schedule.history, per_slice) if turn.index > 0]
-    secs, n = sum(s for s, _, _ in steady), sum(n for _, n, _ in steady)
-    return (n / secs if secs else 0.0), n, secs, sum(st for _, _, st in steady)
+    slices = [[turn.examples, slice_seed(seed, 0, turn.index), secs, n, steps]
+              for (turn, secs, n), steps in zip(schedule.history, per_slice) if turn.index > 0]
+    secs, n = sum(s[2] for s in slices), sum(s[3] for s in slices)
+    return (n / secs if secs else 0.0), n, secs, sum(s[4] for s in slices), slices
+
+
+def _same_examples_run(target: Any, slices: list[list[Any]]) -> dict[str, float]:
+    """The campaign's steady slices that ran all their examples, run again
+    bare: the same Hypothesis runs (examples asked, seed, phases), so the
+    same examples, without the worker loop around them. Returns both sides'
+    seconds, examples and steps over those slices."""
+    from hypothesis import Verbosity
+
+    from fuzz.campaign.fuzzer import GENERATE
+    from fuzz.hunting import budget_settings, property_test
+
+    strategy, check, machine = target.load()
+    whole = [s for s in slices if s[3] == s[0]]
+    examples = 0
+
+    def wrap(inner: Any) -> Any:
+        def each(*a: Any, **k: Any) -> None:
+            nonlocal examples
+            examples += 1
+            inner(*a, **k)
+
+        return each
+
+    before, t0 = _Work.steps, time.perf_counter()
+    with _Work.counted():
+        for asked, seed, *_ in whole:
+            settings = budget_settings(max_examples=asked, phases=GENERATE, verbosity=Verbosity.quiet)
+            property_test(settings=settings, strategy=strategy, body=check, machine=machine, seed=seed, wrap=wrap)()
+    return {"bare_s": time.perf_counter() - t0, "bare_n": examples, "bare_steps": _Work.steps - before,
+            "campaign_s": sum(s[2] for s in whole), "campaign_n": sum(s[3] for s in whole),
+            "campaign_steps": sum(s[4] for s in whole)}
 
 
 def _vllm_share(target: Any, examples: int) -> float:
@@ -229,14 +263,16 @@ def _child_target(name: str, args: argparse.Namespace) -> dict[str, Any]:
     hunt(check, strategy, machine=machine, max_examples=1, seed=0)
     first_s = time.perf_counter() - t1
     warmup = _raw_run(target, args.examples, seed=999)
-    raw, campaign = [], []
+    raw, campaign, same = [], [], []
     for r in range(args.repeats):
         raw.append(_raw_run(target, args.examples, seed=1000 + r))
-        campaign.append(_campaign_run(name, args.campaign_seconds, seed=2000 + r))
+        *run, slices = _campaign_run(name, args.campaign_seconds, seed=2000 + r)
+        campaign.append(run)
+        same.append(_same_examples_run(target, slices))
     branches = telemetry.snapshot()["branches"]
     share = _vllm_share(target, max(args.examples // 2, 100))
     return {"target": name, "import_s": import_s, "first_example_s": first_s, "warmup": warmup, "raw": raw,
-            "campaign": campaign, "vllm_share": share, "branches": branches, "vllm": adapter.VLLM_VERSION}
+            "campaign": campaign, "same": same, "vllm_share": share, "branches": branches, "vllm": adapter.VLLM_VERSION}
 
 
 class _Clock:
@@ -319,7 +355,7 @@ def _child_breakdown(name: str, seconds: float) -> dict[str, Any]:
     clock.wrap(fuzzer, "property_test", "slice set-up")
     gc.callbacks.append(clock.gc_callback)
     t0 = time.perf_counter()
-    rate, examples, _, _ = _campaign_run(name, seconds)
+    rate, examples, *_ = _campaign_run(name, seconds)
     clock._switch()
     gc.callbacks.remove(clock.gc_callback)
     wall = time.perf_counter() - t0
@@ -457,12 +493,6 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def _work_rate(run: list[Any]) -> float:
-    """Work per second of one run (examples/s, examples, seconds, steps)."""
-    _, examples, seconds, steps = run
-    return (steps or examples) / seconds if seconds else 0.0
-
-
 def _steps_per_example(runs: list[list[Any]]) -> float:
     return sum(r[3] for r in runs) / max(sum(r[1] for r in runs), 1)
 
@@ -511,21 +541,27 @@ def _report(results: list[dict[str, Any]], planted: dict[str, Any] | None, args:
           f"raw = in-process hunt of {args.examples} examples, campaign = the worker loop for "
           f"{args.campaign_seconds:g} s (first slice left out); medians of {args.repeats}")
     print("(2-core shared machine: compare ratios within one run, not absolute numbers)\n")
-    head = (f"{'target':<27} {'raw ex/s':>8} {'camp ex/s':>9} {'ratio':>5}  {'raw work/s':>10} {'camp work/s':>11} "
-            f"{'campaign/raw':>12}  {'steps/ex raw, camp':>18}  {'vLLM':>4}  warm-up (1st run ex/s; import, 1st example s)")
+    head = (f"{'target':<27} {'raw ex/s':>8} {'campaign ex/s':>13} {'ratio':>5}  {'steps/ex raw, campaign':>22}  "
+            f"{'same examples bare, campaign ex/s':>33} {'campaign/raw':>12}  {'vLLM':>4}  "
+            f"warm-up (1st run ex/s; import, 1st example s)")
     print(head)
     print("-" * len(head))
     for r in results:
         raw, camp = _median([x[0] for x in r["raw"]]), _median([x[0] for x in r["campaign"]])
-        raw_work, camp_work = _median([_work_rate(x) for x in r["raw"]]), _median([_work_rate(x) for x in r["campaign"]])
-        per_ex = (f"{_steps_per_example(r['raw']):8.1f}, {_steps_per_example(r['campaign']):8.1f}"
-                  if any(x[3] for x in r["raw"]) else f"{'-':>18}")
-        print(f"{r['target']:<27} {raw:8.1f} {camp:9.1f} {camp / raw if raw else 0:5.2f}  {raw_work:10.1f} {camp_work:11.1f} "
-              f"{camp_work / raw_work if raw_work else 0:12.2f}  {per_ex}  {100 * r['vllm_share']:3.0f}%  "
+        per_ex = (f"{_steps_per_example(r['raw']):10.1f}, {_steps_per_example(r['campaign']):10.1f}"
+                  if any(x[3] for x in r["raw"]) else f"{'-':>22}")
+        bare = _median([m["bare_n"] / m["bare_s"] for m in r["same"] if m["bare_s"]])
+        inside = _median([m["campaign_n"] / m["campaign_s"] for m in r["same"] if m["campaign_s"]])
+        diverged = sum(m["bare_n"] != m["campaign_n"] or m["bare_steps"] != m["campaign_steps"] for m in r["same"])
+        print(f"{r['target']:<27} {raw:8.1f} {camp:13.1f} {camp / raw if raw else 0:5.2f}  {per_ex}  "
+              f"{bare:16.1f}, {inside:15.1f} {inside / bare if bare else 0:12.2f}"
+              f"{'*' if diverged else ' '} {100 * r['vllm_share']:4.0f}%  "
               f"{r['warmup'][0]:.1f}; {r['import_s']:.1f}, {r['first_example_s']:.2f}")
-    print("work = schedule() steps for the scheduler targets, examples (one truncation each) for the truncation "
-          "targets;\ncampaign/raw compares work rates: scheduler examples differ in size by a factor of ten and more, "
-          "and\nshort Hypothesis runs (the campaign's slices) draw heavier ones (docs/campaign-profile.md)")
+    print("raw = one Hypothesis run of the target; ratio = campaign / raw examples per second, which also compares the\n"
+          "examples each drew (scheduler examples range from one schedule() step to hundreds; steps/ex). campaign/raw\n"
+          "compares the same examples: the campaign's steady slices that ran to the end, run again bare (same\n"
+          "examples asked, seed and phases) and inside the worker loop; * = the two did not run the same examples\n"
+          "and steps in some repeat (docs/campaign-profile.md)")
     print()
     for r in results:
         b = r["branches"]

@@ -1,32 +1,35 @@
-"""The benchmark's unit of work: scheduler targets are compared by
-``schedule()`` steps per second, truncation targets by examples per second."""
+"""The benchmark compares the campaign with a bare run of the same examples."""
 
 from __future__ import annotations
+
+import pytest
 
 from fuzz import bench
 from fuzz.registry import get_target
 
 
-def test_a_scheduler_campaign_counts_the_steps_of_its_steady_slices() -> None:
-    rate, examples, seconds, steps = bench._campaign_run("scheduler-single-shot", 3.0, seed=7)
-    assert examples > 0 and seconds > 0, (rate, examples, seconds)
-    # Every single-shot example admits its requests in at least one step.
-    assert steps >= examples, f"{steps} steps counted for {examples} steady examples"
-    assert bench._work_rate([rate, examples, seconds, steps]) == steps / seconds
-
-
-def test_a_raw_truncation_run_counts_no_steps_and_its_work_is_its_examples() -> None:
-    run = bench._raw_run(get_target("truncate-hybrid"), 20, seed=3)
-    assert run[3] == 0, f"a truncation run stepped a scheduler {run[3]} times"
-    assert bench._work_rate(list(run)) == run[1] / run[2]
+@pytest.mark.parametrize("name", ["scheduler-single-shot", "truncate-hybrid"])
+def test_a_campaigns_slices_rerun_bare_draw_the_same_examples(name: str) -> None:
+    rate, examples, seconds, steps, slices = bench._campaign_run(name, 3.0, seed=7)
+    assert examples > 0 and seconds > 0 and slices, (rate, examples, seconds, slices)
+    assert examples == sum(s[3] for s in slices)
+    same = bench._same_examples_run(get_target(name), slices)
+    assert same["campaign_n"] > 0, f"no steady slice of {name} ran all its examples: {slices}"
+    # Same runs (examples asked, seed, phases): the same examples, so the same
+    # count and, on the scheduler tier, the same schedule() steps.
+    assert (same["bare_n"], same["bare_steps"]) == (same["campaign_n"], same["campaign_steps"]), same
+    if name.startswith("scheduler-"):
+        assert same["bare_steps"] >= same["bare_n"], same  # every example admits in at least one step
+    else:
+        assert same["bare_steps"] == 0, same
 
 
 def test_the_step_counter_is_removed_after_a_run() -> None:
     from fuzz.runners.scheduler import Stepper
 
     step = Stepper.step
-    bench._raw_run(get_target("scheduler-single-shot"), 5, seed=3)
-    assert Stepper.step is step
+    run = bench._raw_run(get_target("scheduler-single-shot"), 5, seed=3)
+    assert Stepper.step is step and run[3] >= run[1]
     before = bench._Work.steps
     bench._raw_run(get_target("truncate-any-layout"), 5, seed=3)
     assert bench._Work.steps == before
