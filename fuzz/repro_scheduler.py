@@ -106,7 +106,8 @@ def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None
     try:
         for op in log.ops:
             if isinstance(op, AddRequest):
-                harness.add_request(op.token_ids, max_tokens=op.max_tokens, reply=op.reply, request_id=op.request_id)
+                harness.add_request(op.token_ids, max_tokens=op.max_tokens, reply=op.reply, request_id=op.request_id,
+                                    skip_reading_prefix_cache=op.skip_reading_prefix_cache)
             elif isinstance(op, Abort):
                 if op.request_id in harness.live_request_ids:
                     harness.abort(op.request_id)

@@ -18,8 +18,12 @@ loop's connector branch, ``vllm/v1/core/sched/scheduler.py``), the manager's
 (``vllm/distributed/kv_transfer/kv_connector/v1/base.py``). They hold for the
 configurations this suite builds: no DSV4.1 sliding-window bounded replay
 (``prefix_replay_tokens``), no aux-output connector (``cap_external_hit``), no
-deferred async loads (``defer_async_loads``), no ``skip_reading_prefix_cache``;
-each of those may legitimately shrink or drop an answer.
+deferred async loads (``defer_async_loads``); each of those may legitimately
+shrink or drop an answer. Requests with ``skip_reading_prefix_cache`` are
+drawn: the scheduler still asks the connector about them and then drops the
+answer (``ext_tokens, load_kv_async = 0, False``), so they load nothing and
+the load checks here do not apply to them; what they must read instead (no
+cached tokens at all) is :func:`invariants.scheduler.check_skipping_request_reads_no_cache`.
 
 Admission checks (:data:`CONNECTOR_ADMISSION_CHECKS`) see one waiting
 request's trip through the connector branch (an
