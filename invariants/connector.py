@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, StepObservation
+from invariants._common import answer_acted_on
 from invariants._common import cdiv as _cdiv
 from invariants._common import group_behaviour as _behaviour
 from invariants._common import group_kind, group_name as _name
@@ -197,9 +198,10 @@ def check_dropped_answer_loads_nothing(adm: AdmissionObservation, context: str =
     external" (``num_external_computed_tokens = 0``). ``base.py:
     update_state_after_alloc``: "num_external_tokens ... 0 means nothing
     should be loaded"."""
-    if adm.connector_block_ids is None or adm.reply is None:
+    answer = answer_acted_on(adm)  # none for a request skipping the prefix cache
+    if adm.connector_block_ids is None or answer is None:
         return
-    if not (adm.partial_tail and 0 < adm.reply <= adm.partial_tail):
+    if not (adm.partial_tail and 0 < answer <= adm.partial_tail):
         return
     if adm.connector_external_tokens or adm.alloc_external_tokens:
         _fail_admission(

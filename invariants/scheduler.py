@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, PoolObservation, StepObservation
+from invariants._common import answer_acted_on
 from invariants._common import cdiv as _cdiv
 from invariants._common import group_behaviour as _behaviour
 from invariants._common import group_kind, group_name as _name
@@ -88,8 +89,10 @@ def _local_kept(adm: AdmissionObservation) -> int:
 
 def expects_truncation(adm: AdmissionObservation) -> bool:
     """The external-hit branch must drop the sub-block tail: the local hit has
-    one (``P > 0``) and the connector's answer strictly exceeds it."""
-    return adm.reply is not None and adm.partial_tail > 0 and adm.reply > adm.partial_tail
+    one (``P > 0``) and the connector's answer, as the scheduler acts on it
+    (none for a request skipping the prefix cache), strictly exceeds it."""
+    answer = answer_acted_on(adm)
+    return answer is not None and adm.partial_tail > 0 and answer > adm.partial_tail
 
 
 # ---------------------------------------------------------------------------

@@ -38,6 +38,10 @@ CASES: list[tuple[Callable[..., None], str, str, bool]] = [
     (inv.check_mamba_state_at_resume_boundary, "mamba-state-at-boundary", "no_divergent_fallback", False),
     (inv.check_diverged_hit_falls_back, "diverged-falls-back", "fallback_discards_hit", False),
     (inv.check_no_leaked_blocks, "no-leaked-blocks", "truncate_touches_refcounts", False),
+    # A request with skip_reading_prefix_cache: the scheduler's override of
+    # the connector's answer, and the manager's lookup gate.
+    (inv.check_skipping_request_reads_no_cache, "skip-reads-no-cache", "skipping_request_loads_external", False),
+    (inv.check_skipping_request_reads_no_cache, "skip-reads-no-cache", "skipping_request_reads_local_cache", False),
     # The KV-connector protocol (invariants/connector.py).
     (conn.check_external_range_contiguous, "external-contiguous", "asks_connector_unaligned", False),
     (conn.check_told_external_accounted, "told-external-accounted", "tells_connector_total", False),

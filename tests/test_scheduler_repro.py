@@ -54,6 +54,9 @@ BUGS = {
     "no_sync_load_flag": "sync-load-announced",
     "connector_finished_twice": "finished-once",
     "async_load_computes_at_once": "no-exception",
+    # A request that skips the prefix cache (skip_reading_prefix_cache).
+    "skipping_request_loads_external": "skip-reads-no-cache",
+    "skipping_request_reads_local_cache": "skip-reads-no-cache",
 }
 # The scheduler-tier limit for the pre-fix assert (issue 13).
 LIMITS = {"pre_fix_assert_all": {"groups": 2, "requests": 3, "steps": 6}}
