@@ -66,8 +66,11 @@ SEARCH = settings(
 
 # Planted bugs whose trigger the single-shot scenarios draw rarely: an async
 # load that leaves prompt tokens to compute (one async reply in four, and
-# mostly the store holds the whole prompt).
-BUDGET = {"async_load_computes_at_once": 2000}
+# mostly the store holds the whole prompt); a connector answer no longer
+# than the local sub-block tail ('partial tail kept': about 1% of examples;
+# the first 400 derandomized ones stopped holding one when replays began
+# drawing skip_reading_prefix_cache, whose answer vLLM drops).
+BUDGET = {"async_load_computes_at_once": 2000, "keeps_tail_and_loads": 2000}
 
 
 def _find(check: Callable[..., None], bug: str, shortcut: bool) -> tuple[InvariantViolation, SingleShotScenario]:
@@ -143,8 +146,16 @@ def test_every_scheduler_check_has_a_planted_case() -> None:
         # inside schedule(): with every check on, whichever the machine meets
         # first reports it.
         # (The ownership model sees the same missing state as a read of blocks
-        # the request does not hold.)
-        ("no_divergent_fallback", {"mamba-state-at-boundary", "local-part-covered", "no-exception", "read-blocks-held"}),
+        # the request does not hold.) When the Mamba group's own hit is a
+        # sub-block one in the block at the boundary's index (hit 18 of a
+        # 24-token local part, 12-token blocks), that index holds a real
+        # block and only diverged-falls-back, the claim about this very
+        # fallback, sees it (met first once replays drew
+        # skip_reading_prefix_cache and the mined constants changed).
+        (
+            "no_divergent_fallback",
+            {"mamba-state-at-boundary", "local-part-covered", "no-exception", "read-blocks-held", "diverged-falls-back"},
+        ),
         ("skip_truncation", {"computed-adds-up"}),
     ],
 )
