@@ -54,6 +54,7 @@ _CHECK_OF = {
     "truncated-view": "_check_truncated_view",
     "mamba-state-at-boundary": "_check_mamba_state_at_resume_boundary",
     "diverged-falls-back": "_check_diverged_hit_falls_back",
+    "skip-reads-no-cache": "_check_skipping_request_reads_no_cache",
     # The KV-connector protocol (invariants/connector.py).
     "external-contiguous": "_check_external_range_contiguous",
     "load-blocks-cover": "_check_load_blocks_cover_range",
@@ -106,7 +107,8 @@ def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None
     try:
         for op in log.ops:
             if isinstance(op, AddRequest):
-                harness.add_request(op.token_ids, max_tokens=op.max_tokens, reply=op.reply, request_id=op.request_id)
+                harness.add_request(op.token_ids, max_tokens=op.max_tokens, reply=op.reply, request_id=op.request_id,
+                                    skip_reading_prefix_cache=op.skip_reading_prefix_cache)
             elif isinstance(op, Abort):
                 if op.request_id in harness.live_request_ids:
                     harness.abort(op.request_id)
@@ -284,9 +286,10 @@ def _program(log: OpLog, broken: int, invariant: str) -> list[str]:
             continue
         flush()
         if isinstance(op, AddRequest):
+            skip = ", skip_reading_prefix_cache=True" if op.skip_reading_prefix_cache else ""
             lines.append(
                 f'    scheduler.add_request(_make_request("{op.request_id}", {_const(op.request_id)}, '
-                f"max_tokens={op.max_tokens}))"
+                f"max_tokens={op.max_tokens}{skip}))"
             )
         elif isinstance(op, Abort):
             lines.append(f'    scheduler.finish_requests("{op.request_id}", RequestStatus.FINISHED_ABORTED)')
@@ -699,11 +702,13 @@ def _make_scheduler(tmp_path):
     )
 
 
-def _make_request(request_id, token_ids, max_tokens):
+def _make_request(request_id, token_ids, max_tokens, skip_reading_prefix_cache=None):
+    # skip_reading_prefix_cache=True: the request must read no cached tokens.
+    skip = {} if skip_reading_prefix_cache is None else {"skip_reading_prefix_cache": skip_reading_prefix_cache}
     return Request(
         request_id=request_id,
         prompt_token_ids=list(token_ids),
-        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **skip),
         pooling_params=None,
         block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256),
     )
@@ -756,7 +761,7 @@ class _Watch:
             self.local_hits.append((request.request_id, num_local, request.num_tokens))
             self.admissions[request.request_id] = dict(
                 local_hit=num_local, lookup=_ids(blocks), joint_hit=joint_hit, joint=_ids(joint_blocks),
-                per_group=per_group,
+                per_group=per_group, skips=bool(getattr(request.sampling_params, "skip_reading_prefix_cache", None)),
             )
             return result
 
@@ -1154,7 +1159,7 @@ def _check_truncated_view(scheduler, out, watch, step):
     for rid, adm in watch.admissions.items():
         hit = adm["local_hit"]
         tail = hit % SCHEDULER_BLOCK_SIZE
-        answer = adm["answer"]
+        answer = 0 if adm["skips"] else adm["answer"]  # vLLM drops a skipping request's answer
         if not tail or answer is None or answer <= tail:
             continue
         aligned = hit - tail
@@ -1208,6 +1213,27 @@ def _check_diverged_hit_falls_back(scheduler, out, watch, step):
             f"{adm['joint_hit']} (per-group hits {adm['per_group']}) with no external tokens, so the "
             f"scheduler must fall back to {adm['joint_hit']} with blocks {adm['joint']}; it kept {local} "
             f"local tokens, blocks {adm['adopted']}; groups: {_describe_groups()}"
+        )
+''',
+    "skip-reads-no-cache": '''
+
+def _check_skipping_request_reads_no_cache(scheduler, out, watch, step):
+    """A request with SamplingParams(skip_reading_prefix_cache=True) reads no
+    cached tokens, local or external: its lookup finds nothing, it adopts no
+    cached block, the connector is told to load 0 tokens (vLLM asks it, then
+    drops the answer), and it is admitted at num_computed_tokens 0."""
+    for rid, adm in watch.admissions.items():
+        if not adm["skips"]:
+            continue
+        adopted = [g for g in adm["adopted"] if g]
+        assert not (adm["local_hit"] or adm["local"] or adopted or adm["alloc_external"] or adm["external"]
+                    or adm["num_computed_tokens"]), (
+            f"step {step}, request {rid} set skip_reading_prefix_cache=True, so it reads neither the local "
+            f"prefix cache nor an external hit and computes from token 0; but its lookup hit "
+            f"{adm['local_hit']} tokens, allocate_slots got {adm['local']} local tokens (adopted blocks "
+            f"{adopted}) and {adm['alloc_external']} external, the connector (answer {adm['answer']}) was told "
+            f"to load {adm['external']}, and it was admitted at num_computed_tokens="
+            f"{adm['num_computed_tokens']} (per-group hits {adm['per_group']}); groups: {_describe_groups()}"
         )
 ''',
 }
@@ -1342,7 +1368,7 @@ def _check_dropped_answer_loads_nothing(scheduler, out, watch, step):
     external tokens."""
     for rid, adm in watch.admissions.items():
         tail = adm["local_hit"] % SCHEDULER_BLOCK_SIZE
-        answer = adm["answer"]
+        answer = 0 if adm["skips"] else adm["answer"]  # vLLM drops a skipping request's answer
         if not (tail and answer is not None and 0 < answer <= tail):
             continue
         assert not adm["external"] and not adm.get("alloc_external"), (

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fuzz.model import GroupInfo
+from fuzz.model import AdmissionObservation, GroupInfo
 from invariants.classification import Behaviour, behaviour_of
 
-__all__ = ["cdiv", "group_behaviour", "group_kind", "group_name"]
+__all__ = ["answer_acted_on", "cdiv", "group_behaviour", "group_kind", "group_name"]
 
 
 def group_behaviour(info: GroupInfo) -> Behaviour:
@@ -28,3 +28,12 @@ def group_name(info: GroupInfo) -> str:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def answer_acted_on(adm: AdmissionObservation) -> int | None:
+    """The connector's answer as the scheduler acts on it: what it returned,
+    except for a request that skips reading the prefix cache, whose answer
+    vLLM replaces by 0 right after asking (``Scheduler.schedule``: ``if
+    request.skip_reading_prefix_cache: ext_tokens, load_kv_async = 0,
+    False``), so no truncation or load follows from it."""
+    return 0 if adm.skips_prefix_cache else adm.reply

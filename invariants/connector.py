@@ -18,8 +18,12 @@ loop's connector branch, ``vllm/v1/core/sched/scheduler.py``), the manager's
 (``vllm/distributed/kv_transfer/kv_connector/v1/base.py``). They hold for the
 configurations this suite builds: no DSV4.1 sliding-window bounded replay
 (``prefix_replay_tokens``), no aux-output connector (``cap_external_hit``), no
-deferred async loads (``defer_async_loads``), no ``skip_reading_prefix_cache``;
-each of those may legitimately shrink or drop an answer.
+deferred async loads (``defer_async_loads``); each of those may legitimately
+shrink or drop an answer. Requests with ``skip_reading_prefix_cache`` are
+drawn: the scheduler still asks the connector about them and then drops the
+answer (``ext_tokens, load_kv_async = 0, False``), so they load nothing and
+the load checks here do not apply to them; what they must read instead (no
+cached tokens at all) is :func:`invariants.scheduler.check_skipping_request_reads_no_cache`.
 
 Admission checks (:data:`CONNECTOR_ADMISSION_CHECKS`) see one waiting
 request's trip through the connector branch (an
@@ -36,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, StepObservation
+from invariants._common import answer_acted_on
 from invariants._common import cdiv as _cdiv
 from invariants._common import group_behaviour as _behaviour
 from invariants._common import group_kind, group_name as _name
@@ -193,9 +198,10 @@ def check_dropped_answer_loads_nothing(adm: AdmissionObservation, context: str =
     external" (``num_external_computed_tokens = 0``). ``base.py:
     update_state_after_alloc``: "num_external_tokens ... 0 means nothing
     should be loaded"."""
-    if adm.connector_block_ids is None or adm.reply is None:
+    answer = answer_acted_on(adm)  # none for a request skipping the prefix cache
+    if adm.connector_block_ids is None or answer is None:
         return
-    if not (adm.partial_tail and 0 < adm.reply <= adm.partial_tail):
+    if not (adm.partial_tail and 0 < answer <= adm.partial_tail):
         return
     if adm.connector_external_tokens or adm.alloc_external_tokens:
         _fail_admission(

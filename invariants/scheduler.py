@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, PoolObservation, StepObservation
+from invariants._common import answer_acted_on
 from invariants._common import cdiv as _cdiv
 from invariants._common import group_behaviour as _behaviour
 from invariants._common import group_kind, group_name as _name
@@ -55,6 +56,7 @@ __all__ = [
     "check_mamba_state_at_resume_boundary",
     "check_no_exception_escapes",
     "check_no_leaked_blocks",
+    "check_skipping_request_reads_no_cache",
     "check_step",
     "step_violations",
     "check_truncated_view",
@@ -87,8 +89,10 @@ def _local_kept(adm: AdmissionObservation) -> int:
 
 def expects_truncation(adm: AdmissionObservation) -> bool:
     """The external-hit branch must drop the sub-block tail: the local hit has
-    one (``P > 0``) and the connector's answer strictly exceeds it."""
-    return adm.reply is not None and adm.partial_tail > 0 and adm.reply > adm.partial_tail
+    one (``P > 0``) and the connector's answer, as the scheduler acts on it
+    (none for a request skipping the prefix cache), strictly exceeds it."""
+    answer = answer_acted_on(adm)
+    return answer is not None and adm.partial_tail > 0 and answer > adm.partial_tail
 
 
 # ---------------------------------------------------------------------------
@@ -329,6 +333,52 @@ def check_diverged_hit_falls_back(adm: AdmissionObservation, context: str = "") 
         )
 
 
+def check_skipping_request_reads_no_cache(adm: AdmissionObservation, context: str = "") -> None:
+    """A request built with ``SamplingParams(skip_reading_prefix_cache=True)``
+    reads no cached tokens, local or external: its lookup finds nothing,
+    ``allocate_slots`` adopts no cached block and gets 0 local and 0
+    external tokens, the connector is told to load 0 tokens, and it is
+    admitted with ``num_computed_tokens == 0`` (it computes from token 0).
+
+    vLLM: ``KVCacheManager.get_computed_blocks`` (and
+    ``get_computed_blocks_for_connector``) return no hit when
+    ``prefix_cache_lookup_enabled(request)`` is false; ``Scheduler.schedule``
+    still asks the connector (``get_num_new_matched_tokens``) and then
+    replaces its answer: ``if request.skip_reading_prefix_cache: ext_tokens,
+    load_kv_async = 0, False``. The request still writes the cache."""
+    if not adm.skips_prefix_cache:
+        return
+    problems = []
+    if adm.local_hit or any(adm.local_blocks):
+        problems.append(
+            f"the local lookup returned a hit of {adm.local_hit} tokens "
+            f"(blocks {[list(g) for g in adm.local_blocks]})"
+        )
+    if adm.alloc_local_tokens or any(adm.alloc_local_blocks or ()):
+        problems.append(
+            f"allocate_slots got num_new_computed_tokens={adm.alloc_local_tokens} and adopted cached "
+            f"blocks {[list(g) for g in adm.alloc_local_blocks or ()]}"
+        )
+    if adm.alloc_external_tokens or adm.connector_external_tokens:
+        problems.append(
+            f"the connector's answer {adm.reply} (async={adm.reply_async}) was taken: allocate_slots got "
+            f"num_external_computed_tokens={adm.alloc_external_tokens}, update_state_after_alloc "
+            f"num_external_tokens={adm.connector_external_tokens}"
+        )
+    if adm.admitted and adm.num_computed_tokens:
+        problems.append(f"it was admitted with num_computed_tokens={adm.num_computed_tokens}, not 0")
+    if problems:
+        _fail(
+            "skip-reads-no-cache",
+            adm,
+            f"request {adm.request_id} set SamplingParams(skip_reading_prefix_cache=True), so it reads "
+            f"neither the local prefix cache nor an external hit and computes from token 0 (a side "
+            f"lookup finds per-group hits {list(adm.per_group_hits)} for its prompt); but "
+            + "; ".join(problems),
+            context,
+        )
+
+
 def chained_copies(step: StepObservation) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """Pairs (copy A, copy B) of the step where B reads what A writes."""
     writers = {dst: (src, dst) for src, dst in step.copies}
@@ -368,6 +418,7 @@ ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
     check_truncated_view,
     check_mamba_state_at_resume_boundary,
     check_diverged_hit_falls_back,
+    check_skipping_request_reads_no_cache,
     *CONNECTOR_ADMISSION_CHECKS,
 )
 

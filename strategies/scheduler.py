@@ -43,6 +43,7 @@ __all__ = [
     "engine_layout",
     "external_replies",
     "machine_configs",
+    "prefix_cache_skips",
     "prompt_draws",
     "scheduler_draws",
     "scheduler_layouts",
@@ -255,6 +256,14 @@ def _tail_replies(draw: st.DrawFn, num_tokens: int) -> ExternalReply:
     return ExternalReply(kind, store_len=num_tokens, undecided=undecided, load_async=load_async)
 
 
+def prefix_cache_skips() -> st.SearchStrategy[bool]:
+    """Whether a request sets ``SamplingParams(skip_reading_prefix_cache=True)``
+    (it then reads neither the local prefix cache nor an external hit): one
+    request in eight. Drawn inside the range (Hypothesis favours its ends);
+    shrinks to False."""
+    return st.integers(0, 7).map(lambda k: k == 3)
+
+
 @dataclass(frozen=True)
 class PromptDraw:
     """``shared[:prefix]`` followed by ``suffix`` tokens of its own."""
@@ -263,13 +272,16 @@ class PromptDraw:
     suffix: int
     max_tokens: int = 1
     reply: ExternalReply = ExternalReply()
+    # SamplingParams(skip_reading_prefix_cache=True).
+    skip_reading_prefix_cache: bool = False
 
     def tokens(self, shared: tuple[int, ...], salt: int) -> list[int]:
         own = [_SUFFIX_BASE + 64 * salt + j for j in range(self.suffix)]
         return list(shared[: self.prefix]) + own
 
     def __repr__(self) -> str:
-        return f"Prompt(shared[:{self.prefix}]+{self.suffix}, max_tokens={self.max_tokens}, ext={self.reply!r})"
+        skip = ", skip_reading_prefix_cache=True" if self.skip_reading_prefix_cache else ""
+        return f"Prompt(shared[:{self.prefix}]+{self.suffix}, max_tokens={self.max_tokens}, ext={self.reply!r}{skip})"
 
 
 @st.composite
@@ -537,7 +549,11 @@ def _single_shots(
             external_replies(n, allow_over=allow_over and flavour != "twins", often_zero=flavour != "free"),
             label="replay reply",
         )
-    replay = PromptDraw(prefix, suffix, draw(st.integers(1, 3), label="replay max_tokens"), reply)
+    # One tail, inside or free replay in eight skips the prefix cache: the
+    # store and the cache then hold what it must not read. (The twins and
+    # load flavours build bug states out of the replay's hit: no skip.)
+    skip = flavour in ("tail", "inside", "free") and draw(prefix_cache_skips(), label="replay skips prefix cache")
+    replay = PromptDraw(prefix, suffix, draw(st.integers(1, 3), label="replay max_tokens"), reply, skip)
     if flavour == "twins":
         # Two or three copies, all admitted in the step they arrive: a
         # sequence each and the token budget for all their prompts.

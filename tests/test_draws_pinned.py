@@ -46,8 +46,8 @@ STRATEGIES = {
 PINNED = {
     "kv_cache_layouts": "5608e562c8e64c9efebe338c099f8e08ce76e0c9584a98d87abe75858999ea29",
     "truncation_scenarios": "eed6d48b7ef5aab90f064da62a37b2f51321cca0ecd635973221cec92160e2d8",
-    "single_shot_scenarios": "619759b64f4439838165897a74e3eee75742bb8633e4274f4619cd3d53b402be",
-    "single_shot_any_layout": "1ce83b2e74373b42a68c1245e29654ee3f38ee92627ee6edc9e6c640f8546e94",
+    "single_shot_scenarios": "da3ac659d5d725b665504b4270147c068d5ef949bb841061ef00af744d23273e",
+    "single_shot_any_layout": "80b9bac78bd684436edef793d6e7dba11f3ba516ccb53e375eaf86ea10fd7f3e",
     "machine_configs": "b5a8dd1e8911776c2983e64a7bbef4b30427b7da7a26f2b0bbbc618062821497",
 }
 

@@ -22,11 +22,13 @@ from vllm.v1.core import kv_cache_utils as _kcu  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
 
 __all__ = [
     "CAPABILITIES",
     "Capability",
     "HAS_FAILED_RECVING",
+    "HAS_SKIP_READING_PREFIX_CACHE",
     "missing_capabilities",
     "HAS_SPEC_REGISTRY",
     "cache_hit_limit",
@@ -100,6 +102,12 @@ def missing_capabilities(needs: tuple[str, ...]) -> list[str]:
 # 0.30+: KVConnectorOutput.failed_recving (older releases cannot be told an
 # async load failed; there the load simply completes).
 HAS_FAILED_RECVING = "failed_recving" in {f.name for f in dataclasses.fields(KVConnectorOutput)}
+
+
+# SamplingParams.skip_reading_prefix_cache: a release without it cannot be
+# asked to skip the prefix cache, so the harness builds such requests plain
+# (and records them so: no check then expects a skip).
+HAS_SKIP_READING_PREFIX_CACHE = "skip_reading_prefix_cache" in getattr(SamplingParams, "__struct_fields__", ())
 
 
 def has_sync_kv_loads(scheduler_output: Any) -> bool | None:

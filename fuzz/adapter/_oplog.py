@@ -122,7 +122,11 @@ def replay_oplog(log: OpLog) -> list[ScheduledOutput | None]:
                 Request(
                     request_id=op.request_id,
                     prompt_token_ids=list(op.token_ids),
-                    sampling_params=SamplingParams(max_tokens=op.max_tokens, ignore_eos=op.ignore_eos),
+                    sampling_params=SamplingParams(
+                        max_tokens=op.max_tokens,
+                        ignore_eos=op.ignore_eos,
+                        **({"skip_reading_prefix_cache": True} if op.skip_reading_prefix_cache else {}),
+                    ),
                     pooling_params=None,
                     block_hasher=get_request_block_hasher(built.hash_block_size, sha256),
                 )

@@ -13,7 +13,9 @@ Two families:
   KV-connector protocol (:mod:`invariants.connector`); the ownership edits
   (:data:`PLANTED_OWNERSHIP_BUGS`) recompile one method of vLLM's block
   bookkeeping (single-type managers) the same way, each breaking one
-  block-ownership rule (:mod:`invariants.ownership`).
+  block-ownership rule (:mod:`invariants.ownership`); the manager edits
+  (``_MANAGER_EDITS``) recompile a ``KVCacheManager`` method the same way
+  (its prefix-cache gate for requests that skip reading the cache).
 """
 
 from __future__ import annotations
@@ -311,6 +313,12 @@ _CONNECTOR_EDITS: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
         "_handle_failed_recving",
         (("request.num_computed_tokens = 0", "pass"),),
     ),
+    "skipping_request_loads_external": (
+        "drops the skip_reading_prefix_cache override of the connector's answer: "
+        "a request that must compute from token 0 loads the external hit",
+        "schedule",
+        (("ext_tokens, load_kv_async = 0, False", "pass"),),
+    ),
     "connector_finished_twice": (
         "_free_request tells the connector a request finished twice",
         "_free_request",
@@ -377,10 +385,27 @@ _OWNERSHIP_EDITS: dict[str, tuple[str, tuple[str, str, str], tuple[tuple[str, st
 
 PLANTED_OWNERSHIP_BUGS: dict[str, str] = {name: desc for name, (desc, _, _) in _OWNERSHIP_EDITS.items()}
 
+# name: (description, (vLLM module, class, method), edits): planted bugs in
+# the KV-cache manager's prefix-cache gate (compiled as the ownership edits are).
+_MANAGER_EDITS: dict[str, tuple[str, tuple[str, str, str], tuple[tuple[str, str], ...]]] = {
+    "skipping_request_reads_local_cache": (
+        "KVCacheManager.prefix_cache_lookup_enabled ignores skip_reading_prefix_cache: "
+        "a request that must compute from token 0 takes the local prefix-cache hit",
+        ("vllm.v1.core.kv_cache_manager", "KVCacheManager", "prefix_cache_lookup_enabled"),
+        (
+            (
+                "return self.enable_caching and not request.skip_reading_prefix_cache",
+                "return self.enable_caching",
+            ),
+        ),
+    ),
+}
+
 PLANTED_SCHEDULER_BUGS: dict[str, str] = {
     **{name: desc for name, (desc, _) in _SCHEDULE_EDITS.items()},
     **{name: desc for name, (desc, _, _) in _CONNECTOR_EDITS.items()},
     **PLANTED_OWNERSHIP_BUGS,
+    **{name: desc for name, (desc, _, _) in _MANAGER_EDITS.items()},
     "pre_fix_assert_all": (
         "truncate_computed_blocks as before vLLM PR 51468: every group, Mamba "
         "included, asserts it covers the endpoint"
@@ -450,10 +475,10 @@ def _patched_schedule(name: str) -> Callable[..., Any]:
 
 @functools.cache
 def _patched_method(name: str) -> tuple[type, str, Any]:
-    """The planted ownership edit ``name``: its vLLM class, method name and
+    """The planted ownership (or manager) edit ``name``: its vLLM class, method name and
     the edited method (a function, or a classmethod), compiled under the
     class's own source file."""
-    _, (module_name, class_name, method), edits = _OWNERSHIP_EDITS[name]
+    _, (module_name, class_name, method), edits = {**_OWNERSHIP_EDITS, **_MANAGER_EDITS}[name]
     module = importlib.import_module(module_name)
     cls = getattr(module, class_name)
     original = vars(cls)[method]
@@ -485,7 +510,7 @@ def planted_scheduler_bug(name: str) -> Iterator[None]:
         with planted_truncate_bug(_TRUNCATE_BUG_FOR[name]):
             yield
         return
-    if name in _OWNERSHIP_EDITS:
+    if name in _OWNERSHIP_EDITS or name in _MANAGER_EDITS:
         cls, method, edited = _patched_method(name)
         original = vars(cls)[method]
         setattr(cls, method, edited)

@@ -98,6 +98,7 @@ class SchedulerHarness:
         self.broken: str | None = None
         self.shortcut_evictions = 0
         self._requests: dict[str, Request] = {}
+        self._skips: set[str] = set()  # requests built with skip_reading_prefix_cache=True
         self._preempted: set[str] = set()  # every request preempted so far
         self._load_failures: set[str] = set()
         self._fail_sync_loads = False
@@ -141,6 +142,7 @@ class SchedulerHarness:
             hash_block_size=self.hash_block_size,
             null_block_id=self.null_block_id,
             divergent_capable=self.draw.divergent_hits,
+            skips_prefix_cache=request.request_id in self._skips,
             **lookup,
         )
 
@@ -197,19 +199,31 @@ class SchedulerHarness:
         max_tokens: int = 1,
         reply: ExternalReply | None = None,
         request_id: str | None = None,
+        skip_reading_prefix_cache: bool = False,
     ) -> str:
+        """Add a request; ``skip_reading_prefix_cache`` sets that
+        ``SamplingParams`` field (a release without it gets a plain request,
+        recorded as such)."""
         rid = request_id or f"r{next(self._next_id)}"
+        skip = skip_reading_prefix_cache and _compat.HAS_SKIP_READING_PREFIX_CACHE
+        # The field only when set: None is vLLM's default (derived from
+        # prompt logprobs, which these requests never ask for).
+        extra = {"skip_reading_prefix_cache": True} if skip else {}
         req = Request(
             request_id=rid,
             prompt_token_ids=list(tokens),
-            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **extra),
             pooling_params=None,
             block_hasher=get_request_block_hasher(self.hash_block_size, sha256),
         )
         if reply is not None:
             self.script.replies[rid] = reply
         self._requests[rid] = req
-        self.oplog.ops.append(AddRequest(rid, tuple(tokens), max_tokens, reply, self.step_index))
+        if skip:
+            self._skips.add(rid)
+        self.oplog.ops.append(
+            AddRequest(rid, tuple(tokens), max_tokens, reply, self.step_index, skip_reading_prefix_cache=skip)
+        )
         self.scheduler.add_request(req)
         return rid
 

@@ -67,6 +67,9 @@ class AddRequest:
     reply: ExternalReply | None  # the external store's rule for this request
     arrival_step: int
     ignore_eos: bool = True
+    # SamplingParams(skip_reading_prefix_cache=True): the request reads
+    # neither the local prefix cache nor an external hit.
+    skip_reading_prefix_cache: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -191,6 +191,10 @@ class AdmissionObservation:
     # Per group, the block ids update_state_after_alloc handed the connector
     # (None: it was not called for this admission).
     connector_block_ids: tuple[tuple[int, ...], ...] | None = None
+    # The harness built the request with
+    # SamplingParams(skip_reading_prefix_cache=True) (what it asked for, not
+    # what vLLM's Request says): it must read no cached tokens.
+    skips_prefix_cache: bool = False
 
     @property
     def partial_tail(self) -> int:
@@ -202,6 +206,7 @@ class AdmissionObservation:
             f"request {self.request_id} (num_tokens={self.num_tokens}) admitted at step {self.step}:",
             f"  groups {list(zip(kinds, (g.block_size for g in self.groups)))}, "
             f"scheduler block {self.scheduler_block_size}, hash block {self.hash_block_size}",
+            *(["  SamplingParams(skip_reading_prefix_cache=True)"] if self.skips_prefix_cache else []),
             f"  local lookup: hit={self.local_hit} (partial tail {self.partial_tail}), "
             f"hit_diverged={self.hit_diverged}, per-group hits={list(self.per_group_hits)}, "
             f"joint hit={self.joint_hit}",

@@ -67,6 +67,7 @@ def note(text: str) -> None:
 
 TRUNCATION = "truncation branch"
 FALLBACK = "divergent-hit fallback"
+SKIPPED = "request skipped the prefix cache"
 MAX_STEPS_PER_PHASE = 160
 
 
@@ -113,6 +114,10 @@ def reach_labels(step: StepObservation) -> set[str]:
             labels.add(TRUNCATION)
         if adm.fell_back:
             labels.add(FALLBACK)
+        if adm.skips_prefix_cache and adm.admitted:
+            labels.add(SKIPPED)
+            if (adm.reply or 0) > 0 or any(adm.per_group_hits):
+                labels.add(SKIPPED + " past a hit")
         if adm.resumed:
             labels.add("resumed after preemption" + (" with a local hit" if adm.local_hit else ""))
         if adm.partial_tail:
@@ -125,7 +130,7 @@ def reach_labels(step: StepObservation) -> set[str]:
             labels.add("connector undecided")
         if not adm.reply_honest:
             labels.add("over-report")
-        if adm.reply_async:
+        if adm.reply_async and not adm.skips_prefix_cache:  # a skipping request's answer is dropped
             labels.add("async load")
         if adm.alloc_local_tokens is not None and not adm.alloc_ok:
             labels.add("admission refused (pool full)")
@@ -234,12 +239,23 @@ def run_single_shot(
         return None
     run = Stepper(harness, checks, context)
     for i, fill in enumerate(scenario.fills):
-        harness.add_request(scenario.fill_tokens(i), max_tokens=fill.max_tokens, reply=fill.reply)
+        harness.add_request(
+            scenario.fill_tokens(i),
+            max_tokens=fill.max_tokens,
+            reply=fill.reply,
+            skip_reading_prefix_cache=fill.skip_reading_prefix_cache,
+        )
         if not scenario.concurrent:
             run.drain()
     run.drain()
     if scenario.probe is not None and not harness.broken:
-        harness.add_request(scenario.probe_tokens(), max_tokens=scenario.probe.max_tokens, reply=scenario.probe.reply)
+        probe = scenario.probe
+        harness.add_request(
+            scenario.probe_tokens(),
+            max_tokens=probe.max_tokens,
+            reply=probe.reply,
+            skip_reading_prefix_cache=probe.skip_reading_prefix_cache,
+        )
         run.drain()
     if scenario.uses_shortcut and not harness.broken:
         assert scenario.evict_from is not None
@@ -255,7 +271,10 @@ def run_single_shot(
     if not harness.broken:
         for _ in range(scenario.replay_copies):
             harness.add_request(
-                scenario.replay_tokens(), max_tokens=scenario.replay.max_tokens, reply=scenario.replay.reply
+                scenario.replay_tokens(),
+                max_tokens=scenario.replay.max_tokens,
+                reply=scenario.replay.reply,
+                skip_reading_prefix_cache=scenario.replay.skip_reading_prefix_cache,
             )
         run.drain()
     if check_no_leaked_blocks in checks and not harness.broken:

@@ -56,6 +56,7 @@ from strategies.scheduler import (
     SingleShotScenario,
     external_replies,
     machine_configs,
+    prefix_cache_skips,
     scheduler_draws,
     scheduler_layouts,
     single_shot_scenarios,
@@ -257,8 +258,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             external_replies(len(tokens), allow_over=False, often_zero=misses, saved=True), label="reply"
         )
         max_tokens = data.draw(st.integers(1, 4), label="max_tokens")
-        rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply)
-        note(f"add_request({rid}, shared[:{cut}] + {own} own, max_tokens={max_tokens}, ext={reply!r})")
+        # One request in eight skips the prefix cache its predecessors filled.
+        skip = data.draw(prefix_cache_skips(), label="skip_reading_prefix_cache")
+        rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply, skip_reading_prefix_cache=skip)
+        note(
+            f"add_request({rid}, shared[:{cut}] + {own} own, max_tokens={max_tokens}, ext={reply!r}"
+            + (", skip_reading_prefix_cache=True)" if skip else ")")
+        )
 
     @rule(times=st.integers(1, 4))
     def step(self, times: int) -> None:
