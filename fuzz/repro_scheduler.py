@@ -551,6 +551,7 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         self.finish_calls = []  # (request id, nth call for it, status)
         self.loads_in_flight = set()
         self.saved = []  # token prefixes finished requests computed, in whole scheduler blocks
+        self.whole_prompt_sent = set()  # requests handed an async load of their whole prompt
 
     def _saved_prefix(self, tokens):
         best = 0
@@ -584,8 +585,10 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
             return None, False
         if kind == "saved":  # the connector's own store: what finished requests computed
             held = self._saved_prefix(list(request.prompt_token_ids))
-        # A sync load leaves the last token to compute; an async one may bring all.
-        limit = request.num_tokens if load_async else request.num_tokens - 1
+        # A sync load leaves the last token to compute; an async one may bring
+        # all, once per request (a P/D decode side's remote prefill).
+        whole = load_async and request.request_id not in self.whole_prompt_sent
+        limit = request.num_tokens if whole else request.num_tokens - 1
         answer = max(0, min(held, limit) - num_computed_tokens)
         self.answers[request.request_id] = answer
         self.async_answers[request.request_id] = bool(load_async and answer)
@@ -598,6 +601,8 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         kind, *_, load_async = STORE.get(request.request_id) or ("zero", 0, 0, 0, False)
         if num_external_tokens and load_async:
             self.loads_in_flight.add(request.request_id)
+            if self.asked_with.get(request.request_id, 0) + num_external_tokens >= request.num_tokens:
+                self.whole_prompt_sent.add(request.request_id)
 
     def build_connector_meta(self, scheduler_output):
         out = scheduler_output

@@ -250,3 +250,28 @@ def test_saved_store_answers_only_what_was_computed() -> None:
     assert (load.alloc_local_tokens, load.num_external_tokens) == (0, 12), load
     found = [str(v) for s in steps for v in step_violations(s, ALL)]
     assert not found, "\n\n".join(found)
+
+
+def test_a_whole_prompt_load_is_answered_once_per_request() -> None:
+    """An async load may bring a request's whole prompt once (a P/D decode
+    side's remote prefill); asked again for the same request, the connector
+    answers as a store would, stopping at num_tokens - 1. A 1-token prompt is
+    asked again after its load lands (vLLM resets num_computed_tokens to 0):
+    it must be told 0, not handed a second load into the block its first
+    load already cached. Answering the whole prompt twice made a failed
+    second load look like vLLM caching a failed block (failed-load-not-cached)."""
+    draw = SchedulerDraw(LayoutDraw((SpecDraw("FullAttentionSpec", 1),), hash_block_size=1, num_blocks=13),
+                         max_num_batched_tokens=4, max_num_seqs=1, long_prefill_token_threshold=1,
+                         kv_load_failure_policy="fail")
+    harness = SchedulerHarness(draw)
+    harness.add_request([0], reply=ExternalReply("store", store_len=1, load_async=True))
+    steps = [harness.step()]
+    harness.fail_next_async_loads()  # would fail a second load, had there been one
+    steps += harness.drain(context="after the load")
+    answers = [(q.num_computed_tokens, q.reply, q.load_async) for q in harness.script.queries]
+    assert answers == [(0, 1, True), (0, 0, False)], answers
+    assert not [f for s in steps for f in s.failed_loads], "a second whole-prompt load was handed out and failed"
+    found = [str(v) for s in steps for v in step_violations(s, ALL)]
+    assert not found, "\n\n".join(found)
+    assert ExternalReply("store", store_len=5, load_async=True).answer(5, 0, 0) == 5
+    assert ExternalReply("store", store_len=5, load_async=True).answer(5, 0, 1, whole_prompt_sent=True) == 4

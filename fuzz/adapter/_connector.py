@@ -98,6 +98,8 @@ class ConnectorScript:
     finish_calls: list[ConnectorFinish] = dataclasses.field(default_factory=list)
     metas: list[ConnectorMeta] = dataclasses.field(default_factory=list)
     loads_in_flight: set[str] = dataclasses.field(default_factory=set)
+    # Requests handed an async load of their whole prompt (answered once).
+    whole_prompt_sent: set[str] = dataclasses.field(default_factory=set)
     # The connector's own store: token prefixes requests computed, saved in
     # whole blocks of ``save_unit`` tokens when they finished.
     saved: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
@@ -115,6 +117,7 @@ class ConnectorScript:
         self.finish_calls.clear()
         self.metas.clear()
         self.loads_in_flight.clear()
+        self.whole_prompt_sent.clear()
 
     def reply_for(self, request_id: str) -> ExternalReply:
         return self.replies.get(request_id, self.default)
@@ -163,7 +166,8 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         plan = self.script.reply_for(request.request_id)
         asked = self.script.times_asked(request.request_id)
         saved = self.script.saved_prefix(tuple(request.prompt_token_ids)) if plan.kind == "saved" else 0
-        reply = plan.answer(request.num_tokens, num_computed_tokens, asked, saved)
+        reply = plan.answer(request.num_tokens, num_computed_tokens, asked, saved,
+                            whole_prompt_sent=request.request_id in self.script.whole_prompt_sent)
         load_async = bool(plan.load_async and reply)
         self.script.queries.append(
             QueryRecord(request.request_id, request.num_tokens, num_computed_tokens, reply, load_async)
@@ -175,6 +179,9 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         self.script.allocs.append(AllocRecord(request.request_id, ids, num_external_tokens))
         if num_external_tokens and self.script.reply_for(request.request_id).load_async:
             self.script.loads_in_flight.add(request.request_id)
+            asked = next(q for q in reversed(self.script.queries) if q.request_id == request.request_id)
+            if asked.num_computed_tokens + num_external_tokens >= request.num_tokens:
+                self.script.whole_prompt_sent.add(request.request_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         out = scheduler_output

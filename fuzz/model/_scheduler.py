@@ -104,11 +104,15 @@ class ExternalReply:
         if self.kind not in REPLY_KINDS:
             raise ValueError(f"kind={self.kind!r} is not one of {REPLY_KINDS}")
 
-    def answer(self, num_tokens: int, num_computed: int, asked_before: int, saved: int = 0) -> int | None:
+    def answer(self, num_tokens: int, num_computed: int, asked_before: int, saved: int = 0,
+               whole_prompt_sent: bool = False) -> int | None:
         """The token count to return to vLLM (``None`` = cannot decide yet);
-        ``saved``: how much of the prompt the connector's own store holds."""
+        ``saved``: how much of the prompt the connector's own store holds;
+        ``whole_prompt_sent``: an async load of the whole prompt was already
+        allocated for this request."""
         if self.kind == "saved":
-            return dataclasses.replace(self, kind="store", store_len=saved).answer(num_tokens, num_computed, 0)
+            return dataclasses.replace(self, kind="store", store_len=saved).answer(
+                num_tokens, num_computed, 0, whole_prompt_sent=whole_prompt_sent)
         if self.kind == "zero":
             return 0
         if self.kind == "over":
@@ -117,8 +121,15 @@ class ExternalReply:
             return None
         # A sync load leaves the last token to compute (how sync connectors
         # answer); an async load may bring the whole prompt (P/D decode side),
-        # which vLLM trims to num_tokens - 1 when the load lands.
-        limit = num_tokens if self.load_async else num_tokens - 1
+        # which vLLM trims to num_tokens - 1 when the load lands. That is a
+        # one-shot remote prefill: vLLM's P/D connectors answer it once per
+        # request (NIXL clears do_remote_prefill in update_state_after_alloc,
+        # nixl/pull_scheduler.py), and every store connector stops at
+        # num_tokens - 1 (offloading_connector.py, example_connector.py,
+        # hf3fs, umbp, mooncake store). A 1-token prompt is asked again after
+        # its load lands (vLLM sets num_computed_tokens = 0 there): it gets
+        # a store's answer then, not the whole prompt a second time.
+        limit = num_tokens if self.load_async and not whole_prompt_sent else num_tokens - 1
         return max(0, min(self.store_len, limit) - num_computed)
 
     @property
