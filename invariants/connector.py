@@ -254,6 +254,13 @@ def check_meta_built_once(step: StepObservation) -> None:
     this function will reset the state of the connector"."""
     if step.error_where == "schedule":
         return
+    if not step.schedule_called:
+        # Async scheduling: EngineCore.step_with_batch_queue calls schedule()
+        # only `if self.scheduler.has_requests():`; an engine step that just
+        # feeds the queued output (`batch_queue.pop()`) builds no metadata.
+        if step.connector_metas:
+            _fail_step("meta-built-once", step, "build_connector_meta was called in a step without schedule()")
+        return
     if len(step.connector_metas) != 1:
         _fail_step(
             "meta-built-once",

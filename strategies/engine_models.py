@@ -309,7 +309,7 @@ def engine_scheduler_draws(
     :func:`strategies.scheduler.scheduler_draws`)."""
     models = engine_models(architectures=architectures)
     return models.flatmap(
-        lambda engine: scheduler_draws(layouts=st.just(_layout_of(engine))).map(
+        lambda engine: scheduler_draws(layouts=st.just(_layout_of(engine)), asynchronous=True).map(
             lambda d: dataclasses.replace(d, engine=engine)
         )
     )

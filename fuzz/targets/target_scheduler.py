@@ -321,14 +321,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Let every request finish (chunked prefill re-enters schedule())."""
         assert self.harness is not None
         for _ in range(200):
-            if not self._live() or not self.harness.live_request_ids:
+            if not self._live() or self.harness.is_idle():  # idle: no request, no output pending
                 break
             self.step(1)
 
     # -- invariants -----------------------------------------------------------
     @invariant()
     def no_leaked_blocks_when_idle(self) -> None:
-        if self._live() and self.harness is not None and not self.harness.live_request_ids:
+        if self._live() and self.harness is not None and self.harness.is_idle():
             if check_no_leaked_blocks in _machine_checks:
                 check_no_leaked_blocks(self.harness.pool_observation())
 
