@@ -103,6 +103,9 @@ def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None
     except adapter.InvalidLayout:
         return None
     run = Stepper(harness, checks)
+    # The steps whose own schedule() admitted the synchronous loads a fed
+    # output reports invalid (with async scheduling, fed one step late).
+    sync_failing = {op.fed_step or op.index for op in log.steps if op.fed and op.fed.invalid_block_ids}
     try:
         for op in log.ops:
             if isinstance(op, AddRequest):
@@ -117,7 +120,7 @@ def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None
                     break
                 for rid in op.fed.failed_recving if op.fed else ():
                     harness.fail_async_load(rid)
-                if op.fed and op.fed.invalid_block_ids and harness.can_report_invalid_blocks:
+                if op.index in sync_failing and harness.can_report_invalid_blocks:
                     harness.fail_next_sync_loads()
                 run.step()
         run.drain()
@@ -484,7 +487,7 @@ def scheduler_repro(
     for r in requests:
         lines.append(_tokens(_const(r.request_id), r.token_ids))
     lines.append("")
-    lines.append(_BODY)
+    lines.append(_async_body(_BODY) if draw.async_scheduling else _BODY)
     lines.append(_CHECKS.get(invariant, ""))
     lines += [
         "",
@@ -1539,3 +1542,115 @@ def _check_lookup_within_limit(scheduler, out, watch, step):
         )
 ''',
 })
+
+
+# ---------------------------------------------------------------------------
+# Async scheduling: the same file, with an AsyncScheduler driven as the
+# engine core's batch queue drives it.
+# ---------------------------------------------------------------------------
+
+_ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
+    """One engine step as EngineCore.step_with_batch_queue takes it (a queue of
+    max_concurrent_batches = 2): schedule() if the scheduler has requests (or
+    nothing is queued); the output joins the queue with what the model runner
+    samples for it (decided now: a token unless it is a partial prefill
+    chunk); if the queue is not full and the step ran tokens or requests are
+    left, nothing is fed back; otherwise the oldest output is, with each async
+    load in flight that it may carry (started in that step or earlier)
+    reported done, or failed. Returns this step's SchedulerOutput (None: no
+    schedule())."""
+    watch.step += 1
+    watch.admissions.clear()
+    connector = scheduler.connector
+    for record in (connector.told, connector.answers, connector.asked_with, connector.async_answers,
+                   connector.told_blocks, connector.events, connector.metas):
+        record.clear()
+    watch.seen |= set(scheduler.requests)
+    watch.loads_in_flight = set(connector.loads_in_flight)
+    watch.landed.clear()
+    for record in (watch.fresh, watch.allocations, watch.lookups, watch.local_hits):
+        record.clear()
+    out = None
+    if not watch.queue or scheduler.has_requests():
+        out = scheduler.schedule()
+        watch.hold(scheduler, out)
+        watch.async_answers_seen = dict(connector.async_answers)
+        watch.settle(scheduler, out)
+        for rid in connector.loads_in_flight:
+            watch.load_started.setdefault(rid, watch.step)
+        sampled = [
+            [] if scheduler.requests[rid].is_prefill_chunk else [1000 + watch.step % 24]
+            for rid in out.num_scheduled_tokens
+        ]
+        watch.queue.insert(0, (watch.step, out, sampled, dict(watch.admissions)))
+        if len(watch.queue) < 2 and (out.total_num_scheduled_tokens > 0 or scheduler.has_requests()):
+            return out
+    index, fed, sampled, admissions = watch.queue.pop()
+    recving = {
+        r for r in connector.loads_in_flight if r in scheduler.requests and watch.load_started.get(r, 0) <= index
+    }
+    connector.loads_in_flight -= recving
+    for rid in recving:
+        watch.load_started.pop(rid, None)
+    this_step, watch.admissions = watch.admissions, admissions  # the fed step's admissions
+    watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
+    watch.admissions = this_step
+    watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
+    connector_output = None
+    if recving or invalid_block_ids:
+        connector_output = KVConnectorOutput(
+            finished_recving=recving,
+            failed_recving=recving & set(failed_loads),
+            invalid_block_ids=set(invalid_block_ids),
+        )
+    ids = list(fed.num_scheduled_tokens)
+    scheduler.update_from_output(
+        fed,
+        ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=sampled,
+            kv_connector_output=connector_output,
+        ),
+    )
+    return out
+
+
+'''
+
+_ASYNC_EDITS = (
+    # The engine's scheduler config: async scheduling on (its default).
+    (
+        "            is_encoder_decoder=False,\n        ),\n        cache_config=CacheConfig(",
+        "            is_encoder_decoder=False,\n            async_scheduling=True,  # the engine's default\n"
+        "        ),\n        cache_config=CacheConfig(",
+    ),
+    # The class EngineCore builds: scheduler_config.get_scheduler_cls() (AsyncScheduler).
+    (
+        "    return Scheduler(\n        vllm_config=vllm_config,",
+        "    # The class the engine core builds (EngineCore: get_scheduler_cls()): AsyncScheduler.\n"
+        "    return vllm_config.scheduler_config.get_scheduler_cls()(\n        vllm_config=vllm_config,",
+    ),
+    # The batch queue and when each async load started.
+    (
+        "        self.seen = set()  # every request seen in the scheduler\n",
+        "        self.seen = set()  # every request seen in the scheduler\n"
+        "        self.queue = []  # (step, SchedulerOutput, sampled, admissions) not fed back yet, newest first\n"
+        "        self.load_started = {}  # request id -> the step whose schedule() started its async load\n",
+    ),
+    # Draining feeds the queued output too.
+    ("        if not scheduler.requests:\n            return\n",
+     "        if not scheduler.requests and not watch.queue:\n            return\n"),
+    ("    while scheduler.requests:\n        _step(scheduler, watch)",
+     "    while scheduler.requests or watch.queue:\n        _step(scheduler, watch)"),
+)
+
+
+def _async_body(body: str) -> str:
+    """:data:`_BODY` for an async-scheduling run (see :data:`_ASYNC_EDITS`)."""
+    for old, new in _ASYNC_EDITS:
+        if body.count(old) != 1:
+            raise AssertionError(f"the repro body changed; cannot apply the async edit of {old!r}")
+        body = body.replace(old, new)
+    start, end = body.index("def _step(scheduler, watch"), body.index("def _drain(")
+    return body[:start] + _ASYNC_STEP + body[end:]

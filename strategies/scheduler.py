@@ -194,7 +194,7 @@ def scheduler_draws(
     synchronous scheduling.
     """
     if asynchronous:
-        return _scheduler_draws(layouts or scheduler_layouts(), True)
+        return _scheduler_draws(scheduler_layouts() if layouts is None else layouts, True)
     return _scheduler_draws(layouts) if layouts is not None else _default_scheduler_draws()
 
 
