@@ -48,7 +48,7 @@ PINNED = {
     "truncation_scenarios": "eed6d48b7ef5aab90f064da62a37b2f51321cca0ecd635973221cec92160e2d8",
     "single_shot_scenarios": "619759b64f4439838165897a74e3eee75742bb8633e4274f4619cd3d53b402be",
     "single_shot_any_layout": "1ce83b2e74373b42a68c1245e29654ee3f38ee92627ee6edc9e6c640f8546e94",
-    "machine_configs": "b5a8dd1e8911776c2983e64a7bbef4b30427b7da7a26f2b0bbbc618062821497",
+    "machine_configs": "3252901a47b05bd2109c3202a665ba7838cda851a2729aa2f8915b2ef78d52d5",
 }
 
 
