@@ -27,6 +27,19 @@ MIN_FALLBACK = 0.10
 ENGINE_MIN_BUILT = 0.95
 MACHINE_MIN_ADMITTING = 0.60
 MACHINE_MIN_TRUNCATION = 0.02
+# Async scheduling is the engine's default: about half the engine-reachable
+# and machine configurations draw it, and nearly every async run feeds some
+# step's output one step late (the engine's batch queue).
+MIN_ASYNC = 0.25
+
+
+def _assert_async_reach(shares: dict[str, float], n: int, what: str) -> None:
+    for label in (runner.ASYNC_SCHEDULER, runner.FED_LATE):
+        share = shares.get(label, 0.0)
+        assert share >= MIN_ASYNC, (
+            f"'{label}' was reached by {share:.1%} of {n} {what} (need {MIN_ASYNC:.0%}); "
+            "strategies/scheduler.py no longer draws async_scheduling for them"
+        )
 
 
 def _shares(reach: Counter[str], total: str, title: str) -> tuple[int, dict[str, float]]:
@@ -71,6 +84,7 @@ def test_state_machine_reach() -> None:
         f"the truncation branch was reached in {truncation:.1%} of {n} state-machine runs "
         f"(need {MACHINE_MIN_TRUNCATION:.0%})"
     )
+    _assert_async_reach(shares, n, "state-machine runs")
 
 
 def test_engine_reachable_reach() -> None:
@@ -93,3 +107,4 @@ def test_engine_reachable_reach() -> None:
         f"the divergent-hit fallback was reached by {fallback:.1%} of {n} engine-reachable "
         f"examples (need {MIN_FALLBACK:.0%})"
     )
+    _assert_async_reach(shares, n, "engine-reachable examples")
