@@ -111,8 +111,8 @@ def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None
             if isinstance(op, AddRequest):
                 harness.add_request(op.token_ids, max_tokens=op.max_tokens, reply=op.reply, request_id=op.request_id)
             elif isinstance(op, Abort):
-                if op.request_id in harness.live_request_ids:
-                    harness.abort(op.request_id)
+                if op.during_step or op.request_id in harness.live_request_ids:
+                    harness.abort(op.request_id, during_step=op.during_step)
             elif isinstance(op, Evict):
                 harness.evict_shortcut(set(op.block_ids))
             elif isinstance(op, Step):
@@ -291,6 +291,8 @@ def _program(log: OpLog, broken: int, invariant: str) -> list[str]:
                 f'    scheduler.add_request(_make_request("{op.request_id}", {_const(op.request_id)}, '
                 f"max_tokens={op.max_tokens}))"
             )
+        elif isinstance(op, Abort) and op.during_step:
+            lines.append(f'    watch.aborts.append("{op.request_id}")  # arrives while the model runs the next step')
         elif isinstance(op, Abort):
             lines.append(f'    scheduler.finish_requests("{op.request_id}", RequestStatus.FINISHED_ABORTED)')
         elif isinstance(op, Evict):
@@ -740,6 +742,7 @@ class _Watch:
         self.admissions = {}
         self.num_tokens = {}
         self.seen = set()  # every request seen in the scheduler
+        self.aborts = []  # aborts that arrive while the model runs the next step
         sched, mgr = scheduler, scheduler.kv_cache_manager
         lookup = type(sched)._get_local_prefix_cache_hit
         allocate = type(mgr).allocate_slots
@@ -994,6 +997,7 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
             failed_recving=recving & set(failed_loads),
             invalid_block_ids=set(invalid_block_ids),
         )
+    _abort_during_step(scheduler, watch)
     scheduler.update_from_output(
         out,
         ModelRunnerOutput(
@@ -1004,6 +1008,14 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
         ),
     )
     return out
+
+
+def _abort_during_step(scheduler, watch):
+    """Aborts that arrived while the model ran the step: the engine core
+    applies them right before update_from_output (_process_aborts_queue)."""
+    if watch.aborts:
+        scheduler.finish_requests(list(watch.aborts), RequestStatus.FINISHED_ABORTED)
+        watch.aborts.clear()
 
 
 def _drain(scheduler, watch, max_steps=400):
@@ -1584,6 +1596,7 @@ _ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=
         ]
         watch.queue.insert(0, (watch.step, out, sampled, dict(watch.admissions)))
         if len(watch.queue) < 2 and (out.total_num_scheduled_tokens > 0 or scheduler.has_requests()):
+            _abort_during_step(scheduler, watch)  # nothing fed back: they come after the step
             return out
     index, fed, sampled, admissions = watch.queue.pop()
     recving = {
@@ -1604,6 +1617,7 @@ _ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=
             invalid_block_ids=set(invalid_block_ids),
         )
     ids = list(fed.num_scheduled_tokens)
+    _abort_during_step(scheduler, watch)
     scheduler.update_from_output(
         fed,
         ModelRunnerOutput(

@@ -90,3 +90,29 @@ def test_a_missing_operation_replays_differently() -> None:
     second = log.requests[1]
     log.ops.remove(second)
     assert replay_oplog(log) != [s.output for s in log.steps]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_an_abort_during_a_step_replays(async_scheduling: bool) -> None:
+    """An abort that arrives while the model runs a step is applied right
+    before that step's update_from_output (EngineCore._process_aborts_queue);
+    the log says so, and replay applies it there too."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=1, num_blocks=40)
+    harness = SchedulerHarness(
+        SchedulerDraw(layout, max_num_batched_tokens=8, max_num_seqs=2, async_scheduling=async_scheduling)
+    )
+    a = harness.add_request(range(12), max_tokens=4)
+    harness.add_request(range(100, 112), max_tokens=4)
+    harness.step()
+    harness.step()
+    harness.abort(a, during_step=True)
+    assert a in harness.live_request_ids  # not before the step runs
+    harness.step()
+    assert a not in harness.live_request_ids
+    harness.drain()
+    log = harness.oplog
+    assert Abort(a, 2, during_step=True) in log.ops
+    _assert_replays(log)
+    # The same log with the abort between steps schedules differently.
+    log.ops[log.ops.index(Abort(a, 2, during_step=True))] = Abort(a, 2)
+    assert replay_oplog(log) != [s.output for s in log.steps if s.output is not None]

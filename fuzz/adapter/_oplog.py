@@ -116,6 +116,7 @@ def replay_oplog(log: OpLog) -> list[ScheduledOutput | None]:
     script = _connector.SCRIPT
     outputs: list[ScheduledOutput | None] = []
     scheduled: dict[int, Any] = {}  # step index -> its SchedulerOutput, until fed back
+    during: list[str] = []  # aborts that arrive while the model runs the next step
     for op in log.ops:
         if isinstance(op, AddRequest):
             if op.reply is not None:
@@ -129,6 +130,8 @@ def replay_oplog(log: OpLog) -> list[ScheduledOutput | None]:
                     block_hasher=get_request_block_hasher(built.hash_block_size, sha256),
                 )
             )
+        elif isinstance(op, Abort) and op.during_step:  # applied inside the next step
+            during.append(op.request_id)
         elif isinstance(op, Abort):
             sched.finish_requests(op.request_id, RequestStatus.FINISHED_ABORTED)
         elif isinstance(op, Evict):
@@ -146,10 +149,18 @@ def replay_oplog(log: OpLog) -> list[ScheduledOutput | None]:
             if op.fed is None:
                 if op.error is not None or out is None:
                     break
-                continue  # async scheduling: this step's output is fed later
+                # Async scheduling: this step's output is fed later; aborts
+                # that came during it are applied after it.
+                if during:
+                    sched.finish_requests(during, RequestStatus.FINISHED_ABORTED)
+                    during = []
+                continue
             script.loads_in_flight.difference_update(op.fed.finished_recving)
             script.loads_in_flight.difference_update(op.fed.failed_recving)
             try:
+                if during:  # EngineCore._process_aborts_queue, before update_from_output
+                    sched.finish_requests(during, RequestStatus.FINISHED_ABORTED)
+                    during = []
                 sched.update_from_output(scheduled.pop(op.fed_step or op.index), model_runner_output(op.fed))
             except Exception:  # noqa: BLE001
                 break

@@ -144,6 +144,8 @@ class SchedulerHarness:
         # Request id -> the step whose schedule() started its async load: a
         # load lands in the output of that step or a later one, never earlier.
         self._load_started: dict[str, int] = {}
+        # Aborts that arrive while the model runs the next step (abort()).
+        self._aborts_during_step: list[str] = []
         self.ownership = OwnershipSpy(self.scheduler, self.groups, self.spans)
         self.read_rules = read_rules(
             built.kv_config, self.groups, self.spans, tuple(_group_behaviour(g).value for g in self.groups)
@@ -238,9 +240,25 @@ class SchedulerHarness:
         self.scheduler.add_request(req)
         return rid
 
-    def abort(self, request_id: str) -> None:
-        self.oplog.ops.append(Abort(request_id, self.step_index))
+    def abort(self, request_id: str, *, during_step: bool = False) -> None:
+        """Abort ``request_id`` now (between steps), or with ``during_step``
+        while the model runs the next step: ``EngineCore`` puts a client's
+        abort on its ``aborts_queue`` too and, "Before processing the model
+        output, process any aborts that happened during the model execution"
+        (``self._process_aborts_queue()`` right before
+        ``update_from_output``, in ``step`` and ``step_with_batch_queue``).
+        A step that feeds nothing back leaves it to the input queue, after
+        the step."""
+        self.oplog.ops.append(Abort(request_id, self.step_index, during_step))
+        if during_step:
+            self._aborts_during_step.append(request_id)
+            return
         self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+
+    def _abort_during_step(self) -> None:
+        ids, self._aborts_during_step = self._aborts_during_step, []
+        if ids:
+            self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
 
     def fail_async_load(self, request_id: str) -> None:
         """Report the in-flight async load of ``request_id`` as failed (the
@@ -339,6 +357,7 @@ class SchedulerHarness:
         fed = None if error else self._take_output(queued)
         if fed is not None:
             try:
+                self._abort_during_step()
                 finished = self._feed_back(fed)
             except Exception as exc:  # noqa: BLE001
                 error, error_type, where = (
@@ -347,6 +366,8 @@ class SchedulerHarness:
                     "update_from_output",
                 )
                 frames = vllm_frames(exc)
+        if not error:  # nothing fed back: the input queue aborts them after the step
+            self._abort_during_step()
         if error:
             self.broken = error
         finishes, left = self._finish_calls()

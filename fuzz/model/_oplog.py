@@ -71,10 +71,15 @@ class AddRequest:
 
 @dataclasses.dataclass(frozen=True)
 class Abort:
-    """``scheduler.finish_requests(request_id, FINISHED_ABORTED)`` between steps."""
+    """``scheduler.finish_requests(request_id, FINISHED_ABORTED)`` between
+    steps, or (``during_step``) while the model runs the next step: the
+    engine core applies such aborts right before that step's
+    ``update_from_output`` (``EngineCore._process_aborts_queue``), or after
+    the step when it feeds nothing back."""
 
     request_id: str
     step: int
+    during_step: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

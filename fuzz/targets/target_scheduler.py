@@ -283,8 +283,11 @@ class SchedulerMachine(RuleBasedStateMachine):
     def abort(self, data: st.DataObject) -> None:
         assert self.harness is not None
         rid = data.draw(st.sampled_from(sorted(self.harness.live_request_ids)), label="abort")
-        note(f"abort({rid}) while {self.harness.status_of(rid)}")
-        self.harness.abort(rid)
+        # A client's abort lands between engine steps, or while the model runs
+        # the next one (then right before its update_from_output).
+        during = data.draw(st.booleans(), label="abort during the next step")
+        note(f"abort({rid}{', during_step=True' if during else ''}) while {self.harness.status_of(rid)}")
+        self.harness.abort(rid, during_step=during)
 
     @precondition(lambda self: self._live() and bool(self.harness and self.harness.loads_in_flight()))
     @rule(data=st.data())
