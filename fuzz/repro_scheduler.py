@@ -1666,5 +1666,5 @@ def _async_body(body: str) -> str:
         if body.count(old) != 1:
             raise AssertionError(f"the repro body changed; cannot apply the async edit of {old!r}")
         body = body.replace(old, new)
-    start, end = body.index("def _step(scheduler, watch"), body.index("def _drain(")
+    start, end = body.index("def _step(scheduler, watch"), body.index("def _abort_during_step(")
     return body[:start] + _ASYNC_STEP + body[end:]
