@@ -936,6 +936,13 @@ def _still_cached(manager, blocks):
     return [[b for b in group if pool.blocks[b].block_hash is not None] for group in blocks]
 
 
+def _finished(scheduler, rid):
+    """Finished (aborted while the model ran the step) when its load's failure
+    is reported: vLLM then leaves it as it is."""
+    request = scheduler.requests.get(rid)
+    return request is None or request.is_finished()
+
+
 def _failed_facts(scheduler, watch, failed_loads, invalid_block_ids):
     """Per request whose load this step reports failed: how, the load's start,
     the first failed token, the blocks the failed part was written into."""
@@ -946,7 +953,8 @@ def _failed_facts(scheduler, watch, failed_loads, invalid_block_ids):
         table = scheduler.kv_cache_manager.get_block_ids(rid)
         blocks = [[b for b in g[start // s.block_size:] if b != NULL_BLOCK] for g, s in zip(table, SPECS)]
         facts[rid] = dict(how="failed_recving", start=start, first=start, blocks=blocks,
-                          request=scheduler.requests[rid])
+                          request=scheduler.requests.get(rid),
+                          finished_before=_finished(scheduler, rid))
     for rid, adm in watch.admissions.items():
         if not invalid_block_ids or not adm.get("external") or watch.async_answers_seen.get(rid):
             continue
@@ -958,7 +966,8 @@ def _failed_facts(scheduler, watch, failed_loads, invalid_block_ids):
             facts[rid] = dict(how="invalid_block_ids", start=start, first=bad[0] * SPECS[0].block_size,
                               blocks=[[table[k] for k in range(start // SPECS[0].block_size, end)
                                        if table[k] != NULL_BLOCK]],
-                              request=scheduler.requests[rid])
+                              request=scheduler.requests.get(rid),
+                          finished_before=_finished(scheduler, rid))
     return facts
 
 
@@ -986,6 +995,7 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
     for rid in ids:
         req = scheduler.requests[rid]
         sampled.append([1000 + watch.step % 24] if req.num_computed_tokens >= req.num_tokens else [])
+    _abort_during_step(scheduler, watch)
     recving = {r for r in connector.loads_in_flight if r in scheduler.requests}
     connector.loads_in_flight -= recving
     watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
@@ -997,7 +1007,6 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
             failed_recving=recving & set(failed_loads),
             invalid_block_ids=set(invalid_block_ids),
         )
-    _abort_during_step(scheduler, watch)
     scheduler.update_from_output(
         out,
         ModelRunnerOutput(
@@ -1048,6 +1057,8 @@ def _check_failed_load_recomputed(scheduler, out, watch, step):
     first failed block, and with a whole-state (Mamba) group to at most the
     load's start (that group holds one state, at the load's end)."""
     for rid, f in watch.failed.items():
+        if f["finished_before"]:  # aborted while the step ran: vLLM leaves it finished
+            continue
         request = f["request"]
         status, computed = request.status.name, request.num_computed_tokens
         if KV_LOAD_FAILURE_POLICY == "fail":
@@ -1599,6 +1610,7 @@ _ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=
             _abort_during_step(scheduler, watch)  # nothing fed back: they come after the step
             return out
     index, fed, sampled, admissions = watch.queue.pop()
+    _abort_during_step(scheduler, watch)
     recving = {
         r for r in connector.loads_in_flight if r in scheduler.requests and watch.load_started.get(r, 0) <= index
     }
@@ -1617,7 +1629,6 @@ _ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=
             invalid_block_ids=set(invalid_block_ids),
         )
     ids = list(fed.num_scheduled_tokens)
-    _abort_during_step(scheduler, watch)
     scheduler.update_from_output(
         fed,
         ModelRunnerOutput(

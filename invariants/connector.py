@@ -408,6 +408,15 @@ def check_failed_load_recomputed(step: StepObservation) -> None:
     for f in step.failed_loads:
         if f.stage != "reported":
             continue
+        if f.status_before.startswith("FINISHED"):
+            # Aborted while the model ran the step (EngineCore applies such
+            # aborts "Before processing the model output", then calls
+            # update_from_output): the request is finished, and a late failure
+            # report leaves it so. vLLM, _handle_failed_recving: `if request
+            # is not None and request.status ==
+            # RequestStatus.WAITING_FOR_REMOTE_KVS:` (nothing else is failed
+            # or reset). Its blocks must still all come back (no-leaked-blocks).
+            continue
         # A whole-state (Mamba) group holds one state at the load's end, none
         # inside it: past the load's start no point has a state to resume
         # from, whichever block failed.

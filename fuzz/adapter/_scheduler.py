@@ -146,6 +146,7 @@ class SchedulerHarness:
         self._load_started: dict[str, int] = {}
         # Aborts that arrive while the model runs the next step (abort()).
         self._aborts_during_step: list[str] = []
+        self._status_before: dict[str, str] = {}  # per failed load reported, its request's status then
         self.ownership = OwnershipSpy(self.scheduler, self.groups, self.spans)
         self.read_rules = read_rules(
             built.kv_config, self.groups, self.spans, tuple(_group_behaviour(g).value for g in self.groups)
@@ -618,6 +619,9 @@ class SchedulerHarness:
             invalid_block_ids=tuple(sorted(invalid_block_ids)),
         )
         self._sync_failures = step.sync_failures
+        self._status_before = {
+            r: self._requests[r].status.name for r in (*failed, *self._sync_failures) if r in self._requests
+        }
         before = set(sched.requests)
         t0 = time.perf_counter()
         try:
@@ -656,6 +660,7 @@ class SchedulerHarness:
                 self._recomputing[rid] = load_end
         self._sync_failures.clear()
         for load in reported:
+            load = dataclasses.replace(load, status_before=self._status_before.get(load.request_id, ""))
             self._step_failed_loads.append(self._failed_load_now(load, self._requests[load.request_id], "reported"))
 
     def _still_recomputing(self) -> frozenset[str]:

@@ -331,6 +331,10 @@ class FailedLoad:
     # Per group, those of ``failed_block_ids`` that carry a prefix-cache hash.
     cached_after: tuple[tuple[int, ...], ...]
     groups: tuple[GroupInfo, ...] = ()
+    # The request's RequestStatus name when the failure was reported (right
+    # before that update_from_output): FINISHED_ABORTED when an abort came
+    # while the model ran the step ("" where not recorded).
+    status_before: str = ""
 
     def describe(self) -> str:
         return (
