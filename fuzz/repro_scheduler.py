@@ -104,14 +104,17 @@ def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None
     except adapter.InvalidLayout:
         return None
     run = Stepper(harness, checks)
+    # The steps whose own schedule() admitted the synchronous loads a fed
+    # output reports invalid (with async scheduling, fed one step late).
+    sync_failing = {op.fed_step or op.index for op in log.steps if op.fed and op.fed.invalid_block_ids}
     try:
         for op in log.ops:
             if isinstance(op, AddRequest):
                 harness.add_request(op.token_ids, max_tokens=op.max_tokens, reply=op.reply, request_id=op.request_id,
                                     skip_reading_prefix_cache=op.skip_reading_prefix_cache)
             elif isinstance(op, Abort):
-                if op.request_id in harness.live_request_ids:
-                    harness.abort(op.request_id)
+                if op.during_step or op.request_id in harness.live_request_ids:
+                    harness.abort(op.request_id, during_step=op.during_step)
             elif isinstance(op, Evict):
                 harness.evict_shortcut(set(op.block_ids))
             elif isinstance(op, Step):
@@ -119,7 +122,7 @@ def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None
                     break
                 for rid in op.fed.failed_recving if op.fed else ():
                     harness.fail_async_load(rid)
-                if op.fed and op.fed.invalid_block_ids and harness.can_report_invalid_blocks:
+                if op.index in sync_failing and harness.can_report_invalid_blocks:
                     harness.fail_next_sync_loads()
                 run.step()
         run.drain()
@@ -291,6 +294,8 @@ def _program(log: OpLog, broken: int, invariant: str) -> list[str]:
                 f'    scheduler.add_request(_make_request("{op.request_id}", {_const(op.request_id)}, '
                 f"max_tokens={op.max_tokens}{skip}))"
             )
+        elif isinstance(op, Abort) and op.during_step:
+            lines.append(f'    watch.aborts.append("{op.request_id}")  # arrives while the model runs the next step')
         elif isinstance(op, Abort):
             lines.append(f'    scheduler.finish_requests("{op.request_id}", RequestStatus.FINISHED_ABORTED)')
         elif isinstance(op, Evict):
@@ -487,7 +492,7 @@ def scheduler_repro(
     for r in requests:
         lines.append(_tokens(_const(r.request_id), r.token_ids))
     lines.append("")
-    lines.append(_BODY)
+    lines.append(_async_body(_BODY) if draw.async_scheduling else _BODY)
     lines.append(_CHECKS.get(invariant, ""))
     lines += [
         "",
@@ -747,6 +752,7 @@ class _Watch:
         self.admissions = {}
         self.num_tokens = {}
         self.seen = set()  # every request seen in the scheduler
+        self.aborts = []  # aborts that arrive while the model runs the next step
         sched, mgr = scheduler, scheduler.kv_cache_manager
         lookup = type(sched)._get_local_prefix_cache_hit
         allocate = type(mgr).allocate_slots
@@ -940,6 +946,13 @@ def _still_cached(manager, blocks):
     return [[b for b in group if pool.blocks[b].block_hash is not None] for group in blocks]
 
 
+def _finished(scheduler, rid):
+    """Finished (aborted while the model ran the step) when its load's failure
+    is reported: vLLM then leaves it as it is."""
+    request = scheduler.requests.get(rid)
+    return request is None or request.is_finished()
+
+
 def _failed_facts(scheduler, watch, failed_loads, invalid_block_ids):
     """Per request whose load this step reports failed: how, the load's start,
     the first failed token, the blocks the failed part was written into."""
@@ -950,7 +963,8 @@ def _failed_facts(scheduler, watch, failed_loads, invalid_block_ids):
         table = scheduler.kv_cache_manager.get_block_ids(rid)
         blocks = [[b for b in g[start // s.block_size:] if b != NULL_BLOCK] for g, s in zip(table, SPECS)]
         facts[rid] = dict(how="failed_recving", start=start, first=start, blocks=blocks,
-                          request=scheduler.requests[rid])
+                          request=scheduler.requests.get(rid),
+                          finished_before=_finished(scheduler, rid))
     for rid, adm in watch.admissions.items():
         if not invalid_block_ids or not adm.get("external") or watch.async_answers_seen.get(rid):
             continue
@@ -962,7 +976,8 @@ def _failed_facts(scheduler, watch, failed_loads, invalid_block_ids):
             facts[rid] = dict(how="invalid_block_ids", start=start, first=bad[0] * SPECS[0].block_size,
                               blocks=[[table[k] for k in range(start // SPECS[0].block_size, end)
                                        if table[k] != NULL_BLOCK]],
-                              request=scheduler.requests[rid])
+                              request=scheduler.requests.get(rid),
+                          finished_before=_finished(scheduler, rid))
     return facts
 
 
@@ -990,6 +1005,7 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
     for rid in ids:
         req = scheduler.requests[rid]
         sampled.append([1000 + watch.step % 24] if req.num_computed_tokens >= req.num_tokens else [])
+    _abort_during_step(scheduler, watch)
     recving = {r for r in connector.loads_in_flight if r in scheduler.requests}
     connector.loads_in_flight -= recving
     watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
@@ -1011,6 +1027,14 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
         ),
     )
     return out
+
+
+def _abort_during_step(scheduler, watch):
+    """Aborts that arrived while the model ran the step: the engine core
+    applies them right before update_from_output (_process_aborts_queue)."""
+    if watch.aborts:
+        scheduler.finish_requests(list(watch.aborts), RequestStatus.FINISHED_ABORTED)
+        watch.aborts.clear()
 
 
 def _drain(scheduler, watch, max_steps=400):
@@ -1043,6 +1067,8 @@ def _check_failed_load_recomputed(scheduler, out, watch, step):
     first failed block, and with a whole-state (Mamba) group to at most the
     load's start (that group holds one state, at the load's end)."""
     for rid, f in watch.failed.items():
+        if f["finished_before"]:  # aborted while the step ran: vLLM leaves it finished
+            continue
         request = f["request"]
         status, computed = request.status.name, request.num_computed_tokens
         if KV_LOAD_FAILURE_POLICY == "fail":
@@ -1570,3 +1596,117 @@ def _check_lookup_within_limit(scheduler, out, watch, step):
         )
 ''',
 })
+
+
+# ---------------------------------------------------------------------------
+# Async scheduling: the same file, with an AsyncScheduler driven as the
+# engine core's batch queue drives it.
+# ---------------------------------------------------------------------------
+
+_ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
+    """One engine step as EngineCore.step_with_batch_queue takes it (a queue of
+    max_concurrent_batches = 2): schedule() if the scheduler has requests (or
+    nothing is queued); the output joins the queue with what the model runner
+    samples for it (decided now: a token unless it is a partial prefill
+    chunk); if the queue is not full and the step ran tokens or requests are
+    left, nothing is fed back; otherwise the oldest output is, with each async
+    load in flight that it may carry (started in that step or earlier)
+    reported done, or failed. Returns this step's SchedulerOutput (None: no
+    schedule())."""
+    watch.step += 1
+    watch.admissions.clear()
+    connector = scheduler.connector
+    for record in (connector.told, connector.answers, connector.asked_with, connector.async_answers,
+                   connector.told_blocks, connector.events, connector.metas):
+        record.clear()
+    watch.seen |= set(scheduler.requests)
+    watch.loads_in_flight = set(connector.loads_in_flight)
+    watch.landed.clear()
+    for record in (watch.fresh, watch.allocations, watch.lookups, watch.local_hits):
+        record.clear()
+    out = None
+    if not watch.queue or scheduler.has_requests():
+        out = scheduler.schedule()
+        watch.hold(scheduler, out)
+        watch.async_answers_seen = dict(connector.async_answers)
+        watch.settle(scheduler, out)
+        for rid in connector.loads_in_flight:
+            watch.load_started.setdefault(rid, watch.step)
+        sampled = [
+            [] if scheduler.requests[rid].is_prefill_chunk else [1000 + watch.step % 24]
+            for rid in out.num_scheduled_tokens
+        ]
+        watch.queue.insert(0, (watch.step, out, sampled, dict(watch.admissions)))
+        if len(watch.queue) < 2 and (out.total_num_scheduled_tokens > 0 or scheduler.has_requests()):
+            _abort_during_step(scheduler, watch)  # nothing fed back: they come after the step
+            return out
+    index, fed, sampled, admissions = watch.queue.pop()
+    _abort_during_step(scheduler, watch)
+    recving = {
+        r for r in connector.loads_in_flight if r in scheduler.requests and watch.load_started.get(r, 0) <= index
+    }
+    connector.loads_in_flight -= recving
+    for rid in recving:
+        watch.load_started.pop(rid, None)
+    this_step, watch.admissions = watch.admissions, admissions  # the fed step's admissions
+    watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
+    watch.admissions = this_step
+    watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
+    connector_output = None
+    if recving or invalid_block_ids:
+        connector_output = KVConnectorOutput(
+            finished_recving=recving,
+            failed_recving=recving & set(failed_loads),
+            invalid_block_ids=set(invalid_block_ids),
+        )
+    ids = list(fed.num_scheduled_tokens)
+    scheduler.update_from_output(
+        fed,
+        ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=sampled,
+            kv_connector_output=connector_output,
+        ),
+    )
+    return out
+
+
+'''
+
+_ASYNC_EDITS = (
+    # The engine's scheduler config: async scheduling on (its default).
+    (
+        "            is_encoder_decoder=False,\n        ),\n        cache_config=CacheConfig(",
+        "            is_encoder_decoder=False,\n            async_scheduling=True,  # the engine's default\n"
+        "        ),\n        cache_config=CacheConfig(",
+    ),
+    # The class EngineCore builds: scheduler_config.get_scheduler_cls() (AsyncScheduler).
+    (
+        "    return Scheduler(\n        vllm_config=vllm_config,",
+        "    # The class the engine core builds (EngineCore: get_scheduler_cls()): AsyncScheduler.\n"
+        "    return vllm_config.scheduler_config.get_scheduler_cls()(\n        vllm_config=vllm_config,",
+    ),
+    # The batch queue and when each async load started.
+    (
+        "        self.seen = set()  # every request seen in the scheduler\n",
+        "        self.seen = set()  # every request seen in the scheduler\n"
+        "        self.queue = []  # (step, SchedulerOutput, sampled, admissions) not fed back yet, newest first\n"
+        "        self.load_started = {}  # request id -> the step whose schedule() started its async load\n",
+    ),
+    # Draining feeds the queued output too.
+    ("        if not scheduler.requests:\n            return\n",
+     "        if not scheduler.requests and not watch.queue:\n            return\n"),
+    ("    while scheduler.requests:\n        _step(scheduler, watch)",
+     "    while scheduler.requests or watch.queue:\n        _step(scheduler, watch)"),
+)
+
+
+def _async_body(body: str) -> str:
+    """:data:`_BODY` for an async-scheduling run (see :data:`_ASYNC_EDITS`)."""
+    for old, new in _ASYNC_EDITS:
+        if body.count(old) != 1:
+            raise AssertionError(f"the repro body changed; cannot apply the async edit of {old!r}")
+        body = body.replace(old, new)
+    start, end = body.index("def _step(scheduler, watch"), body.index("def _abort_during_step(")
+    return body[:start] + _ASYNC_STEP + body[end:]

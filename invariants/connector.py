@@ -260,6 +260,13 @@ def check_meta_built_once(step: StepObservation) -> None:
     this function will reset the state of the connector"."""
     if step.error_where == "schedule":
         return
+    if not step.schedule_called:
+        # Async scheduling: EngineCore.step_with_batch_queue calls schedule()
+        # only `if self.scheduler.has_requests():`; an engine step that just
+        # feeds the queued output (`batch_queue.pop()`) builds no metadata.
+        if step.connector_metas:
+            _fail_step("meta-built-once", step, "build_connector_meta was called in a step without schedule()")
+        return
     if len(step.connector_metas) != 1:
         _fail_step(
             "meta-built-once",
@@ -406,6 +413,15 @@ def check_failed_load_recomputed(step: StepObservation) -> None:
     ``KVTransferConfig.kv_load_failure_policy``."""
     for f in step.failed_loads:
         if f.stage != "reported":
+            continue
+        if f.status_before.startswith("FINISHED"):
+            # Aborted while the model ran the step (EngineCore applies such
+            # aborts "Before processing the model output", then calls
+            # update_from_output): the request is finished, and a late failure
+            # report leaves it so. vLLM, _handle_failed_recving: `if request
+            # is not None and request.status ==
+            # RequestStatus.WAITING_FOR_REMOTE_KVS:` (nothing else is failed
+            # or reset). Its blocks must still all come back (no-leaked-blocks).
             continue
         # A whole-state (Mamba) group holds one state at the load's end, none
         # inside it: past the load's start no point has a state to resume

@@ -308,9 +308,12 @@ def engine_scheduler_draws(
     :func:`engine_models` draw (the scheduler flags as
     :func:`strategies.scheduler.scheduler_draws`)."""
     models = engine_models(architectures=architectures)
-    return models.flatmap(
-        lambda engine: scheduler_draws(layouts=st.just(_layout_of(engine))).map(
-            lambda d: dataclasses.replace(d, engine=engine)
+    # Async scheduling (the engine's default) for half of them, drawn beside
+    # the model: drawn inside the flatmap, far fewer than half came out async
+    # in the single-shot scenarios. Shrinks to sync.
+    return st.tuples(models, st.booleans()).flatmap(
+        lambda drawn: scheduler_draws(layouts=st.just(_layout_of(drawn[0]))).map(
+            lambda d: dataclasses.replace(d, engine=drawn[0], async_scheduling=drawn[1])
         )
     )
 

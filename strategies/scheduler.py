@@ -140,7 +140,9 @@ def scheduler_layouts(*, weights: tuple[int, int, int, int] = (1, 0, 0, 0)) -> s
 
 
 @st.composite
-def _scheduler_draws(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw]) -> SchedulerDraw:
+def _scheduler_draws(
+    draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw], asynchronous: bool = False
+) -> SchedulerDraw:
     layout = draw(layouts, label="layout")
     s = layout.scheduler_block_size
     # Small budgets force chunked prefill and make prompts re-enter schedule().
@@ -158,6 +160,9 @@ def _scheduler_draws(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw]) ->
     # Both model runners are real deployments (vLLM picks V1 for many hybrid
     # models, V2 elsewhere); they report resumed requests differently.
     runner = draw(st.sampled_from(("v2", "v1")), label="model_runner")
+    # Async scheduling is the engine's default; half the draws (when asked),
+    # drawn last so the other fields shrink as before. Shrinks to sync.
+    async_scheduling = asynchronous and draw(st.booleans(), label="async_scheduling")
     return SchedulerDraw(
         layout=layout,
         max_num_batched_tokens=budget,
@@ -166,6 +171,7 @@ def _scheduler_draws(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw]) ->
         divergent_hits=divergent,
         kv_load_failure_policy=policy,
         model_runner=runner,
+        async_scheduling=async_scheduling,
     )
 
 
@@ -175,16 +181,21 @@ def _default_scheduler_draws() -> st.SearchStrategy[SchedulerDraw]:
 
 
 def scheduler_draws(
-    *, layouts: st.SearchStrategy[LayoutDraw] | None = None
+    *, layouts: st.SearchStrategy[LayoutDraw] | None = None, asynchronous: bool = False
 ) -> st.SearchStrategy[SchedulerDraw]:
     """Scheduler configurations over ``layouts`` (default
     :func:`scheduler_layouts`): token budget ``max_num_batched_tokens`` from 4
     to six scheduler blocks, 1-4 sequences, an optional long-prefill
     threshold, the connector's ``supports_divergent_local_hybrid_hits`` and
     the KV-load failure policy (``fail`` evicts invalid blocks) and the model
-    runner the scheduler serves (V1 or V2).
-    Shrinks towards the smallest budget and a divergent-capable connector.
+    runner the scheduler serves (V1 or V2); with ``asynchronous``, also
+    async scheduling (``AsyncScheduler`` driven as the engine's batch queue
+    drives it) for about half the draws.
+    Shrinks towards the smallest budget, a divergent-capable connector and
+    synchronous scheduling.
     """
+    if asynchronous:
+        return _scheduler_draws(scheduler_layouts() if layouts is None else layouts, True)
     return _scheduler_draws(layouts) if layouts is not None else _default_scheduler_draws()
 
 
@@ -647,5 +658,5 @@ def machine_configs(
     request up to three times that.
     Shrinks towards the smallest pool."""
     if configs is None:
-        configs = scheduler_draws(layouts=scheduler_layouts(weights=(6, 2, 2, 1)))
+        configs = scheduler_draws(layouts=scheduler_layouts(weights=(6, 2, 2, 1)), asynchronous=True)
     return _machine_configs(configs)

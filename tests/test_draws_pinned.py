@@ -48,7 +48,7 @@ PINNED = {
     "truncation_scenarios": "eed6d48b7ef5aab90f064da62a37b2f51321cca0ecd635973221cec92160e2d8",
     "single_shot_scenarios": "da3ac659d5d725b665504b4270147c068d5ef949bb841061ef00af744d23273e",
     "single_shot_any_layout": "80b9bac78bd684436edef793d6e7dba11f3ba516ccb53e375eaf86ea10fd7f3e",
-    "machine_configs": "b5a8dd1e8911776c2983e64a7bbef4b30427b7da7a26f2b0bbbc618062821497",
+    "machine_configs": "3252901a47b05bd2109c3202a665ba7838cda851a2729aa2f8915b2ef78d52d5",
 }
 
 

@@ -8,6 +8,8 @@ failures); a log missing any of it would replay into different outputs.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -21,7 +23,8 @@ pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "
 
 
 def _assert_replays(log) -> None:  # type: ignore[no-untyped-def]
-    recorded = [s.output for s in log.steps]
+    # An async-scheduling step that only fed the queued output called no schedule().
+    recorded = [s.output for s in log.steps if s.output is not None or s.error is not None]
     assert recorded, "nothing was scheduled"
     assert replay_oplog(log) == recorded
 
@@ -36,10 +39,27 @@ def test_a_single_shot_run_replays_into_the_same_outputs(scenario: SingleShotSce
     _assert_replays(log)
 
 
-def test_aborts_async_loads_and_their_failures_replay() -> None:
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(scenario=single_shot_scenarios(shortcut=False, allow_over=False))
+def test_an_async_scheduling_run_replays_into_the_same_outputs(scenario: SingleShotScenario) -> None:
+    """With async scheduling the log says which step's output each step fed
+    (one step late, as the engine's batch queue feeds it)."""
+    scenario = dataclasses.replace(scenario, config=dataclasses.replace(scenario.config, async_scheduling=True))
+    if run_single_shot(scenario, (), record=False) is None:
+        return  # vLLM refused the configuration
+    log = last_oplog()
+    assert log is not None and log.config.draw.async_scheduling
+    assert any(s.fed_step is not None for s in log.steps), log.steps
+    _assert_replays(log)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_aborts_async_loads_and_their_failures_replay(async_scheduling: bool) -> None:
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4)), hash_block_size=1,
                         num_blocks=40)
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=8, max_num_seqs=3))
+    harness = SchedulerHarness(
+        SchedulerDraw(layout, max_num_batched_tokens=8, max_num_seqs=3, async_scheduling=async_scheduling)
+    )
     a = harness.add_request(range(20), max_tokens=3, reply=ExternalReply("store", store_len=16, load_async=True))
     b = harness.add_request(range(100, 120), max_tokens=3,
                             reply=ExternalReply("undecided", store_len=12, undecided=1))
@@ -70,3 +90,29 @@ def test_a_missing_operation_replays_differently() -> None:
     second = log.requests[1]
     log.ops.remove(second)
     assert replay_oplog(log) != [s.output for s in log.steps]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_an_abort_during_a_step_replays(async_scheduling: bool) -> None:
+    """An abort that arrives while the model runs a step is applied right
+    before that step's update_from_output (EngineCore._process_aborts_queue);
+    the log says so, and replay applies it there too."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=1, num_blocks=40)
+    harness = SchedulerHarness(
+        SchedulerDraw(layout, max_num_batched_tokens=8, max_num_seqs=2, async_scheduling=async_scheduling)
+    )
+    a = harness.add_request(range(12), max_tokens=4)
+    harness.add_request(range(100, 112), max_tokens=4)
+    harness.step()
+    harness.step()
+    harness.abort(a, during_step=True)
+    assert a in harness.live_request_ids  # not before the step runs
+    harness.step()
+    assert a not in harness.live_request_ids
+    harness.drain()
+    log = harness.oplog
+    assert Abort(a, 2, during_step=True) in log.ops
+    _assert_replays(log)
+    # The same log with the abort between steps schedules differently.
+    log.ops[log.ops.index(Abort(a, 2, during_step=True))] = Abort(a, 2)
+    assert replay_oplog(log) != [s.output for s in log.steps if s.output is not None]

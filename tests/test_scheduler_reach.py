@@ -41,6 +41,19 @@ MACHINE_MIN_TRUNCATION = 0.02
 # Requests with skip_reading_prefix_cache admitted past a cached or
 # external hit (one tail/inside/free replay, one machine request, in eight).
 MIN_SKIPPED_PAST_HIT = 0.03
+# Async scheduling is the engine's default: about half the engine-reachable
+# and machine configurations draw it, and nearly every async run feeds some
+# step's output one step late (the engine's batch queue).
+MIN_ASYNC = 0.25
+
+
+def _assert_async_reach(shares: dict[str, float], n: int, what: str) -> None:
+    for label in (runner.ASYNC_SCHEDULER, runner.FED_LATE):
+        share = shares.get(label, 0.0)
+        assert share >= MIN_ASYNC, (
+            f"'{label}' was reached by {share:.1%} of {n} {what} (need {MIN_ASYNC:.0%}); "
+            "strategies/scheduler.py no longer draws async_scheduling for them"
+        )
 
 
 def _shares(reach: Counter[str], total: str, title: str) -> tuple[int, dict[str, float]]:
@@ -97,6 +110,7 @@ def test_state_machine_reach() -> None:
         f"a request skipping the prefix cache past a hit was admitted in {skipped:.1%} of {n} "
         f"state-machine runs (need {MIN_SKIPPED_PAST_HIT:.0%})"
     )
+    _assert_async_reach(shares, n, "state-machine runs")
 
 
 def test_engine_reachable_reach() -> None:
@@ -120,3 +134,4 @@ def test_engine_reachable_reach() -> None:
         f"the divergent-hit fallback was reached by {fallback:.1%} of {n} engine-reachable "
         f"examples (need {MIN_FALLBACK:.0%})"
     )
+    _assert_async_reach(shares, n, "engine-reachable examples")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -143,6 +144,40 @@ def test_a_planted_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> N
     size = repro_size(log)
     for what, limit in LIMITS.get(bug, {}).items():
         assert size[what] <= limit, (bug, size)
+    _check_repro(source, bug, tmp_path)
+
+
+# Planted bugs found on async-scheduling configurations (AsyncScheduler, the
+# engine's batch queue feeding each output one step late): the file builds
+# the AsyncScheduler and replays the same schedule/update order.
+ASYNC_BUGS = {"skip_truncation": "computed-adds-up", "connector_finished_twice": "finished-once"}
+
+
+def _find_async(bug: str) -> InvariantViolation:
+    """As :func:`_find`, every configuration with async scheduling."""
+
+    @SEARCH
+    @given(scenario=_planted_search_strategy().map(
+        lambda s: dataclasses.replace(s, config=dataclasses.replace(s.config, async_scheduling=True))))
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, record=False)
+
+    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
+        search()
+    return caught.value
+
+
+@pytest.mark.parametrize("bug", sorted(ASYNC_BUGS))
+def test_a_planted_bug_on_async_scheduling_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
+    violation = _find_async(bug)
+    assert violation.invariant == ASYNC_BUGS[bug], str(violation)
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-engine-reachable", seed=0,
+                                               invariant=violation.invariant, violation=str(violation))
+        log = last_oplog()
+    assert log is not None and log.config.draw.async_scheduling
+    assert any(s.fed_step is not None for s in log.steps), "no output was fed one step late"
+    assert source is not None and "async_scheduling=True" in source and "get_scheduler_cls()" in source
     _check_repro(source, bug, tmp_path)
 
 

@@ -38,7 +38,7 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from fuzz.model import SchedulerDraw  # noqa: E402
 
-__all__ = ["MAX_MODEL_LEN", "BuiltScheduler", "build_scheduler"]
+__all__ = ["MAX_MODEL_LEN", "BuiltScheduler", "async_scheduling_kw", "build_scheduler", "scheduler_class"]
 
 MAX_MODEL_LEN = 1024
 
@@ -122,6 +122,7 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
         draw.long_prefill_token_threshold,
         draw.kv_load_failure_policy,
         draw.model_runner,
+        draw.async_scheduling,
     )
     config = _VLLM_CONFIGS.get(key)
     if config is None:
@@ -134,6 +135,7 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
                 long_prefill_token_threshold=draw.long_prefill_token_threshold,
                 enable_chunked_prefill=True,
                 is_encoder_decoder=False,
+                **async_scheduling_kw(draw),
             ),
             cache_config=CacheConfig(
                 block_size=block_size,
@@ -153,6 +155,26 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
             _VLLM_CONFIGS.clear()
         _VLLM_CONFIGS[key] = config
     return config
+
+
+def async_scheduling_kw(draw: SchedulerDraw) -> dict[str, Any]:
+    """``SchedulerConfig`` keywords for ``draw``'s scheduling mode.
+
+    An async draw asks for ``async_scheduling=True`` (what ``VllmConfig``
+    resolves the default None to for these configurations: no pooling, no
+    PP, the uni executor, no spec decode). A sync draw passes nothing, as the
+    suite always has: its ``Scheduler`` is then built by class below.
+    """
+    return {"async_scheduling": True} if draw.async_scheduling else {}
+
+
+def scheduler_class(draw: SchedulerDraw, vllm_config: VllmConfig) -> type[Scheduler]:
+    """The scheduler class the engine core builds: ``EngineCore.__init__``
+    takes ``vllm_config.scheduler_config.get_scheduler_cls()`` (AsyncScheduler
+    when ``async_scheduling``). A sync draw keeps the plain ``Scheduler``."""
+    if draw.async_scheduling:
+        return vllm_config.scheduler_config.get_scheduler_cls()  # type: ignore[return-value]
+    return Scheduler
 
 
 class BuiltScheduler:
@@ -191,7 +213,7 @@ def build_scheduler(draw: SchedulerDraw) -> BuiltScheduler:
             vllm_config.validate_block_size()
             sched_bs, hash_bs = _compat.record_resolved_sizes(kv_config, vllm_config)
             _connector.SCRIPT.reset(divergent_hits=draw.divergent_hits)
-            scheduler = Scheduler(
+            scheduler = scheduler_class(draw, vllm_config)(
                 vllm_config=vllm_config,
                 kv_cache_config=kv_config,
                 structured_output_manager=StructuredOutputManager(vllm_config),

@@ -48,6 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fuzz.adapter import _compat, _connector
+from fuzz.adapter._config import async_scheduling_kw
 from fuzz.adapter._env import init_hashing
 from fuzz.adapter._specs import refused
 
@@ -71,7 +72,6 @@ from vllm.v1.core import kv_cache_utils as _kcu  # noqa: E402
 from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec  # noqa: E402
 
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from fuzz.adapter._specs import InvalidLayout  # noqa: E402
@@ -277,6 +277,7 @@ def _vllm_config(engine: EngineDraw, draw: SchedulerDraw | None, max_model_len: 
             long_prefill_token_threshold=draw.long_prefill_token_threshold,
             enable_chunked_prefill=True,
             is_encoder_decoder=False,
+            **async_scheduling_kw(draw),
         ),
         cache_config=CacheConfig(
             block_size=engine.block_size,
@@ -371,7 +372,7 @@ def build_engine_scheduler(draw: SchedulerDraw) -> Any:
     pool (``num_blocks``) and ``max_model_len`` of ``draw.layout``; the
     scripted connector reset for it. Raises ``InvalidLayout`` when vLLM
     refuses the configuration (e.g. a pool too small for ``max_model_len``)."""
-    from fuzz.adapter._config import BuiltScheduler
+    from fuzz.adapter._config import BuiltScheduler, scheduler_class
 
     assert draw.engine is not None
     plan = plan_engine(
@@ -382,7 +383,7 @@ def build_engine_scheduler(draw: SchedulerDraw) -> Any:
     try:
         with _compat.model_runner(draw.model_runner):
             _connector.SCRIPT.reset(divergent_hits=draw.divergent_hits)
-            scheduler = Scheduler(
+            scheduler = scheduler_class(draw, plan.vllm_config)(
                 vllm_config=plan.vllm_config,
                 kv_cache_config=plan.kv_config,
                 structured_output_manager=StructuredOutputManager(plan.vllm_config),

@@ -108,12 +108,15 @@ def model_runner_output(fed: FedOutput) -> Any:
 
 
 def replay_oplog(log: OpLog) -> list[ScheduledOutput | None]:
-    """Run ``log`` on a fresh scheduler; one output per step (None where
-    ``schedule()`` raised; replay stops there)."""
+    """Run ``log`` on a fresh scheduler; one output per ``schedule()`` (None
+    where it raised; replay stops there). Each fed output goes to the step it
+    belongs to (``Step.fed_step``: async scheduling feeds one step late)."""
     built = build_scheduler(log.config.draw)
     sched = built.scheduler
     script = _connector.SCRIPT
     outputs: list[ScheduledOutput | None] = []
+    scheduled: dict[int, Any] = {}  # step index -> its SchedulerOutput, until fed back
+    during: list[str] = []  # aborts that arrive while the model runs the next step
     for op in log.ops:
         if isinstance(op, AddRequest):
             if op.reply is not None:
@@ -131,23 +134,38 @@ def replay_oplog(log: OpLog) -> list[ScheduledOutput | None]:
                     block_hasher=get_request_block_hasher(built.hash_block_size, sha256),
                 )
             )
+        elif isinstance(op, Abort) and op.during_step:  # applied inside the next step
+            during.append(op.request_id)
         elif isinstance(op, Abort):
             sched.finish_requests(op.request_id, RequestStatus.FINISHED_ABORTED)
         elif isinstance(op, Evict):
             sched.kv_cache_manager.evict_blocks(set(op.block_ids))
         elif isinstance(op, Step):
-            try:
-                out = sched.schedule()
-            except Exception:  # noqa: BLE001 - the log says where it raised
-                outputs.append(None)
-                break
-            outputs.append(scheduled_output(out))
+            out = None
+            if op.output is not None or op.error is not None:  # else: no schedule() (async, nothing left)
+                try:
+                    out = sched.schedule()
+                except Exception:  # noqa: BLE001 - the log says where it raised
+                    outputs.append(None)
+                    break
+                outputs.append(scheduled_output(out))
+                scheduled[op.index] = out
             if op.fed is None:
-                break
+                if op.error is not None or out is None:
+                    break
+                # Async scheduling: this step's output is fed later; aborts
+                # that came during it are applied after it.
+                if during:
+                    sched.finish_requests(during, RequestStatus.FINISHED_ABORTED)
+                    during = []
+                continue
             script.loads_in_flight.difference_update(op.fed.finished_recving)
             script.loads_in_flight.difference_update(op.fed.failed_recving)
             try:
-                sched.update_from_output(out, model_runner_output(op.fed))
+                if during:  # EngineCore._process_aborts_queue, before update_from_output
+                    sched.finish_requests(during, RequestStatus.FINISHED_ABORTED)
+                    during = []
+                sched.update_from_output(scheduled.pop(op.fed_step or op.index), model_runner_output(op.fed))
             except Exception:  # noqa: BLE001
                 break
     return outputs

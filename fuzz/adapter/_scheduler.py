@@ -57,6 +57,19 @@ def _span(group: SpecDraw) -> tuple[str, int] | None:
     return None if value is None else (row.span[0], value)
 
 
+@dataclasses.dataclass
+class _Pending:
+    """A scheduled step and what the model runner returns for it, decided
+    when it was scheduled (what the GPU computes for that SchedulerOutput)."""
+
+    index: int
+    out: Any
+    sampled: list[list[int]]
+    invalid_block_ids: set[int]
+    # The synchronous loads reported failed with it (see _invalid_blocks).
+    sync_failures: dict[str, tuple[int, int, tuple[int, ...], int]]
+
+
 class SchedulerHarness:
     """A real ``Scheduler`` for one :class:`SchedulerDraw`, driven step by step.
 
@@ -125,6 +138,16 @@ class SchedulerHarness:
         self.oplog = OpLog(_oplog.run_config(draw, built, self.groups))
         _oplog.set_last_oplog(self.oplog)
         self._fed: FedOutput | None = None
+        # Async scheduling: the engine's batch queue (EngineCore
+        # step_with_batch_queue, size max_concurrent_batches = 2): at most one
+        # scheduled step whose model output is not fed back yet.
+        self._pending: _Pending | None = None
+        # Request id -> the step whose schedule() started its async load: a
+        # load lands in the output of that step or a later one, never earlier.
+        self._load_started: dict[str, int] = {}
+        # Aborts that arrive while the model runs the next step (abort()).
+        self._aborts_during_step: list[str] = []
+        self._status_before: dict[str, str] = {}  # per failed load reported, its request's status then
         self.ownership = OwnershipSpy(self.scheduler, self.groups, self.spans)
         self.read_rules = read_rules(
             built.kv_config, self.groups, self.spans, tuple(_group_behaviour(g).value for g in self.groups)
@@ -189,7 +212,12 @@ class SchedulerHarness:
         return None if req is None else req.status.name
 
     def is_idle(self) -> bool:
-        return not self.scheduler.requests
+        return not self.scheduler.requests and self._pending is None
+
+    @property
+    def has_pending_output(self) -> bool:
+        """A scheduled step's output is not fed back yet (async scheduling)."""
+        return self._pending is not None
 
     # -- requests ------------------------------------------------------------
     def add_request(
@@ -227,9 +255,25 @@ class SchedulerHarness:
         self.scheduler.add_request(req)
         return rid
 
-    def abort(self, request_id: str) -> None:
-        self.oplog.ops.append(Abort(request_id, self.step_index))
+    def abort(self, request_id: str, *, during_step: bool = False) -> None:
+        """Abort ``request_id`` now (between steps), or with ``during_step``
+        while the model runs the next step: ``EngineCore`` puts a client's
+        abort on its ``aborts_queue`` too and, "Before processing the model
+        output, process any aborts that happened during the model execution"
+        (``self._process_aborts_queue()`` right before
+        ``update_from_output``, in ``step`` and ``step_with_batch_queue``).
+        A step that feeds nothing back leaves it to the input queue, after
+        the step."""
+        self.oplog.ops.append(Abort(request_id, self.step_index, during_step))
+        if during_step:
+            self._aborts_during_step.append(request_id)
+            return
         self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+
+    def _abort_during_step(self) -> None:
+        ids, self._aborts_during_step = self._aborts_during_step, []
+        if ids:
+            self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
 
     def fail_async_load(self, request_id: str) -> None:
         """Report the in-flight async load of ``request_id`` as failed (the
@@ -264,9 +308,16 @@ class SchedulerHarness:
 
     # -- one engine step -----------------------------------------------------
     def step(self, context: str = "") -> StepObservation:
-        """``schedule()``, then feed back what a model runner would return:
-        one sampled token for each request whose prefill completes (none for
-        a non-final chunk), and the connector's finished/failed async loads."""
+        """One engine step: ``schedule()``, and feed back what a model runner
+        would return: one sampled token for each request whose prefill
+        completes (none for a non-final chunk), and the connector's
+        finished/failed async loads.
+
+        Synchronous scheduling feeds the step's own output at once (the
+        engine core's ``step()``). Async scheduling follows the engine core's
+        ``step_with_batch_queue`` (queue of 2), see :meth:`_take_output`: a
+        step's output is usually fed after the next ``schedule()``;
+        :attr:`StepObservation.fed_step` says whose output a step fed."""
         if self.broken:
             raise RuntimeError(f"the scheduler is unusable after an earlier failure: {self.broken}")
         self.step_index += 1
@@ -282,9 +333,14 @@ class SchedulerHarness:
         error = error_type = where = None
         frames: tuple[str, ...] = ()
         out = None
+        # EngineCore.step_with_batch_queue schedules only `if
+        # self.scheduler.has_requests()`; with nothing queued the harness
+        # schedules anyway (as the synchronous drive does on an idle scheduler).
+        schedules = not self.draw.async_scheduling or self._pending is None or self.scheduler.has_requests()
         t0 = time.perf_counter()
         try:
-            out = self.scheduler.schedule()
+            if schedules:
+                out = self.scheduler.schedule()
         except Exception as exc:  # noqa: BLE001 - every failure is an observation
             error, error_type, where = f"{type(exc).__name__}: {exc}", type(exc).__name__, "schedule"
             frames = vllm_frames(exc)
@@ -300,6 +356,7 @@ class SchedulerHarness:
         for a in connector_allocs:
             if a.num_external_tokens and a.reply_async:
                 self._async_loads[a.request_id] = (a.alloc_local_tokens or 0, a.block_ids)
+                self._load_started[a.request_id] = self.step_index
         metas = tuple(self.script.metas[metas_before:])
         if out is not None:
             self._preempted.update(out.preempted_req_ids or ())
@@ -307,10 +364,16 @@ class SchedulerHarness:
         invalid = self._invalid_blocks(admissions) if self._fail_sync_loads else set()
         if invalid:  # armed until a step has a synchronous load to fail
             self._fail_sync_loads = False
-        finished: frozenset[str] = frozenset()
+        queued = None
         if out is not None:
+            queued = _Pending(self.step_index, out, self._sampled(out), invalid, self._sync_failures)
+            self._sync_failures = {}
+        finished: frozenset[str] = frozenset()
+        fed = None if error else self._take_output(queued)
+        if fed is not None:
             try:
-                finished = self._feed_back(out, invalid)
+                self._abort_during_step()
+                finished = self._feed_back(fed)
             except Exception as exc:  # noqa: BLE001
                 error, error_type, where = (
                     f"{type(exc).__name__}: {exc}",
@@ -318,9 +381,12 @@ class SchedulerHarness:
                     "update_from_output",
                 )
                 frames = vllm_frames(exc)
+        if not error:  # nothing fed back: the input queue aborts them after the step
+            self._abort_during_step()
         if error:
             self.broken = error
         finishes, left = self._finish_calls()
+        fed_step = None if fed is None else fed.index
         self.oplog.ops.append(
             Step(
                 index=self.step_index,
@@ -332,6 +398,7 @@ class SchedulerHarness:
                 error=error,
                 error_where=where,
                 left=tuple(sorted(finished)),
+                fed_step=None if fed_step == self.step_index else fed_step,
             )
         )
         return StepObservation(
@@ -359,7 +426,56 @@ class SchedulerHarness:
             failed_loads=tuple(self._step_failed_loads),
             rolled_back=rolled_back,
             ownership=ownership,
+            fed_step=fed_step,
+            async_scheduling=self.draw.async_scheduling,
+            schedule_called=schedules,
         )
+
+    def _take_output(self, queued: _Pending | None) -> _Pending | None:
+        """The scheduled step whose output this engine step feeds back (None:
+        none), ``queued`` being the one just scheduled.
+
+        Synchronous: ``queued`` itself. Async scheduling, as
+        ``EngineCore.step_with_batch_queue`` (vllm/v1/engine/core.py) does it:
+        the new output joins the queue (``batch_queue.appendleft``); ``if
+        len(batch_queue) < self.batch_queue_size and (model_executed or
+        self.scheduler.has_requests())`` it returns without feeding anything;
+        otherwise ``batch_queue.pop()`` (the oldest) and
+        ``update_from_output`` it. ``model_executed`` is
+        ``scheduler_output.total_num_scheduled_tokens > 0``; the queue holds
+        ``max_concurrent_batches`` = 2 (V1 runner, no PP; V2: pp_size + 1)."""
+        if not self.draw.async_scheduling:
+            return queued
+        if queued is None:  # nothing scheduled (no requests): the oldest is fed
+            oldest, self._pending = self._pending, None
+            return oldest
+        if self._pending is None:
+            executed = queued.out.total_num_scheduled_tokens > 0
+            if executed or self.scheduler.has_requests():
+                self._pending = queued
+                return None
+            return queued
+        oldest, self._pending = self._pending, queued
+        return oldest
+
+    def _sampled(self, out: Any) -> list[list[int]]:
+        """What the model runner samples for ``out``, decided as it is
+        scheduled (right after ``schedule()``): a token for each request whose
+        scheduled tokens reach its end, none for a non-final prefill chunk
+        (the runner discards those)."""
+        sampled = []
+        for rid in out.num_scheduled_tokens:
+            req = self.scheduler.requests[rid]
+            if self.draw.async_scheduling:
+                # AsyncScheduler's _update_after_schedule sets is_prefill_chunk
+                # = num_computed_tokens < num_tokens + num_output_placeholders
+                # (the placeholders of outputs not fed back yet).
+                done_prefill = not req.is_prefill_chunk
+            else:
+                # num_computed_tokens already includes this step's tokens.
+                done_prefill = req.num_computed_tokens >= req.num_tokens
+            sampled.append([1000 + self.step_index % 24] if done_prefill else [])
+        return sampled
 
     def _connector_allocs(self, queries: list[Any], allocs: list[Any]) -> tuple[ConnectorAlloc, ...]:
         """Each update_state_after_alloc of the step, with the request's
@@ -475,16 +591,19 @@ class SchedulerHarness:
                 invalid.update(ids)
         return invalid
 
-    def _feed_back(self, out: Any, invalid_block_ids: set[int] = frozenset()) -> frozenset[str]:  # type: ignore[assignment]
+    def _feed_back(self, step: _Pending) -> frozenset[str]:
+        """``update_from_output`` of ``step``'s output, with the connector's
+        async loads that have landed by then (those started in that step or
+        earlier: a worker reports a load in the output of a step it ran)."""
         sched = self.scheduler
+        out, invalid_block_ids = step.out, step.invalid_block_ids
         ids = list(out.num_scheduled_tokens)
-        sampled = []
-        for rid in ids:
-            req = sched.requests[rid]
-            # num_computed_tokens already includes this step's tokens.
-            done_prefill = req.num_computed_tokens >= req.num_tokens
-            sampled.append([1000 + self.step_index % 24] if done_prefill else [])
-        recving = {r for r in self.script.loads_in_flight if r in sched.requests}
+        sampled = step.sampled
+        recving = {
+            r
+            for r in self.script.loads_in_flight
+            if r in sched.requests and self._load_started.get(r, 0) <= step.index
+        }
         failed = recving & (self._load_failures | (recving if self._fail_async_next else set()))
         if recving:  # armed until a step has an async load landing
             self._fail_async_next = False
@@ -513,6 +632,10 @@ class SchedulerHarness:
             failed_recving=tuple(sorted(failed)),
             invalid_block_ids=tuple(sorted(invalid_block_ids)),
         )
+        self._sync_failures = step.sync_failures
+        self._status_before = {
+            r: self._requests[r].status.name for r in (*failed, *self._sync_failures) if r in self._requests
+        }
         before = set(sched.requests)
         t0 = time.perf_counter()
         try:
@@ -551,6 +674,7 @@ class SchedulerHarness:
                 self._recomputing[rid] = load_end
         self._sync_failures.clear()
         for load in reported:
+            load = dataclasses.replace(load, status_before=self._status_before.get(load.request_id, ""))
             self._step_failed_loads.append(self._failed_load_now(load, self._requests[load.request_id], "reported"))
 
     def _still_recomputing(self) -> frozenset[str]:
@@ -565,7 +689,7 @@ class SchedulerHarness:
     def drain(self, max_steps: int = 64, context: str = "") -> list[StepObservation]:
         """Step until no request is left (or ``max_steps``)."""
         steps = []
-        while self.scheduler.requests and len(steps) < max_steps and not self.broken:
+        while (self.scheduler.requests or self._pending) and len(steps) < max_steps and not self.broken:
             steps.append(self.step(context))
         return steps
 

@@ -74,10 +74,15 @@ class AddRequest:
 
 @dataclasses.dataclass(frozen=True)
 class Abort:
-    """``scheduler.finish_requests(request_id, FINISHED_ABORTED)`` between steps."""
+    """``scheduler.finish_requests(request_id, FINISHED_ABORTED)`` between
+    steps, or (``during_step``) while the model runs the next step: the
+    engine core applies such aborts right before that step's
+    ``update_from_output`` (``EngineCore._process_aborts_queue``), or after
+    the step when it feeds nothing back."""
 
     request_id: str
     step: int
+    during_step: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,10 +135,14 @@ class Step:
     index: int
     output: ScheduledOutput | None  # None: schedule() raised
     answers: tuple[ConnectorAnswer, ...]
-    fed: FedOutput | None  # None: nothing was fed back (schedule() raised)
+    fed: FedOutput | None  # None: nothing was fed back (schedule() raised, or the output is pending)
     error: str | None = None  # "ExcType: message"
     error_where: str | None = None  # "schedule" or "update_from_output"
     left: tuple[str, ...] = ()  # requests that finished in update_from_output
+    # Whose output ``fed`` is (None: this step's own). With async scheduling
+    # the engine's batch queue may feed the previous step's output after this
+    # step's schedule(), and keep this step's pending (``fed`` None, no error).
+    fed_step: int | None = None
 
 
 Op = Union[AddRequest, Abort, Evict, Step]

@@ -39,6 +39,10 @@ class SchedulerDraw:
     # The model and cache flags vLLM's engine planned ``layout`` from
     # (engine-reachable); None: the layout was built directly (scheduler-API).
     engine: EngineDraw | None = None
+    # ``--async-scheduling``: vLLM builds an ``AsyncScheduler`` and the engine
+    # core drives it through its batch queue (one step's output fed back
+    # after the next schedule()). False: the synchronous ``Scheduler``.
+    async_scheduling: bool = False
 
     @property
     def reach(self) -> tuple[str, str]:
@@ -68,6 +72,7 @@ class SchedulerDraw:
             f"connector.supports_divergent_local_hybrid_hits={self.divergent_hits}, "
             f"kv_load_failure_policy={self.kv_load_failure_policy!r}"
             f"{'' if self.model_runner is None else f', model_runner={self.model_runner!r}'}"
+            f"{', async_scheduling=True' if self.async_scheduling else ''}"
             f"{'' if self.engine is None else f', engine={self.engine!r}'})"
         )
 
@@ -342,6 +347,10 @@ class FailedLoad:
     # Per group, those of ``failed_block_ids`` that carry a prefix-cache hash.
     cached_after: tuple[tuple[int, ...], ...]
     groups: tuple[GroupInfo, ...] = ()
+    # The request's RequestStatus name when the failure was reported (right
+    # before that update_from_output): FINISHED_ABORTED when an abort came
+    # while the model ran the step ("" where not recorded).
+    status_before: str = ""
 
     def describe(self) -> str:
         return (
@@ -356,7 +365,9 @@ class FailedLoad:
 
 @dataclasses.dataclass(frozen=True)
 class StepObservation:
-    """One ``schedule()`` + ``update_from_output()``."""
+    """One engine step: ``schedule()`` and the ``update_from_output()`` the
+    engine makes in the same step (with async scheduling, possibly of the
+    previous step's output: :attr:`fed_step`)."""
 
     step: int
     admissions: tuple[AdmissionObservation, ...]
@@ -400,9 +411,29 @@ class StepObservation:
     # Block ownership right after schedule() (when it raised: what it had
     # allocated and looked up before; None: no ownership spy).
     ownership: OwnershipObservation | None = dataclasses.field(default=None, compare=False)
+    # Whose ModelRunnerOutput this step fed through update_from_output(): this
+    # step's own (== step), the previous step's (async scheduling: the engine's
+    # batch queue fed it one step late), or None (nothing fed: the output is
+    # pending until the next step, or schedule() raised).
+    fed_step: int | None = None
+    async_scheduling: bool = False  # the scheduler is an AsyncScheduler
+    # False: the engine step called no schedule() (async scheduling with no
+    # request left: it only fed the queued output).
+    schedule_called: bool = True
+
+    @property
+    def fed_late(self) -> bool:
+        """The step fed the previous step's output, after its own schedule()."""
+        return self.fed_step is not None and self.fed_step < self.step
 
     def describe(self) -> str:
         lines = [f"step {self.step} on vLLM {self.vllm_version}: scheduled {self.num_scheduled}"]
+        if self.fed_step != self.step:
+            lines.append(
+                "  update_from_output(): "
+                + ("nothing fed (this step's output pending)" if self.fed_step is None
+                   else f"fed step {self.fed_step}'s output (one step late)")
+            )
         if self.preempted:
             lines.append(f"  preempted: {sorted(self.preempted)}")
         if self.error:

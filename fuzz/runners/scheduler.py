@@ -68,6 +68,8 @@ def note(text: str) -> None:
 TRUNCATION = "truncation branch"
 FALLBACK = "divergent-hit fallback"
 SKIPPED = "request skipped the prefix cache"
+ASYNC_SCHEDULER = "async scheduler"
+FED_LATE = "step fed back one step late"
 MAX_STEPS_PER_PHASE = 160
 
 
@@ -92,6 +94,10 @@ def fa_mamba_gap(adm: AdmissionObservation) -> int | None:
 def reach_labels(step: StepObservation) -> set[str]:
     """The branch labels one step reached."""
     labels: set[str] = set()
+    if step.async_scheduling:
+        labels.add(ASYNC_SCHEDULER)
+    if step.fed_late:
+        labels.add(FED_LATE)
     if step.preempted:
         labels.add("preemption")
     if step.error:
@@ -201,9 +207,13 @@ class Stepper:
             raise unknown[0]
         return obs
 
+    def _busy(self) -> bool:
+        return bool(self.harness.live_request_ids) or self.harness.has_pending_output
+
     def drain(self, max_steps: int = MAX_STEPS_PER_PHASE) -> None:
         steps = 0
-        while self.harness.live_request_ids and not self.harness.broken and steps < max_steps:
+        # An output still pending (async scheduling) is fed before idling.
+        while self._busy() and not self.harness.broken and steps < max_steps:
             self.step()
             steps += 1
         if self.harness.live_request_ids and not self.harness.broken:
@@ -211,7 +221,7 @@ class Stepper:
             self.labels.add("stalled; aborted")
             for rid in self.harness.live_request_ids:
                 self.harness.abort(rid)
-            while self.harness.live_request_ids and not self.harness.broken and steps < 2 * max_steps:
+            while self._busy() and not self.harness.broken and steps < 2 * max_steps:
                 self.step()
                 steps += 1
 

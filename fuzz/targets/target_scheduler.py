@@ -289,8 +289,11 @@ class SchedulerMachine(RuleBasedStateMachine):
     def abort(self, data: st.DataObject) -> None:
         assert self.harness is not None
         rid = data.draw(st.sampled_from(sorted(self.harness.live_request_ids)), label="abort")
-        note(f"abort({rid}) while {self.harness.status_of(rid)}")
-        self.harness.abort(rid)
+        # A client's abort lands between engine steps, or while the model runs
+        # the next one (then right before its update_from_output).
+        during = data.draw(st.booleans(), label="abort during the next step")
+        note(f"abort({rid}{', during_step=True' if during else ''}) while {self.harness.status_of(rid)}")
+        self.harness.abort(rid, during_step=during)
 
     @precondition(lambda self: self._live() and bool(self.harness and self.harness.loads_in_flight()))
     @rule(data=st.data())
@@ -327,14 +330,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Let every request finish (chunked prefill re-enters schedule())."""
         assert self.harness is not None
         for _ in range(200):
-            if not self._live() or not self.harness.live_request_ids:
+            if not self._live() or self.harness.is_idle():  # idle: no request, no output pending
                 break
             self.step(1)
 
     # -- invariants -----------------------------------------------------------
     @invariant()
     def no_leaked_blocks_when_idle(self) -> None:
-        if self._live() and self.harness is not None and not self.harness.live_request_ids:
+        if self._live() and self.harness is not None and self.harness.is_idle():
             if check_no_leaked_blocks in _machine_checks:
                 check_no_leaked_blocks(self.harness.pool_observation())
 
