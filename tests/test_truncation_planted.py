@@ -36,12 +36,23 @@ PLANTED = [
     ("shifted_view", "prefix-view", HYBRID),
     ("scratch_gets_null", "scratch-empty", WITH_SCRATCH),
     ("leaks_block", "pool-unchanged", HYBRID),
+    # Only scenarios that speculate with an EAGLE-style drafter can find it.
+    ("eagle_drops_again", "must-cover", HYBRID),
 ]
+
+
+def test_the_eagle_plant_needs_the_eagle_draws() -> None:
+    """Without EAGLE draws the same search cannot see the EAGLE plant: what
+    finds it is the strategy change, not some other path."""
+    only_must_cover = functools.partial(check_truncation_scenario, only="must-cover")
+    with adapter.planted_truncate_bug("eagle_drops_again"):
+        result = hunt(only_must_cover, truncation_scenarios(eagle=False), max_examples=300, seed=0)
+    assert not result.found, str(result.violation)
 
 
 def test_every_planted_bug_and_every_invariant_has_a_test() -> None:
     assert sorted(b for b, _, _ in PLANTED) == sorted(adapter.PLANTED_TRUNCATE_BUGS)
-    assert sorted(i for _, i, _ in PLANTED) == sorted(TRUNCATION_CHECKS)
+    assert sorted({i for _, i, _ in PLANTED}) == sorted(TRUNCATION_CHECKS)
 
 
 @pytest.mark.parametrize(("bug", "invariant", "scenarios"), PLANTED, ids=[p[0] for p in PLANTED])
