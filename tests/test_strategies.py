@@ -6,10 +6,12 @@ import math
 
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 from fuzz import adapter
-from fuzz.model import LayoutDraw
-from strategies.scenarios import EndpointRule, truncation_scenarios
+from fuzz.model import LayoutDraw, SpecDraw
+from invariants.classification import Behaviour, classification_of_kind
+from strategies.scenarios import EndpointRule, eagle_draws, truncation_scenarios
 from strategies.specs import kv_cache_layouts, spec_draws
 
 
@@ -43,6 +45,31 @@ def test_the_hybrid_default_always_holds_full_attention_and_mamba() -> None:
         assert "FullAttentionSpec" in kinds and "MambaSpec" in kinds
 
     check()
+
+
+@given(layout=kv_cache_layouts(), data=st.data())
+def test_vllm_builds_an_eagle_manager_for_every_drawn_drafter(layout: LayoutDraw, data: st.DataObject) -> None:
+    """Draft groups are attention-like groups whose manager takes the EAGLE
+    drop; vLLM drops for exactly those (all groups when none is flagged)."""
+    drafters = eagle_draws(layout)
+    if drafters.is_empty:
+        assert any(classification_of_kind(g.kind).refuses_eagle_drop for g in layout.groups)
+        return
+    eagle = data.draw(drafters)
+    for i in eagle.draft_groups:
+        row = classification_of_kind(layout.groups[i].kind)
+        assert row.behaviour in (Behaviour.MUST_COVER, Behaviour.UNWRAPPED) and not row.refuses_eagle_drop
+    harness = adapter.ManagerHarness(layout, eagle)
+    assert harness.eagle_drop_group_ids == set(eagle.draft_groups or range(len(layout.groups)))
+
+
+def test_a_layout_whose_only_attention_refuses_the_drop_gets_no_drafter() -> None:
+    layout = LayoutDraw(
+        (SpecDraw("ChunkedLocalAttentionSpec", 4, (("attention_chunk_size", 8),)), SpecDraw("MambaSpec", 4)),
+        hash_block_size=4,
+        num_blocks=16,
+    )
+    assert eagle_draws(layout).is_empty
 
 
 @pytest.mark.parametrize(

@@ -89,3 +89,42 @@ def test_the_seed_scenario_is_pinned_and_catches_the_pre_fix_crash() -> None:
     with adapter.planted_truncate_bug("pre_fix_assert_all"):
         with pytest.raises(InvariantViolation, match="no-unexpected-failure"):
             check_truncation_scenario(SEED_PR_51468)
+
+
+def test_the_eagle_plant_becomes_a_repro_that_builds_the_drafter(tmp_path) -> None:
+    """Shrunk, the EAGLE plant's repro builds the manager with ``use_eagle``
+    and flags the draft groups; it fails while the bug is planted and passes
+    on unmodified vLLM."""
+    from fuzz.repro import truncation_repro_from_last_run
+
+    only_must_cover = functools.partial(check_truncation_scenario, only="must-cover")
+    with adapter.planted_truncate_bug("eagle_drops_again"):
+        result = hunt(only_must_cover, HYBRID, max_examples=1500, seed=0, shrink=True)
+    assert result.found
+    source = truncation_repro_from_last_run(
+        target="truncate-hybrid", seed=0, invariant="must-cover", violation=str(result.violation)
+    )
+    assert source is not None
+    assert "USE_EAGLE = True" in source and "use_eagle=USE_EAGLE" in source, source
+    assert "group.is_eagle_group = i in DRAFT_GROUPS" in source, source
+    assert "import fuzz" not in source and "from fuzz" not in source
+    repro = tmp_path / "test_repro_eagle.py"
+    repro.write_text(source)
+    args = ["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-c", "/dev/null", str(repro)]
+    with adapter.planted_truncate_bug("eagle_drops_again"):
+        assert pytest.main(args) == 1, source
+    assert pytest.main(args) == 0, source
+
+
+def test_a_repro_without_a_drafter_does_not_mention_eagle() -> None:
+    """Scenarios without speculative decoding keep their repro as it was."""
+    from fuzz.model import TruncationObservation
+    from fuzz.repro import truncation_repro
+    from fuzz.targets.target_truncate import SEED_PR_51468
+
+    obs = TruncationObservation(
+        endpoint=0, groups=(), error=None, tuple_obj_id_before=0, tuple_obj_id_after=0,
+        free_blocks_before=0, free_blocks_after=0, vllm_version=adapter.VLLM_VERSION,
+    )
+    source = truncation_repro(SEED_PR_51468, obs, target="t", seed=0, invariant="must-cover", violation="")
+    assert "eagle" not in source.lower(), source

@@ -21,7 +21,7 @@ package; strategies and invariants never import it, and speak in
 
 import dataclasses as _dataclasses
 
-from fuzz.adapter._compat import CAPABILITIES, missing_capabilities
+from fuzz.adapter._compat import CAPABILITIES, eagle_manager_kwargs, missing_capabilities
 from fuzz.adapter._env import VLLM_VERSION, init_hashing
 from fuzz.adapter._manager import Lookup, ManagerHarness
 from fuzz.adapter._planted import (
@@ -62,6 +62,7 @@ __all__ = [
     "SchedulerHarness",
     "SpecFacts",
     "build_spec",
+    "eagle_manager_kwargs",
     "init_hashing",
     "last_oplog",
     "missing_capabilities",
