@@ -91,7 +91,9 @@ class Classification:
       share one block size;
     * ``wraps``: for the uniform-type wrapper, the layer kinds it may wrap;
     * ``refuses_eagle_drop``: vLLM's manager for it refuses a lookup that
-      drops the EAGLE block, so no EAGLE-style drafter runs beside it.
+      drops the EAGLE block, so no EAGLE-style drafter runs beside it;
+    * ``speculative_blocks``: the constructor field counting its extra state
+      blocks per speculative token, which vLLM sets when speculating.
     """
 
     behaviour: Behaviour
@@ -102,6 +104,7 @@ class Classification:
     one_block_size: bool = False
     wraps: tuple[str, ...] = ()
     refuses_eagle_drop: bool = False
+    speculative_blocks: str | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,8 @@ CLASSIFIED: dict[str, Classification] = {
     _KI + "MambaSpec": Classification(
         Behaviour.MAY_BE_SHORT,
         "one recurrent state per boundary; an external hit can supply it",
+        # MambaBase.get_kv_cache_spec: num_speculative_tokens, or 0 under ReplaySSM.
+        speculative_blocks="num_speculative_blocks",
     ),
     _KI + "CircularBufferSpec": Classification(
         Behaviour.SCRATCH, "one ring block per request covering no token range"

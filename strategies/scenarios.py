@@ -25,6 +25,7 @@ from strategies.specs import kv_cache_layouts
 __all__ = ["EndpointRule", "TruncationScenario", "eagle_draws", "endpoint_rules", "truncation_scenarios"]
 
 LOOKUP_MODES = ("joint", "per_group", "connector")
+_EAGLE_CHOICES = ("never", "sometimes", "always")
 # "cover_hit" is the shortest hit among must-cover (attention-like) groups:
 # the boundary the scheduler's full-attention-driven lookup reports.
 ANCHORS = ("cover_hit", "min_hit", "max_hit", "zero")
@@ -132,7 +133,7 @@ def _scenarios(
     max_prompts: int,
     lookup_modes: tuple[str, ...],
     evicting_kinds: frozenset[str] | None,
-    eagle: bool,
+    eagle: str,
 ) -> TruncationScenario:
     layout = draw(layouts, label="layout")
     s = layout.scheduler_block_size
@@ -171,12 +172,28 @@ def _scenarios(
     layout = replace(layout, num_blocks=per_prompt * factor + slack + 1)
     mode = draw(st.sampled_from(lookup_modes), label="lookup mode")
     endpoint = draw(endpoint_rules(), label="endpoint")
-    # Drawn last, so the draws before it are those of a scenario without a
-    # drafter. Generation leaves it off more often than the even odds say.
+    # One scenario in three speculates (nominally: generation leaves this last
+    # draw off more often). Drawn last, so the draws before it are those of a
+    # scenario without a drafter, and eagle="never" draws exactly those.
     drafter = None
     drafters = eagle_draws(layout)
-    if eagle and not drafters.is_empty and draw(st.booleans(), label="speculative decoding (EAGLE-style)"):
+    if not drafters.is_empty and (
+        eagle == "always"
+        or (eagle == "sometimes" and draw(st.integers(0, 2), label="speculative decoding (2: EAGLE-style)") == 2)
+    ):
         drafter = draw(drafters, label="EAGLE draft groups")
+        # With speculative decoding a Mamba layer's spec holds one state block
+        # per speculative token (num_speculative_tokens), or none under ReplaySSM
+        # (vLLM's MambaBase.get_kv_cache_spec); the pool grows by as many.
+        extra = draw(st.integers(0, 4), label="speculative state blocks (0: ReplaySSM)")
+        fields = [classification_of_kind(g.kind).speculative_blocks for g in layout.groups]
+        if extra and any(fields):
+            groups = tuple(
+                g if field is None else replace(g, params=g.params + ((field, extra),))
+                for g, field in zip(layout.groups, fields)
+            )
+            per_prompt += extra * sum(field is not None for field in fields)
+            layout = replace(layout, groups=groups, num_blocks=per_prompt * factor + slack + 1)
     return TruncationScenario(layout, shared, prompts, chunk, evict_from, replay, mode, endpoint, drafter)
 
 
@@ -186,15 +203,16 @@ def truncation_scenarios(
     max_prompts: int = 4,
     lookup_modes: tuple[str, ...] = LOOKUP_MODES,
     evicting_kinds: tuple[str, ...] | None = None,
-    eagle: bool = True,
+    eagle: str = "sometimes",
 ) -> st.SearchStrategy[TruncationScenario]:
     """Truncation scenarios over ``layouts`` (default: hybrid layouts with full
     attention and Mamba plus up to two other drawable groups).
 
     ``lookup_modes`` restricts how the replay is looked up; ``evicting_kinds``
     restricts evictions to groups of those spec kinds (default: any group);
-    ``eagle`` lets scenarios speculate with an EAGLE-style
-    drafter (:func:`eagle_draws`), on an even drawn choice.
+    ``eagle`` says whether scenarios speculate with an EAGLE-style drafter
+    (:func:`eagle_draws`): ``"sometimes"`` (one in three), ``"always"``
+    (wherever the layout allows one) or ``"never"``.
     """
     if max_prompts < 1:
         raise ValueError(f"max_prompts={max_prompts} < 1")
@@ -202,5 +220,7 @@ def truncation_scenarios(
         raise ValueError(f"lookup_modes={lookup_modes} must be a non-empty subset of {LOOKUP_MODES}")
     if layouts is None:
         layouts = kv_cache_layouts(min_groups=2, max_groups=4, required=("FullAttentionSpec", "MambaSpec"))
+    if eagle not in _EAGLE_CHOICES:
+        raise ValueError(f"eagle={eagle!r} must be one of {_EAGLE_CHOICES}")
     kinds = None if evicting_kinds is None else frozenset(evicting_kinds)
     return _scenarios(layouts, max_prompts, tuple(lookup_modes), kinds, eagle)

@@ -45,7 +45,7 @@ STRATEGIES = {
 # sha256 of the newline-joined reprs of the first examples each strategy draws.
 PINNED = {
     "kv_cache_layouts": "5608e562c8e64c9efebe338c099f8e08ce76e0c9584a98d87abe75858999ea29",
-    "truncation_scenarios": "683d6952aa7307f9cfccf95dec5e1f625cef61363467783208dbb9385e459cd9",
+    "truncation_scenarios": "3ae70fe4a5f276de9d48d780f9016e4f65242b81da43a5057ec8e9a003647005",
     "single_shot_scenarios": "619759b64f4439838165897a74e3eee75742bb8633e4274f4619cd3d53b402be",
     "single_shot_any_layout": "1ce83b2e74373b42a68c1245e29654ee3f38ee92627ee6edc9e6c640f8546e94",
     "machine_configs": "b5a8dd1e8911776c2983e64a7bbef4b30427b7da7a26f2b0bbbc618062821497",

@@ -26,6 +26,9 @@ WITH_SCRATCH = truncation_scenarios(
     )
 )
 
+# The EAGLE plant differs from vLLM only when the manager speculates.
+SPECULATING = truncation_scenarios(eagle="always")
+
 PLANTED = [
     ("pre_fix_assert_all", "no-unexpected-failure", HYBRID),
     ("blanket_min", "must-cover", HYBRID),
@@ -37,7 +40,7 @@ PLANTED = [
     ("scratch_gets_null", "scratch-empty", WITH_SCRATCH),
     ("leaks_block", "pool-unchanged", HYBRID),
     # Only scenarios that speculate with an EAGLE-style drafter can find it.
-    ("eagle_drops_again", "must-cover", HYBRID),
+    ("eagle_drops_again", "must-cover", SPECULATING),
 ]
 
 
@@ -46,7 +49,7 @@ def test_the_eagle_plant_needs_the_eagle_draws() -> None:
     finds it is the strategy change, not some other path."""
     only_must_cover = functools.partial(check_truncation_scenario, only="must-cover")
     with adapter.planted_truncate_bug("eagle_drops_again"):
-        result = hunt(only_must_cover, truncation_scenarios(eagle=False), max_examples=300, seed=0)
+        result = hunt(only_must_cover, truncation_scenarios(eagle="never"), max_examples=300, seed=0)
     assert not result.found, str(result.violation)
 
 
@@ -99,7 +102,7 @@ def test_the_eagle_plant_becomes_a_repro_that_builds_the_drafter(tmp_path) -> No
 
     only_must_cover = functools.partial(check_truncation_scenario, only="must-cover")
     with adapter.planted_truncate_bug("eagle_drops_again"):
-        result = hunt(only_must_cover, HYBRID, max_examples=1500, seed=0, shrink=True)
+        result = hunt(only_must_cover, SPECULATING, max_examples=1500, seed=0, shrink=True)
     assert result.found
     source = truncation_repro_from_last_run(
         target="truncate-hybrid", seed=0, invariant="must-cover", violation=str(result.violation)
