@@ -99,12 +99,12 @@ def _make_manager():
     )
     # What the engine core hands the scheduler.
     config = generate_scheduler_kv_cache_config([config])
-    return KVCacheManager(
+{eagle_setup}    return KVCacheManager(
         config,
         max_model_len=MAX_MODEL_LEN,
         scheduler_block_size=SCHEDULER_BLOCK_SIZE,
         hash_block_size=HASH_BLOCK_SIZE,
-        enable_caching=True,
+        enable_caching=True,{eagle_kwargs}
     )
 
 
@@ -164,6 +164,24 @@ _PER_GROUP = {
     False: "    blocks = manager.coordinator.find_longest_cache_hit(request.block_hashes, limit)[0]",
     True: "    blocks, _ = manager.coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)",
 }
+
+# The engine's planning flags the groups holding draft layers.
+_EAGLE_SETUP = """    for i, group in enumerate(config.kv_cache_groups):
+        group.is_eagle_group = i in DRAFT_GROUPS
+"""
+
+
+def _eagle_kwargs(scenario: TruncationScenario) -> str:
+    """The manager's extra keyword arguments for the scenario's drafter, as
+    the adapter passes them (one source: :func:`fuzz.adapter.eagle_manager_kwargs`)."""
+    if scenario.eagle is None:
+        return ""
+    kwargs = adapter.eagle_manager_kwargs(True)
+    return "".join(
+        f"\n        {k}=USE_EAGLE," if k == "use_eagle" else f"\n        {k}={v!r},"
+        for k, v in kwargs.items()
+    )
+
 
 _LOOKUPS = {
     "joint": "manager.get_computed_blocks(replay)[0]",
@@ -250,7 +268,17 @@ def truncation_repro(
             "    for got, given in zip(result.blocks, blocks.blocks):\n"
             "        assert all(a is b for a, b in zip(got, given))  # a prefix view\n"
         )
+    if scenario.eagle is not None:
+        lines += [
+            "# An EAGLE-style drafter (EAGLE, EAGLE3, MTP): the scheduler builds the",
+            "# manager with use_eagle=True, so lookups drop the last matched block of",
+            "# the draft groups (is_eagle_group; none flagged: vLLM flags every group).",
+            "USE_EAGLE = True",
+            f"DRAFT_GROUPS = {list(scenario.eagle.draft_groups)}",
+        ]
     body = _BODY.replace("{{", "{").replace("}}", "}")
+    body = body.replace("{eagle_setup}", _EAGLE_SETUP if scenario.eagle is not None else "")
+    body = body.replace("{eagle_kwargs}", _eagle_kwargs(scenario))
     body = body.replace("{lookup}", _LOOKUPS[scenario.lookup_mode]).replace("{call}", call)
     body = body.replace("{per_group_lookup}", _PER_GROUP[len(scenario.layout.groups) > 1])
     return "\n".join(lines) + "\n" + body

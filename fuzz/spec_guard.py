@@ -98,7 +98,7 @@ def judge_hypotheses(cls: type, *, max_examples: int = 1000) -> HypothesisVerdic
                 # Per-group lookups with evictions in the new group only: the
                 # way its hit falls behind full attention's.
                 truncation_scenarios(
-                    layouts=layouts, lookup_modes=("per_group",), evicting_kinds=(cls.__name__,)
+                    layouts=layouts, lookup_modes=("per_group",), evicting_kinds=(cls.__name__,), eagle="never"
                 ),
                 max_examples=max_examples,
                 seed=0,

@@ -89,7 +89,11 @@ class Classification:
       the adapter supplies (attention head geometry, Mamba state shapes);
     * ``one_block_size``: vLLM requires every group of a layout holding it to
       share one block size;
-    * ``wraps``: for the uniform-type wrapper, the layer kinds it may wrap.
+    * ``wraps``: for the uniform-type wrapper, the layer kinds it may wrap;
+    * ``refuses_eagle_drop``: vLLM's manager for it refuses a lookup that
+      drops the EAGLE block, so no EAGLE-style drafter runs beside it;
+    * ``speculative_blocks``: the constructor field counting its extra state
+      blocks per speculative token, which vLLM sets when speculating.
     """
 
     behaviour: Behaviour
@@ -99,6 +103,8 @@ class Classification:
     extra: tuple[tuple[str, int], ...] = ()
     one_block_size: bool = False
     wraps: tuple[str, ...] = ()
+    refuses_eagle_drop: bool = False
+    speculative_blocks: str | None = None
 
 
 @dataclass(frozen=True)
@@ -150,10 +156,15 @@ CLASSIFIED: dict[str, Classification] = {
         # groups with different block sizes are not compatible with chunked
         # local attention now".
         one_block_size=True,
+        # It also asserts "Hybrid KV cache is not supported for eagle +
+        # chunked local attention" when asked to drop the EAGLE block.
+        refuses_eagle_drop=True,
     ),
     _KI + "MambaSpec": Classification(
         Behaviour.MAY_BE_SHORT,
         "one recurrent state per boundary; an external hit can supply it",
+        # MambaBase.get_kv_cache_spec: num_speculative_tokens, or 0 under ReplaySSM.
+        speculative_blocks="num_speculative_blocks",
     ),
     _KI + "CircularBufferSpec": Classification(
         Behaviour.SCRATCH, "one ring block per request covering no token range"

@@ -8,6 +8,15 @@ and the numbers that disagree. Expected behaviour per group comes from
 Block arithmetic: a prefix-cacheable group with block size ``b`` needs
 ``n // b`` blocks to cover endpoint ``n`` (``n`` is a multiple of ``b`` when
 the endpoint is aligned to the scheduler block, the LCM of all ``b``).
+
+With an EAGLE-style drafter (``KVCacheManager(use_eagle=True)``) nothing here
+changes: vLLM drops the last matched block in the *lookup* (the single-type
+managers' ``find_longest_cache_hit(drop_eagle_block=...)``, driven by the
+coordinator's ``drop_eagle_group_ids``), so the blocks handed to
+``truncate_computed_blocks`` and the hits the endpoint is drawn from already
+lack it; the truncation itself reads neither ``use_eagle`` nor the group
+flags (``kv_cache_manager.py``, ``truncate_computed_blocks``). The claims stay
+relative to the input each group holds.
 """
 
 from __future__ import annotations

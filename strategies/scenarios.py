@@ -6,8 +6,10 @@ prompt, a lookup mode and an endpoint rule. :mod:`fuzz.targets` runs it on a
 real ``KVCacheManager`` through the adapter.
 
 Prompts are slices of one shared token sequence plus per-prompt suffixes, so
-every prompt shares a prefix with the replay. Shrinking goes towards fewer and
-shorter prompts, no evictions, a joint lookup and an endpoint at the hit.
+every prompt shares a prefix with the replay. A fraction of scenarios runs the
+manager as the scheduler builds it for an EAGLE-style drafter, whose lookups
+drop the last matched block. Shrinking goes towards fewer and shorter prompts,
+no evictions, a joint lookup, an endpoint at the hit and no drafter.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
-from fuzz.model import LayoutDraw
+from fuzz.model import EagleDraw, LayoutDraw
+from invariants.classification import Behaviour, classification_of_kind
 from strategies.specs import kv_cache_layouts
 
-__all__ = ["EndpointRule", "TruncationScenario", "endpoint_rules", "truncation_scenarios"]
+__all__ = ["EndpointRule", "TruncationScenario", "eagle_draws", "endpoint_rules", "truncation_scenarios"]
 
 LOOKUP_MODES = ("joint", "per_group", "connector")
+_EAGLE_CHOICES = ("never", "sometimes", "always")
 # "cover_hit" is the shortest hit among must-cover (attention-like) groups:
 # the boundary the scheduler's full-attention-driven lookup reports.
 ANCHORS = ("cover_hit", "min_hit", "max_hit", "zero")
@@ -59,6 +63,7 @@ class TruncationScenario:
     replay: tuple[int, int]  # (shared prefix length, tail length >= 1)
     lookup_mode: str
     endpoint: EndpointRule
+    eagle: EagleDraw | None = None  # an EAGLE-style drafter, or no speculative decoding
 
     def prompt_tokens(self, i: int) -> list[int]:
         keep, suffix = self.prompts[i]
@@ -74,7 +79,9 @@ class TruncationScenario:
         return (
             f"TruncationScenario({self.layout!r}, prompts={list(self.prompts)}, "
             f"chunk={self.prefill_chunk}, evict_from={list(self.evict_from)}, "
-            f"replay={self.replay}, lookup={self.lookup_mode!r}, endpoint={self.endpoint})"
+            f"replay={self.replay}, lookup={self.lookup_mode!r}, endpoint={self.endpoint}"
+            + ("" if self.eagle is None else f", {self.eagle!r}")
+            + ")"
         )
 
 
@@ -93,6 +100,32 @@ def endpoint_rules(*, max_steps: int = 2) -> st.SearchStrategy[EndpointRule]:
     )
 
 
+# Draft layers are attention layers (the model runner marks an attention
+# module's spec ``is_draft``), so only attention-like groups can hold them.
+_DRAFT_HOLDERS = (Behaviour.MUST_COVER, Behaviour.UNWRAPPED)
+
+
+def eagle_draws(layout: LayoutDraw) -> st.SearchStrategy[EagleDraw]:
+    """An EAGLE-style drafter for ``layout``: any set of its attention-like
+    groups holds draft layers (``is_eagle_group``), or none is identified and
+    vLLM flags every group. A group whose kind refuses the EAGLE drop never
+    takes it (vLLM refuses such a drafter at its first lookup), so with one in
+    the layout some other group must hold the draft layers; when none can,
+    the strategy is empty.
+
+    Shrinks towards no identified draft group (vLLM's fallback: all groups),
+    else towards the first group that can hold draft layers.
+    """
+    rows = [classification_of_kind(g.kind) for g in layout.groups]
+    holders = [i for i, row in enumerate(rows) if row.behaviour in _DRAFT_HOLDERS and not row.refuses_eagle_drop]
+    fallback_ok = not any(row.refuses_eagle_drop for row in rows)
+    if not holders:
+        return st.just(EagleDraw(())) if fallback_ok else st.nothing()
+    return st.lists(
+        st.sampled_from(holders), unique=True, min_size=0 if fallback_ok else 1, max_size=len(holders)
+    ).map(lambda ids: EagleDraw(tuple(sorted(ids))))
+
+
 @st.composite
 def _scenarios(
     draw: st.DrawFn,
@@ -100,6 +133,7 @@ def _scenarios(
     max_prompts: int,
     lookup_modes: tuple[str, ...],
     evicting_kinds: frozenset[str] | None,
+    eagle: str,
 ) -> TruncationScenario:
     layout = draw(layouts, label="layout")
     s = layout.scheduler_block_size
@@ -138,7 +172,29 @@ def _scenarios(
     layout = replace(layout, num_blocks=per_prompt * factor + slack + 1)
     mode = draw(st.sampled_from(lookup_modes), label="lookup mode")
     endpoint = draw(endpoint_rules(), label="endpoint")
-    return TruncationScenario(layout, shared, prompts, chunk, evict_from, replay, mode, endpoint)
+    # One scenario in three speculates (nominally: generation leaves this last
+    # draw off more often). Drawn last, so the draws before it are those of a
+    # scenario without a drafter, and eagle="never" draws exactly those.
+    drafter = None
+    drafters = eagle_draws(layout)
+    if not drafters.is_empty and (
+        eagle == "always"
+        or (eagle == "sometimes" and draw(st.integers(0, 2), label="speculative decoding (2: EAGLE-style)") == 2)
+    ):
+        drafter = draw(drafters, label="EAGLE draft groups")
+        # With speculative decoding a Mamba layer's spec holds one state block
+        # per speculative token (num_speculative_tokens), or none under ReplaySSM
+        # (vLLM's MambaBase.get_kv_cache_spec); the pool grows by as many.
+        extra = draw(st.integers(0, 4), label="speculative state blocks (0: ReplaySSM)")
+        fields = [classification_of_kind(g.kind).speculative_blocks for g in layout.groups]
+        if extra and any(fields):
+            groups = tuple(
+                g if field is None else replace(g, params=g.params + ((field, extra),))
+                for g, field in zip(layout.groups, fields)
+            )
+            per_prompt += extra * sum(field is not None for field in fields)
+            layout = replace(layout, groups=groups, num_blocks=per_prompt * factor + slack + 1)
+    return TruncationScenario(layout, shared, prompts, chunk, evict_from, replay, mode, endpoint, drafter)
 
 
 def truncation_scenarios(
@@ -147,12 +203,16 @@ def truncation_scenarios(
     max_prompts: int = 4,
     lookup_modes: tuple[str, ...] = LOOKUP_MODES,
     evicting_kinds: tuple[str, ...] | None = None,
+    eagle: str = "sometimes",
 ) -> st.SearchStrategy[TruncationScenario]:
     """Truncation scenarios over ``layouts`` (default: hybrid layouts with full
     attention and Mamba plus up to two other drawable groups).
 
     ``lookup_modes`` restricts how the replay is looked up; ``evicting_kinds``
-    restricts evictions to groups of those spec kinds (default: any group).
+    restricts evictions to groups of those spec kinds (default: any group);
+    ``eagle`` says whether scenarios speculate with an EAGLE-style drafter
+    (:func:`eagle_draws`): ``"sometimes"`` (one in three), ``"always"``
+    (wherever the layout allows one) or ``"never"``.
     """
     if max_prompts < 1:
         raise ValueError(f"max_prompts={max_prompts} < 1")
@@ -160,5 +220,7 @@ def truncation_scenarios(
         raise ValueError(f"lookup_modes={lookup_modes} must be a non-empty subset of {LOOKUP_MODES}")
     if layouts is None:
         layouts = kv_cache_layouts(min_groups=2, max_groups=4, required=("FullAttentionSpec", "MambaSpec"))
+    if eagle not in _EAGLE_CHOICES:
+        raise ValueError(f"eagle={eagle!r} must be one of {_EAGLE_CHOICES}")
     kinds = None if evicting_kinds is None else frozenset(evicting_kinds)
-    return _scenarios(layouts, max_prompts, tuple(lookup_modes), kinds)
+    return _scenarios(layouts, max_prompts, tuple(lookup_modes), kinds, eagle)

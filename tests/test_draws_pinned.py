@@ -45,7 +45,7 @@ STRATEGIES = {
 # sha256 of the newline-joined reprs of the first examples each strategy draws.
 PINNED = {
     "kv_cache_layouts": "5608e562c8e64c9efebe338c099f8e08ce76e0c9584a98d87abe75858999ea29",
-    "truncation_scenarios": "eed6d48b7ef5aab90f064da62a37b2f51321cca0ecd635973221cec92160e2d8",
+    "truncation_scenarios": "3ae70fe4a5f276de9d48d780f9016e4f65242b81da43a5057ec8e9a003647005",
     "single_shot_scenarios": "da3ac659d5d725b665504b4270147c068d5ef949bb841061ef00af744d23273e",
     "single_shot_any_layout": "80b9bac78bd684436edef793d6e7dba11f3ba516ccb53e375eaf86ea10fd7f3e",
     "machine_configs": "3252901a47b05bd2109c3202a665ba7838cda851a2729aa2f8915b2ef78d52d5",

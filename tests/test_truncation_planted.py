@@ -26,6 +26,9 @@ WITH_SCRATCH = truncation_scenarios(
     )
 )
 
+# The EAGLE plant differs from vLLM only when the manager speculates.
+SPECULATING = truncation_scenarios(eagle="always")
+
 PLANTED = [
     ("pre_fix_assert_all", "no-unexpected-failure", HYBRID),
     ("blanket_min", "must-cover", HYBRID),
@@ -36,12 +39,23 @@ PLANTED = [
     ("shifted_view", "prefix-view", HYBRID),
     ("scratch_gets_null", "scratch-empty", WITH_SCRATCH),
     ("leaks_block", "pool-unchanged", HYBRID),
+    # Only scenarios that speculate with an EAGLE-style drafter can find it.
+    ("eagle_drops_again", "must-cover", SPECULATING),
 ]
+
+
+def test_the_eagle_plant_needs_the_eagle_draws() -> None:
+    """Without EAGLE draws the same search cannot see the EAGLE plant: what
+    finds it is the strategy change, not some other path."""
+    only_must_cover = functools.partial(check_truncation_scenario, only="must-cover")
+    with adapter.planted_truncate_bug("eagle_drops_again"):
+        result = hunt(only_must_cover, truncation_scenarios(eagle="never"), max_examples=300, seed=0)
+    assert not result.found, str(result.violation)
 
 
 def test_every_planted_bug_and_every_invariant_has_a_test() -> None:
     assert sorted(b for b, _, _ in PLANTED) == sorted(adapter.PLANTED_TRUNCATE_BUGS)
-    assert sorted(i for _, i, _ in PLANTED) == sorted(TRUNCATION_CHECKS)
+    assert sorted({i for _, i, _ in PLANTED}) == sorted(TRUNCATION_CHECKS)
 
 
 @pytest.mark.parametrize(("bug", "invariant", "scenarios"), PLANTED, ids=[p[0] for p in PLANTED])
@@ -78,3 +92,42 @@ def test_the_seed_scenario_is_pinned_and_catches_the_pre_fix_crash() -> None:
     with adapter.planted_truncate_bug("pre_fix_assert_all"):
         with pytest.raises(InvariantViolation, match="no-unexpected-failure"):
             check_truncation_scenario(SEED_PR_51468)
+
+
+def test_the_eagle_plant_becomes_a_repro_that_builds_the_drafter(tmp_path) -> None:
+    """Shrunk, the EAGLE plant's repro builds the manager with ``use_eagle``
+    and flags the draft groups; it fails while the bug is planted and passes
+    on unmodified vLLM."""
+    from fuzz.repro import truncation_repro_from_last_run
+
+    only_must_cover = functools.partial(check_truncation_scenario, only="must-cover")
+    with adapter.planted_truncate_bug("eagle_drops_again"):
+        result = hunt(only_must_cover, SPECULATING, max_examples=1500, seed=0, shrink=True)
+    assert result.found
+    source = truncation_repro_from_last_run(
+        target="truncate-hybrid", seed=0, invariant="must-cover", violation=str(result.violation)
+    )
+    assert source is not None
+    assert "USE_EAGLE = True" in source and "use_eagle=USE_EAGLE" in source, source
+    assert "group.is_eagle_group = i in DRAFT_GROUPS" in source, source
+    assert "import fuzz" not in source and "from fuzz" not in source
+    repro = tmp_path / "test_repro_eagle.py"
+    repro.write_text(source)
+    args = ["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-c", "/dev/null", str(repro)]
+    with adapter.planted_truncate_bug("eagle_drops_again"):
+        assert pytest.main(args) == 1, source
+    assert pytest.main(args) == 0, source
+
+
+def test_a_repro_without_a_drafter_does_not_mention_eagle() -> None:
+    """Scenarios without speculative decoding keep their repro as it was."""
+    from fuzz.model import TruncationObservation
+    from fuzz.repro import truncation_repro
+    from fuzz.targets.target_truncate import SEED_PR_51468
+
+    obs = TruncationObservation(
+        endpoint=0, groups=(), error=None, tuple_obj_id_before=0, tuple_obj_id_after=0,
+        free_blocks_before=0, free_blocks_after=0, vllm_version=adapter.VLLM_VERSION,
+    )
+    source = truncation_repro(SEED_PR_51468, obs, target="t", seed=0, invariant="must-cover", violation="")
+    assert "eagle" not in source.lower(), source

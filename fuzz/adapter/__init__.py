@@ -15,12 +15,13 @@ package; strategies and invariants never import it, and speak in
 * ``_observe``: recording wrappers on a live scheduler, vLLM frames;
 * ``_scheduler``: a real ``Scheduler`` driven a step at a time;
 * ``_oplog``: its operation log read from vLLM's objects, and replayed;
-* ``_planted``: deliberately wrong vLLM code for the self-tests.
+* ``_planted``: deliberately wrong vLLM code for the self-tests
+  (``_planted_eagle`` adds the EAGLE truncation variant).
 """
 
 import dataclasses as _dataclasses
 
-from fuzz.adapter._compat import CAPABILITIES, missing_capabilities
+from fuzz.adapter._compat import CAPABILITIES, eagle_manager_kwargs, missing_capabilities
 from fuzz.adapter._env import VLLM_VERSION, init_hashing
 from fuzz.adapter._manager import Lookup, ManagerHarness
 from fuzz.adapter._planted import (
@@ -30,6 +31,7 @@ from fuzz.adapter._planted import (
     planted_scheduler_bug,
     planted_truncate_bug,
 )
+from fuzz.adapter import _planted_eagle  # noqa: F401 - adds its truncation variant
 from fuzz.adapter._oplog import last_oplog, replay_oplog
 from fuzz.adapter._scheduler import SchedulerHarness
 from fuzz.model import installed as _installed
@@ -60,6 +62,7 @@ __all__ = [
     "SchedulerHarness",
     "SpecFacts",
     "build_spec",
+    "eagle_manager_kwargs",
     "init_hashing",
     "last_oplog",
     "missing_capabilities",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import os
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -32,6 +33,9 @@ __all__ = [
     "missing_capabilities",
     "HAS_SPEC_REGISTRY",
     "cache_hit_limit",
+    "eagle_drop_group_ids",
+    "eagle_manager_kwargs",
+    "flag_draft_groups",
     "has_sync_kv_loads",
     "has_per_group_lookup",
     "model_runner",
@@ -149,6 +153,43 @@ def has_per_group_lookup(coordinator: Any) -> bool:
 def partial_hits_enabled(coordinator: Any) -> bool:
     """Sub-block ("partial") hash hits: a coordinator flag from 0.32 on."""
     return bool(getattr(coordinator, "enable_partial_hash_hits", False))
+
+
+def flag_draft_groups(kv_config: Any, group_ids: tuple[int, ...]) -> None:
+    """Mark the groups holding draft layers, as the engine's KV-cache planning
+    does when the drafter takes the EAGLE block drop. ``is_eagle_group`` is a
+    0.33 field; older releases have no per-group flag (their coordinators
+    apply ``use_eagle`` to every group), so there is nothing to mark."""
+    for i, group in enumerate(kv_config.kv_cache_groups):
+        if hasattr(group, "is_eagle_group"):
+            group.is_eagle_group = i in group_ids
+
+
+_MANAGER_PARAMS = frozenset(inspect.signature(KVCacheManager.__init__).parameters)
+
+
+def eagle_manager_kwargs(use_eagle: bool) -> dict[str, Any]:
+    """What the scheduler passes the ``KVCacheManager`` for an EAGLE-style
+    drafter: ``use_eagle`` (every supported release) and one prefill lookahead
+    token (``num_prefill_lookahead``, on releases whose manager takes it)."""
+    if not use_eagle:
+        return {}
+    kwargs: dict[str, Any] = {"use_eagle": True}
+    if "num_prefill_lookahead" in _MANAGER_PARAMS:
+        kwargs["num_prefill_lookahead"] = 1
+    return kwargs
+
+
+def eagle_drop_group_ids(coordinator: Any) -> frozenset[int]:
+    """The groups whose lookups take the EAGLE last-block drop: the
+    coordinator's ``drop_eagle_group_ids`` (0.33); on older releases every
+    group when ``use_eagle`` is on."""
+    ids = getattr(coordinator, "drop_eagle_group_ids", None)
+    if ids is not None:
+        return frozenset(ids)
+    if getattr(coordinator, "use_eagle", False):
+        return frozenset(range(len(coordinator.kv_cache_config.kv_cache_groups)))
+    return frozenset()
 
 
 def resolver_config(*, block_size: int, prefix_match_unit: int | None) -> Any:

@@ -4,9 +4,11 @@ truncation scenario needs (prefill, lookups, evictions) and an observed
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import inspect
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fuzz.adapter import _compat
@@ -19,7 +21,14 @@ from vllm.v1.core import kv_cache_utils as _kcu  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
-from fuzz.model import BlockRef, GroupInfo, GroupTruncation, LayoutDraw, TruncationObservation  # noqa: E402
+from fuzz.model import (  # noqa: E402
+    BlockRef,
+    EagleDraw,
+    GroupInfo,
+    GroupTruncation,
+    LayoutDraw,
+    TruncationObservation,
+)
 
 __all__ = ["Lookup", "ManagerHarness"]
 
@@ -45,33 +54,78 @@ class Lookup:
     num_tokens: int  # the joint hit length vLLM reported (per-group: FA-style max)
     hits: tuple[int, ...]
     mode: str
+    # Groups whose lookup dropped a matched block for EAGLE (a hit the same
+    # call finds longer without the drop); () without EAGLE.
+    eagle_dropped: tuple[int, ...] = ()
+
+
+@contextlib.contextmanager
+def _recording_eagle_drops(managers: Sequence[Any], dropped: set[int]) -> Iterator[None]:
+    """For the duration, every ``find_longest_cache_hit`` asked to drop the
+    EAGLE block is asked again without the drop (the lookups only read the
+    cache); the groups where the drop shortened the hit go into ``dropped``."""
+    classes = list(dict.fromkeys(type(m) for m in managers))
+    saved = {cls: cls.__dict__.get("find_longest_cache_hit") for cls in classes}
+
+    def wrap(cls: type) -> classmethod:
+        find = inspect.getattr_static(cls, "find_longest_cache_hit").__func__
+
+        def find_longest_cache_hit(klass: type, *args: Any, **kwargs: Any) -> Any:
+            result = find(klass, *args, **kwargs)
+            if kwargs.get("drop_eagle_block"):
+                _, undropped = find(klass, *args, **{**kwargs, "drop_eagle_block": False})
+                if undropped > result[1]:
+                    dropped.update(kwargs["kv_cache_group_ids"])
+            return result
+
+        return classmethod(find_longest_cache_hit)
+
+    wrapped = {cls: wrap(cls) for cls in classes}
+    for cls, method in wrapped.items():
+        cls.find_longest_cache_hit = method
+    try:
+        yield
+    finally:
+        for cls, original in saved.items():
+            if original is None:
+                del cls.find_longest_cache_hit
+            else:
+                cls.find_longest_cache_hit = original
 
 
 class ManagerHarness:
-    """A real ``KVCacheManager`` for one layout, with scenario operations.
+    """A real ``KVCacheManager`` for one layout, with scenario operations;
+    with ``eagle``, built as the scheduler builds it for an EAGLE-style
+    drafter (draft groups flagged, ``use_eagle`` on).
 
     Raises :class:`InvalidLayout` when vLLM refuses the layout.
     """
 
     _ids = itertools.count()
 
-    def __init__(self, layout: LayoutDraw) -> None:
+    def __init__(self, layout: LayoutDraw, eagle: EagleDraw | None = None) -> None:
         init_hashing()
         self.layout = layout
+        self.eagle = eagle
         sched, hash_bs = resolve_block_sizes(layout)
         self.scheduler_block_size = sched
         self.hash_block_size = hash_bs
         try:
             self.config = kv_cache_config(layout)
+            if eagle is not None:
+                _compat.flag_draft_groups(self.config, eagle.draft_groups)
             self.manager = KVCacheManager(
                 self.config,
                 max_model_len=layout.max_model_len,
                 scheduler_block_size=sched,
                 hash_block_size=hash_bs,
                 enable_caching=True,
+                **_compat.eagle_manager_kwargs(eagle is not None),
             )
         except Exception as exc:  # noqa: BLE001 - vLLM's verdict, or the suite's misfit
             raise refused(exc) from exc
+        # The groups whose lookups drop the last matched block for EAGLE.
+        self.eagle_drop_group_ids = _compat.eagle_drop_group_ids(self.manager.coordinator)
         self.groups = tuple(
             GroupInfo(
                 index=i,
@@ -138,6 +192,16 @@ class ManagerHarness:
         return ok
 
     def lookup(self, tokens: Sequence[int], mode: str) -> Lookup:
+        """Look ``tokens`` up the way a scheduler would (see :meth:`_lookup`),
+        recording which groups' lookups dropped a block for EAGLE."""
+        if not self.eagle_drop_group_ids:
+            return self._lookup(tokens, mode)
+        dropped: set[int] = set()
+        with _recording_eagle_drops(self.manager.coordinator.single_type_managers, dropped):
+            found = self._lookup(tokens, mode)
+        return dataclasses.replace(found, eagle_dropped=tuple(sorted(dropped)))
+
+    def _lookup(self, tokens: Sequence[int], mode: str) -> Lookup:
         """Look ``tokens`` up the way a scheduler would.
 
         ``mode``: ``"joint"`` (``get_computed_blocks``: the boundary every group
@@ -167,7 +231,7 @@ class ManagerHarness:
 
     def per_group_cached_block_ids(self, tokens: Sequence[int]) -> tuple[tuple[int, ...], ...]:
         """Per group, the ids of the non-null blocks a per-group lookup finds."""
-        found = self.lookup(tokens, "per_group")
+        found = self._lookup(tokens, "per_group")
         return tuple(
             tuple(b.block_id for b in group if not b.is_null) for group in found.blocks.blocks
         )

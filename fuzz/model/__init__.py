@@ -5,7 +5,8 @@ what vLLM did in them, and the invariants read those observations and raise
 :class:`InvariantViolation`. Keeping vLLM out of this package is what lets the
 rest of the suite survive vLLM's moving internal API.
 
-* ``_kv``: KV-cache layouts (:class:`SpecDraw`, :class:`LayoutDraw`) and one
+* ``_kv``: KV-cache layouts (:class:`SpecDraw`, :class:`LayoutDraw`), an
+  EAGLE-style drafter's settings (:class:`EagleDraw`) and one
   ``truncate_computed_blocks`` call (:class:`TruncationObservation`);
 * ``_scheduler``: a scheduler configuration (:class:`SchedulerDraw`), the
   connector's scripted answers (:class:`ExternalReply`) and the protocol
@@ -27,7 +28,7 @@ rest of the suite survive vLLM's moving internal API.
 from fuzz.model._catalog import Installed, installed, register_installed
 from fuzz.model._ownership import AllocationRecord, HeldTable, LookupRecord, OwnershipObservation
 from fuzz.model._engine import ENGINE_REACHABLE, SCHEDULER_API, EngineDraw, reach_label
-from fuzz.model._kv import BlockRef, GroupInfo, GroupTruncation, LayoutDraw, SpecDraw, TruncationObservation
+from fuzz.model._kv import BlockRef, EagleDraw, GroupInfo, GroupTruncation, LayoutDraw, SpecDraw, TruncationObservation
 from fuzz.model._oplog import (
     Abort,
     AddRequest,
@@ -74,6 +75,7 @@ __all__ = [
     "ConnectorAlloc",
     "ConnectorFinish",
     "ConnectorMeta",
+    "EagleDraw",
     "ExternalReply",
     "FailedLoad",
     "GroupInfo",

@@ -55,6 +55,27 @@ class LayoutDraw:
 
 
 @dataclass(frozen=True)
+class EagleDraw:
+    """Speculative decoding with an EAGLE-style drafter (EAGLE, EAGLE3, MTP),
+    as the scheduler hands it to the ``KVCacheManager``: ``use_eagle`` on (the
+    trailing-block drop, ``SpeculativeConfig.use_eagle_block_drop()``) and one
+    token of prefill lookahead (``VllmConfig.num_prefill_lookahead_tokens``
+    for every drafter but multi-module MTP).
+
+    ``draft_groups`` are the groups holding draft layers, which vLLM's planning
+    flags ``is_eagle_group``; draft layers are attention layers, so these are
+    attention-like groups. ``()`` means no group was identified as the
+    drafter's (a drafter sharing its target's KV), and vLLM then flags every
+    group.
+    """
+
+    draft_groups: tuple[int, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"Eagle(draft_groups={list(self.draft_groups)})"
+
+
+@dataclass(frozen=True)
 class BlockRef:
     """What the invariants need to know about one ``KVCacheBlock``.
 

@@ -34,7 +34,7 @@ def run_truncation_scenario(scenario: TruncationScenario) -> TruncationObservati
 
 
 def _run(scenario: TruncationScenario) -> TruncationObservation:
-    harness = adapter.ManagerHarness(scenario.layout)
+    harness = adapter.ManagerHarness(scenario.layout, scenario.eagle)
     observe_layout([g.kind for g in scenario.layout.groups])
     for i in range(len(scenario.prompts)):
         if not harness.prefill(scenario.prompt_tokens(i), scenario.prefill_chunk):
@@ -58,6 +58,8 @@ def _run(scenario: TruncationScenario) -> TruncationObservation:
     }
     endpoint = scenario.endpoint.resolve(anchors, harness.scheduler_block_size)
     reach(f"lookup={found.mode}")
+    if harness.eagle_drop_group_ids:
+        reach("EAGLE block dropped" if found.eagle_dropped else "EAGLE lookup, nothing dropped")
     reach("hits diverge" if len(set(hits)) > 1 else "hits agree")
     reach("endpoint misaligned" if endpoint % harness.scheduler_block_size else "endpoint aligned")
     if any(h % harness.scheduler_block_size for h in hits):
