@@ -346,6 +346,32 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        id="abort-during-failed-sync-load-keeps-invalid-blocks-cached",
+        title="a request aborted while its failing synchronous load runs leaves the invalid blocks in the prefix cache",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=(Signature("failed-load-not-cached", where="Scheduler.finish_requests"),),
+        reach="engine",
+        pinned_by="tests/known_bugs/test_abort_during_failed_load.py::test_invalid_blocks_of_an_aborted_request_leave_the_cache",
+        targets=("scheduler-machine",),
+        analysis=(
+            "A synchronous external load is admitted and its blocks are cached at allocation; "
+            "the client aborts the request while the model runs that step, and the worker "
+            "reports the load's blocks in invalid_block_ids. EngineCore applies aborts that "
+            "arrive during model execution right before update_from_output "
+            "(_process_aborts_queue, in step and step_with_batch_queue), so the request is "
+            "freed first. Scheduler._handle_invalid_blocks then looks for the blocks' owners "
+            "only in self.running and the async-loading waiting requests, finds none, returns "
+            "without calling evict_blocks: the blocks keep their hashes, and a later request "
+            "with the same prefix takes them as a local hit and reads KV that was never "
+            "loaded (silent wrong output). Under the 'recompute' policy the same blocks stay "
+            "cached and nobody recomputes them (seen in a trace; the check claims only 'fail'). "
+            "Needs one KV-cache group (block-level failures are refused otherwise), a "
+            "connector reporting invalid_block_ids, and an abort racing the step: sync and "
+            "async scheduling alike."
+        ),
+    ),
+    KnownBug(
         id="sink-full-attention-manager-init",
         title="SinkFullAttentionManager rejects the needs_kv_cache_zeroing argument the coordinator passes",
         since="0.27.1",

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, StepObservation
+from fuzz.model import AdmissionObservation, FailedLoad, GroupInfo, InvariantViolation, StepObservation
 from invariants._common import answer_acted_on
 from invariants._common import cdiv as _cdiv
 from invariants._common import group_behaviour as _behaviour
@@ -479,8 +479,21 @@ def check_failed_load_not_cached(step: StepObservation) -> None:
                 f"request {f.request_id}'s load failed ({f.how}, kv_load_failure_policy={f.policy!r}), but "
                 f"blocks {cached} it was written into still carry a prefix-cache hash "
                 + ("after the report" if f.stage == "reported" else "after the request left WAITING_FOR_REMOTE_KVS"),
-                where="Scheduler.update_from_output" if f.stage == "reported" else "Scheduler._update_waiting_for_remote_kv",
+                where=_failed_load_where(f),
             )
+
+
+def _failed_load_where(f: FailedLoad) -> str:
+    """The vLLM call to blame for a failed load's state: the report
+    (``update_from_output``), the landing (``_update_waiting_for_remote_kv``),
+    or, when an abort finished the request while the model ran the step that
+    reports the failure, that abort (``finish_requests``): vLLM's
+    ``_handle_invalid_blocks`` looks for the failed blocks' owners only among
+    running and async-loading requests, so an aborted owner's blocks are
+    neither evicted nor recomputed."""
+    if f.stage != "reported":
+        return "Scheduler._update_waiting_for_remote_kv"
+    return "Scheduler.finish_requests" if f.status_before.startswith("FINISHED") else "Scheduler.update_from_output"
 
 
 CONNECTOR_ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
