@@ -63,3 +63,20 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [
         f"vllm {adapter.VLLM_VERSION}; hypothesis profile {settings._current_profile}"
     ]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _derandomized_searches_ignore_imports():  # type: ignore[no-untyped-def]
+    """Under a derandomized profile (``ci``), Hypothesis mines no literal
+    constants from the loaded modules (:func:`fuzz.hunting.without_module_constants`):
+    otherwise every seeded or derandomized search in the tests draws
+    different examples depending on which test files ran before it, so a
+    planted bug found in one file order is missed in another. Campaigns
+    (the ``fuzz`` profile) keep mining them."""
+    if not settings.default.derandomize:
+        yield
+        return
+    from fuzz.hunting import without_module_constants
+
+    with without_module_constants():
+        yield

@@ -163,8 +163,8 @@ def test_a_planted_bug_shrinks_to_the_minimal_hybrid_layout(seed: int) -> None:
             raise
 
     with adapter.planted_truncate_bug("pre_fix_assert_all"):
-        result = hunt(body, truncation_scenarios(eagle="never"), seed=seed, shrink=True, max_examples=1000)
-    assert result.found, f"seed {seed}: the planted pre-fix bug was not found in 1000 examples"
+        result = hunt(body, truncation_scenarios(eagle="never"), seed=seed, shrink=True, max_examples=3000)
+    assert result.found, f"seed {seed}: the planted pre-fix bug was not found in 3000 examples"
     minimal = failing[-1]
     kinds = [(g.kind, g.block_size) for g in minimal.layout.groups]
     assert kinds == [("FullAttentionSpec", 1), ("MambaSpec", 1)], f"seed {seed}: shrank to {minimal!r}"
