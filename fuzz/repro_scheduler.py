@@ -473,6 +473,11 @@ def scheduler_repro(
         f"MAX_NUM_SEQS = {draw.max_num_seqs}",
         f"MAX_NUM_BATCHED_TOKENS = {draw.max_num_batched_tokens}",
         f"LONG_PREFILL_TOKEN_THRESHOLD = {draw.long_prefill_token_threshold}",
+        *(
+            [f"PREFILL_SCHEDULE_INTERVAL = {draw.prefill_schedule_interval}  # --prefill-schedule-interval"]
+            if draw.prefill_schedule_interval > 1
+            else []
+        ),
         f"KV_LOAD_FAILURE_POLICY = {draw.kv_load_failure_policy!r}",
         f"# What the engine's KV-cache planning writes onto the KVCacheConfig.",
         f"KV_CONFIG_FIELDS = {dict(cfg.kv_config_fields)!r}",
@@ -492,7 +497,10 @@ def scheduler_repro(
     for r in requests:
         lines.append(_tokens(_const(r.request_id), r.token_ids))
     lines.append("")
-    lines.append(_async_body(_BODY) if draw.async_scheduling else _BODY)
+    body = _async_body(_BODY) if draw.async_scheduling else _BODY
+    if draw.prefill_schedule_interval > 1:
+        body = _with_prefill_cadence(body)
+    lines.append(body)
     lines.append(_CHECKS.get(invariant, ""))
     lines += [
         "",
@@ -1673,6 +1681,13 @@ _ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=
 
 
 '''
+
+def _with_prefill_cadence(body: str) -> str:
+    """The body's scheduler config with the drawn prefill cadence."""
+    old = "            long_prefill_token_threshold=LONG_PREFILL_TOKEN_THRESHOLD,\n"
+    assert body.count(old) == 1, "the scheduler config template changed"
+    return body.replace(old, old + "            prefill_schedule_interval=PREFILL_SCHEDULE_INTERVAL,\n")
+
 
 _ASYNC_EDITS = (
     # The engine's scheduler config: async scheduling on (its default).

@@ -181,6 +181,30 @@ def test_a_planted_bug_on_async_scheduling_becomes_a_standalone_repro(bug: str, 
     _check_repro(source, bug, tmp_path)
 
 
+def test_a_planted_bug_under_a_prefill_cadence_becomes_a_standalone_repro(tmp_path: Path) -> None:
+    """Every configuration with ``prefill_schedule_interval=3`` (prefills held
+    back on two executed steps in three while requests decode): the written
+    file builds its scheduler with the same cadence."""
+    bug = "skip_truncation"
+
+    @SEARCH
+    @given(scenario=_planted_search_strategy().map(
+        lambda s: dataclasses.replace(s, config=dataclasses.replace(s.config, prefill_schedule_interval=3))))
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, record=False)
+
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+        search()
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-single-shot", seed=0,
+                                               invariant=caught.value.invariant, violation=str(caught.value))
+        log = last_oplog()
+    assert log is not None and log.config.draw.prefill_schedule_interval == 3
+    assert source is not None and "prefill_schedule_interval=PREFILL_SCHEDULE_INTERVAL" in source
+    assert "PREFILL_SCHEDULE_INTERVAL = 3" in source
+    _check_repro(source, bug, tmp_path)
+
+
 def test_the_state_machine_shrunk_program_becomes_a_repro(tmp_path: Path) -> None:
     bug = "skip_truncation"
     # The claim the plant breaks first, searched alone: with every check on,

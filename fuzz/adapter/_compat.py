@@ -114,6 +114,16 @@ HAS_FAILED_RECVING = "failed_recving" in {f.name for f in dataclasses.fields(KVC
 HAS_SKIP_READING_PREFIX_CACHE = "skip_reading_prefix_cache" in getattr(SamplingParams, "__struct_fields__", ())
 
 
+# SchedulerConfig.prefill_schedule_interval (the local prefill cadence): a
+# release without it admits prefills every step, so a drawn cadence is built
+# as the default there.
+def prefill_cadence_kw(interval: int) -> dict[str, int]:
+    from vllm.config import SchedulerConfig
+
+    known = {f.name for f in dataclasses.fields(SchedulerConfig)} if dataclasses.is_dataclass(SchedulerConfig) else set()
+    return {"prefill_schedule_interval": interval} if interval > 1 and "prefill_schedule_interval" in known else {}
+
+
 def has_sync_kv_loads(scheduler_output: Any) -> bool | None:
     """``SchedulerOutput.has_sync_kv_loads`` (0.29+); None on 0.28, which
     has no such field."""

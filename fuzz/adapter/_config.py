@@ -123,6 +123,7 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
         draw.kv_load_failure_policy,
         draw.model_runner,
         draw.async_scheduling,
+        draw.prefill_schedule_interval,
     )
     config = _VLLM_CONFIGS.get(key)
     if config is None:
@@ -136,6 +137,7 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
                 enable_chunked_prefill=True,
                 is_encoder_decoder=False,
                 **async_scheduling_kw(draw),
+                **_compat.prefill_cadence_kw(draw.prefill_schedule_interval),
             ),
             cache_config=CacheConfig(
                 block_size=block_size,

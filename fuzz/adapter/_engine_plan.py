@@ -278,6 +278,7 @@ def _vllm_config(engine: EngineDraw, draw: SchedulerDraw | None, max_model_len: 
             enable_chunked_prefill=True,
             is_encoder_decoder=False,
             **async_scheduling_kw(draw),
+            **_compat.prefill_cadence_kw(draw.prefill_schedule_interval),
         ),
         cache_config=CacheConfig(
             block_size=engine.block_size,

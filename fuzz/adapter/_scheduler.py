@@ -337,6 +337,7 @@ class SchedulerHarness:
         # self.scheduler.has_requests()`; with nothing queued the harness
         # schedules anyway (as the synchronous drive does on an idle scheduler).
         schedules = not self.draw.async_scheduling or self._pending is None or self.scheduler.has_requests()
+        prefill_held = schedules and self._prefill_held()
         t0 = time.perf_counter()
         try:
             if schedules:
@@ -429,7 +430,23 @@ class SchedulerHarness:
             fed_step=fed_step,
             async_scheduling=self.draw.async_scheduling,
             schedule_called=schedules,
+            prefill_held=prefill_held,
         )
+
+    def _prefill_held(self) -> bool:
+        """Whether this schedule() holds prefills back (the local prefill
+        cadence, ``prefill_schedule_interval``): with a prefill to do (a
+        waiting request or a running chunk) and some request decoding, fewer executed steps than the interval have passed
+        since the last prefill-carrying one (Scheduler.schedule's
+        ``defer_prefills``, the local-cadence gate; the scheduler's own
+        capacity escape, ``prefill_capacity_bound``, lifts it)."""
+        sched = self.scheduler
+        interval = getattr(sched, "local_prefill_interval", 1)
+        if interval <= 1 or getattr(sched, "prefill_capacity_bound", False):
+            return False
+        prefilling = bool(sched.waiting) or any(r.is_prefill_chunk for r in sched.running)
+        since = (sched.num_executed_steps + 1) - sched.last_prefill_step
+        return prefilling and since < interval and any(not r.is_prefill_chunk for r in sched.running)
 
     def _take_output(self, queued: _Pending | None) -> _Pending | None:
         """The scheduled step whose output this engine step feeds back (None:

@@ -43,6 +43,10 @@ class SchedulerDraw:
     # core drives it through its batch queue (one step's output fed back
     # after the next schedule()). False: the synchronous ``Scheduler``.
     async_scheduling: bool = False
+    # ``--prefill-schedule-interval``: admit prefills only once every N
+    # executed steps while requests decode (vLLM's local prefill cadence;
+    # 1, the default, admits them every step).
+    prefill_schedule_interval: int = 1
 
     @property
     def reach(self) -> tuple[str, str]:
@@ -73,6 +77,7 @@ class SchedulerDraw:
             f"kv_load_failure_policy={self.kv_load_failure_policy!r}"
             f"{'' if self.model_runner is None else f', model_runner={self.model_runner!r}'}"
             f"{', async_scheduling=True' if self.async_scheduling else ''}"
+            f"{'' if self.prefill_schedule_interval == 1 else f', prefill_schedule_interval={self.prefill_schedule_interval}'}"
             f"{'' if self.engine is None else f', engine={self.engine!r}'})"
         )
 
@@ -420,6 +425,9 @@ class StepObservation:
     # False: the engine step called no schedule() (async scheduling with no
     # request left: it only fed the queued output).
     schedule_called: bool = True
+    # schedule() held prefills back this step (prefill_schedule_interval > 1:
+    # the local prefill cadence's gate was closed with requests waiting).
+    prefill_held: bool = False
 
     @property
     def fed_late(self) -> bool:

@@ -70,6 +70,7 @@ FALLBACK = "divergent-hit fallback"
 SKIPPED = "request skipped the prefix cache"
 ASYNC_SCHEDULER = "async scheduler"
 FED_LATE = "step fed back one step late"
+PREFILL_HELD = "prefill held back (prefill_schedule_interval)"
 MAX_STEPS_PER_PHASE = 160
 
 
@@ -98,6 +99,8 @@ def reach_labels(step: StepObservation) -> set[str]:
         labels.add(ASYNC_SCHEDULER)
     if step.fed_late:
         labels.add(FED_LATE)
+    if step.prefill_held:
+        labels.add(PREFILL_HELD)
     if step.preempted:
         labels.add("preemption")
     if step.error:
