@@ -342,7 +342,10 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "num_computed_tokens = num_tokens - 1 so the last token is recomputed for its "
             "logits; that token reads the state at num_tokens - 1 (a null block for Mamba) "
             "and, for windowed groups, one token further back than the blocks kept. Seen "
-            "only after async loads; synchronous full-prompt answers did not show it. Its pin fails on 0.28.0 the same way."
+            "only after async loads; synchronous full-prompt answers did not show it. Its pin fails on 0.28.0 the same way. "
+            "A 1-token prompt reaches it through admission: set back to 0 computed tokens, it is "
+            "admitted again (the connector, asked again, answers 0) and recomputes token 0 into the "
+            "table the load allocated, whose chunk/window block is the null block."
         ),
     ),
     KnownBug(

@@ -169,12 +169,20 @@ def _held_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                     f"but they are not all held by it: " + "; ".join(problems)
                     + f" (table {list(table)})",
                     where=WHERE_ASYNC_LANDED
-                    if t.request_id in landed
+                    if t.request_id in landed or _recomputes_last_token_after_whole_load(step, t.request_id, start, t)
                     else WHERE_ROLLED_BACK
                     if t.request_id in step.rolled_back
                     else "Scheduler.schedule",
                     group_kind=group_kind(g),
                 )
+
+
+def _recomputes_last_token_after_whole_load(step: StepObservation, request_id: str, start: int, table: object) -> bool:
+    """The request's async load brought its whole prompt and it now computes
+    from the last prompt token: the recompute vLLM starts when such a load
+    lands (num_computed_tokens = num_tokens - 1), whichever path schedules it
+    (a 1-token prompt is admitted again from 0)."""
+    return request_id in step.whole_prompt_landed and start == getattr(table, "num_prompt_tokens", -1) - 1
 
 
 def check_read_blocks_held(step: StepObservation) -> None:

@@ -128,6 +128,7 @@ class SchedulerHarness:
         # Request id -> the token count a failed synchronous load had brought
         # it to before vLLM rolled it back (recompute policy).
         self._recomputing: dict[str, int] = {}
+        self._whole_prompt_landed: set[str] = set()  # see StepObservation.whole_prompt_landed
         self._watch_failed_landing()
         # Connector calls already reported in a step observation; requests
         # already seen leaving the scheduler.
@@ -426,6 +427,7 @@ class SchedulerHarness:
             left_scheduler=left,
             failed_loads=tuple(self._step_failed_loads),
             rolled_back=rolled_back,
+            whole_prompt_landed=frozenset(self._whole_prompt_landed),
             ownership=ownership,
             fed_step=fed_step,
             async_scheduling=self.draw.async_scheduling,
@@ -662,6 +664,8 @@ class SchedulerHarness:
         self._record_failed_loads(failed if _compat.HAS_FAILED_RECVING else set())
         for rid in recving - failed:
             self._async_loads.pop(rid, None)
+            if rid in self.script.whole_prompt_sent:
+                self._whole_prompt_landed.add(rid)
         return frozenset(before - set(sched.requests))
 
     def _record_failed_loads(self, failed_async: set[str]) -> None:

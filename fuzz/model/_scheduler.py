@@ -413,6 +413,11 @@ class StepObservation:
     # recompute policy) had covered before vLLM rolled them back: from the
     # step after the rollback until they compute past the load's end.
     rolled_back: frozenset[str] = frozenset()
+    # Requests whose async load of their whole prompt has landed (vLLM then
+    # recomputes the last token: Scheduler._update_waiting_for_remote_kv
+    # sets num_computed_tokens = num_tokens - 1; a 1-token prompt goes back
+    # through admission from 0).
+    whole_prompt_landed: frozenset[str] = frozenset()
     # Block ownership right after schedule() (when it raised: what it had
     # allocated and looked up before; None: no ownership spy).
     ownership: OwnershipObservation | None = dataclasses.field(default=None, compare=False)

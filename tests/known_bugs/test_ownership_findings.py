@@ -146,3 +146,24 @@ def test_real_path_is_recognised_as_the_known_bug(scenario: SingleShotScenario, 
     """Every check runs; the step is labelled with its known bug, nothing is reported."""
     labels = run_single_shot(scenario, record=False)
     assert labels is not None and f"known vLLM bug: {bug}" in labels, labels
+
+
+def test_a_one_token_prompt_recomputed_after_its_whole_load_is_the_same_bug() -> None:
+    """A 1-token prompt loaded whole (async) is set back to 0 computed tokens
+    when the load lands, so it goes through admission again instead of
+    resuming; its recompute of token 0 reads the chunk block the chunked-local
+    group nulled at token 1: the same bug, reached through admission, and
+    labelled as it (the connector, asked again, answers 0 as a store would)."""
+    from fuzz import adapter
+    from fuzz.known_bugs import failure_of
+
+    layout = LayoutDraw((SpecDraw("ChunkedLocalAttentionSpec", 1, (("attention_chunk_size", 1),)),),
+                        hash_block_size=1, num_blocks=5)
+    harness = adapter.SchedulerHarness(SchedulerDraw(layout=layout, max_num_batched_tokens=4, max_num_seqs=1))
+    harness.add_request((0,), max_tokens=1, reply=ExternalReply("store", store_len=1, load_async=True))
+    found = [v for s in harness.drain() for v in check_read_blocks_held.violations(s)]
+    assert found, "the recompute of token 0 read only held blocks"
+    for v in found:
+        assert known_bugs.match(failure_of(v), adapter.VLLM_VERSION).id == "full-prompt-async-load-replays-outside-window", str(v)
+    asked = [(q.num_computed_tokens, q.reply) for q in harness.script.queries]
+    assert asked == [(0, 1), (0, 0)], asked
