@@ -163,10 +163,6 @@ def _scheduler_draws(
     # Async scheduling is the engine's default; half the draws (when asked),
     # drawn last so the other fields shrink as before. Shrinks to sync.
     async_scheduling = asynchronous and draw(st.booleans(), label="async_scheduling")
-    # The engine's --prefill-schedule-interval: one config in three holds
-    # prefills back to every second to fourth executed step while requests
-    # decode. Drawn last; shrinks to 1 (every step).
-    interval = draw(st.sampled_from((1, 1, 2, 1, 3, 4)), label="prefill_schedule_interval")
     return SchedulerDraw(
         layout=layout,
         max_num_batched_tokens=budget,
@@ -176,7 +172,6 @@ def _scheduler_draws(
         kv_load_failure_policy=policy,
         model_runner=runner,
         async_scheduling=async_scheduling,
-        prefill_schedule_interval=interval,
     )
 
 

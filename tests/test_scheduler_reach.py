@@ -140,3 +140,23 @@ def test_engine_reachable_reach() -> None:
         f"examples (need {MIN_FALLBACK:.0%})"
     )
     _assert_async_reach(shares, n, "engine-reachable examples")
+
+
+def test_a_prefill_cadence_holds_prefills_back_and_is_labelled() -> None:
+    """``prefill_schedule_interval=3`` with one request decoding: a 12-token
+    prompt prefills on one executed step in three (chunks of 7 then 5, with
+    two decode-only steps between), and those steps carry the reach label.
+    (The strategies do not draw a cadence yet: see docs/coverage.md.)"""
+    from fuzz.adapter import SchedulerHarness
+    from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=64)
+    harness = SchedulerHarness(SchedulerDraw(layout=layout, max_num_batched_tokens=8, max_num_seqs=4,
+                                             prefill_schedule_interval=3))
+    harness.add_request(tuple(range(6)), max_tokens=20)
+    for _ in range(3):
+        harness.step()
+    harness.add_request(tuple(range(100, 112)), max_tokens=2)
+    steps = [harness.step() for _ in range(5)]
+    assert [s.num_scheduled.get("r1", 0) for s in steps] == [7, 0, 0, 5, 1], [dict(s.num_scheduled) for s in steps]
+    assert [runner.PREFILL_HELD in runner.reach_labels(s) for s in steps] == [False, True, True, False, False]
