@@ -149,36 +149,47 @@ def _campaign_run(name: str, seconds: float, seed: int | None = None) -> tuple[f
     return (n / secs if secs else 0.0), n, secs, sum(s[4] for s in slices), slices
 
 
+class _Enough(BaseException):
+    """A bare rerun has run as many examples as the campaign's slice did."""
+
+
 def _same_examples_run(target: Any, slices: list[list[Any]]) -> dict[str, float]:
-    """The campaign's steady slices that ran all their examples, run again
-    bare: the same Hypothesis runs (examples asked, seed, phases), so the
+    """The campaign's steady slices run again bare: the same Hypothesis runs
+    (examples asked, seed, phases), stopped after as many examples as the
+    slice ran (a slice stopped by its clock ran a prefix of its run), so the
     same examples, without the worker loop around them. Returns both sides'
-    seconds, examples and steps over those slices."""
+    seconds, examples and steps."""
     from hypothesis import Verbosity
 
     from fuzz.campaign.fuzzer import GENERATE
     from fuzz.hunting import budget_settings, property_test
 
     strategy, check, machine = target.load()
-    whole = [s for s in slices if s[3] == s[0]]
     examples = 0
+    stop_after = 0
 
     def wrap(inner: Any) -> Any:
         def each(*a: Any, **k: Any) -> None:
             nonlocal examples
             examples += 1
             inner(*a, **k)
+            if examples == stop_after:
+                raise _Enough
 
         return each
 
     before, t0 = _Work.steps, time.perf_counter()
     with _Work.counted():
-        for asked, seed, *_ in whole:
+        for asked, seed, _, ran, _ in slices:
+            if not ran:
+                continue
+            stop_after = examples + ran
             settings = budget_settings(max_examples=asked, phases=GENERATE, verbosity=Verbosity.quiet)
-            property_test(settings=settings, strategy=strategy, body=check, machine=machine, seed=seed, wrap=wrap)()
+            with contextlib.suppress(_Enough):
+                property_test(settings=settings, strategy=strategy, body=check, machine=machine, seed=seed, wrap=wrap)()
     return {"bare_s": time.perf_counter() - t0, "bare_n": examples, "bare_steps": _Work.steps - before,
-            "campaign_s": sum(s[2] for s in whole), "campaign_n": sum(s[3] for s in whole),
-            "campaign_steps": sum(s[4] for s in whole)}
+            "campaign_s": sum(s[2] for s in slices), "campaign_n": sum(s[3] for s in slices),
+            "campaign_steps": sum(s[4] for s in slices)}
 
 
 def _vllm_share(target: Any, examples: int) -> float:
@@ -559,8 +570,8 @@ def _report(results: list[dict[str, Any]], planted: dict[str, Any] | None, args:
               f"{r['warmup'][0]:.1f}; {r['import_s']:.1f}, {r['first_example_s']:.2f}")
     print("raw = one Hypothesis run of the target; ratio = campaign / raw examples per second, which also compares the\n"
           "examples each drew (scheduler examples range from one schedule() step to hundreds; steps/ex). campaign/raw\n"
-          "compares the same examples: the campaign's steady slices that ran to the end, run again bare (same\n"
-          "examples asked, seed and phases) and inside the worker loop; * = the two did not run the same examples\n"
+          "compares the same examples: the campaign's steady slices run again bare (same examples asked, seed\n"
+          "and phases, stopped where the slice stopped) and inside the worker loop; * = the two did not run the same examples\n"
           "and steps in some repeat (docs/campaign-profile.md)")
     print()
     for r in results:
