@@ -989,10 +989,8 @@ def _failed_facts(scheduler, watch, failed_loads, invalid_block_ids):
     return facts
 
 
-def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
-    """One engine step: schedule(), then what a model runner returns (a
-    sampled token for each request whose prefill completes, none for a
-    partial chunk; each async load in flight reported done, or failed)."""
+def _begin_step(scheduler, watch):
+    """A new engine step: forget the last step's connector calls and watch records."""
     watch.step += 1
     watch.admissions.clear()
     connector = scheduler.connector
@@ -1004,6 +1002,14 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
     watch.landed.clear()
     for record in (watch.fresh, watch.allocations, watch.lookups, watch.local_hits):
         record.clear()
+
+
+def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
+    """One engine step: schedule(), then what a model runner returns (a
+    sampled token for each request whose prefill completes, none for a
+    partial chunk; each async load in flight reported done, or failed)."""
+    connector = scheduler.connector
+    _begin_step(scheduler, watch)
     out = scheduler.schedule()
     watch.hold(scheduler, out)
     watch.async_answers_seen = dict(connector.async_answers)
@@ -1621,17 +1627,8 @@ _ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=
     load in flight that it may carry (started in that step or earlier)
     reported done, or failed. Returns this step's SchedulerOutput (None: no
     schedule())."""
-    watch.step += 1
-    watch.admissions.clear()
     connector = scheduler.connector
-    for record in (connector.told, connector.answers, connector.asked_with, connector.async_answers,
-                   connector.told_blocks, connector.events, connector.metas):
-        record.clear()
-    watch.seen |= set(scheduler.requests)
-    watch.loads_in_flight = set(connector.loads_in_flight)
-    watch.landed.clear()
-    for record in (watch.fresh, watch.allocations, watch.lookups, watch.local_hits):
-        record.clear()
+    _begin_step(scheduler, watch)
     out = None
     if not watch.queue or scheduler.has_requests():
         out = scheduler.schedule()
