@@ -978,7 +978,7 @@ def _failed_facts(scheduler, watch, failed_loads, invalid_block_ids):
             continue
         (table,) = adm["table"]
         start = adm["num_computed_tokens"] - adm["external"]
-        end = _cdiv(adm["num_computed_tokens"], SPECS[0].block_size)
+        end = min(_cdiv(adm["num_computed_tokens"], SPECS[0].block_size), len(table))
         bad = [k for k in range(start // SPECS[0].block_size, end) if table[k] in invalid_block_ids]
         if bad:
             facts[rid] = dict(how="invalid_block_ids", start=start, first=bad[0] * SPECS[0].block_size,

@@ -193,6 +193,7 @@ class Stepper:
         self.last_labels: set[str] = set()  # the last step's
         self.max_gap = 0
         self.known: set[str] = set()  # ids of the known bugs seen
+        self.failed = False  # a step raised a violation: the run is over
 
     def step(self) -> StepObservation:
         obs = self.harness.step(self.context)
@@ -207,6 +208,7 @@ class Stepper:
         self.labels |= labels
         self.last_labels = labels
         if unknown:
+            self.failed = True
             raise unknown[0]
         return obs
 

@@ -226,7 +226,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         return None if self.stepper is None else self.stepper.harness
 
     def _live(self) -> bool:
-        return self.stepper is not None and not self.stepper.harness.broken
+        # Not after a violation: teardown would step on and could raise a
+        # later, different violation in place of the first one.
+        return self.stepper is not None and not self.stepper.harness.broken and not self.stepper.failed
 
     # -- prefixes -------------------------------------------------------------
     @precondition(lambda self: self._live())
