@@ -150,15 +150,13 @@ def _campaign_run(name: str, seconds: float, seed: int | None = None) -> tuple[f
 
 
 class _Enough(BaseException):
-    """A bare rerun has run as many examples as the campaign's slice did."""
+    """A bare run has run as many examples as it was asked to stop after."""
 
 
-def _same_examples_run(target: Any, slices: list[list[Any]]) -> dict[str, float]:
-    """The campaign's steady slices run again bare: the same Hypothesis runs
-    (examples asked, seed, phases), stopped after as many examples as the
-    slice ran (a slice stopped by its clock ran a prefix of its run), so the
-    same examples, without the worker loop around them. Returns both sides'
-    seconds, examples and steps."""
+def _bare_runs(target: Any, runs: list[tuple[int, int | None, int | None]]) -> list[float]:
+    """Each ``(examples asked, seed, stop after)`` as a bare Hypothesis run of
+    ``target`` (generation phases, no database, no worker loop), stopped
+    after ``stop after`` examples when given; [examples, seconds, steps]."""
     from hypothesis import Verbosity
 
     from fuzz.campaign.fuzzer import GENERATE
@@ -166,7 +164,7 @@ def _same_examples_run(target: Any, slices: list[list[Any]]) -> dict[str, float]
 
     strategy, check, machine = target.load()
     examples = 0
-    stop_after = 0
+    stop_after: int | None = None
 
     def wrap(inner: Any) -> Any:
         def each(*a: Any, **k: Any) -> None:
@@ -180,14 +178,22 @@ def _same_examples_run(target: Any, slices: list[list[Any]]) -> dict[str, float]
 
     before, t0 = _Work.steps, time.perf_counter()
     with _Work.counted():
-        for asked, seed, _, ran, _ in slices:
-            if not ran:
-                continue
-            stop_after = examples + ran
+        for asked, seed, stop in runs:
+            stop_after = None if stop is None else examples + stop
             settings = budget_settings(max_examples=asked, phases=GENERATE, verbosity=Verbosity.quiet)
             with contextlib.suppress(_Enough):
                 property_test(settings=settings, strategy=strategy, body=check, machine=machine, seed=seed, wrap=wrap)()
-    return {"bare_s": time.perf_counter() - t0, "bare_n": examples, "bare_steps": _Work.steps - before,
+    return [examples, time.perf_counter() - t0, _Work.steps - before]
+
+
+def _same_examples_run(target: Any, slices: list[list[Any]]) -> dict[str, float]:
+    """The campaign's steady slices run again bare: the same Hypothesis runs
+    (examples asked, seed, phases), stopped after as many examples as the
+    slice ran (a slice stopped by its clock ran a prefix of its run), so the
+    same examples, without the worker loop around them. Returns both sides'
+    seconds, examples and steps."""
+    n, secs, steps = _bare_runs(target, [(asked, seed, ran) for asked, seed, _, ran, _ in slices if ran])
+    return {"bare_s": secs, "bare_n": n, "bare_steps": steps,
             "campaign_s": sum(s[2] for s in slices), "campaign_n": sum(s[3] for s in slices),
             "campaign_steps": sum(s[4] for s in slices)}
 
@@ -212,49 +218,19 @@ def _child_draws(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Per seed: ``--examples`` examples as one Hypothesis run, then as runs
     of ``--draws`` examples each (the campaign's slices, without the
     campaign): examples, seconds, schedule() steps of each."""
-    from hypothesis import Verbosity
-
     from fuzz import adapter
-    from fuzz.campaign.fuzzer import GENERATE
-    from fuzz.hunting import budget_settings, hunt, property_test
+    from fuzz.hunting import hunt
     from fuzz.registry import get_target
 
     adapter.init_hashing()
     target = get_target(name)
     strategy, check, machine = target.load()
     hunt(check, strategy, machine=machine, max_examples=5, seed=0)  # the first configuration's warm-up
-    counted = 0
-
-    def body(value: Any) -> None:
-        nonlocal counted
-        counted += 1
-        assert check is not None
-        check(value)
-
-    def wrap(inner: Any) -> Any:
-        def each(*a: Any, **k: Any) -> None:
-            nonlocal counted
-            counted += 1
-            inner(*a, **k)
-
-        return each
-
-    def timed(runs: list[tuple[int, int]]) -> list[float]:
-        nonlocal counted
-        counted, before, t0 = 0, _Work.steps, time.perf_counter()
-        with _Work.counted():
-            for n, seed in runs:
-                settings = budget_settings(max_examples=n, phases=GENERATE, verbosity=Verbosity.quiet)
-                if machine is not None:
-                    property_test(settings=settings, machine=machine, seed=seed, wrap=wrap)()
-                else:
-                    property_test(settings=settings, strategy=strategy, body=body, seed=seed)()
-        return [counted, time.perf_counter() - t0, _Work.steps - before]
-
     rows = []
     for seed in range(1, args.repeats + 1):
-        whole = timed([(args.examples, seed)])
-        sliced = timed([(args.draws, seed * 1000 + i) for i in range(max(args.examples // args.draws, 1))])
+        whole = _bare_runs(target, [(args.examples, seed, None)])
+        sliced = _bare_runs(target, [(args.draws, seed * 1000 + i, None)
+                                     for i in range(max(args.examples // args.draws, 1))])
         rows.append({"seed": seed, "whole": whole, "sliced": sliced})
     return {"target": name, "rows": rows}
 
