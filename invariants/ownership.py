@@ -169,7 +169,7 @@ def _held_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                     f"but they are not all held by it: " + "; ".join(problems)
                     + f" (table {list(table)})",
                     where=WHERE_ASYNC_LANDED
-                    if t.request_id in landed or _recomputes_last_token_after_whole_load(step, t.request_id, start, t)
+                    if t.request_id in landed or _recomputes_last_token_after_whole_load(step, t.request_id, start, t.num_prompt_tokens)
                     else WHERE_ROLLED_BACK
                     if t.request_id in step.rolled_back
                     else "Scheduler.schedule",
@@ -177,12 +177,12 @@ def _held_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                 )
 
 
-def _recomputes_last_token_after_whole_load(step: StepObservation, request_id: str, start: int, table: object) -> bool:
+def _recomputes_last_token_after_whole_load(step: StepObservation, request_id: str, start: int, prompt: int) -> bool:
     """The request's async load brought its whole prompt and it now computes
     from the last prompt token: the recompute vLLM starts when such a load
     lands (num_computed_tokens = num_tokens - 1), whichever path schedules it
     (a 1-token prompt is admitted again from 0)."""
-    return request_id in step.whole_prompt_landed and start == getattr(table, "num_prompt_tokens", -1) - 1
+    return request_id in step.whole_prompt_landed and start == prompt - 1
 
 
 def check_read_blocks_held(step: StepObservation) -> None:

@@ -15,8 +15,7 @@ package; strategies and invariants never import it, and speak in
 * ``_observe``: recording wrappers on a live scheduler, vLLM frames;
 * ``_scheduler``: a real ``Scheduler`` driven a step at a time;
 * ``_oplog``: its operation log read from vLLM's objects, and replayed;
-* ``_planted``: deliberately wrong vLLM code for the self-tests
-  (``_planted_eagle`` adds the EAGLE truncation variant).
+* ``_planted``: deliberately wrong vLLM code for the self-tests.
 """
 
 import dataclasses as _dataclasses
@@ -31,7 +30,6 @@ from fuzz.adapter._planted import (
     planted_scheduler_bug,
     planted_truncate_bug,
 )
-from fuzz.adapter import _planted_eagle  # noqa: F401 - adds its truncation variant
 from fuzz.adapter._oplog import last_oplog, replay_oplog
 from fuzz.adapter._scheduler import SchedulerHarness
 from fuzz.model import installed as _installed

@@ -36,6 +36,8 @@ import vllm.v1.kv_cache_interface as _ki  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
+_REAL_TRUNCATE = KVCacheManager.truncate_computed_blocks
+
 __all__ = [
     "PLANTED_OWNERSHIP_BUGS",
     "PLANTED_SCHEDULER_BUGS",
@@ -95,6 +97,22 @@ def _variant(
     return truncate
 
 
+def _drops_eagle_block_again(self: KVCacheManager, blocks: KVCacheBlocks, n: int) -> KVCacheBlocks:
+    """vLLM's truncation, then the EAGLE last-block drop again on the draft
+    groups (the lookup already took it). It differs from vLLM only when the
+    manager was built with ``use_eagle``, so only scenarios that speculate
+    can find it."""
+    result = _REAL_TRUNCATE(self, blocks, n)
+    drop = _compat.eagle_drop_group_ids(self.coordinator)
+    out: list[list[Any]] = []
+    for i, (group_blocks, group) in enumerate(zip(result.blocks, self.kv_cache_config.kv_cache_groups)):
+        view = list(group_blocks)
+        if i in drop and view and not isinstance(group.kv_cache_spec, _ki.MambaSpec):
+            view.pop()
+        out.append(view)
+    return self.create_kv_cache_blocks(tuple(out))
+
+
 PLANTED_TRUNCATE_BUGS: dict[str, tuple[str, Callable[..., Any]]] = {
     "pre_fix_assert_all": (
         "vLLM before PR 51468: every group asserts it covers the endpoint, so a "
@@ -132,6 +150,11 @@ PLANTED_TRUNCATE_BUGS: dict[str, tuple[str, Callable[..., Any]]] = {
     "leaks_block": (
         "slices correctly but takes a block from the free pool and never returns it",
         _variant(leaks_block=True),
+    ),
+    "eagle_drops_again": (
+        "re-applies the EAGLE last-block drop to the truncated view (the lookup "
+        "already took it): a drafter's attention group comes back one block short",
+        _drops_eagle_block_again,
     ),
 }
 
