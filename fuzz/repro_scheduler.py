@@ -691,6 +691,7 @@ def _make_scheduler(tmp_path):
             long_prefill_token_threshold=LONG_PREFILL_TOKEN_THRESHOLD,
             enable_chunked_prefill=True,
             is_encoder_decoder=False,
+            async_scheduling=False,  # --no-async-scheduling: one batch in flight
         ),
         cache_config=CacheConfig(
             block_size=BLOCK_SIZE,
@@ -1689,9 +1690,8 @@ def _with_prefill_cadence(body: str) -> str:
 _ASYNC_EDITS = (
     # The engine's scheduler config: async scheduling on (its default).
     (
-        "            is_encoder_decoder=False,\n        ),\n        cache_config=CacheConfig(",
-        "            is_encoder_decoder=False,\n            async_scheduling=True,  # the engine's default\n"
-        "        ),\n        cache_config=CacheConfig(",
+        "            async_scheduling=False,  # --no-async-scheduling: one batch in flight\n",
+        "            async_scheduling=True,  # the engine's default\n",
     ),
     # The class EngineCore builds: scheduler_config.get_scheduler_cls() (AsyncScheduler).
     (

@@ -162,12 +162,18 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
 def async_scheduling_kw(draw: SchedulerDraw) -> dict[str, Any]:
     """``SchedulerConfig`` keywords for ``draw``'s scheduling mode.
 
-    An async draw asks for ``async_scheduling=True`` (what ``VllmConfig``
-    resolves the default None to for these configurations: no pooling, no
-    PP, the uni executor, no spec decode). A sync draw passes nothing, as the
-    suite always has: its ``Scheduler`` is then built by class below.
+    Always explicit, as a user's flag is. An async draw asks for
+    ``async_scheduling=True`` (what ``VllmConfig`` resolves the default None
+    to for these configurations: no pooling, no PP, the uni executor). A sync
+    draw is ``--no-async-scheduling``: ``async_scheduling=False``, so
+    ``max_concurrent_batches`` is 1 (no PP) and the engine core drives it
+    with ``EngineCore.step``. Left at None it would resolve to True: a plain
+    ``Scheduler`` deferring block frees for two batches in flight
+    (scheduler.py, ``defer_block_free``) while driven one step at a time,
+    which no engine runs (with PP, the only sync setting with two batches,
+    the core drives it through its batch queue).
     """
-    return {"async_scheduling": True} if draw.async_scheduling else {}
+    return {"async_scheduling": bool(draw.async_scheduling)}
 
 
 def scheduler_class(draw: SchedulerDraw, vllm_config: VllmConfig) -> type[Scheduler]:
