@@ -246,6 +246,7 @@ def _make_scheduler(tmp_path):
             long_prefill_token_threshold=LONG_PREFILL_TOKEN_THRESHOLD,
             enable_chunked_prefill=True,
             is_encoder_decoder=False,
+            async_scheduling=False,  # --no-async-scheduling: one batch in flight
         ),
         cache_config=CacheConfig(
             block_size=BLOCK_SIZE,
