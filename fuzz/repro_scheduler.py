@@ -479,6 +479,13 @@ def scheduler_repro(
             else []
         ),
         f"KV_LOAD_FAILURE_POLICY = {draw.kv_load_failure_policy!r}",
+        *(
+            ["# The connector's kv_role: a P/D prefill instance (it never loads, so vLLM",
+             "# frees blocks at once and may preempt a request whose step is in flight).",
+             f"KV_ROLE = {draw.kv_role!r}"]
+            if draw.kv_role != "kv_both"
+            else []
+        ),
         f"# What the engine's KV-cache planning writes onto the KVCacheConfig.",
         f"KV_CONFIG_FIELDS = {dict(cfg.kv_config_fields)!r}",
         f"# The connector's supports_divergent_local_hybrid_hits.",
@@ -500,6 +507,8 @@ def scheduler_repro(
     body = _async_body(_BODY) if draw.async_scheduling else _BODY
     if draw.prefill_schedule_interval > 1:
         body = _with_prefill_cadence(body)
+    if draw.kv_role != "kv_both":
+        body = _with_kv_role(body)
     lines.append(body)
     lines.append(_CHECKS.get(invariant, ""))
     lines += [
@@ -1684,6 +1693,13 @@ def _with_prefill_cadence(body: str) -> str:
     old = "            long_prefill_token_threshold=LONG_PREFILL_TOKEN_THRESHOLD,\n"
     assert body.count(old) == 1, "the scheduler config template changed"
     return body.replace(old, old + "            prefill_schedule_interval=PREFILL_SCHEDULE_INTERVAL,\n")
+
+
+def _with_kv_role(body: str) -> str:
+    """The body's connector config with the drawn ``kv_role``."""
+    old = '            kv_role="kv_both",\n'
+    assert body.count(old) == 1, "the connector config template changed"
+    return body.replace(old, "            kv_role=KV_ROLE,\n")
 
 
 _ASYNC_EDITS = (

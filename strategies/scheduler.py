@@ -163,6 +163,11 @@ def _scheduler_draws(
     # Async scheduling is the engine's default; half the draws (when asked),
     # drawn last so the other fields shrink as before. Shrinks to sync.
     async_scheduling = asynchronous and draw(st.booleans(), label="async_scheduling")
+    # One async draw in four is a P/D prefill instance's connector
+    # (kv_producer): vLLM then frees blocks at once and may preempt a request
+    # whose step is in flight (its stale output). Its requests get no
+    # external hit (a producer never loads). Shrinks to kv_both.
+    producer = async_scheduling and draw(st.integers(0, 3), label="kv_producer") == 2
     return SchedulerDraw(
         layout=layout,
         max_num_batched_tokens=budget,
@@ -172,6 +177,7 @@ def _scheduler_draws(
         kv_load_failure_policy=policy,
         model_runner=runner,
         async_scheduling=async_scheduling,
+        kv_role="kv_producer" if producer else "kv_both",
     )
 
 

@@ -56,12 +56,12 @@ CONNECTOR_NAME = "ScriptedConnector"
 CONNECTOR_MODULE = __name__
 
 
-def transfer_config(kv_load_failure_policy: str) -> KVTransferConfig:
+def transfer_config(kv_load_failure_policy: str, kv_role: str = "kv_both") -> KVTransferConfig:
     """The ``KVTransferConfig`` that makes vLLM load this connector by module path."""
     return KVTransferConfig(
         kv_connector=CONNECTOR_NAME,
         kv_connector_module_path=CONNECTOR_MODULE,
-        kv_role="kv_both",
+        kv_role=kv_role,
         kv_load_failure_policy=kv_load_failure_policy,
     )
 

@@ -10,6 +10,7 @@ from fuzz.model._kv import GroupInfo, LayoutDraw
 from fuzz.model._ownership import OwnershipObservation
 
 __all__ = [
+    "KV_ROLES",
     "REPLY_KINDS",
     "AdmissionObservation",
     "ConnectorAlloc",
@@ -20,6 +21,11 @@ __all__ = [
     "SchedulerDraw",
     "StepObservation",
 ]
+
+# The connector roles a draw may take (KVTransferConfig.kv_role); a consumer
+# ("kv_consumer") is left out: it saves nothing, and "kv_both" already loads.
+KV_ROLES = ("kv_both", "kv_producer")
+
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerDraw:
@@ -47,6 +53,15 @@ class SchedulerDraw:
     # executed steps while requests decode (vLLM's local prefill cadence;
     # 1, the default, admits them every step).
     prefill_schedule_interval: int = 1
+    # The connector's ``kv_role``: "kv_both" (loads and saves: a consumer, so
+    # vLLM defers block frees under async scheduling, scheduler.py:189-195)
+    # or "kv_producer" (a P/D prefill instance: it never loads, so vLLM frees
+    # at once and may preempt a request whose step is still in flight).
+    kv_role: str = "kv_both"
+
+    def __post_init__(self) -> None:
+        if self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_role={self.kv_role!r} is not one of {KV_ROLES}")
 
     @property
     def reach(self) -> tuple[str, str]:
@@ -78,6 +93,7 @@ class SchedulerDraw:
             f"{'' if self.model_runner is None else f', model_runner={self.model_runner!r}'}"
             f"{', async_scheduling=True' if self.async_scheduling else ''}"
             f"{'' if self.prefill_schedule_interval == 1 else f', prefill_schedule_interval={self.prefill_schedule_interval}'}"
+            f"{'' if self.kv_role == 'kv_both' else f', kv_role={self.kv_role!r}'}"
             f"{'' if self.engine is None else f', engine={self.engine!r}'})"
         )
 
