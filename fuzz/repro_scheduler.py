@@ -574,6 +574,10 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         self.loads_in_flight = set()
         self.saved = []  # token prefixes finished requests computed, in whole scheduler blocks
         self.whole_prompt_sent = set()  # requests handed an async load of their whole prompt
+        # A producer (P/D prefill instance) holds a finished request's blocks
+        # for its decode instance until the send is reported done.
+        self.producer = vllm_config.kv_transfer_config.kv_role == "kv_producer"
+        self.sends_in_flight = set()
 
     def _saved_prefix(self, tokens):
         best = 0
@@ -648,6 +652,15 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
             whole = len(computed) // SCHEDULER_BLOCK_SIZE * SCHEDULER_BLOCK_SIZE
             if whole:
                 self.saved.append(computed[:whole])
+        # As NIXL's P side: a request that finished normally is sent, its
+        # blocks held until finished_sending; an aborted one is freed at once.
+        if (
+            self.producer
+            and request.status.name in ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED")
+            and any(len(g) > 0 for g in block_ids)
+        ):
+            self.sends_in_flight.add(rid)
+            return True, None
         return False, None
 
     def request_finished_all_groups(self, request, block_ids):
@@ -770,6 +783,7 @@ class _Watch:
         self.num_tokens = {}
         self.seen = set()  # every request seen in the scheduler
         self.aborts = []  # aborts that arrive while the model runs the next step
+        self.send_started = {}  # request id -> the first step begun after its send started
         sched, mgr = scheduler, scheduler.kv_cache_manager
         lookup = type(sched)._get_local_prefix_cache_hit
         allocate = type(mgr).allocate_slots
@@ -1008,6 +1022,8 @@ def _begin_step(scheduler, watch):
         record.clear()
     watch.seen |= set(scheduler.requests)
     watch.loads_in_flight = set(connector.loads_in_flight)
+    for rid in connector.sends_in_flight:
+        watch.send_started.setdefault(rid, watch.step)
     watch.landed.clear()
     for record in (watch.fresh, watch.allocations, watch.lookups, watch.local_hits):
         record.clear()
@@ -1031,11 +1047,13 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
     _abort_during_step(scheduler, watch)
     recving = {r for r in connector.loads_in_flight if r in scheduler.requests}
     connector.loads_in_flight -= recving
+    sending = _sends_done(scheduler, watch, watch.step)
     watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
     watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
     connector_output = None
-    if recving or invalid_block_ids:
+    if recving or invalid_block_ids or sending:
         connector_output = KVConnectorOutput(
+            finished_sending=sending,
             finished_recving=recving,
             failed_recving=recving & set(failed_loads),
             invalid_block_ids=set(invalid_block_ids),
@@ -1058,6 +1076,19 @@ def _abort_during_step(scheduler, watch):
     if watch.aborts:
         scheduler.finish_requests(list(watch.aborts), RequestStatus.FINISHED_ABORTED)
         watch.aborts.clear()
+
+
+def _sends_done(scheduler, watch, index):
+    """A producer's sends reported done in the output of step ``index``: those
+    begun before it (the worker learns a request finished from the next
+    schedule() and reports the send in that step's output)."""
+    connector = scheduler.connector
+    sending = {r for r in connector.sends_in_flight if r in scheduler.requests
+               and watch.send_started.get(r, index + 1) <= index}
+    connector.sends_in_flight -= sending
+    for rid in sending:
+        watch.send_started.pop(rid, None)
+    return sending
 
 
 def _drain(scheduler, watch, max_steps=400):
@@ -1662,13 +1693,15 @@ _ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=
     connector.loads_in_flight -= recving
     for rid in recving:
         watch.load_started.pop(rid, None)
+    sending = _sends_done(scheduler, watch, index)
     this_step, watch.admissions = watch.admissions, admissions  # the fed step's admissions
     watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
     watch.admissions = this_step
     watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
     connector_output = None
-    if recving or invalid_block_ids:
+    if recving or invalid_block_ids or sending:
         connector_output = KVConnectorOutput(
+            finished_sending=sending,
             finished_recving=recving,
             failed_recving=recving & set(failed_loads),
             invalid_block_ids=set(invalid_block_ids),

@@ -205,6 +205,49 @@ def test_a_planted_bug_under_a_prefill_cadence_becomes_a_standalone_repro(tmp_pa
     _check_repro(source, bug, tmp_path)
 
 
+def _as_producer(scenario):  # type: ignore[no-untyped-def]
+    """``scenario`` on a P/D prefill instance: async scheduling, a
+    ``kv_producer`` connector (it holds finished requests' blocks until their
+    send is reported done) and no external hit for any request."""
+    from fuzz.model import ExternalReply
+
+    def no_hit(prompt):  # type: ignore[no-untyped-def]
+        return None if prompt is None else dataclasses.replace(prompt, reply=ExternalReply())
+
+    return dataclasses.replace(
+        scenario,
+        config=dataclasses.replace(scenario.config, async_scheduling=True, kv_role="kv_producer"),
+        fills=tuple(no_hit(f) for f in scenario.fills),
+        replay=no_hit(scenario.replay),
+        probe=no_hit(scenario.probe),
+    )
+
+
+def test_a_planted_bug_on_a_producer_becomes_a_standalone_repro(tmp_path: Path) -> None:
+    """Every configuration as a P/D prefill instance (``kv_role="kv_producer"``,
+    async scheduling, no external hit): the written file builds the same
+    connector role, whose sends hold blocks until finished_sending."""
+    bug = "connector_finished_twice"
+
+    @SEARCH
+    @given(scenario=_planted_search_strategy().map(_as_producer))
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, record=False)
+
+    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
+        search()
+    assert caught.value.invariant == "finished-once", str(caught.value)
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-machine", seed=0,
+                                               invariant=caught.value.invariant, violation=str(caught.value))
+        log = last_oplog()
+    assert log is not None and log.config.draw.kv_role == "kv_producer"
+    # The file's closing drain reports the held sends done (finished_sending):
+    # without them its requests never leave and its leak check cannot pass.
+    assert source is not None and "kv_role=KV_ROLE," in source and "KV_ROLE = 'kv_producer'" in source
+    _check_repro(source, bug, tmp_path)
+
+
 def test_the_state_machine_shrunk_program_becomes_a_repro(tmp_path: Path) -> None:
     bug = "skip_truncation"
     with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:

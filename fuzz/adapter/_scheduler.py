@@ -148,6 +148,9 @@ class SchedulerHarness:
         self._load_started: dict[str, int] = {}
         # Aborts that arrive while the model runs the next step (abort()).
         self._aborts_during_step: list[str] = []
+        # Request id -> the engine step whose update_from_output handed it to
+        # a producer's send (request_finished held its blocks).
+        self._send_started: dict[str, int] = {}
         self._status_before: dict[str, str] = {}  # per failed load reported, its request's status then
         self.ownership = OwnershipSpy(self.scheduler, self.groups, self.spans)
         self.read_rules = read_rules(
@@ -623,6 +626,13 @@ class SchedulerHarness:
             for r in self.script.loads_in_flight
             if r in sched.requests and self._load_started.get(r, 0) <= step.index
         }
+        # A producer's hand-offs: the worker learns a request finished from
+        # the next schedule()'s finished_req_ids and reports the send done in
+        # the output of a step scheduled after request_finished (one step).
+        sending = {r for r, k in self._send_started.items() if k < step.index and r in sched.requests}
+        for rid in sending:
+            del self._send_started[rid]
+        self.script.sends_in_flight.difference_update(sending)
         failed = recving & (self._load_failures | (recving if self._fail_async_next else set()))
         if recving:  # armed until a step has an async load landing
             self._fail_async_next = False
@@ -633,9 +643,12 @@ class SchedulerHarness:
         failure_kw = {"failed_recving": failed} if _compat.HAS_FAILED_RECVING else {}
         connector_output = (
             KVConnectorOutput(
-                finished_recving=recving, invalid_block_ids=set(invalid_block_ids), **failure_kw
+                finished_sending=sending,
+                finished_recving=recving,
+                invalid_block_ids=set(invalid_block_ids),
+                **failure_kw,
             )
-            if recving or invalid_block_ids
+            if recving or invalid_block_ids or sending
             else None
         )
         output = ModelRunnerOutput(
@@ -650,6 +663,7 @@ class SchedulerHarness:
             finished_recving=tuple(sorted(recving)),
             failed_recving=tuple(sorted(failed)),
             invalid_block_ids=tuple(sorted(invalid_block_ids)),
+            finished_sending=tuple(sorted(sending)),
         )
         self._sync_failures = step.sync_failures
         self._status_before = {
@@ -661,6 +675,8 @@ class SchedulerHarness:
             sched.update_from_output(out, output)
         finally:
             self.vllm_seconds += time.perf_counter() - t0
+        for rid in self.script.sends_in_flight - set(self._send_started):
+            self._send_started[rid] = self.step_index
         self._record_failed_loads(failed if _compat.HAS_FAILED_RECVING else set())
         for rid in recving - failed:
             self._async_loads.pop(rid, None)
