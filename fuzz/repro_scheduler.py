@@ -62,6 +62,7 @@ _CHECK_OF = {
     "meta-built-once": "_check_meta_built_once",
     "sync-load-announced": "_check_sync_load_announced",
     "finished-once": "_check_finished_once",
+    "stale-output-dropped": "_check_stale_output_dropped",
     "dropped-answer-loads-nothing": "_check_dropped_answer_loads_nothing",
     "meta-names-scheduled": "_check_meta_names_scheduled",
     "async-load-lands-first": "_check_async_load_lands_first",
@@ -784,6 +785,8 @@ class _Watch:
         self.seen = set()  # every request seen in the scheduler
         self.aborts = []  # aborts that arrive while the model runs the next step
         self.send_started = {}  # request id -> the first step begun after its send started
+        self.preempted_at = {}  # request id -> the step whose schedule() last preempted it
+        self.stale = {}  # this step's fed output: preempted request id -> (request, num_tokens before)
         sched, mgr = scheduler, scheduler.kv_cache_manager
         lookup = type(sched)._get_local_prefix_cache_hit
         allocate = type(mgr).allocate_slots
@@ -1022,6 +1025,7 @@ def _begin_step(scheduler, watch):
         record.clear()
     watch.seen |= set(scheduler.requests)
     watch.loads_in_flight = set(connector.loads_in_flight)
+    watch.stale = {}
     for rid in connector.sends_in_flight:
         watch.send_started.setdefault(rid, watch.step)
     watch.landed.clear()
@@ -1037,6 +1041,7 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
     _begin_step(scheduler, watch)
     out = scheduler.schedule()
     watch.hold(scheduler, out)
+    watch.preempted_at.update(dict.fromkeys(out.preempted_req_ids or (), watch.step))
     watch.async_answers_seen = dict(connector.async_answers)
     watch.settle(scheduler, out)
     ids = list(out.num_scheduled_tokens)
@@ -1076,6 +1081,14 @@ def _abort_during_step(scheduler, watch):
     if watch.aborts:
         scheduler.finish_requests(list(watch.aborts), RequestStatus.FINISHED_ABORTED)
         watch.aborts.clear()
+
+
+def _note_stale(scheduler, watch, ids, index):
+    """The requests of step ``index``'s output preempted by a later
+    schedule() (their share of it is stale), with their num_tokens now."""
+    for rid in ids:
+        if watch.preempted_at.get(rid, 0) > index and rid in scheduler.requests:
+            watch.stale[rid] = (scheduler.requests[rid], scheduler.requests[rid].num_tokens)
 
 
 def _sends_done(scheduler, watch, index):
@@ -1444,6 +1457,22 @@ def _check_finished_once(scheduler, out, watch, step):
 })
 
 _CHECKS.update({
+    "stale-output-dropped": '''
+
+def _check_stale_output_dropped(scheduler, out, watch, step):
+    """A request preempted while a step that scheduled it was still running
+    (async scheduling) gets none of that step's sampled tokens when the
+    scheduler drops stale output (its connector hands KV off:
+    requires_kv_delivery): the preemption freed the blocks that output's KV
+    was in, and the resumed request samples those positions again."""
+    if not scheduler.requires_kv_delivery:
+        return
+    for rid, (request, before) in watch.stale.items():
+        assert request.num_tokens == before, (
+            f"step {step}: request {rid}, preempted after the step whose output was fed, "
+            f"went from {before} to {request.num_tokens} tokens: its stale output was appended"
+        )
+''',
     "dropped-answer-loads-nothing": '''
 
 def _check_dropped_answer_loads_nothing(scheduler, out, watch, step):
@@ -1673,6 +1702,7 @@ _ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=
     if not watch.queue or scheduler.has_requests():
         out = scheduler.schedule()
         watch.hold(scheduler, out)
+        watch.preempted_at.update(dict.fromkeys(out.preempted_req_ids or (), watch.step))
         watch.async_answers_seen = dict(connector.async_answers)
         watch.settle(scheduler, out)
         for rid in connector.loads_in_flight:
@@ -1707,6 +1737,7 @@ _ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=
             invalid_block_ids=set(invalid_block_ids),
         )
     ids = list(fed.num_scheduled_tokens)
+    _note_stale(scheduler, watch, ids, index)
     scheduler.update_from_output(
         fed,
         ModelRunnerOutput(

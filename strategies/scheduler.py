@@ -652,7 +652,11 @@ def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw])
     # Room for about one long request, plus some: requests from the machine
     # are up to ~8 scheduler blocks, so several at once mean real pressure.
     need = _blocks_needed(layout, 6 * layout.scheduler_block_size)
-    num_blocks = 1 + need + draw(_spare_blocks(need), label="spare blocks")
+    # A producer's pool is always tight: vLLM preempts a request whose step
+    # is in flight only for one (it defers no frees), so its runs need the
+    # pressure that makes preemptions.
+    spare = st.integers(0, need // 2) if config.kv_role == "kv_producer" else _spare_blocks(need)
+    num_blocks = 1 + need + draw(spare, label="spare blocks")
     return dataclasses.replace(config, layout=dataclasses.replace(layout, num_blocks=num_blocks))
 
 

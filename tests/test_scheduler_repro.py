@@ -262,11 +262,13 @@ def test_the_state_machine_shrunk_program_becomes_a_repro(tmp_path: Path) -> Non
 
 # Planted bugs on the failed-load paths only the state machine reaches (its
 # fail_next_*_loads rules): searched with their check alone (as
-# tests/test_scheduler_planted.py does), shrunk, written.
+# tests/test_scheduler_planted.py does), shrunk, written. Budget 0: a fixed
+# run instead (_FIXED_LOGS), as for a preempted request's stale output.
 MACHINE_BUGS = {
     "resumes_past_invalid_block": (conn.check_failed_load_recomputed, 1500),
     "evicts_invalid_blocks_on_recompute": (conn.check_failed_load_not_cached, 1500),
     "failed_async_load_kept": (conn.check_failed_load_recomputed, 0),  # 0: the fixed scenario below
+    "delivers_stale_output": (inv.check_stale_output_dropped, 0),
 }
 
 
@@ -281,16 +283,31 @@ def _failed_async_load_log(bug: str):  # type: ignore[no-untyped-def]
     return last_oplog()
 
 
+def _stale_output_log(bug: str):  # type: ignore[no-untyped-def]
+    """tests/test_scheduler_planted.py's preempting producer run, planted."""
+    from tests.test_scheduler_planted import preempting_producer_run
+
+    with planted_scheduler_bug(bug), contextlib.suppress(InvariantViolation):
+        preempting_producer_run((inv.check_stale_output_dropped,))
+    return last_oplog()
+
+
+# Planted bug -> its fixed run's log and the invariant it breaks.
+_FIXED_LOGS = {
+    "failed_async_load_kept": lambda bug: (_failed_async_load_log(bug), "failed-load-recomputed"),
+    "delivers_stale_output": lambda bug: (_stale_output_log(bug), "stale-output-dropped"),
+}
+
+
 @pytest.mark.parametrize("bug", sorted(MACHINE_BUGS))
 def test_a_planted_failed_load_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
     check, budget = MACHINE_BUGS[bug]
     if not budget:
-        log = _failed_async_load_log(bug)
+        log, invariant = _FIXED_LOGS[bug](bug)
         assert log is not None
         with planted_scheduler_bug(bug):
-            log = shrink_oplog(log, "failed-load-recomputed", checks=(check,))
-        source = scheduler_repro(log, invariant="failed-load-recomputed", target="scheduler-machine", seed=0,
-                                 violation="")
+            log = shrink_oplog(log, invariant, checks=(check,))
+        source = scheduler_repro(log, invariant=invariant, target="scheduler-machine", seed=0, violation="")
         _check_repro(source, bug, tmp_path)
         return
     search = settings(SEARCH, max_examples=budget, stateful_step_count=30)

@@ -19,6 +19,7 @@ __all__ = [
     "ExternalReply",
     "PoolObservation",
     "SchedulerDraw",
+    "StaleOutput",
     "StepObservation",
 ]
 
@@ -385,6 +386,30 @@ class FailedLoad:
 
 
 @dataclasses.dataclass(frozen=True)
+class StaleOutput:
+    """A request's share of a fed-back output after it was preempted (async
+    scheduling: preempted by a schedule() made while that step ran)."""
+
+    request_id: str
+    fed_step: int  # whose output was fed
+    preempted_at: int  # the step whose schedule() preempted it, after fed_step
+    sampled: tuple[int, ...]  # what the model runner sampled for it in that output
+    # Whether the release drops such output (Scheduler.requires_kv_delivery:
+    # a connector that hands KV off; None: the release has no such rule).
+    drops: bool | None
+    num_tokens_before: int  # request.num_tokens before update_from_output
+    num_tokens_after: int
+    status_after: str
+
+    def describe(self) -> str:
+        return (
+            f"request {self.request_id}, preempted at step {self.preempted_at}, got step {self.fed_step}'s "
+            f"sampled tokens {list(self.sampled)} (stale; drop_stale_output={self.drops}): "
+            f"num_tokens {self.num_tokens_before} -> {self.num_tokens_after}, status {self.status_after}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class StepObservation:
     """One engine step: ``schedule()`` and the ``update_from_output()`` the
     engine makes in the same step (with async scheduling, possibly of the
@@ -449,6 +474,9 @@ class StepObservation:
     # schedule() held prefills back this step (prefill_schedule_interval > 1:
     # the local prefill cadence's gate was closed with requests waiting).
     prefill_held: bool = False
+    # Requests preempted after the step whose output this step fed (their
+    # share of it is stale).
+    stale_outputs: tuple[StaleOutput, ...] = ()
 
     @property
     def fed_late(self) -> bool:
@@ -480,6 +508,7 @@ class StepObservation:
             for f in self.connector_finishes
         ]
         lines += [f"  failed load: {f.describe()}" for f in self.failed_loads]
+        lines += [f"  stale output: {o.describe()}" for o in self.stale_outputs]
         lines += [a.describe() for a in self.admissions]
         if self.context:
             lines.append(f"  scenario: {self.context}")
