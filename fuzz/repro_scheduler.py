@@ -62,6 +62,7 @@ _CHECK_OF = {
     "meta-built-once": "_check_meta_built_once",
     "sync-load-announced": "_check_sync_load_announced",
     "finished-once": "_check_finished_once",
+    "stale-output-dropped": "_check_stale_output_dropped",
     "dropped-answer-loads-nothing": "_check_dropped_answer_loads_nothing",
     "meta-names-scheduled": "_check_meta_names_scheduled",
     "async-load-lands-first": "_check_async_load_lands_first",
@@ -479,6 +480,13 @@ def scheduler_repro(
             else []
         ),
         f"KV_LOAD_FAILURE_POLICY = {draw.kv_load_failure_policy!r}",
+        *(
+            ["# The connector's kv_role: a P/D prefill instance (it never loads, so vLLM",
+             "# frees blocks at once and may preempt a request whose step is in flight).",
+             f"KV_ROLE = {draw.kv_role!r}"]
+            if draw.kv_role != "kv_both"
+            else []
+        ),
         f"# What the engine's KV-cache planning writes onto the KVCacheConfig.",
         f"KV_CONFIG_FIELDS = {dict(cfg.kv_config_fields)!r}",
         f"# The connector's supports_divergent_local_hybrid_hits.",
@@ -500,6 +508,8 @@ def scheduler_repro(
     body = _async_body(_BODY) if draw.async_scheduling else _BODY
     if draw.prefill_schedule_interval > 1:
         body = _with_prefill_cadence(body)
+    if draw.kv_role != "kv_both":
+        body = _with_kv_role(body)
     lines.append(body)
     lines.append(_CHECKS.get(invariant, ""))
     lines += [
@@ -565,6 +575,10 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         self.loads_in_flight = set()
         self.saved = []  # token prefixes finished requests computed, in whole scheduler blocks
         self.whole_prompt_sent = set()  # requests handed an async load of their whole prompt
+        # A producer (P/D prefill instance) holds a finished request's blocks
+        # for its decode instance until the send is reported done.
+        self.producer = vllm_config.kv_transfer_config.kv_role == "kv_producer"
+        self.sends_in_flight = set()
 
     def _saved_prefix(self, tokens):
         best = 0
@@ -639,6 +653,15 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
             whole = len(computed) // SCHEDULER_BLOCK_SIZE * SCHEDULER_BLOCK_SIZE
             if whole:
                 self.saved.append(computed[:whole])
+        # As NIXL's P side: a request that finished normally is sent, its
+        # blocks held until finished_sending; an aborted one is freed at once.
+        if (
+            self.producer
+            and request.status.name in ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED")
+            and any(len(g) > 0 for g in block_ids)
+        ):
+            self.sends_in_flight.add(rid)
+            return True, None
         return False, None
 
     def request_finished_all_groups(self, request, block_ids):
@@ -762,6 +785,9 @@ class _Watch:
         self.num_tokens = {}
         self.seen = set()  # every request seen in the scheduler
         self.aborts = []  # aborts that arrive while the model runs the next step
+        self.send_started = {}  # request id -> the first step begun after its send started
+        self.preempted_at = {}  # request id -> the step whose schedule() last preempted it
+        self.stale = {}  # this step's fed output: preempted request id -> (request, num_tokens before)
         sched, mgr = scheduler, scheduler.kv_cache_manager
         lookup = type(sched)._get_local_prefix_cache_hit
         allocate = type(mgr).allocate_slots
@@ -1000,6 +1026,9 @@ def _begin_step(scheduler, watch):
         record.clear()
     watch.seen |= set(scheduler.requests)
     watch.loads_in_flight = set(connector.loads_in_flight)
+    watch.stale = {}
+    for rid in connector.sends_in_flight:
+        watch.send_started.setdefault(rid, watch.step)
     watch.landed.clear()
     for record in (watch.fresh, watch.allocations, watch.lookups, watch.local_hits):
         record.clear()
@@ -1013,6 +1042,7 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
     _begin_step(scheduler, watch)
     out = scheduler.schedule()
     watch.hold(scheduler, out)
+    watch.preempted_at.update(dict.fromkeys(out.preempted_req_ids or (), watch.step))
     watch.async_answers_seen = dict(connector.async_answers)
     watch.settle(scheduler, out)
     ids = list(out.num_scheduled_tokens)
@@ -1023,11 +1053,13 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
     _abort_during_step(scheduler, watch)
     recving = {r for r in connector.loads_in_flight if r in scheduler.requests}
     connector.loads_in_flight -= recving
+    sending = _sends_done(scheduler, watch, watch.step)
     watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
     watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
     connector_output = None
-    if recving or invalid_block_ids:
+    if recving or invalid_block_ids or sending:
         connector_output = KVConnectorOutput(
+            finished_sending=sending,
             finished_recving=recving,
             failed_recving=recving & set(failed_loads),
             invalid_block_ids=set(invalid_block_ids),
@@ -1050,6 +1082,27 @@ def _abort_during_step(scheduler, watch):
     if watch.aborts:
         scheduler.finish_requests(list(watch.aborts), RequestStatus.FINISHED_ABORTED)
         watch.aborts.clear()
+
+
+def _note_stale(scheduler, watch, ids, index):
+    """The requests of step ``index``'s output preempted by a later
+    schedule() (their share of it is stale), with their num_tokens now."""
+    for rid in ids:
+        if watch.preempted_at.get(rid, 0) > index and rid in scheduler.requests:
+            watch.stale[rid] = (scheduler.requests[rid], scheduler.requests[rid].num_tokens)
+
+
+def _sends_done(scheduler, watch, index):
+    """A producer's sends reported done in the output of step ``index``: those
+    begun before it (the worker learns a request finished from the next
+    schedule() and reports the send in that step's output)."""
+    connector = scheduler.connector
+    sending = {r for r in connector.sends_in_flight if r in scheduler.requests
+               and watch.send_started.get(r, index + 1) <= index}
+    connector.sends_in_flight -= sending
+    for rid in sending:
+        watch.send_started.pop(rid, None)
+    return sending
 
 
 def _drain(scheduler, watch, max_steps=400):
@@ -1405,6 +1458,22 @@ def _check_finished_once(scheduler, out, watch, step):
 })
 
 _CHECKS.update({
+    "stale-output-dropped": '''
+
+def _check_stale_output_dropped(scheduler, out, watch, step):
+    """A request preempted while a step that scheduled it was still running
+    (async scheduling) gets none of that step's sampled tokens when the
+    scheduler drops stale output (its connector hands KV off:
+    requires_kv_delivery): the preemption freed the blocks that output's KV
+    was in, and the resumed request samples those positions again."""
+    if not scheduler.requires_kv_delivery:
+        return
+    for rid, (request, before) in watch.stale.items():
+        assert request.num_tokens == before, (
+            f"step {step}: request {rid}, preempted after the step whose output was fed, "
+            f"went from {before} to {request.num_tokens} tokens: its stale output was appended"
+        )
+''',
     "dropped-answer-loads-nothing": '''
 
 def _check_dropped_answer_loads_nothing(scheduler, out, watch, step):
@@ -1634,6 +1703,7 @@ _ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=
     if not watch.queue or scheduler.has_requests():
         out = scheduler.schedule()
         watch.hold(scheduler, out)
+        watch.preempted_at.update(dict.fromkeys(out.preempted_req_ids or (), watch.step))
         watch.async_answers_seen = dict(connector.async_answers)
         watch.settle(scheduler, out)
         for rid in connector.loads_in_flight:
@@ -1654,18 +1724,21 @@ _ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=
     connector.loads_in_flight -= recving
     for rid in recving:
         watch.load_started.pop(rid, None)
+    sending = _sends_done(scheduler, watch, index)
     this_step, watch.admissions = watch.admissions, admissions  # the fed step's admissions
     watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
     watch.admissions = this_step
     watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
     connector_output = None
-    if recving or invalid_block_ids:
+    if recving or invalid_block_ids or sending:
         connector_output = KVConnectorOutput(
+            finished_sending=sending,
             finished_recving=recving,
             failed_recving=recving & set(failed_loads),
             invalid_block_ids=set(invalid_block_ids),
         )
     ids = list(fed.num_scheduled_tokens)
+    _note_stale(scheduler, watch, ids, index)
     scheduler.update_from_output(
         fed,
         ModelRunnerOutput(
@@ -1685,6 +1758,13 @@ def _with_prefill_cadence(body: str) -> str:
     old = "            long_prefill_token_threshold=LONG_PREFILL_TOKEN_THRESHOLD,\n"
     assert body.count(old) == 1, "the scheduler config template changed"
     return body.replace(old, old + "            prefill_schedule_interval=PREFILL_SCHEDULE_INTERVAL,\n")
+
+
+def _with_kv_role(body: str) -> str:
+    """The body's connector config with the drawn ``kv_role``."""
+    old = '            kv_role="kv_both",\n'
+    assert body.count(old) == 1, "the connector config template changed"
+    return body.replace(old, "            kv_role=KV_ROLE,\n")
 
 
 _ASYNC_EDITS = (

@@ -57,6 +57,7 @@ __all__ = [
     "check_no_exception_escapes",
     "check_no_leaked_blocks",
     "check_skipping_request_reads_no_cache",
+    "check_stale_output_dropped",
     "check_step",
     "step_violations",
     "check_truncated_view",
@@ -402,11 +403,36 @@ def check_copy_sources_ready(step: StepObservation) -> None:
     )
 
 
+def check_stale_output_dropped(step: StepObservation) -> None:
+    """A request preempted while a step that scheduled it was still running
+    (async scheduling) gets none of that step's sampled tokens when the
+    scheduler drops stale output: its ``num_tokens`` is unchanged by that
+    ``update_from_output``. vLLM drops it when its connector hands KV off
+    (``_preempt_request(..., drop_stale_output=self.requires_kv_delivery)``;
+    ``KVConnectorBase_V1.requires_kv_delivery`` is the producer role, so
+    ``kv_producer`` and ``kv_both``): the preemption freed the blocks that
+    output's KV was in, and the resumed request samples those positions
+    again, so a delivered token would be appended twice."""
+    for stale in step.stale_outputs:
+        if stale.drops and stale.num_tokens_after != stale.num_tokens_before:
+            raise InvariantViolation(
+                "stale-output-dropped",
+                f"request {stale.request_id} was preempted at step {stale.preempted_at}, after step "
+                f"{stale.fed_step} scheduled it; update_from_output of step {stale.fed_step}'s output "
+                f"(sampled {list(stale.sampled)}) took its num_tokens from {stale.num_tokens_before} to "
+                f"{stale.num_tokens_after}, though the scheduler drops stale output "
+                f"(requires_kv_delivery)\n{step.describe()}"
+                + (f"\n  scenario: {step.context}" if step.context else ""),
+                where="Scheduler.update_from_output",
+            )
+
+
 # The connector-protocol checks (invariants/connector.py) run with the others.
 STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     check_no_exception_escapes,
     check_computed_below_num_tokens,
     check_copy_sources_ready,
+    check_stale_output_dropped,
     *CONNECTOR_STEP_CHECKS,
     # The shadow model of block ownership (invariants/ownership.py).
     *OWNERSHIP_CHECKS,

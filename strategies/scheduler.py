@@ -163,6 +163,11 @@ def _scheduler_draws(
     # Async scheduling is the engine's default; half the draws (when asked),
     # drawn last so the other fields shrink as before. Shrinks to sync.
     async_scheduling = asynchronous and draw(st.booleans(), label="async_scheduling")
+    # One async draw in four is a P/D prefill instance's connector
+    # (kv_producer): vLLM then frees blocks at once and may preempt a request
+    # whose step is in flight (its stale output). Its requests get no
+    # external hit (a producer never loads). Shrinks to kv_both.
+    producer = async_scheduling and draw(st.integers(0, 3), label="kv_producer") == 2
     return SchedulerDraw(
         layout=layout,
         max_num_batched_tokens=budget,
@@ -172,6 +177,7 @@ def _scheduler_draws(
         kv_load_failure_policy=policy,
         model_runner=runner,
         async_scheduling=async_scheduling,
+        kv_role="kv_producer" if producer else "kv_both",
     )
 
 
@@ -646,7 +652,11 @@ def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw])
     # Room for about one long request, plus some: requests from the machine
     # are up to ~8 scheduler blocks, so several at once mean real pressure.
     need = _blocks_needed(layout, 6 * layout.scheduler_block_size)
-    num_blocks = 1 + need + draw(_spare_blocks(need), label="spare blocks")
+    # A producer's pool is always tight: vLLM preempts a request whose step
+    # is in flight only for one (it defers no frees), so its runs need the
+    # pressure that makes preemptions.
+    spare = st.integers(0, need // 2) if config.kv_role == "kv_producer" else _spare_blocks(need)
+    num_blocks = 1 + need + draw(spare, label="spare blocks")
     return dataclasses.replace(config, layout=dataclasses.replace(layout, num_blocks=num_blocks))
 
 

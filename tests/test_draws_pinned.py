@@ -48,7 +48,7 @@ PINNED = {
     "truncation_scenarios": "3ae70fe4a5f276de9d48d780f9016e4f65242b81da43a5057ec8e9a003647005",
     "single_shot_scenarios": "da3ac659d5d725b665504b4270147c068d5ef949bb841061ef00af744d23273e",
     "single_shot_any_layout": "80b9bac78bd684436edef793d6e7dba11f3ba516ccb53e375eaf86ea10fd7f3e",
-    "machine_configs": "3252901a47b05bd2109c3202a665ba7838cda851a2729aa2f8915b2ef78d52d5",
+    "machine_configs": "d504f1b7e2a651b3bfd667510faaaaff2f6bcd1c314edd29631aff7f182dbbe0",
 }
 
 

@@ -116,3 +116,32 @@ def test_an_abort_during_a_step_replays(async_scheduling: bool) -> None:
     # The same log with the abort between steps schedules differently.
     log.ops[log.ops.index(Abort(a, 2, during_step=True))] = Abort(a, 2)
     assert replay_oplog(log) != [s.output for s in log.steps if s.output is not None]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_producers_held_blocks_replay(async_scheduling: bool) -> None:
+    """A producer (``kv_role="kv_producer"``) holds a request that finished
+    normally until its send is reported done (``finished_sending``, in the
+    output of a step scheduled after ``request_finished``), an aborted one not
+    at all; the log carries the reports and replay frees at the same steps."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=20)
+    harness = SchedulerHarness(
+        SchedulerDraw(layout, max_num_batched_tokens=16, max_num_seqs=2, async_scheduling=async_scheduling,
+                      kv_role="kv_producer")
+    )
+    a = harness.add_request(range(10), max_tokens=2)
+    b = harness.add_request(range(100, 110), max_tokens=8)
+    for _ in range(10):
+        harness.step()
+        if harness.status_of(a) is not None and harness.status_of(a) != "RUNNING":
+            break
+    assert harness.status_of(a) == "FINISHED_LENGTH_CAPPED"  # finished, its blocks held
+    held = harness.step_index
+    harness.abort(b)
+    assert b not in harness.live_request_ids  # aborted: freed at once
+    harness.drain()
+    log = harness.oplog
+    (sent,) = [s for s in log.steps if s.fed and s.fed.finished_sending]
+    assert sent.fed.finished_sending == (a,) and sent.index > held
+    assert not harness.live_request_ids
+    _assert_replays(log)

@@ -21,7 +21,9 @@ from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS, planted
 from fuzz.known_bugs import KNOWN_BUGS
 from tests.test_draws_pinned import _no_local_constants
 from fuzz.targets import target_scheduler
-from fuzz.runners.scheduler import run_single_shot
+from fuzz.adapter import SchedulerHarness
+from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.runners.scheduler import STALE_OUTPUT, Stepper, run_single_shot
 from invariants import connector as conn
 from invariants import scheduler as inv
 from invariants.ownership import OWNERSHIP_CHECKS
@@ -113,8 +115,45 @@ MACHINE_CASES: list[tuple[Callable[..., None], str, str]] = [
 ]
 
 
+def preempting_producer_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """Three 10-token requests decoding 12 tokens each on a producer's
+    (``kv_role="kv_producer"``) 8-block pool under async scheduling: vLLM
+    defers no frees for a producer, so it preempts requests whose step is
+    still running (4-token blocks: each needs 3 blocks to start and a fourth
+    at token 13, which only a preemption frees)."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=9)
+    harness = SchedulerHarness(
+        SchedulerDraw(layout, max_num_batched_tokens=16, max_num_seqs=3, async_scheduling=True,
+                      kv_role="kv_producer")
+    )
+    for i in range(3):
+        harness.add_request(range(100 * i, 100 * i + 10), max_tokens=12)
+    run = Stepper(harness, checks)
+    run.drain()
+    return run
+
+
+# Planted bugs on paths a fixed run reaches (the machine's derandomized
+# search meets few preemptions during a step): (check, invariant, bug, run).
+FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper]]] = [
+    (inv.check_stale_output_dropped, "stale-output-dropped", "delivers_stale_output", preempting_producer_run),
+]
+
+
+@pytest.mark.parametrize(("check", "invariant", "bug", "run"), FIXED_CASES,
+                         ids=[f"{name}<-{bug}" for _, name, bug, _ in FIXED_CASES])
+def test_invariant_catches_planted_bug_in_a_fixed_run(
+    check: Callable[..., None], invariant: str, bug: str, run: Callable[..., Stepper]
+) -> None:
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+        run((check,))
+    assert caught.value.invariant == invariant, str(caught.value)
+    # Unmodified vLLM satisfies it, on a run that meets the case.
+    assert STALE_OUTPUT in run((check,)).labels
+
+
 def test_every_planted_bug_is_used() -> None:
-    used = {bug for *_, bug, _ in CASES} | {bug for *_, bug in MACHINE_CASES}
+    used = {bug for *_, bug, _ in CASES} | {bug for *_, bug in MACHINE_CASES} | {bug for _, _, bug, _ in FIXED_CASES}
     # The ownership edits have their cases in tests/test_ownership_planted.py.
     expected = set(PLANTED_SCHEDULER_BUGS) - set(PLANTED_OWNERSHIP_BUGS)
     assert used == expected, expected ^ used
@@ -129,7 +168,7 @@ CAUGHT_REAL_BUG: dict[Callable[..., None], str] = {
 
 
 def test_every_scheduler_check_has_a_planted_case() -> None:
-    checks = {c for c, *_ in CASES} | {c for c, *_ in MACHINE_CASES} | set(CAUGHT_REAL_BUG)
+    checks = {c for c, *_ in CASES} | {c for c, *_ in MACHINE_CASES} | {c for c, *_ in FIXED_CASES} | set(CAUGHT_REAL_BUG)
     # The ownership checks have their cases in tests/test_ownership_planted.py.
     expected = {*inv.STEP_CHECKS, *inv.ADMISSION_CHECKS, inv.check_no_leaked_blocks} - set(OWNERSHIP_CHECKS)
     assert checks == expected, expected ^ checks

@@ -205,6 +205,49 @@ def test_a_planted_bug_under_a_prefill_cadence_becomes_a_standalone_repro(tmp_pa
     _check_repro(source, bug, tmp_path)
 
 
+def _as_producer(scenario):  # type: ignore[no-untyped-def]
+    """``scenario`` on a P/D prefill instance: async scheduling, a
+    ``kv_producer`` connector (it holds finished requests' blocks until their
+    send is reported done) and no external hit for any request."""
+    from fuzz.model import ExternalReply
+
+    def no_hit(prompt):  # type: ignore[no-untyped-def]
+        return None if prompt is None else dataclasses.replace(prompt, reply=ExternalReply())
+
+    return dataclasses.replace(
+        scenario,
+        config=dataclasses.replace(scenario.config, async_scheduling=True, kv_role="kv_producer"),
+        fills=tuple(no_hit(f) for f in scenario.fills),
+        replay=no_hit(scenario.replay),
+        probe=no_hit(scenario.probe),
+    )
+
+
+def test_a_planted_bug_on_a_producer_becomes_a_standalone_repro(tmp_path: Path) -> None:
+    """Every configuration as a P/D prefill instance (``kv_role="kv_producer"``,
+    async scheduling, no external hit): the written file builds the same
+    connector role, whose sends hold blocks until finished_sending."""
+    bug = "connector_finished_twice"
+
+    @SEARCH
+    @given(scenario=_planted_search_strategy().map(_as_producer))
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, record=False)
+
+    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
+        search()
+    assert caught.value.invariant == "finished-once", str(caught.value)
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-machine", seed=0,
+                                               invariant=caught.value.invariant, violation=str(caught.value))
+        log = last_oplog()
+    assert log is not None and log.config.draw.kv_role == "kv_producer"
+    # The file's closing drain reports the held sends done (finished_sending):
+    # without them its requests never leave and its leak check cannot pass.
+    assert source is not None and "kv_role=KV_ROLE," in source and "KV_ROLE = 'kv_producer'" in source
+    _check_repro(source, bug, tmp_path)
+
+
 def test_the_state_machine_shrunk_program_becomes_a_repro(tmp_path: Path) -> None:
     bug = "skip_truncation"
     with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
@@ -219,11 +262,13 @@ def test_the_state_machine_shrunk_program_becomes_a_repro(tmp_path: Path) -> Non
 
 # Planted bugs on the failed-load paths only the state machine reaches (its
 # fail_next_*_loads rules): searched with their check alone (as
-# tests/test_scheduler_planted.py does), shrunk, written.
+# tests/test_scheduler_planted.py does), shrunk, written. Budget 0: a fixed
+# run instead (_FIXED_LOGS), as for a preempted request's stale output.
 MACHINE_BUGS = {
     "resumes_past_invalid_block": (conn.check_failed_load_recomputed, 1500),
     "evicts_invalid_blocks_on_recompute": (conn.check_failed_load_not_cached, 1500),
     "failed_async_load_kept": (conn.check_failed_load_recomputed, 0),  # 0: the fixed scenario below
+    "delivers_stale_output": (inv.check_stale_output_dropped, 0),
 }
 
 
@@ -238,16 +283,31 @@ def _failed_async_load_log(bug: str):  # type: ignore[no-untyped-def]
     return last_oplog()
 
 
+def _stale_output_log(bug: str):  # type: ignore[no-untyped-def]
+    """tests/test_scheduler_planted.py's preempting producer run, planted."""
+    from tests.test_scheduler_planted import preempting_producer_run
+
+    with planted_scheduler_bug(bug), contextlib.suppress(InvariantViolation):
+        preempting_producer_run((inv.check_stale_output_dropped,))
+    return last_oplog()
+
+
+# Planted bug -> its fixed run's log and the invariant it breaks.
+_FIXED_LOGS = {
+    "failed_async_load_kept": lambda bug: (_failed_async_load_log(bug), "failed-load-recomputed"),
+    "delivers_stale_output": lambda bug: (_stale_output_log(bug), "stale-output-dropped"),
+}
+
+
 @pytest.mark.parametrize("bug", sorted(MACHINE_BUGS))
 def test_a_planted_failed_load_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
     check, budget = MACHINE_BUGS[bug]
     if not budget:
-        log = _failed_async_load_log(bug)
+        log, invariant = _FIXED_LOGS[bug](bug)
         assert log is not None
         with planted_scheduler_bug(bug):
-            log = shrink_oplog(log, "failed-load-recomputed", checks=(check,))
-        source = scheduler_repro(log, invariant="failed-load-recomputed", target="scheduler-machine", seed=0,
-                                 violation="")
+            log = shrink_oplog(log, invariant, checks=(check,))
+        source = scheduler_repro(log, invariant=invariant, target="scheduler-machine", seed=0, violation="")
         _check_repro(source, bug, tmp_path)
         return
     search = settings(SEARCH, max_examples=budget, stateful_step_count=30)

@@ -124,6 +124,7 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
         draw.model_runner,
         draw.async_scheduling,
         draw.prefill_schedule_interval,
+        draw.kv_role,
     )
     config = _VLLM_CONFIGS.get(key)
     if config is None:
@@ -146,7 +147,7 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
                 prefix_match_unit=prefix_match_unit,
                 cache_dtype="auto",
             ),
-            kv_transfer_config=_connector.transfer_config(draw.kv_load_failure_policy),
+            kv_transfer_config=_connector.transfer_config(draw.kv_load_failure_policy, draw.kv_role),
             device_config=DeviceConfig(device="cpu"),
         )
         # The lean CPU install has no vLLM platform, so VllmConfig turns the

@@ -56,12 +56,12 @@ CONNECTOR_NAME = "ScriptedConnector"
 CONNECTOR_MODULE = __name__
 
 
-def transfer_config(kv_load_failure_policy: str) -> KVTransferConfig:
+def transfer_config(kv_load_failure_policy: str, kv_role: str = "kv_both") -> KVTransferConfig:
     """The ``KVTransferConfig`` that makes vLLM load this connector by module path."""
     return KVTransferConfig(
         kv_connector=CONNECTOR_NAME,
         kv_connector_module_path=CONNECTOR_MODULE,
-        kv_role="kv_both",
+        kv_role=kv_role,
         kv_load_failure_policy=kv_load_failure_policy,
     )
 
@@ -104,6 +104,9 @@ class ConnectorScript:
     # whole blocks of ``save_unit`` tokens when they finished.
     saved: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
     save_unit: int = 1
+    # A producer's hand-offs not yet reported done (finished_sending): the
+    # requests whose blocks it holds after request_finished returned True.
+    sends_in_flight: set[str] = dataclasses.field(default_factory=set)
 
     def reset(self, *, divergent_hits: bool) -> None:
         self.divergent_hits = divergent_hits
@@ -118,6 +121,7 @@ class ConnectorScript:
         self.metas.clear()
         self.loads_in_flight.clear()
         self.whole_prompt_sent.clear()
+        self.sends_in_flight.clear()
 
     def reply_for(self, request_id: str) -> ExternalReply:
         return self.replies.get(request_id, self.default)
@@ -156,6 +160,7 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         self.script = SCRIPT
+        self.producer = vllm_config.kv_transfer_config.kv_role == "kv_producer"
 
     @property
     def supports_divergent_local_hybrid_hits(self) -> bool:
@@ -200,7 +205,7 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         )
         return _Metadata()
 
-    def _finished(self, method: str, request: Any) -> tuple[bool, dict[str, Any] | None]:
+    def _finished(self, method: str, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
         self.script.finished.append(rid)
         self.script.finish_calls.append(
@@ -210,14 +215,26 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         # load's request computed nothing it could vouch for).
         if request.status.name != "FINISHED_ERROR":
             self.script.save(tuple(request.all_token_ids[: request.num_computed_tokens]))
-        # Never holds the blocks: the scheduler frees them at once.
+        # A producer (a P/D prefill instance) hands a request that finished
+        # normally to its decode instance: it holds the blocks until the
+        # worker reports the send done (finished_sending), as NIXL's P side
+        # does (nixl/pull_scheduler.py request_finished: delay_free_blocks
+        # for FINISHED_LENGTH_CAPPED / FINISHED_STOPPED with any block;
+        # an aborted or failed request is freed at once). kv_both never holds.
+        if (
+            self.producer
+            and request.status.name in ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED")
+            and any(len(g) > 0 for g in block_ids)
+        ):
+            self.script.sends_in_flight.add(rid)
+            return True, None
         return False, None
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
-        return self._finished("request_finished", request)
+        return self._finished("request_finished", request, (block_ids,))
 
     def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
-        return self._finished("request_finished_all_groups", request)
+        return self._finished("request_finished_all_groups", request, block_ids)
 
     # -- worker side: never used, the scheduler runs alone ------------------
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:

@@ -288,7 +288,7 @@ def _vllm_config(engine: EngineDraw, draw: SchedulerDraw | None, max_model_len: 
             prefix_match_unit=engine.prefix_match_unit,
             cache_dtype="auto",
         ),
-        kv_transfer_config=_connector.transfer_config(draw.kv_load_failure_policy),
+        kv_transfer_config=_connector.transfer_config(draw.kv_load_failure_policy, draw.kv_role),
         device_config=DeviceConfig(device="cpu"),
     )
     # The lean CPU install has no vLLM platform, so VllmConfig turns the

@@ -92,11 +92,12 @@ def model_runner_output(fed: FedOutput) -> Any:
     failure_kw = {"failed_recving": set(fed.failed_recving)} if _compat.HAS_FAILED_RECVING else {}
     connector = (
         KVConnectorOutput(
+            finished_sending=set(fed.finished_sending),
             finished_recving=set(fed.finished_recving),
             invalid_block_ids=set(fed.invalid_block_ids),
             **failure_kw,
         )
-        if fed.finished_recving or fed.failed_recving or fed.invalid_block_ids
+        if fed.finished_recving or fed.failed_recving or fed.invalid_block_ids or fed.finished_sending
         else None
     )
     return ModelRunnerOutput(

@@ -342,6 +342,12 @@ _CONNECTOR_EDITS: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
         "schedule",
         (("ext_tokens, load_kv_async = 0, False", "pass"),),
     ),
+    "delivers_stale_output": (
+        "update_from_output appends a preempted request's stale output although "
+        "the scheduler drops stale output (requires_kv_delivery)",
+        "update_from_output",
+        (("if output_is_stale and request.drop_stale_output:", "if output_is_stale and request.drop_stale_output and False:"),),
+    ),
     "connector_finished_twice": (
         "_free_request tells the connector a request finished twice",
         "_free_request",

@@ -39,6 +39,7 @@ from fuzz.model import (  # noqa: E402
     PoolObservation,
     SchedulerDraw,
     SpecDraw,
+    StaleOutput,
     StepObservation,
 )
 from invariants._common import group_behaviour as _group_behaviour  # noqa: E402
@@ -113,6 +114,8 @@ class SchedulerHarness:
         self._requests: dict[str, Request] = {}
         self._skips: set[str] = set()  # requests built with skip_reading_prefix_cache=True
         self._preempted: set[str] = set()  # every request preempted so far
+        self._preempted_at: dict[str, int] = {}  # request id -> the step that last preempted it
+        self._stale: list[StaleOutput] = []  # this step's stale outputs (see _feed_back)
         self._load_failures: set[str] = set()
         self._fail_sync_loads = False
         self._fail_async_next = False
@@ -148,6 +151,9 @@ class SchedulerHarness:
         self._load_started: dict[str, int] = {}
         # Aborts that arrive while the model runs the next step (abort()).
         self._aborts_during_step: list[str] = []
+        # Request id -> the engine step whose update_from_output handed it to
+        # a producer's send (request_finished held its blocks).
+        self._send_started: dict[str, int] = {}
         self._status_before: dict[str, str] = {}  # per failed load reported, its request's status then
         self.ownership = OwnershipSpy(self.scheduler, self.groups, self.spans)
         self.read_rules = read_rules(
@@ -323,6 +329,7 @@ class SchedulerHarness:
             raise RuntimeError(f"the scheduler is unusable after an earlier failure: {self.broken}")
         self.step_index += 1
         self._fed = None
+        self._stale = []
         self.spies.new_step()
         self._step_failed_loads = []
         rolled_back = self._still_recomputing()
@@ -362,6 +369,7 @@ class SchedulerHarness:
         metas = tuple(self.script.metas[metas_before:])
         if out is not None:
             self._preempted.update(out.preempted_req_ids or ())
+            self._preempted_at.update(dict.fromkeys(out.preempted_req_ids or (), self.step_index))
         newly = self._newly_scheduled(out)
         invalid = self._invalid_blocks(admissions) if self._fail_sync_loads else set()
         if invalid:  # armed until a step has a synchronous load to fail
@@ -433,6 +441,7 @@ class SchedulerHarness:
             async_scheduling=self.draw.async_scheduling,
             schedule_called=schedules,
             prefill_held=prefill_held,
+            stale_outputs=tuple(self._stale),
         )
 
     def _prefill_held(self) -> bool:
@@ -623,6 +632,13 @@ class SchedulerHarness:
             for r in self.script.loads_in_flight
             if r in sched.requests and self._load_started.get(r, 0) <= step.index
         }
+        # A producer's hand-offs: the worker learns a request finished from
+        # the next schedule()'s finished_req_ids and reports the send done in
+        # the output of a step scheduled after request_finished (one step).
+        sending = {r for r, k in self._send_started.items() if k < step.index and r in sched.requests}
+        for rid in sending:
+            del self._send_started[rid]
+        self.script.sends_in_flight.difference_update(sending)
         failed = recving & (self._load_failures | (recving if self._fail_async_next else set()))
         if recving:  # armed until a step has an async load landing
             self._fail_async_next = False
@@ -633,9 +649,12 @@ class SchedulerHarness:
         failure_kw = {"failed_recving": failed} if _compat.HAS_FAILED_RECVING else {}
         connector_output = (
             KVConnectorOutput(
-                finished_recving=recving, invalid_block_ids=set(invalid_block_ids), **failure_kw
+                finished_sending=sending,
+                finished_recving=recving,
+                invalid_block_ids=set(invalid_block_ids),
+                **failure_kw,
             )
-            if recving or invalid_block_ids
+            if recving or invalid_block_ids or sending
             else None
         )
         output = ModelRunnerOutput(
@@ -650,17 +669,33 @@ class SchedulerHarness:
             finished_recving=tuple(sorted(recving)),
             failed_recving=tuple(sorted(failed)),
             invalid_block_ids=tuple(sorted(invalid_block_ids)),
+            finished_sending=tuple(sorted(sending)),
         )
         self._sync_failures = step.sync_failures
         self._status_before = {
             r: self._requests[r].status.name for r in (*failed, *self._sync_failures) if r in self._requests
         }
         before = set(sched.requests)
+        # Requests preempted by a schedule() made after this output's step
+        # (async scheduling): their share of it is stale.
+        stale = {
+            r: (self._preempted_at[r], tuple(sampled[i]), sched.requests[r].num_tokens)
+            for i, r in enumerate(ids)
+            if self._preempted_at.get(r, 0) > step.index and r in sched.requests
+        }
         t0 = time.perf_counter()
         try:
             sched.update_from_output(out, output)
         finally:
             self.vllm_seconds += time.perf_counter() - t0
+            drops = getattr(sched, "requires_kv_delivery", None)
+            for rid, (at, tokens, before_n) in stale.items():
+                req = self._requests[rid]
+                self._stale.append(
+                    StaleOutput(rid, step.index, at, tokens, drops, before_n, req.num_tokens, req.status.name)
+                )
+        for rid in self.script.sends_in_flight - set(self._send_started):
+            self._send_started[rid] = self.step_index
         self._record_failed_loads(failed if _compat.HAS_FAILED_RECVING else set())
         for rid in recving - failed:
             self._async_loads.pop(rid, None)

@@ -50,6 +50,7 @@ from fuzz.model._scheduler import (
     FailedLoad,
     PoolObservation,
     SchedulerDraw,
+    StaleOutput,
     StepObservation,
 )
 from fuzz.model._violations import HarnessError, InvariantViolation
@@ -90,6 +91,7 @@ __all__ = [
     "PoolObservation",
     "SchedulerDraw",
     "SpecDraw",
+    "StaleOutput",
     "StepObservation",
     "TruncationObservation",
     "installed",

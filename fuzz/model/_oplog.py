@@ -126,6 +126,8 @@ class FedOutput:
     finished_recving: tuple[str, ...] = ()
     failed_recving: tuple[str, ...] = ()
     invalid_block_ids: tuple[int, ...] = ()
+    # A producer's hand-offs reported done: vLLM frees their held blocks.
+    finished_sending: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

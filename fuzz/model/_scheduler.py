@@ -10,6 +10,7 @@ from fuzz.model._kv import GroupInfo, LayoutDraw
 from fuzz.model._ownership import OwnershipObservation
 
 __all__ = [
+    "KV_ROLES",
     "REPLY_KINDS",
     "AdmissionObservation",
     "ConnectorAlloc",
@@ -18,8 +19,14 @@ __all__ = [
     "ExternalReply",
     "PoolObservation",
     "SchedulerDraw",
+    "StaleOutput",
     "StepObservation",
 ]
+
+# The connector roles a draw may take (KVTransferConfig.kv_role); a consumer
+# ("kv_consumer") is left out: it saves nothing, and "kv_both" already loads.
+KV_ROLES = ("kv_both", "kv_producer")
+
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerDraw:
@@ -47,6 +54,15 @@ class SchedulerDraw:
     # executed steps while requests decode (vLLM's local prefill cadence;
     # 1, the default, admits them every step).
     prefill_schedule_interval: int = 1
+    # The connector's ``kv_role``: "kv_both" (loads and saves: a consumer, so
+    # vLLM defers block frees under async scheduling, scheduler.py:189-195)
+    # or "kv_producer" (a P/D prefill instance: it never loads, so vLLM frees
+    # at once and may preempt a request whose step is still in flight).
+    kv_role: str = "kv_both"
+
+    def __post_init__(self) -> None:
+        if self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_role={self.kv_role!r} is not one of {KV_ROLES}")
 
     @property
     def reach(self) -> tuple[str, str]:
@@ -78,6 +94,7 @@ class SchedulerDraw:
             f"{'' if self.model_runner is None else f', model_runner={self.model_runner!r}'}"
             f"{', async_scheduling=True' if self.async_scheduling else ''}"
             f"{'' if self.prefill_schedule_interval == 1 else f', prefill_schedule_interval={self.prefill_schedule_interval}'}"
+            f"{'' if self.kv_role == 'kv_both' else f', kv_role={self.kv_role!r}'}"
             f"{'' if self.engine is None else f', engine={self.engine!r}'})"
         )
 
@@ -369,6 +386,30 @@ class FailedLoad:
 
 
 @dataclasses.dataclass(frozen=True)
+class StaleOutput:
+    """A request's share of a fed-back output after it was preempted (async
+    scheduling: preempted by a schedule() made while that step ran)."""
+
+    request_id: str
+    fed_step: int  # whose output was fed
+    preempted_at: int  # the step whose schedule() preempted it, after fed_step
+    sampled: tuple[int, ...]  # what the model runner sampled for it in that output
+    # Whether the release drops such output (Scheduler.requires_kv_delivery:
+    # a connector that hands KV off; None: the release has no such rule).
+    drops: bool | None
+    num_tokens_before: int  # request.num_tokens before update_from_output
+    num_tokens_after: int
+    status_after: str
+
+    def describe(self) -> str:
+        return (
+            f"request {self.request_id}, preempted at step {self.preempted_at}, got step {self.fed_step}'s "
+            f"sampled tokens {list(self.sampled)} (stale; drop_stale_output={self.drops}): "
+            f"num_tokens {self.num_tokens_before} -> {self.num_tokens_after}, status {self.status_after}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class StepObservation:
     """One engine step: ``schedule()`` and the ``update_from_output()`` the
     engine makes in the same step (with async scheduling, possibly of the
@@ -433,6 +474,9 @@ class StepObservation:
     # schedule() held prefills back this step (prefill_schedule_interval > 1:
     # the local prefill cadence's gate was closed with requests waiting).
     prefill_held: bool = False
+    # Requests preempted after the step whose output this step fed (their
+    # share of it is stale).
+    stale_outputs: tuple[StaleOutput, ...] = ()
 
     @property
     def fed_late(self) -> bool:
@@ -464,6 +508,7 @@ class StepObservation:
             for f in self.connector_finishes
         ]
         lines += [f"  failed load: {f.describe()}" for f in self.failed_loads]
+        lines += [f"  stale output: {o.describe()}" for o in self.stale_outputs]
         lines += [a.describe() for a in self.admissions]
         if self.context:
             lines.append(f"  scenario: {self.context}")

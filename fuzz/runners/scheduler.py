@@ -71,6 +71,7 @@ SKIPPED = "request skipped the prefix cache"
 ASYNC_SCHEDULER = "async scheduler"
 FED_LATE = "step fed back one step late"
 PREFILL_HELD = "prefill held back (prefill_schedule_interval)"
+STALE_OUTPUT = "stale output of a request preempted during its step"
 MAX_STEPS_PER_PHASE = 160
 
 
@@ -103,6 +104,8 @@ def reach_labels(step: StepObservation) -> set[str]:
         labels.add(PREFILL_HELD)
     if step.preempted:
         labels.add("preemption")
+    if step.stale_outputs:
+        labels.add(STALE_OUTPUT)
     if step.error:
         labels.add("loud failure on over-report" if step.dishonest_replies else "exception")
     # The connector protocol's branches (invariants/connector.py).

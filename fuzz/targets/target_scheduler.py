@@ -256,7 +256,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         # stay), half mostly hit it (a sub-block local tail then meets a
         # longer external hit: the truncation branch).
         misses = data.draw(st.booleans(), label="store mostly misses")
-        reply = data.draw(
+        # A producer (P/D prefill instance) never loads: its connector finds
+        # nothing (NIXL's and LMCache's kv_producer answer 0).
+        reply = ExternalReply() if self.harness.draw.kv_role == "kv_producer" else data.draw(
             external_replies(len(tokens), allow_over=False, often_zero=misses, saved=True), label="reply"
         )
         max_tokens = data.draw(st.integers(1, 4), label="max_tokens")
