@@ -24,6 +24,11 @@ uses the evict shortcut.
   KV-load failures (``failed_recving`` for async loads; ``invalid_block_ids``
   on one-group layouts, which vLLM's "fail" policy evicts), with every
   invariant checked after every step and the pool checked whenever idle.
+  Two rare states are built, not waited for: one run in five is a
+  failing-load run (one group, a first request whose synchronous load fails
+  block by block, mostly aborted during that step under "fail"), and the
+  ``next_turn`` rule extends a finished turn past its sub-block tail entry
+  with the store holding it (the truncation branch).
 """
 
 from __future__ import annotations
