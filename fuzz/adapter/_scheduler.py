@@ -656,12 +656,23 @@ class SchedulerHarness:
             r: self._requests[r].status.name for r in (*failed, *self._sync_failures) if r in self._requests
         }
         before = set(sched.requests)
+        # Async loads still in flight whose blocks include reported invalid
+        # ones (a local hit on blocks another request's sync load filled):
+        # vLLM rolls them back too (_update_requests_with_invalid_blocks).
+        in_flight = {
+            rid: r.num_computed_tokens
+            for rid, r in sched.requests.items()
+            if invalid_block_ids and rid not in failed and r.status.name == "WAITING_FOR_REMOTE_KVS"
+        }
         t0 = time.perf_counter()
         try:
             sched.update_from_output(out, output)
         finally:
             self.vllm_seconds += time.perf_counter() - t0
         self._record_failed_loads(failed if _compat.HAS_FAILED_RECVING else set())
+        for rid, computed in in_flight.items():
+            if rid in sched.requests and sched.requests[rid].num_computed_tokens < computed:
+                self._recomputing[rid] = computed  # rolled back: recomputing up to where it was
         for rid in recving - failed:
             self._async_loads.pop(rid, None)
             if rid in self.script.whole_prompt_sent:
