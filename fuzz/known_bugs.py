@@ -298,7 +298,10 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "the blocks outside the window at the load's end, and the recompute from the "
             "rolled-back point reads them, in every chunk until it passes the load's end "
             "(pinned by test_failed_sync_load_on_a_lone_window_recomputes_inside_its_window; "
-            "met by the bench's state machine on a lone SlidingWindowMLASpec group)."
+            "met by the bench's state machine on a lone SlidingWindowMLASpec group). "
+            "The same walk rolls back an async-loading request whose local hit shares the "
+            "failed blocks, into a window its whole-prompt admission already dropped (pinned "
+            "by test_an_async_load_sharing_the_failed_blocks_resumes_inside_its_window)."
         ),
     ),
     KnownBug(

@@ -306,14 +306,20 @@ def engine_scheduler_draws(
 ) -> st.SearchStrategy[SchedulerDraw]:
     """Scheduler configurations whose layout vLLM's engine planned from an
     :func:`engine_models` draw (the scheduler flags as
-    :func:`strategies.scheduler.scheduler_draws`)."""
+    :func:`strategies.scheduler.scheduler_draws`, plus async scheduling for
+    half and a prefill cadence for one in four)."""
     models = engine_models(architectures=architectures)
     # Async scheduling (the engine's default) for half of them, drawn beside
     # the model: drawn inside the flatmap, far fewer than half came out async
-    # in the single-shot scenarios. Shrinks to sync.
-    return st.tuples(models, st.booleans()).flatmap(
+    # in the single-shot scenarios. Shrinks to sync. One in four holds local
+    # prefills back to every 2nd-4th step (--prefill-schedule-interval);
+    # shrinks to 1.
+    cadences = st.sampled_from((1, 1, 2, 1, 3, 1, 4, 1))
+    return st.tuples(models, st.booleans(), cadences).flatmap(
         lambda drawn: scheduler_draws(layouts=st.just(_layout_of(drawn[0]))).map(
-            lambda d: dataclasses.replace(d, engine=drawn[0], async_scheduling=drawn[1])
+            lambda d: dataclasses.replace(
+                d, engine=drawn[0], async_scheduling=drawn[1], prefill_schedule_interval=drawn[2]
+            )
         )
     )
 

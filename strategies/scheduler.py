@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
 from invariants.classification import Behaviour, classification_of_kind
-from strategies.specs import kv_cache_layouts
+from strategies.specs import drawable_kinds, kv_cache_layouts
 
 __all__ = [
     "PromptDraw",
@@ -42,6 +42,7 @@ __all__ = [
     "FLAVOURS",
     "engine_layout",
     "external_replies",
+    "failing_load_configs",
     "machine_configs",
     "prefix_cache_skips",
     "prompt_draws",
@@ -657,7 +658,14 @@ def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw])
     # pressure that makes preemptions.
     spare = st.integers(0, need // 2) if config.kv_role == "kv_producer" else _spare_blocks(need)
     num_blocks = 1 + need + draw(spare, label="spare blocks")
-    return dataclasses.replace(config, layout=dataclasses.replace(layout, num_blocks=num_blocks))
+    # One configuration in four holds local prefills back to every 2nd-4th
+    # executed step while requests decode (the engine's
+    # --prefill-schedule-interval); drawn last, inside the range (Hypothesis
+    # favours its ends), so the other fields shrink as before. Shrinks to 1.
+    interval = draw(st.sampled_from((1, 1, 2, 1, 3, 1, 4, 1)), label="prefill_schedule_interval")
+    return dataclasses.replace(
+        config, layout=dataclasses.replace(layout, num_blocks=num_blocks), prefill_schedule_interval=interval
+    )
 
 
 def machine_configs(
@@ -665,8 +673,30 @@ def machine_configs(
 ) -> st.SearchStrategy[SchedulerDraw]:
     """Scheduler configurations for the state machine (default: every layout
     family, the core case first) with a pool sized from one ~6-block
-    request up to three times that.
-    Shrinks towards the smallest pool."""
+    request up to three times that, and in one configuration in four a
+    prefill cadence (``prefill_schedule_interval`` 2-4).
+    Shrinks towards the smallest pool and no cadence."""
     if configs is None:
         configs = scheduler_draws(layouts=scheduler_layouts(weights=(6, 2, 2, 1)), asynchronous=True)
     return _machine_configs(configs)
+
+
+# Lone groups that a failed synchronous load rolls back to a point they keep
+# no state for: a whole-state group (one state per load) and windowed groups
+# (blocks below the window are freed).
+_ROLLBACK_KINDS = ("MambaSpec", "SlidingWindowSpec", "SlidingWindowMLASpec", "ChunkedLocalAttentionSpec")
+
+
+@functools.cache
+def failing_load_configs() -> st.SearchStrategy[SchedulerDraw]:
+    """State-machine configurations (:func:`machine_configs`' pools, budgets,
+    policies, runners, async scheduling) on one KV-cache group: the only
+    layout whose connector may report failed loads block by block (vLLM maps
+    ``invalid_block_ids`` to requests for one group only). Half the layouts
+    are a lone whole-state or windowed group (where a rollback can land on a
+    point with no state), half any one group. Either failure policy, half
+    each. Shrinks to a lone group of the first kind."""
+    kinds = tuple(k for k in _ROLLBACK_KINDS if k in drawable_kinds())
+    lone = kv_cache_layouts(min_groups=1, max_groups=1)
+    layouts = st.one_of(kv_cache_layouts(kinds=kinds, min_groups=1, max_groups=1), lone) if kinds else lone
+    return _machine_configs(scheduler_draws(layouts=layouts, asynchronous=True))

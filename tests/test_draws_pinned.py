@@ -25,7 +25,13 @@ from hypothesis import strategies as st
 
 from fuzz.hunting import without_module_constants
 from strategies.scenarios import truncation_scenarios
-from strategies.scheduler import machine_configs, scheduler_draws, scheduler_layouts, single_shot_scenarios
+from strategies.scheduler import (
+    failing_load_configs,
+    machine_configs,
+    scheduler_draws,
+    scheduler_layouts,
+    single_shot_scenarios,
+)
 from strategies.specs import kv_cache_layouts
 
 _EXAMPLES = 40
@@ -40,6 +46,7 @@ STRATEGIES = {
         flavours={"tail": 1, "inside": 1, "free": 1, "twins": 1, "load": 1},
     ),
     "machine_configs": lambda: machine_configs(),
+    "failing_load_configs": lambda: failing_load_configs(),
 }
 
 # sha256 of the newline-joined reprs of the first examples each strategy draws.
@@ -48,7 +55,9 @@ PINNED = {
     "truncation_scenarios": "3ae70fe4a5f276de9d48d780f9016e4f65242b81da43a5057ec8e9a003647005",
     "single_shot_scenarios": "da3ac659d5d725b665504b4270147c068d5ef949bb841061ef00af744d23273e",
     "single_shot_any_layout": "80b9bac78bd684436edef793d6e7dba11f3ba516ccb53e375eaf86ea10fd7f3e",
-    "machine_configs": "d504f1b7e2a651b3bfd667510faaaaff2f6bcd1c314edd29631aff7f182dbbe0",
+    # Moved when machine_configs began drawing kv_role (async configs) and prefill_schedule_interval (last).
+    "machine_configs": "2a10e52b3ec1d813172b76791d90ce5fe04bf67ab0499c07687ab42acb5f16b3",
+    "failing_load_configs": "7f4965d56e727eca42fbe0bda078193709c3f762fb4bd9e99aa138cf6643c922",
 }
 
 
@@ -92,3 +101,40 @@ def test_a_fixed_seed_draws_the_same_examples(name: str) -> None:
         f"{name}: the first {_EXAMPLES} derandomized draws changed (digest {got}, pinned "
         f"{PINNED[name]}). First draws now:\n  " + "\n  ".join(reprs[:3])
     )
+
+
+def examples(strategy: st.SearchStrategy, n: int = _EXAMPLES) -> list:
+    """The first ``n`` examples themselves (the seed :func:`draws` uses)."""
+    seen: list = []
+
+    @settings(max_examples=n, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @seed(20261201)
+    @given(strategy)
+    def collect(value: object) -> None:
+        seen.append(value)
+
+    with _no_local_constants():
+        collect()
+    return seen
+
+
+def test_machine_configs_hold_prefills_back_in_a_minority() -> None:
+    """About one machine configuration in four draws a prefill cadence (2-4,
+    the engine's --prefill-schedule-interval); the rest keep its default 1."""
+    intervals = [c.prefill_schedule_interval for c in examples(machine_configs(), n=80)]
+    held = sum(i > 1 for i in intervals)
+    assert 0.1 <= held / len(intervals) <= 0.5, f"{held} of {len(intervals)} configurations hold prefills back"
+    assert set(intervals) <= {1, 2, 3, 4}, sorted(set(intervals))
+
+
+def test_failing_load_configs_have_one_group_and_both_policies() -> None:
+    """Block-level load failures need one KV-cache group (vLLM refuses them
+    otherwise): every failing-load configuration has one, under either
+    policy, and some are the whole-state or windowed groups a rollback
+    strands."""
+    configs = examples(failing_load_configs())
+    assert all(len(c.layout.groups) == 1 for c in configs), [c.layout for c in configs if len(c.layout.groups) != 1]
+    assert {c.kv_load_failure_policy for c in configs} == {"fail", "recompute"}
+    kinds = {c.layout.groups[0].kind for c in configs}
+    assert kinds & {"MambaSpec", "SlidingWindowSpec", "SlidingWindowMLASpec", "ChunkedLocalAttentionSpec"}, kinds

@@ -683,6 +683,14 @@ class SchedulerHarness:
             for i, r in enumerate(ids)
             if self._preempted_at.get(r, 0) > step.index and r in sched.requests
         }
+        # Async loads still in flight whose blocks include reported invalid
+        # ones (a local hit on blocks another request's sync load filled):
+        # vLLM rolls them back too (_update_requests_with_invalid_blocks).
+        in_flight = {
+            rid: r.num_computed_tokens
+            for rid, r in sched.requests.items()
+            if invalid_block_ids and rid not in failed and r.status.name == "WAITING_FOR_REMOTE_KVS"
+        }
         t0 = time.perf_counter()
         try:
             sched.update_from_output(out, output)
@@ -697,6 +705,9 @@ class SchedulerHarness:
         for rid in self.script.sends_in_flight - set(self._send_started):
             self._send_started[rid] = self.step_index
         self._record_failed_loads(failed if _compat.HAS_FAILED_RECVING else set())
+        for rid, computed in in_flight.items():
+            if rid in sched.requests and sched.requests[rid].num_computed_tokens < computed:
+                self._recomputing[rid] = computed  # rolled back: recomputing up to where it was
         for rid in recving - failed:
             self._async_loads.pop(rid, None)
             if rid in self.script.whole_prompt_sent:

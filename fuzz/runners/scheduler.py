@@ -72,6 +72,8 @@ ASYNC_SCHEDULER = "async scheduler"
 FED_LATE = "step fed back one step late"
 PREFILL_HELD = "prefill held back (prefill_schedule_interval)"
 STALE_OUTPUT = "stale output of a request preempted during its step"
+# A request finished (aborted) while the model ran the step that reports its load failed.
+ABORTED_DURING_FAILED_LOAD = "connector: load failed, its request aborted during the step"
 MAX_STEPS_PER_PHASE = 160
 
 
@@ -121,6 +123,8 @@ def reach_labels(step: StepObservation) -> set[str]:
     for f in step.failed_loads:
         labels.add(f"connector: {'async' if f.how == 'failed_recving' else 'sync'} load failed, policy {f.policy}"
                    + (", landed" if f.stage == "landed" else ""))
+        if f.stage == "reported" and f.status_before.startswith("FINISHED"):
+            labels.add(f"{ABORTED_DURING_FAILED_LOAD}, policy {f.policy}")
     for adm in step.admissions:
         if adm.truncated_at is not None:
             labels.add(TRUNCATION)

@@ -24,6 +24,11 @@ uses the evict shortcut.
   KV-load failures (``failed_recving`` for async loads; ``invalid_block_ids``
   on one-group layouts, which vLLM's "fail" policy evicts), with every
   invariant checked after every step and the pool checked whenever idle.
+  Two rare states are built, not waited for: one run in five is a
+  failing-load run (one group, a first request whose synchronous load fails
+  block by block, mostly aborted during that step under "fail"), and the
+  ``next_turn`` rule extends a finished turn past its sub-block tail entry
+  with the store holding it (the truncation branch).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from strategies.scheduler import (
     PromptDraw,
     SingleShotScenario,
     external_replies,
+    failing_load_configs,
     machine_configs,
     prefix_cache_skips,
     scheduler_draws,
@@ -166,6 +172,12 @@ def fuzz_scheduler_evict_shortcut(scenario: SingleShotScenario) -> None:
     run_single_shot(scenario)
 
 
+# One state-machine run in five is a failing-load run (SchedulerMachine.build):
+# the block-level load failures live on one-group layouts only, rare in the
+# general mix (the failed-load known bugs needed 15-56 s there, docs/bugbench.md).
+# Drawn inside the range (Hypothesis favours its ends); shrinks to a general run.
+FAILING_LOAD_RUNS = st.integers(0, 4).map(lambda k: k == 2)
+
 # Per state-machine run: how many runs reached each branch label ("runs" = total).
 MACHINE_REACH: Counter[str] = Counter()
 
@@ -202,24 +214,56 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.labels: set[str] = set()  # branch labels reached in this run
 
     # -- set-up ---------------------------------------------------------------
-    @initialize(target=prefixes, config=machine_configs(), data=st.data())
-    def build(self, config: SchedulerDraw, data: st.DataObject) -> tuple[int, ...]:
+    @initialize(target=prefixes, failing_load=FAILING_LOAD_RUNS, data=st.data())
+    def build(self, failing_load: bool, data: st.DataObject) -> tuple[int, ...]:
         """The scheduler, a first prefix, and a first request on it: every
         run starts with something to schedule (rules are chosen at random
         and swarm testing switches some off for a whole run, so left to
-        themselves most runs added no request at all)."""
+        themselves most runs added no request at all). A failing-load run
+        (:meth:`add_failing_load`) starts on one KV-cache group with a first
+        request whose synchronous load is armed to fail."""
+        config = data.draw(failing_load_configs() if failing_load else machine_configs(), label="config")
         note(f"config: {config!r}")
         harness = build_harness(config)
         self.stepper = None if harness is None else Stepper(harness, _machine_checks)
         self.block = config.layout.scheduler_block_size
+        self.unit = config.layout.hash_block_size
+        # A failing load spans at least two blocks before the token left to
+        # compute (a one-block load has only the load's start to resume at).
         prefix = self.new_prefix(
-            data.draw(st.integers(1, 5), label="first prefix blocks"),
+            data.draw(st.integers(3, 6) if failing_load else st.integers(1, 5), label="first prefix blocks"),
             data.draw(st.integers(0, 7), label="first prefix extra"),
             data.draw(st.integers(0, 99), label="first prefix seed"),
         )
         if self.stepper is not None:
-            self.add_request(prefix, data)
+            if failing_load:
+                self.add_failing_load(prefix, config, data)
+            else:
+                self.add_request(prefix, data)
         return prefix
+
+    def add_failing_load(self, prefix: tuple[int, ...], config: SchedulerDraw, data: st.DataObject) -> None:
+        """The first request of a failing-load run: the store holds its
+        prompt (mostly all of it), loaded synchronously, and the connector
+        reports that load failed block by block (``fail_next_sync_loads``).
+        Under "fail" three runs in four also abort the request while the
+        model runs that step (the engine applies it right before
+        ``update_from_output``); under "recompute" one in four does, so the
+        request mostly lives to recompute the failed blocks."""
+        assert self.harness is not None
+        n = len(prefix)
+        whole = data.draw(st.sampled_from((True, False, True, True)), label="store holds the whole prompt")
+        store_len = n if whole else data.draw(st.integers(min(n, 2 * self.block + 1), n), label="store holds")
+        reply = ExternalReply("store", store_len=store_len)
+        max_tokens = data.draw(st.integers(1, 4), label="max_tokens")
+        rid = self.harness.add_request(prefix, max_tokens=max_tokens, reply=reply)
+        note(f"add_request({rid}, shared[:{n}], max_tokens={max_tokens}, ext={reply!r})")
+        note("fail_next_sync_loads()")
+        self.harness.fail_next_sync_loads()
+        aborts = (True, False, True, True) if config.kv_load_failure_policy == "fail" else (False, True, False, False)
+        if data.draw(st.sampled_from(aborts), label="abort during the load's step"):
+            note(f"abort({rid}, during_step=True) while {self.harness.status_of(rid)}")
+            self.harness.abort(rid, during_step=True)
 
     @property
     def harness(self):  # type: ignore[no-untyped-def]
@@ -269,6 +313,38 @@ class SchedulerMachine(RuleBasedStateMachine):
             f"add_request({rid}, shared[:{cut}] + {own} own, max_tokens={max_tokens}, ext={reply!r}"
             + (", skip_reading_prefix_cache=True)" if skip else ")")
         )
+
+    @precondition(lambda self: self._live())
+    @rule(prefix=prefixes, data=st.data())
+    def next_turn(self, prefix: tuple[int, ...], data: st.DataObject) -> None:
+        """Two turns of a conversation: a turn on ``prefix`` that ends inside
+        a block, past a hash unit (vLLM registers a sub-block tail entry
+        there), computed locally and run to completion with everything
+        else; then the next turn, 1 to a block's worth of tokens longer,
+        finding the store holding all of it (mostly loaded synchronously).
+        Its local hit then ends at the sub-block tail and the external hit
+        goes past it: the truncation branch, by construction, on layouts
+        with a hash unit finer than the block (Mamba hybrids)."""
+        assert self.harness is not None
+        block, unit = self.block, self.unit
+        whole = max(1, min(len(prefix) // block, data.draw(st.integers(1, 5), label="turn blocks")))
+        rem = data.draw(st.integers(unit + 1, block - 1), label="turn remainder") if unit + 1 < block else 0
+        self.salt += 1
+        length = whole * block + rem
+        own = [3_000 + 64 * (self.salt % 60) + j for j in range(max(0, length - len(prefix)))]
+        first = list(prefix[:length]) + own
+        turn = self.harness.add_request(first, max_tokens=data.draw(st.integers(1, 3), label="turn max_tokens"))
+        note(f"add_request({turn}, shared[:{min(length, len(prefix))}] + {len(own)} own) then run_until_idle()")
+        self.run_until_idle()
+        if not self._live():
+            return
+        more = data.draw(st.integers(1, block), label="next turn extra")
+        tokens = first + [4_000 + 64 * (self.salt % 60) + j for j in range(more)]
+        load_async = data.draw(st.integers(0, 7), label="next turn async load") in (2, 5)
+        reply = ExternalReply("store", store_len=len(tokens), load_async=load_async)
+        max_tokens = data.draw(st.integers(1, 4), label="next turn max_tokens")
+        rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply)
+        note(f"add_request({rid}, {turn}'s tokens + {more}, max_tokens={max_tokens}, ext={reply!r})")
 
     @rule(times=st.integers(1, 4))
     def step(self, times: int) -> None:

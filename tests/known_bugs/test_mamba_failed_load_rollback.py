@@ -128,3 +128,55 @@ def test_every_recomputed_chunk_on_the_window_is_the_known_bug() -> None:
         for v in vs:
             (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(v))]
             assert bug.id == "mamba-failed-load-rollback", str(v)
+
+
+def _failed_sync_load_under_an_async_load() -> list[StepObservation]:
+    """One sliding-window MLA group (block 4, window 8), 4 tokens a step. r2
+    (9 tokens) loads [0, 8) synchronously; r3 (r2's first 8 tokens and 3 of
+    its own) takes those 8 as a local hit and loads the rest asynchronously,
+    its whole prompt, so it is admitted at 11 computed tokens and its table
+    drops index 0 (outside the window of token 11). r2's load fails block by
+    block: vLLM rolls r2 back to 0 and r3, whose table holds the failed block
+    2 at index 1, to 4, whose window needs the dropped block.
+
+    Found by a 6 s campaign of the state machine (tests/test_bench.py,
+    seed 7), shrunk to these two requests."""
+    layout = LayoutDraw((SpecDraw("SlidingWindowMLASpec", 4, (("sliding_window", 8),)),), hash_block_size=4,
+                        num_blocks=13)
+    harness = SchedulerHarness(
+        SchedulerDraw(layout=layout, max_num_batched_tokens=4, max_num_seqs=2, kv_load_failure_policy="recompute")
+    )
+    shared = [0, 7, 14, 21, 28, 35, 42, 49]
+    harness.add_request(shared + [4064], max_tokens=1, reply=ExternalReply("store", store_len=9))
+    harness.add_request(shared + [3128, 3129, 3130], max_tokens=1,
+                        reply=ExternalReply("store", store_len=11, load_async=True))
+    harness.fail_next_sync_loads()
+    return harness.drain(context="sync load of [0, 8) fails under r3's local hit and async load")
+
+
+@pytest.mark.known_vllm_bug
+@pytest.mark.xfail(
+    strict=True,
+    raises=InvariantViolation,
+    reason="vLLM: an async-loading request sharing a failed sync load's blocks is rolled back into its dropped window",
+)
+def test_an_async_load_sharing_the_failed_blocks_resumes_inside_its_window() -> None:
+    for step in _failed_sync_load_under_an_async_load():
+        check_read_blocks_held(step)
+
+
+def test_the_async_load_rolled_back_into_its_window_is_a_known_bug() -> None:
+    """The first chunk r3 computes after its load lands also reads the block
+    the whole-prompt admission dropped (labelled the full-prompt async-load
+    bug, the step the load lands); the next chunk is the rollback's, labelled
+    this bug (the harness marks requests vLLM rolls back while their async
+    load is in flight, not only those whose own load failed)."""
+    steps = _failed_sync_load_under_an_async_load()
+    (load,) = [f for s in steps for f in s.failed_loads]
+    assert load.request_id == "r0" and load.how == "invalid_block_ids", load
+    seen = []
+    for s in steps:
+        for v in check_read_blocks_held.violations(s):
+            (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(v))]
+            seen.append(bug.id)
+    assert seen == ["full-prompt-async-load-replays-outside-window", "mamba-failed-load-rollback"], seen
