@@ -142,7 +142,7 @@ def scheduler_layouts(*, weights: tuple[int, int, int, int] = (1, 0, 0, 0)) -> s
 
 @st.composite
 def _scheduler_draws(
-    draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw], asynchronous: bool = False
+    draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw], asynchronous: bool = False, producers: bool = False
 ) -> SchedulerDraw:
     layout = draw(layouts, label="layout")
     s = layout.scheduler_block_size
@@ -168,7 +168,7 @@ def _scheduler_draws(
     # (kv_producer): vLLM then frees blocks at once and may preempt a request
     # whose step is in flight (its stale output). Its requests get no
     # external hit (a producer never loads). Shrinks to kv_both.
-    producer = async_scheduling and draw(st.integers(0, 3), label="kv_producer") == 2
+    producer = producers and async_scheduling and draw(st.integers(0, 3), label="kv_producer") == 2
     return SchedulerDraw(
         layout=layout,
         max_num_batched_tokens=budget,
@@ -188,7 +188,7 @@ def _default_scheduler_draws() -> st.SearchStrategy[SchedulerDraw]:
 
 
 def scheduler_draws(
-    *, layouts: st.SearchStrategy[LayoutDraw] | None = None, asynchronous: bool = False
+    *, layouts: st.SearchStrategy[LayoutDraw] | None = None, asynchronous: bool = False, producers: bool = False
 ) -> st.SearchStrategy[SchedulerDraw]:
     """Scheduler configurations over ``layouts`` (default
     :func:`scheduler_layouts`): token budget ``max_num_batched_tokens`` from 4
@@ -197,12 +197,14 @@ def scheduler_draws(
     the KV-load failure policy (``fail`` evicts invalid blocks) and the model
     runner the scheduler serves (V1 or V2); with ``asynchronous``, also
     async scheduling (``AsyncScheduler`` driven as the engine's batch queue
-    drives it) for about half the draws.
+    drives it) for about half the draws; with ``producers`` as well, one
+    async draw in four is a P/D prefill instance's connector
+    (``kv_role="kv_producer"``), whose requests must then get no external hit.
     Shrinks towards the smallest budget, a divergent-capable connector and
     synchronous scheduling.
     """
     if asynchronous:
-        return _scheduler_draws(scheduler_layouts() if layouts is None else layouts, True)
+        return _scheduler_draws(scheduler_layouts() if layouts is None else layouts, True, producers)
     return _scheduler_draws(layouts) if layouts is not None else _default_scheduler_draws()
 
 
@@ -677,7 +679,7 @@ def machine_configs(
     prefill cadence (``prefill_schedule_interval`` 2-4).
     Shrinks towards the smallest pool and no cadence."""
     if configs is None:
-        configs = scheduler_draws(layouts=scheduler_layouts(weights=(6, 2, 2, 1)), asynchronous=True)
+        configs = scheduler_draws(layouts=scheduler_layouts(weights=(6, 2, 2, 1)), asynchronous=True, producers=True)
     return _machine_configs(configs)
 
 
@@ -695,7 +697,8 @@ def failing_load_configs() -> st.SearchStrategy[SchedulerDraw]:
     ``invalid_block_ids`` to requests for one group only). Half the layouts
     are a lone whole-state or windowed group (where a rollback can land on a
     point with no state), half any one group. Either failure policy, half
-    each. Shrinks to a lone group of the first kind."""
+    each. Never a producer (``kv_producer`` loads nothing, so it has no load
+    to fail). Shrinks to a lone group of the first kind."""
     kinds = tuple(k for k in _ROLLBACK_KINDS if k in drawable_kinds())
     lone = kv_cache_layouts(min_groups=1, max_groups=1)
     layouts = st.one_of(kv_cache_layouts(kinds=kinds, min_groups=1, max_groups=1), lone) if kinds else lone

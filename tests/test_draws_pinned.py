@@ -57,7 +57,7 @@ PINNED = {
     "single_shot_any_layout": "80b9bac78bd684436edef793d6e7dba11f3ba516ccb53e375eaf86ea10fd7f3e",
     # Moved when machine_configs began drawing kv_role (async configs) and prefill_schedule_interval (last).
     "machine_configs": "2a10e52b3ec1d813172b76791d90ce5fe04bf67ab0499c07687ab42acb5f16b3",
-    "failing_load_configs": "7f4965d56e727eca42fbe0bda078193709c3f762fb4bd9e99aa138cf6643c922",
+    "failing_load_configs": "d57cd9f05d00b06c310370e2fb9124b12ae8ba845070f67313a9eb5b42ac94ce",
 }
 
 

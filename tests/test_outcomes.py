@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from fuzz import adapter, telemetry
-from fuzz.model import HarnessError, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import ExternalReply, HarnessError, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.outcomes import REFUSALS, ConfigRejected, Outcome, classify, started, vllm_calls
 from fuzz.runners.scheduler import build_harness
 from fuzz.runners.truncation import run_truncation_scenario
@@ -161,6 +161,25 @@ def test_suite_code_raising_inside_a_scenario_is_a_harness_error() -> None:
     with pytest.raises(HarnessError, match="KeyError"):
         with vllm_calls(VERSION):
             {}["missing"]
+
+
+def test_a_producer_scripted_to_load_is_a_harness_error_not_a_vllm_bug() -> None:
+    """A P/D prefill instance's connector (``kv_producer``) never reports
+    external tokens; a scenario that scripts one a load drives vLLM into a
+    state no deployment reaches, so the step fails as the suite's misfit (a
+    failing-load machine run once armed a producer's first request with a
+    store hit, and vLLM's Mamba rollback then looked like a new bug)."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=20)
+    for role, outcome in (("kv_both", None), ("kv_producer", Outcome.HARNESS_ERROR)):
+        harness = build_harness(SchedulerDraw(layout, async_scheduling=True, kv_role=role))
+        assert harness is not None
+        harness.add_request(range(12), reply=ExternalReply("store", store_len=8))
+        if outcome is None:
+            harness.step()  # a consumer may load: no error
+            continue
+        with pytest.raises(HarnessError, match="kv_producer") as info:
+            harness.step()
+        assert classify(info.value, VERSION).outcome is outcome
 
 
 def test_each_outcome_keeps_its_own_type_through_the_runner_boundary() -> None:

@@ -40,7 +40,7 @@ logging.getLogger(_base.__name__).setLevel(logging.ERROR)
 
 from fuzz.adapter import _compat  # noqa: E402
 from fuzz.model import ExternalReply  # noqa: E402
-from fuzz.model import ConnectorFinish, ConnectorMeta  # noqa: E402
+from fuzz.model import ConnectorFinish, ConnectorMeta, HarnessError  # noqa: E402
 
 __all__ = [
     "CONNECTOR_MODULE",
@@ -173,6 +173,14 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         saved = self.script.saved_prefix(tuple(request.prompt_token_ids)) if plan.kind == "saved" else 0
         reply = plan.answer(request.num_tokens, num_computed_tokens, asked, saved,
                             whole_prompt_sent=request.request_id in self.script.whole_prompt_sent)
+        if self.producer and reply:
+            # A prefill instance's connector never loads (NIXL's and LMCache's
+            # kv_producer side answer 0): a script that says otherwise puts
+            # vLLM in a state no deployment reaches.
+            raise HarnessError(
+                f"the scripted kv_producer connector was told to answer {reply} external tokens "
+                f"for {request.request_id} ({plan!r}); a producer's requests must get no external hit"
+            )
         load_async = bool(plan.load_async and reply)
         self.script.queries.append(
             QueryRecord(request.request_id, request.num_tokens, num_computed_tokens, reply, load_async)

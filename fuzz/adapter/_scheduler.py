@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from fuzz import outcomes
 from fuzz.adapter import _compat, _connector, _oplog
 from fuzz.adapter._config import build_scheduler
 from fuzz.adapter._env import VLLM_VERSION, sha256
@@ -36,6 +37,7 @@ from fuzz.model import (  # noqa: E402
     ExternalReply,
     GroupInfo,
     FailedLoad,
+    HarnessError,
     PoolObservation,
     SchedulerDraw,
     SpecDraw,
@@ -69,6 +71,17 @@ class _Pending:
     invalid_block_ids: set[int]
     # The synchronous loads reported failed with it (see _invalid_blocks).
     sync_failures: dict[str, tuple[int, int, tuple[int, ...], int]]
+
+
+def _raise_if_suite_code(exc: Exception, call: str) -> None:
+    """A step's exception is an observation of vLLM only when vLLM raised it.
+    One raised by the suite's own code that vLLM calls (the scripted
+    connector, the recording wrappers) is the harness's misfit: it leaves as
+    :class:`HarnessError`, never as a ``no-exception`` violation. Planted
+    edits are compiled under vLLM's file names, so they stay vLLM's."""
+    verdict = outcomes.classify(exc, VLLM_VERSION)
+    if verdict.outcome is outcomes.Outcome.HARNESS_ERROR:
+        raise HarnessError(f"during {call}(): {verdict.reason}") from exc
 
 
 class SchedulerHarness:
@@ -351,6 +364,7 @@ class SchedulerHarness:
             if schedules:
                 out = self.scheduler.schedule()
         except Exception as exc:  # noqa: BLE001 - every failure is an observation
+            _raise_if_suite_code(exc, "schedule")
             error, error_type, where = f"{type(exc).__name__}: {exc}", type(exc).__name__, "schedule"
             frames = vllm_frames(exc)
         self.vllm_seconds += time.perf_counter() - t0
@@ -385,6 +399,7 @@ class SchedulerHarness:
                 self._abort_during_step()
                 finished = self._feed_back(fed)
             except Exception as exc:  # noqa: BLE001
+                _raise_if_suite_code(exc, "update_from_output")
                 error, error_type, where = (
                     f"{type(exc).__name__}: {exc}",
                     type(exc).__name__,
