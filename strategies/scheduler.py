@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -163,8 +164,9 @@ def _scheduler_draws(
     # Async scheduling is the engine's default; half the draws (when asked),
     # drawn last so the other fields shrink as before. Shrinks to sync.
     async_scheduling = asynchronous and draw(st.booleans(), label="async_scheduling")
+    spec = _speculation(draw, layout, async_scheduling, budget)
     return SchedulerDraw(
-        layout=layout,
+        layout=spec.pop("layout"),
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
         long_prefill_token_threshold=threshold,
@@ -172,7 +174,44 @@ def _scheduler_draws(
         kv_load_failure_policy=policy,
         model_runner=runner,
         async_scheduling=async_scheduling,
+        **spec,
     )
+
+
+def _speculation(draw: st.DrawFn, layout: LayoutDraw, async_scheduling: bool, budget: int) -> dict[str, Any]:
+    """One configuration in four speculates (drawn last: the draws before it
+    are those of a configuration without it; shrinks to none), with k = 1-4
+    speculative tokens: "ngram" (prompt lookup; vLLM's V1 runner refuses it
+    with async scheduling) or "eagle" (refused by a layout with a group
+    whose manager refuses the EAGLE drop; its k lookahead slots must leave
+    room for a token: k < max_num_batched_tokens), and an acceptance schedule of 1-4
+    counts in 0..k. A Mamba group's spec then holds k speculative state
+    blocks (vLLM's ``MambaBase.get_kv_cache_spec``: ``num_speculative_blocks
+    = num_speculative_tokens``)."""
+    methods = tuple(
+        m
+        for m, ok in (
+            ("ngram", not async_scheduling),
+            ("eagle", not any(classification_of_kind(g.kind).refuses_eagle_drop for g in layout.groups)),
+        )
+        if ok
+    )
+    if not methods or draw(st.integers(0, 3), label="speculative decoding (3: on)") != 3:
+        return {"layout": layout}
+    method = draw(st.sampled_from(methods), label="speculative method")
+    k = draw(st.integers(1, 4 if method == "ngram" else min(4, budget - 1)), label="num_speculative_tokens")
+    acceptance = tuple(draw(st.lists(st.integers(0, k), min_size=1, max_size=4), label="drafts accepted per verification"))
+    fields = [classification_of_kind(g.kind).speculative_blocks for g in layout.groups]
+    groups = tuple(
+        g if field is None else dataclasses.replace(g, params=g.params + ((field, k),))
+        for g, field in zip(layout.groups, fields)
+    )
+    return {
+        "layout": dataclasses.replace(layout, groups=groups),
+        "speculative_method": method,
+        "num_speculative_tokens": k,
+        "draft_acceptance": acceptance,
+    }
 
 
 @functools.cache

@@ -30,7 +30,9 @@ from vllm.config import (  # noqa: E402
     CacheConfig,
     DeviceConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     VllmConfig,
 )
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
@@ -38,7 +40,7 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from fuzz.model import SchedulerDraw  # noqa: E402
 
-__all__ = ["MAX_MODEL_LEN", "BuiltScheduler", "async_scheduling_kw", "build_scheduler", "scheduler_class"]
+__all__ = ["MAX_MODEL_LEN", "BuiltScheduler", "async_scheduling_kw", "build_scheduler", "speculative_kw", "scheduler_class"]
 
 MAX_MODEL_LEN = 1024
 
@@ -84,6 +86,21 @@ _MODEL_CONFIGS: dict[str, dict[str, Any]] = {
         max_position_embeddings=4096,
         torch_dtype="float32",
     ),
+    # An EAGLE draft head (``--speculative-config '{"method": "eagle",
+    # "model": <dir>}'``): one Llama-style layer, the target's vocabulary.
+    # vLLM reads its config.json only (draft ModelConfig, runner="draft").
+    "eagle-draft": dict(
+        architectures=["EagleLlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=128,
+        vocab_size=1024,
+        max_position_embeddings=4096,
+        torch_dtype="float32",
+    ),
 }
 
 
@@ -95,13 +112,18 @@ def _models_dir() -> str:
 
 
 @functools.cache
-def _model_config(kind: str) -> ModelConfig:
+def _model_dir(kind: str) -> str:
     directory = os.path.join(_models_dir(), kind)
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(_MODEL_CONFIGS[kind], f)
+    return directory
+
+
+@functools.cache
+def _model_config(kind: str) -> ModelConfig:
     return ModelConfig(
-        model=directory,
+        model=_model_dir(kind),
         skip_tokenizer_init=True,
         dtype="float32",
         seed=0,
@@ -110,6 +132,29 @@ def _model_config(kind: str) -> ModelConfig:
 
 
 _VLLM_CONFIGS: dict[tuple[Any, ...], VllmConfig] = {}
+
+
+def speculative_kw(draw: SchedulerDraw, model_config: ModelConfig) -> dict[str, Any]:
+    """``VllmConfig`` keywords for ``draw``'s speculative decoding, built as
+    ``EngineArgs.create_speculative_config`` does: ``SpeculativeConfig(
+    target_model_config=..., target_parallel_config=..., method=...,
+    num_speculative_tokens=...)``, the same ``ParallelConfig`` handed to
+    ``VllmConfig``. "ngram" needs no draft model (vLLM reuses the target's
+    config); "eagle" reads the local draft head's config.json."""
+    if draw.speculative_method is None:
+        return {}
+    parallel = ParallelConfig()
+    extra: dict[str, Any] = {}
+    if draw.speculative_method == "eagle":
+        extra["model"] = _model_dir("eagle-draft")
+    speculative = SpeculativeConfig(
+        method=draw.speculative_method,
+        num_speculative_tokens=draw.num_speculative_tokens,
+        target_model_config=model_config,
+        target_parallel_config=parallel,
+        **extra,
+    )
+    return {"parallel_config": parallel, "speculative_config": speculative}
 
 
 def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | None) -> VllmConfig:
@@ -124,11 +169,14 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
         draw.model_runner,
         draw.async_scheduling,
         draw.prefill_schedule_interval,
+        draw.speculative_method,
+        draw.num_speculative_tokens,
     )
     config = _VLLM_CONFIGS.get(key)
     if config is None:
         config = VllmConfig(
             model_config=_model_config(draw.model),
+            **speculative_kw(draw, _model_config(draw.model)),
             scheduler_config=SchedulerConfig(
                 max_num_seqs=draw.max_num_seqs,
                 max_num_batched_tokens=draw.max_num_batched_tokens,

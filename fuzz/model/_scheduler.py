@@ -47,6 +47,34 @@ class SchedulerDraw:
     # executed steps while requests decode (vLLM's local prefill cadence;
     # 1, the default, admits them every step).
     prefill_schedule_interval: int = 1
+    # Speculative decoding (``--speculative-config``): the method ("ngram":
+    # prompt lookup, no draft model; "eagle": a draft model reading the
+    # target's hidden states, which reserves lookahead slots and drops the
+    # trailing cached block) and its ``num_speculative_tokens`` k; None and
+    # 0: no speculation. ``draft_acceptance``: how many drafts the rejection
+    # sampler accepts at each verification, cycled over the step's requests
+    # (see :meth:`accepted`).
+    speculative_method: str | None = None
+    num_speculative_tokens: int = 0
+    draft_acceptance: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.speculative_method is None) != (self.num_speculative_tokens == 0):
+            raise ValueError(
+                f"speculative_method={self.speculative_method!r} needs num_speculative_tokens > 0 "
+                f"and the other way round (got {self.num_speculative_tokens})"
+            )
+        if self.speculative_method is not None and not self.draft_acceptance:
+            raise ValueError("a speculative draw needs a non-empty draft_acceptance")
+
+    def accepted(self, step: int, position: int, verifiable: int) -> int:
+        """Drafts the rejection sampler accepts for the ``position``-th
+        request (in the output's order) that had ``verifiable`` drafts
+        verified in ``step``: the draw's acceptance schedule, cycled, capped
+        at what could be accepted."""
+        if not self.draft_acceptance:
+            return 0
+        return min(verifiable, self.draft_acceptance[(step + position) % len(self.draft_acceptance)])
 
     @property
     def reach(self) -> tuple[str, str]:
@@ -78,6 +106,7 @@ class SchedulerDraw:
             f"{'' if self.model_runner is None else f', model_runner={self.model_runner!r}'}"
             f"{', async_scheduling=True' if self.async_scheduling else ''}"
             f"{'' if self.prefill_schedule_interval == 1 else f', prefill_schedule_interval={self.prefill_schedule_interval}'}"
+            f"{'' if self.speculative_method is None else f', speculative_config={{method={self.speculative_method!r}, num_speculative_tokens={self.num_speculative_tokens}}}, draft_acceptance={self.draft_acceptance}'}"
             f"{'' if self.engine is None else f', engine={self.engine!r}'})"
         )
 
