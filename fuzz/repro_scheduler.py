@@ -1473,7 +1473,10 @@ def _read_indices(rule, block_size, start, end, num_prompt_tokens):
         tail = max(num_prompt_tokens, start - value) // block_size
         return list(range(min(head, last))) + list(range(max(head, tail), last))
     if kind == "state":  # the state it resumes from, and the one it writes
-        return sorted({last - 1} | ({_cdiv(start, block_size) - 1} if start > 0 else set()))
+        # With `value` speculative state blocks the worker resumes from the
+        # state index it recorded the step before (plus the drafts accepted):
+        # only the state it writes is claimed.
+        return sorted({last - 1} | ({_cdiv(start, block_size) - 1} if start > 0 and value == 0 else set()))
     return []
 
 
