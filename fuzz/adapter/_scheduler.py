@@ -500,7 +500,10 @@ class SchedulerHarness:
             return
         ids = list(out.num_scheduled_tokens)
         k = self.draw.num_speculative_tokens
-        self.scheduler.update_draft_token_ids(DraftTokenIds(ids, [[3000 + i for i in range(k)] for _ in ids]))
+        drafts = [[3000 + i for i in range(k)] for _ in ids]
+        if self._fed is not None:
+            self._fed = dataclasses.replace(self._fed, drafts=tuple((r, tuple(d)) for r, d in zip(ids, drafts)))
+        self.scheduler.update_draft_token_ids(DraftTokenIds(ids, drafts))
 
     def _verifiable(self, out: Any, rid: str, newly: frozenset[str]) -> int:
         """How many of the drafts scheduled for ``rid`` the rejection sampler

@@ -126,6 +126,10 @@ class FedOutput:
     finished_recving: tuple[str, ...] = ()
     failed_recving: tuple[str, ...] = ()
     invalid_block_ids: tuple[int, ...] = ()
+    # Speculative decoding, sync: the drafts handed over right after it
+    # (``update_draft_token_ids(DraftTokenIds)``, EngineCore.post_step), per
+    # request id.
+    drafts: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
