@@ -164,7 +164,7 @@ def _scheduler_draws(
     # Async scheduling is the engine's default; half the draws (when asked),
     # drawn last so the other fields shrink as before. Shrinks to sync.
     async_scheduling = asynchronous and draw(st.booleans(), label="async_scheduling")
-    spec = _speculation(draw, layout, async_scheduling, budget)
+    spec = _speculation(draw, layout, async_scheduling, budget, runner)
     return SchedulerDraw(
         layout=spec.pop("layout"),
         max_num_batched_tokens=budget,
@@ -178,11 +178,13 @@ def _scheduler_draws(
     )
 
 
-def _speculation(draw: st.DrawFn, layout: LayoutDraw, async_scheduling: bool, budget: int) -> dict[str, Any]:
+def _speculation(
+    draw: st.DrawFn, layout: LayoutDraw, async_scheduling: bool, budget: int, runner: str
+) -> dict[str, Any]:
     """One configuration in four speculates (drawn last: the draws before it
     are those of a configuration without it; shrinks to none), with k = 1-4
-    speculative tokens: "ngram" (prompt lookup; vLLM's V1 runner refuses it
-    with async scheduling) or "eagle" (refused by a layout with a group
+    speculative tokens: "ngram" (prompt lookup; vLLM refuses it with async
+    scheduling on the V1 runner) or "eagle" (refused by a layout with a group
     whose manager refuses the EAGLE drop; its k lookahead slots must leave
     room for a token: k < max_num_batched_tokens), and an acceptance schedule of 1-4
     counts in 0..k. A Mamba group's spec then holds k speculative state
@@ -191,7 +193,7 @@ def _speculation(draw: st.DrawFn, layout: LayoutDraw, async_scheduling: bool, bu
     methods = tuple(
         m
         for m, ok in (
-            ("ngram", not async_scheduling),
+            ("ngram", not async_scheduling or runner == "v2"),
             ("eagle", not any(classification_of_kind(g.kind).refuses_eagle_drop for g in layout.groups)),
         )
         if ok

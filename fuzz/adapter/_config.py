@@ -24,7 +24,7 @@ from typing import Any
 
 from fuzz.adapter import _compat, _connector
 from fuzz.adapter._env import init_hashing
-from fuzz.adapter._specs import kv_cache_config, refused
+from fuzz.adapter._specs import InvalidLayout, kv_cache_config, refused
 
 from vllm.config import (  # noqa: E402
     CacheConfig,
@@ -143,6 +143,12 @@ def speculative_kw(draw: SchedulerDraw, model_config: ModelConfig) -> dict[str, 
     config); "eagle" reads the local draft head's config.json."""
     if draw.speculative_method is None:
         return {}
+    if draw.speculative_method == "ngram" and draw.async_scheduling and draw.model_runner != "v2":
+        # VllmConfig's v1_async_sched_incompat (vllm/config/vllm.py): "Async
+        # scheduling is not supported with ngram-based speculative decoding"
+        # on the V1 runner. Pydantic re-raises it as a ValidationError with no
+        # vLLM frame, which would read as the suite's own misfit.
+        raise InvalidLayout("VllmConfig refuses async scheduling with ngram speculative decoding on the V1 model runner")
     parallel = ParallelConfig()
     extra: dict[str, Any] = {}
     if draw.speculative_method == "eagle":
@@ -271,6 +277,8 @@ def build_scheduler(draw: SchedulerDraw) -> BuiltScheduler:
                 hash_block_size=hash_bs,
                 log_stats=False,
             )
+    except InvalidLayout:
+        raise
     except Exception as exc:  # noqa: BLE001 - vLLM's verdict, or the suite's misfit
         raise refused(exc) from exc
     return BuiltScheduler(scheduler, kv_config, sched_bs, hash_bs)
