@@ -33,6 +33,7 @@ from fuzz.model import ConnectorAlloc  # noqa: E402
 from fuzz.model import Abort, AddRequest, ConnectorAnswer, Evict, FedOutput, OpLog, Step  # noqa: E402
 from fuzz.model import (  # noqa: E402
     AdmissionObservation,
+    DraftVerification,
     ExternalReply,
     GroupInfo,
     FailedLoad,
@@ -323,6 +324,7 @@ class SchedulerHarness:
             raise RuntimeError(f"the scheduler is unusable after an earlier failure: {self.broken}")
         self.step_index += 1
         self._fed = None
+        self._verifications: tuple[DraftVerification, ...] = ()
         self.spies.new_step()
         self._step_failed_loads = []
         rolled_back = self._still_recomputing()
@@ -435,6 +437,7 @@ class SchedulerHarness:
             async_scheduling=self.draw.async_scheduling,
             schedule_called=schedules,
             prefill_held=prefill_held,
+            draft_verifications=self._verifications,
         )
 
     def _prefill_held(self) -> bool:
@@ -706,11 +709,24 @@ class SchedulerHarness:
             r: self._requests[r].status.name for r in (*failed, *self._sync_failures) if r in self._requests
         }
         before = set(sched.requests)
+        drafts = out.scheduled_spec_decode_tokens or {}
+        verified = {
+            rid: (len(drafts[rid]), len(sampled[i]) - 1, sched.requests[rid].num_computed_tokens)
+            for i, rid in enumerate(ids)
+            if drafts.get(rid) and sampled[i] and rid in sched.requests
+        }
         t0 = time.perf_counter()
         try:
             sched.update_from_output(out, output)
         finally:
             self.vllm_seconds += time.perf_counter() - t0
+        self._verifications = tuple(
+            DraftVerification(
+                rid, n, accepted, computed, self._requests[rid].num_computed_tokens,
+                sched.requests[rid].status.name if rid in sched.requests else "",
+            )
+            for rid, (n, accepted, computed) in verified.items()
+        )
         self._record_failed_loads(failed if _compat.HAS_FAILED_RECVING else set())
         for rid in recving - failed:
             self._async_loads.pop(rid, None)

@@ -15,6 +15,7 @@ __all__ = [
     "ConnectorAlloc",
     "ConnectorFinish",
     "ConnectorMeta",
+    "DraftVerification",
     "ExternalReply",
     "PoolObservation",
     "SchedulerDraw",
@@ -398,6 +399,31 @@ class FailedLoad:
 
 
 @dataclasses.dataclass(frozen=True)
+class DraftVerification:
+    """One request's drafts verified by an ``update_from_output``: the drafts
+    its step scheduled (``scheduled_spec_decode_tokens``, -1 padding
+    included), how many the rejection sampler accepted, and its
+    ``num_computed_tokens`` right before and right after the call."""
+
+    request_id: str
+    num_drafts: int
+    num_accepted: int
+    computed_before: int
+    computed_after: int
+    status_after: str  # its RequestStatus name after the call ("" : it left the scheduler)
+
+    @property
+    def num_rejected(self) -> int:
+        return self.num_drafts - self.num_accepted
+
+    def describe(self) -> str:
+        return (
+            f"request {self.request_id}: {self.num_drafts} drafts verified, {self.num_accepted} accepted; "
+            f"num_computed_tokens {self.computed_before} -> {self.computed_after} ({self.status_after or 'gone'})"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class StepObservation:
     """One engine step: ``schedule()`` and the ``update_from_output()`` the
     engine makes in the same step (with async scheduling, possibly of the
@@ -462,6 +488,8 @@ class StepObservation:
     # schedule() held prefills back this step (prefill_schedule_interval > 1:
     # the local prefill cadence's gate was closed with requests waiting).
     prefill_held: bool = False
+    # Speculative decoding: each request whose drafts the fed output verified.
+    draft_verifications: tuple[DraftVerification, ...] = ()
 
     @property
     def fed_late(self) -> bool:
@@ -493,6 +521,7 @@ class StepObservation:
             for f in self.connector_finishes
         ]
         lines += [f"  failed load: {f.describe()}" for f in self.failed_loads]
+        lines += [f"  drafts: {v.describe()}" for v in self.draft_verifications]
         lines += [a.describe() for a in self.admissions]
         if self.context:
             lines.append(f"  scenario: {self.context}")
