@@ -73,6 +73,8 @@ _CHECK_OF = {
     "same-step-hazard": "_check_no_same_step_hazard",
     "reservation-covers-allocation": "_check_reservation_covers_allocation",
     "lookup-within-limit": "_check_lookup_within_limit",
+    # Speculative decoding (invariants/scheduler.py).
+    "rejected-drafts-rolled-back": "_check_rejected_drafts_rolled_back",
 }
 WRITABLE = frozenset(_CHECK_OF)
 
@@ -1752,6 +1754,17 @@ def _sampled(out, done, step, asynchronous):
     return sampled
 
 
+def _verified(scheduler, fed, sampled):
+    """Per request whose drafts the output verifies: (drafts, accepted,
+    num_computed_tokens right before update_from_output)."""
+    drafts = fed.scheduled_spec_decode_tokens or {}
+    return {
+        rid: (len(drafts[rid]), len(tokens) - 1, scheduler.requests[rid].num_computed_tokens)
+        for rid, tokens in zip(fed.num_scheduled_tokens, sampled)
+        if drafts.get(rid) and tokens and rid in scheduler.requests
+    }
+
+
 def _propose_drafts(scheduler, out):
     """EngineCore.post_step (sync, when the model ran): the drafter's k drafts
     for every request of the batch, through update_draft_token_ids."""
@@ -1760,6 +1773,23 @@ def _propose_drafts(scheduler, out):
     ids = list(out.num_scheduled_tokens)
     drafts = [[3000 + i for i in range(NUM_SPECULATIVE_TOKENS)] for _ in ids]
     scheduler.update_draft_token_ids(DraftTokenIds(ids, drafts))
+'''
+
+_CHECKS["rejected-drafts-rolled-back"] = '''
+
+def _check_rejected_drafts_rolled_back(scheduler, out, watch, step):
+    """A running request whose k drafts the fed output verified with a
+    accepted loses exactly k - a from num_computed_tokens in
+    update_from_output (the rejected positions are not computed)."""
+    for rid, (num_drafts, accepted, before) in watch.verified.items():
+        req = scheduler.requests.get(rid)
+        if req is None or req.status != RequestStatus.RUNNING or rid in watch.failed:
+            continue
+        assert before - req.num_computed_tokens == num_drafts - accepted, (
+            f"step {step}: update_from_output() verified {num_drafts} drafts of request {rid} and accepted "
+            f"{accepted}, so {num_drafts - accepted} positions must leave num_computed_tokens; it went "
+            f"{before} -> {req.num_computed_tokens}; groups: {_describe_groups()}"
+        )
 '''
 
 _SYNC_SAMPLED = (
@@ -1776,7 +1806,13 @@ _SYNC_FED = "            kv_connector_output=connector_output,\n        ),\n    
 def _with_speculation(body: str, asynchronous: bool) -> str:
     """The body with the drawn speculative decoding: the config, what the
     model runner samples, and (sync) the drafts handed over after each step."""
+    fed = "fed" if asynchronous else "out"
     edits = [
+        ("    watch.step += 1\n", "    watch.step += 1\n    watch.verified = {}  # (drafts, accepted, computed before) per request\n"),
+        (
+            f"    scheduler.update_from_output(\n        {fed},\n",
+            f"    watch.verified = _verified(scheduler, {fed}, sampled)\n    scheduler.update_from_output(\n        {fed},\n",
+        ),
         (
             "        model_config=_make_model_config(tmp_path),\n",
             "        model_config=(model_config := _make_model_config(tmp_path)),\n"

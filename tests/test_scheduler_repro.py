@@ -249,6 +249,29 @@ def test_a_planted_bug_on_a_speculative_config_becomes_a_standalone_repro(method
     _check_repro(source, bug, tmp_path)
 
 
+@pytest.mark.parametrize("method", ["ngram", "eagle"])
+def test_a_planted_spec_decode_bug_becomes_a_standalone_repro(method: str, tmp_path: Path) -> None:
+    """The rejected drafts left counted as computed: the file replays the
+    accepted and rejected drafts of the run (and, sync, the drafts handed
+    over) and states the claim after the step that verified them."""
+    bug = "rejected_drafts_stay_computed"
+
+    @SEARCH
+    @given(scenario=_planted_search_strategy().map(
+        lambda s: dataclasses.replace(s, config=_speculating(s.config, method))))
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, record=False)
+
+    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
+        search()
+    assert caught.value.invariant == "rejected-drafts-rolled-back", str(caught.value)
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-single-shot", seed=0,
+                                               invariant=caught.value.invariant, violation=str(caught.value))
+    assert source is not None and "_check_rejected_drafts_rolled_back(scheduler, out, watch" in source
+    _check_repro(source, bug, tmp_path)
+
+
 def test_the_state_machine_shrunk_program_becomes_a_repro(tmp_path: Path) -> None:
     bug = "skip_truncation"
     with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
