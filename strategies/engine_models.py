@@ -311,14 +311,9 @@ def engine_scheduler_draws(
     # Async scheduling (the engine's default) for half of them, drawn beside
     # the model: drawn inside the flatmap, far fewer than half came out async
     # in the single-shot scenarios. Shrinks to sync.
-    # No speculative decoding: the engine planner does not model a drafter's
-    # layers (nor the Mamba specs' speculative blocks).
     return st.tuples(models, st.booleans()).flatmap(
         lambda drawn: scheduler_draws(layouts=st.just(_layout_of(drawn[0]))).map(
-            lambda d: dataclasses.replace(
-                d, engine=drawn[0], async_scheduling=drawn[1], layout=_layout_of(drawn[0]),
-                speculative_method=None, num_speculative_tokens=0, draft_acceptance=(),
-            )
+            lambda d: dataclasses.replace(d, engine=drawn[0], async_scheduling=drawn[1])
         )
     )
 

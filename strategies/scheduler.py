@@ -142,7 +142,7 @@ def scheduler_layouts(*, weights: tuple[int, int, int, int] = (1, 0, 0, 0)) -> s
 
 @st.composite
 def _scheduler_draws(
-    draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw], asynchronous: bool = False
+    draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw], asynchronous: bool = False, speculative: bool = False
 ) -> SchedulerDraw:
     layout = draw(layouts, label="layout")
     s = layout.scheduler_block_size
@@ -164,7 +164,7 @@ def _scheduler_draws(
     # Async scheduling is the engine's default; half the draws (when asked),
     # drawn last so the other fields shrink as before. Shrinks to sync.
     async_scheduling = asynchronous and draw(st.booleans(), label="async_scheduling")
-    spec = _speculation(draw, layout, async_scheduling, budget, runner)
+    spec = _speculation(draw, layout, async_scheduling, budget, runner) if speculative else {"layout": layout}
     return SchedulerDraw(
         layout=spec.pop("layout"),
         max_num_batched_tokens=budget,
@@ -222,7 +222,7 @@ def _default_scheduler_draws() -> st.SearchStrategy[SchedulerDraw]:
 
 
 def scheduler_draws(
-    *, layouts: st.SearchStrategy[LayoutDraw] | None = None, asynchronous: bool = False
+    *, layouts: st.SearchStrategy[LayoutDraw] | None = None, asynchronous: bool = False, speculative: bool = False
 ) -> st.SearchStrategy[SchedulerDraw]:
     """Scheduler configurations over ``layouts`` (default
     :func:`scheduler_layouts`): token budget ``max_num_batched_tokens`` from 4
@@ -231,12 +231,13 @@ def scheduler_draws(
     the KV-load failure policy (``fail`` evicts invalid blocks) and the model
     runner the scheduler serves (V1 or V2); with ``asynchronous``, also
     async scheduling (``AsyncScheduler`` driven as the engine's batch queue
-    drives it) for about half the draws.
+    drives it) for about half the draws; with ``speculative``, speculative
+    decoding for about one in four (:func:`_speculation`).
     Shrinks towards the smallest budget, a divergent-capable connector and
     synchronous scheduling.
     """
-    if asynchronous:
-        return _scheduler_draws(scheduler_layouts() if layouts is None else layouts, True)
+    if asynchronous or speculative:
+        return _scheduler_draws(scheduler_layouts() if layouts is None else layouts, asynchronous, speculative)
     return _scheduler_draws(layouts) if layouts is not None else _default_scheduler_draws()
 
 
@@ -699,5 +700,5 @@ def machine_configs(
     request up to three times that.
     Shrinks towards the smallest pool."""
     if configs is None:
-        configs = scheduler_draws(layouts=scheduler_layouts(weights=(6, 2, 2, 1)), asynchronous=True)
+        configs = scheduler_draws(layouts=scheduler_layouts(weights=(6, 2, 2, 1)), asynchronous=True, speculative=True)
     return _machine_configs(configs)

@@ -46,8 +46,8 @@ STRATEGIES = {
 PINNED = {
     "kv_cache_layouts": "5608e562c8e64c9efebe338c099f8e08ce76e0c9584a98d87abe75858999ea29",
     "truncation_scenarios": "3ae70fe4a5f276de9d48d780f9016e4f65242b81da43a5057ec8e9a003647005",
-    "single_shot_scenarios": "6bffe000221972f806465fa710c5f8c296da8e13ce2f6d905348f56cbaaae88b",
-    "single_shot_any_layout": "fb2249aa918e1bc177c3e8fee4a781fb49e96cf3609ee1442ce6736e5deb77c7",
+    "single_shot_scenarios": "da3ac659d5d725b665504b4270147c068d5ef949bb841061ef00af744d23273e",
+    "single_shot_any_layout": "80b9bac78bd684436edef793d6e7dba11f3ba516ccb53e375eaf86ea10fd7f3e",
     "machine_configs": "07e951139fbf45cec7650f60d1b71bc2eb4f41306e3d113fa0100dc116542c05",
 }
 

@@ -15,12 +15,16 @@ planning writes back onto the KV-cache config. ``ModelConfig`` and
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from typing import Any
+
+import pydantic
 
 from fuzz.adapter import _compat, _connector
 from fuzz.adapter._env import init_hashing
@@ -143,12 +147,6 @@ def speculative_kw(draw: SchedulerDraw, model_config: ModelConfig) -> dict[str, 
     config); "eagle" reads the local draft head's config.json."""
     if draw.speculative_method is None:
         return {}
-    if draw.speculative_method == "ngram" and draw.async_scheduling and draw.model_runner != "v2":
-        # VllmConfig's v1_async_sched_incompat (vllm/config/vllm.py): "Async
-        # scheduling is not supported with ngram-based speculative decoding"
-        # on the V1 runner. Pydantic re-raises it as a ValidationError with no
-        # vLLM frame, which would read as the suite's own misfit.
-        raise InvalidLayout("VllmConfig refuses async scheduling with ngram speculative decoding on the V1 model runner")
     parallel = ParallelConfig()
     extra: dict[str, Any] = {}
     if draw.speculative_method == "eagle":
@@ -180,29 +178,8 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
     )
     config = _VLLM_CONFIGS.get(key)
     if config is None:
-        config = VllmConfig(
-            model_config=_model_config(draw.model),
-            **speculative_kw(draw, _model_config(draw.model)),
-            scheduler_config=SchedulerConfig(
-                max_num_seqs=draw.max_num_seqs,
-                max_num_batched_tokens=draw.max_num_batched_tokens,
-                max_model_len=MAX_MODEL_LEN,
-                long_prefill_token_threshold=draw.long_prefill_token_threshold,
-                enable_chunked_prefill=True,
-                is_encoder_decoder=False,
-                **async_scheduling_kw(draw),
-                **_compat.prefill_cadence_kw(draw.prefill_schedule_interval),
-            ),
-            cache_config=CacheConfig(
-                block_size=block_size,
-                enable_prefix_caching=True,
-                mamba_cache_mode="align",
-                prefix_match_unit=prefix_match_unit,
-                cache_dtype="auto",
-            ),
-            kv_transfer_config=_connector.transfer_config(draw.kv_load_failure_policy),
-            device_config=DeviceConfig(device="cpu"),
-        )
+        with _speculation_refusals(draw):
+            config = _new_vllm_config(draw, block_size, prefix_match_unit)
         # The lean CPU install has no vLLM platform, so VllmConfig turns the
         # hybrid KV-cache manager off; the deployments this suite models (GPU)
         # run with it on, and the scheduler config we hand over is hybrid.
@@ -211,6 +188,51 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
             _VLLM_CONFIGS.clear()
         _VLLM_CONFIGS[key] = config
     return config
+
+
+@contextlib.contextmanager
+def _speculation_refusals(draw: SchedulerDraw) -> Iterator[None]:
+    """vLLM's refusals of a speculative configuration, as ``InvalidLayout``.
+
+    VllmConfig validates through pydantic, which re-raises a validator's
+    ``ValueError`` as a ``ValidationError`` with no vLLM frame left (it would
+    read as the suite's own misfit). Errors of type ``value_error`` are such
+    refusals (e.g. 0.33.0: ngram with async scheduling on the V1 runner;
+    0.28.0: ngram on the V2 runner); a wrong argument has another type.
+    """
+    try:
+        yield
+    except pydantic.ValidationError as exc:
+        errors = exc.errors()
+        if draw.speculative_method is None or not errors or any(e["type"] != "value_error" for e in errors):
+            raise
+        raise InvalidLayout(f"VllmConfig refused {draw.speculative_method} speculative decoding: {errors[0]['msg']}") from exc
+
+
+def _new_vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | None) -> VllmConfig:
+    return VllmConfig(
+        model_config=_model_config(draw.model),
+        **speculative_kw(draw, _model_config(draw.model)),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=draw.max_num_seqs,
+            max_num_batched_tokens=draw.max_num_batched_tokens,
+            max_model_len=MAX_MODEL_LEN,
+            long_prefill_token_threshold=draw.long_prefill_token_threshold,
+            enable_chunked_prefill=True,
+            is_encoder_decoder=False,
+            **async_scheduling_kw(draw),
+            **_compat.prefill_cadence_kw(draw.prefill_schedule_interval),
+        ),
+        cache_config=CacheConfig(
+            block_size=block_size,
+            enable_prefix_caching=True,
+            mamba_cache_mode="align",
+            prefix_match_unit=prefix_match_unit,
+            cache_dtype="auto",
+        ),
+        kv_transfer_config=_connector.transfer_config(draw.kv_load_failure_policy),
+        device_config=DeviceConfig(device="cpu"),
+    )
 
 
 def async_scheduling_kw(draw: SchedulerDraw) -> dict[str, Any]:
