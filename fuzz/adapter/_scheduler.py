@@ -19,7 +19,7 @@ from typing import Any
 from fuzz.adapter import _compat, _connector, _oplog
 from fuzz.adapter._config import build_scheduler
 from fuzz.adapter._env import VLLM_VERSION, sha256
-from fuzz.adapter._observe import Spies, vllm_frames
+from fuzz.adapter._observe import Spies, step_frames
 from fuzz.adapter._ownership import OwnershipSpy, read_rules
 from fuzz.adapter._specs import qualified_name
 
@@ -347,7 +347,7 @@ class SchedulerHarness:
                 out = self.scheduler.schedule()
         except Exception as exc:  # noqa: BLE001 - every failure is an observation
             error, error_type, where = f"{type(exc).__name__}: {exc}", type(exc).__name__, "schedule"
-            frames = vllm_frames(exc)
+            frames = step_frames(exc)
         self.vllm_seconds += time.perf_counter() - t0
         ownership = self.ownership.observe(self.step_index, out, self.read_rules)
         queries = self.script.queries[asked_before:]
@@ -384,7 +384,7 @@ class SchedulerHarness:
                     type(exc).__name__,
                     "update_from_output",
                 )
-                frames = vllm_frames(exc)
+                frames = step_frames(exc)
         if not error:  # nothing fed back: the input queue aborts them after the step
             self._abort_during_step()
         if not error and fed is not None:
