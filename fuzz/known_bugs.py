@@ -62,10 +62,14 @@ class Signature:
     where: str | None = None
     group_kind: str | None = None
     spec_class: str | None = None
+    # The qualified function name of the failure's innermost vLLM frame (an
+    # assert in the function itself, not in anything it calls).
+    innermost: str | None = None
 
     def matches(self, failure: Failure) -> bool:
         return (
             self.invariant == failure.invariant
+            and (self.innermost is None or (bool(failure.frames) and failure.frames[0].endswith(":" + self.innermost)))
             and (self.exception is None or self.exception == failure.exception)
             and (self.frame is None or any(f.endswith(":" + self.frame) for f in failure.frames))
             and (self.where is None or self.where == failure.where)
@@ -375,6 +379,35 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "Needs one KV-cache group (block-level failures are refused otherwise), a "
             "connector reporting invalid_block_ids, and an abort racing the step: sync and "
             "async scheduling alike."
+        ),
+    ),
+    KnownBug(
+        id="spec-decode-padding-cut-by-long-prefill-threshold",
+        title="a waiting request padded to 1 + num_spec_tokens is cut by long_prefill_token_threshold and schedule() asserts",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=(
+            Signature(
+                "no-exception",
+                exception="AssertionError",
+                innermost="Scheduler.schedule",
+                where="Scheduler.schedule",
+            ),
+        ),
+        reach="engine",
+        pinned_by="tests/known_bugs/test_spec_decode_padding_threshold.py::test_padded_spec_decode_admission_survives_the_threshold",
+        targets=("scheduler-machine",),
+        analysis=(
+            "With speculative decoding, Scheduler.schedule pads a waiting request that has one "
+            "token left and something computed or running to 1 + num_spec_tokens rows "
+            "(pad_spec_decode); the long-prefill threshold, applied right after whenever more "
+            "than one request is eligible, cuts it back to the threshold when that is below "
+            "1 + k. The Mamba alignment split drops the padding when it shortens the step, the "
+            "threshold cut does not, so 'assert num_new_tokens == 1 + self.num_spec_tokens' "
+            "fails and the engine core dies. Needs --long-prefill-token-threshold <= k (vLLM "
+            "validates neither flag against the other), prefix caching, a hit of all but the "
+            "last token (or a resumed request) and a second eligible request; no connector "
+            "needed (pinned with ngram: EAGLE's trailing-block drop keeps local hits a block short)."
         ),
     ),
     KnownBug(

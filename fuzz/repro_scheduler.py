@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import textwrap
+from typing import Any
 from collections.abc import Callable, Iterable
 
 from fuzz import adapter
@@ -73,6 +74,8 @@ _CHECK_OF = {
     "same-step-hazard": "_check_no_same_step_hazard",
     "reservation-covers-allocation": "_check_reservation_covers_allocation",
     "lookup-within-limit": "_check_lookup_within_limit",
+    # Speculative decoding (invariants/scheduler.py).
+    "rejected-drafts-rolled-back": "_check_rejected_drafts_rolled_back",
 }
 WRITABLE = frozenset(_CHECK_OF)
 
@@ -418,7 +421,9 @@ def scheduler_repro(
         "    DeviceConfig,",
         "    KVTransferConfig,",
         "    ModelConfig,",
+        *(["    ParallelConfig,"] if draw.speculative_method is not None else []),
         "    SchedulerConfig,",
+        *(["    SpeculativeConfig,"] if draw.speculative_method is not None else []),
         "    VllmConfig,",
         ")",
         "from vllm.distributed.kv_transfer.kv_connector.v1.base import (",
@@ -437,7 +442,7 @@ def scheduler_repro(
         "from vllm.v1.kv_cache_interface import (",
         *[f"    {k}," for k in kinds],
         ")",
-        "from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput",
+        "from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput",
         "from vllm.v1.request import Request, RequestStatus",
         "from vllm.v1.structured_output import StructuredOutputManager",
         "",
@@ -479,6 +484,7 @@ def scheduler_repro(
             if draw.prefill_schedule_interval > 1
             else []
         ),
+        *(_speculation_constants(draw) if draw.speculative_method is not None else []),
         f"KV_LOAD_FAILURE_POLICY = {draw.kv_load_failure_policy!r}",
         *(
             ["# The connector's kv_role: a P/D prefill instance (it never loads, so vLLM",
@@ -510,6 +516,8 @@ def scheduler_repro(
         body = _with_prefill_cadence(body)
     if draw.kv_role != "kv_both":
         body = _with_kv_role(body)
+    if draw.speculative_method is not None:
+        body = _with_speculation(body, draw.async_scheduling)
     lines.append(body)
     lines.append(_CHECKS.get(invariant, ""))
     lines += [
@@ -1543,7 +1551,10 @@ def _read_indices(rule, block_size, start, end, num_prompt_tokens):
         tail = max(num_prompt_tokens, start - value) // block_size
         return list(range(min(head, last))) + list(range(max(head, tail), last))
     if kind == "state":  # the state it resumes from, and the one it writes
-        return sorted({last - 1} | ({_cdiv(start, block_size) - 1} if start > 0 else set()))
+        # With `value` speculative state blocks the worker resumes from the
+        # state index it recorded the step before (plus the drafts accepted):
+        # only the state it writes is claimed.
+        return sorted({last - 1} | ({_cdiv(start, block_size) - 1} if start > 0 and value == 0 else set()))
     return []
 
 
@@ -1752,6 +1763,155 @@ _ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=
 
 
 '''
+
+def _speculation_constants(draw: Any) -> list[str]:
+    from fuzz.adapter._config import _MODEL_CONFIGS
+
+    lines = [
+        "# --speculative-config: the method and its num_speculative_tokens k; how many",
+        "# drafts the rejection sampler accepts at each verification, cycled over the",
+        "# step's verified requests (capped at the drafts it could accept).",
+        f"SPECULATIVE_METHOD = {draw.speculative_method!r}",
+        f"NUM_SPECULATIVE_TOKENS = {draw.num_speculative_tokens}",
+        f"DRAFT_ACCEPTANCE = {draw.draft_acceptance!r}",
+    ]
+    if draw.speculative_method == "eagle":
+        lines.append("# The EAGLE draft head's config.json (no weights, no hub).")
+        lines.append("DRAFT_MODEL_CONFIG = " + _wrap_dict(_MODEL_CONFIGS["eagle-draft"]))
+    return lines
+
+
+_SPECULATION = '''
+
+def _speculative_config(tmp_path, model_config):
+    """SpeculativeConfig as EngineArgs.create_speculative_config builds it."""
+    parallel_config = ParallelConfig()
+    draft = {}
+    if SPECULATIVE_METHOD == "eagle":
+        (tmp_path / "draft").mkdir()
+        (tmp_path / "draft" / "config.json").write_text(json.dumps(DRAFT_MODEL_CONFIG))
+        draft["model"] = str(tmp_path / "draft")
+    return {
+        "parallel_config": parallel_config,
+        "speculative_config": SpeculativeConfig(
+            method=SPECULATIVE_METHOD,
+            num_speculative_tokens=NUM_SPECULATIVE_TOKENS,
+            target_model_config=model_config,
+            target_parallel_config=parallel_config,
+            **draft,
+        ),
+    }
+
+
+def _sampled(out, done, step, asynchronous):
+    """What the model runner samples: for each request whose scheduled tokens
+    reach its end (done), the drafts the rejection sampler accepts then one
+    token. A request admitted this step was padded with -1 rows (nothing to
+    accept); otherwise, sync, the drafts before the first -1; async, every
+    placeholder (the worker fills them with its drafts)."""
+    new = {n.req_id for n in out.scheduled_new_reqs} | set(out.scheduled_cached_reqs.resumed_req_ids or ())
+    sampled, position = [], 0
+    for rid, ends in zip(out.num_scheduled_tokens, done):
+        if not ends:
+            sampled.append([])
+            continue
+        drafts = (out.scheduled_spec_decode_tokens or {}).get(rid) or []
+        verifiable = 0
+        if drafts and rid not in new:
+            verifiable = len(drafts) if asynchronous else next(
+                (i for i, t in enumerate(drafts) if t < 0), len(drafts))
+        accepted = 0
+        if verifiable:
+            accepted = min(verifiable, DRAFT_ACCEPTANCE[(step + position) % len(DRAFT_ACCEPTANCE)])
+            position += 1
+        sampled.append([1000 + (step + i) % 24 for i in range(1 + accepted)])
+    return sampled
+
+
+def _verified(scheduler, fed, sampled):
+    """Per request whose drafts the output verifies: (drafts, accepted,
+    num_computed_tokens right before update_from_output)."""
+    drafts = fed.scheduled_spec_decode_tokens or {}
+    return {
+        rid: (len(drafts[rid]), len(tokens) - 1, scheduler.requests[rid].num_computed_tokens)
+        for rid, tokens in zip(fed.num_scheduled_tokens, sampled)
+        if drafts.get(rid) and tokens and rid in scheduler.requests
+    }
+
+
+def _propose_drafts(scheduler, out):
+    """EngineCore.post_step (sync, when the model ran): the drafter's k drafts
+    for every request of the batch, through update_draft_token_ids."""
+    if out.total_num_scheduled_tokens == 0 or getattr(out, "skip_drafts", False):
+        return
+    ids = list(out.num_scheduled_tokens)
+    drafts = [[3000 + i for i in range(NUM_SPECULATIVE_TOKENS)] for _ in ids]
+    scheduler.update_draft_token_ids(DraftTokenIds(ids, drafts))
+'''
+
+_CHECKS["rejected-drafts-rolled-back"] = '''
+
+def _check_rejected_drafts_rolled_back(scheduler, out, watch, step):
+    """A running request whose k drafts the fed output verified with a
+    accepted loses exactly k - a from num_computed_tokens in
+    update_from_output (the rejected positions are not computed)."""
+    for rid, (num_drafts, accepted, before) in watch.verified.items():
+        req = scheduler.requests.get(rid)
+        if req is None or req.status != RequestStatus.RUNNING or rid in watch.failed:
+            continue
+        assert before - req.num_computed_tokens == num_drafts - accepted, (
+            f"step {step}: update_from_output() verified {num_drafts} drafts of request {rid} and accepted "
+            f"{accepted}, so {num_drafts - accepted} positions must leave num_computed_tokens; it went "
+            f"{before} -> {req.num_computed_tokens}; groups: {_describe_groups()}"
+        )
+'''
+
+_SYNC_SAMPLED = (
+    "    sampled = []\n    for rid in ids:\n        req = scheduler.requests[rid]\n"
+    "        sampled.append([1000 + watch.step % 24] if req.num_computed_tokens >= req.num_tokens else [])\n"
+)
+_ASYNC_SAMPLED = (
+    "        sampled = [\n            [] if scheduler.requests[rid].is_prefill_chunk else [1000 + watch.step % 24]\n"
+    "            for rid in out.num_scheduled_tokens\n        ]\n"
+)
+_SYNC_FED = "            kv_connector_output=connector_output,\n        ),\n    )\n    return out\n"
+
+
+def _with_speculation(body: str, asynchronous: bool) -> str:
+    """The body with the drawn speculative decoding: the config, what the
+    model runner samples, and (sync) the drafts handed over after each step."""
+    fed = "fed" if asynchronous else "out"
+    edits = [
+        ("    watch.step += 1\n", "    watch.step += 1\n    watch.verified = {}  # (drafts, accepted, computed before) per request\n"),
+        (
+            f"    scheduler.update_from_output(\n        {fed},\n",
+            f"    watch.verified = _verified(scheduler, {fed}, sampled)\n    scheduler.update_from_output(\n        {fed},\n",
+        ),
+        (
+            "        model_config=_make_model_config(tmp_path),\n",
+            "        model_config=(model_config := _make_model_config(tmp_path)),\n"
+            "        **_speculative_config(tmp_path, model_config),\n",
+        )
+    ]
+    if asynchronous:
+        edits.append((
+            _ASYNC_SAMPLED,
+            "        sampled = _sampled(\n            out, [not scheduler.requests[rid].is_prefill_chunk "
+            "for rid in out.num_scheduled_tokens], watch.step, True\n        )\n",
+        ))
+    else:
+        edits.append((
+            _SYNC_SAMPLED,
+            "    sampled = _sampled(out, [scheduler.requests[rid].num_computed_tokens >= "
+            "scheduler.requests[rid].num_tokens for rid in ids], watch.step, False)\n",
+        ))
+        edits.append((_SYNC_FED, _SYNC_FED.replace("    return out\n", "    _propose_drafts(scheduler, out)\n    return out\n")))
+    for old, new in edits:
+        if body.count(old) != 1:
+            raise AssertionError(f"the repro body changed; cannot apply the speculation edit of {old!r}")
+        body = body.replace(old, new)
+    return body + _SPECULATION
+
 
 def _with_prefill_cadence(body: str) -> str:
     """The body's scheduler config with the drawn prefill cadence."""

@@ -99,7 +99,14 @@ def read_indices(rule: tuple[str, int], block_size: int, start: int, end: int, p
         return list(range(min(head, last))) + list(range(max(head, tail), last))
     if kind == "state":
         states = {last - 1}
-        if start > 0:
+        # value: the group's speculative state blocks. Without them the step
+        # resumes from the state at ceil(start/b) - 1. With them the worker
+        # resumes from the state index it recorded the step before, shifted
+        # by the drafts accepted (mamba_utils: prev_state_idx + accept bias,
+        # into that step's 1 + k trailing blocks), which ``start`` does not
+        # give once rejections have rolled num_computed_tokens back: only the
+        # state it writes is claimed.
+        if start > 0 and value == 0:
             states.add(cdiv(start, block_size) - 1)
         return sorted(states)
     return []

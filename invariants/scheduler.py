@@ -56,6 +56,7 @@ __all__ = [
     "check_mamba_state_at_resume_boundary",
     "check_no_exception_escapes",
     "check_no_leaked_blocks",
+    "check_rejected_drafts_rolled_back",
     "check_skipping_request_reads_no_cache",
     "check_stale_output_dropped",
     "check_step",
@@ -427,12 +428,39 @@ def check_stale_output_dropped(step: StepObservation) -> None:
             )
 
 
+def check_rejected_drafts_rolled_back(step: StepObservation) -> None:
+    """Speculative decoding: a running request whose k scheduled drafts the
+    fed output verified with a accepted counts the k - a rejected positions
+    as computed no longer: ``update_from_output`` takes its
+    ``num_computed_tokens`` down by exactly k - a. (Those positions hold the
+    rejected drafts' KV; counted, the next step would start past tokens that
+    were never computed, and the blocks kept would not match.) Requests
+    whose load failed in the step, or that are no longer RUNNING (finished,
+    or preempted while the output was in flight: a stale rejection vLLM
+    leaves alone), make no claim."""
+    failed = {f.request_id for f in step.failed_loads}
+    for v in step.draft_verifications:
+        if v.status_after != "RUNNING" or v.request_id in failed:
+            continue
+        if v.computed_before - v.computed_after != v.num_rejected:
+            raise InvariantViolation(
+                "rejected-drafts-rolled-back",
+                f"step {step.step}: update_from_output() verified {v.num_drafts} drafts of request "
+                f"{v.request_id} and accepted {v.num_accepted}, so {v.num_rejected} positions must leave "
+                f"num_computed_tokens; it went {v.computed_before} -> {v.computed_after} "
+                f"(down by {v.computed_before - v.computed_after})\n{step.describe()}"
+                + (f"\n  scenario: {step.context}" if step.context else ""),
+                where="Scheduler.update_from_output",
+            )
+
+
 # The connector-protocol checks (invariants/connector.py) run with the others.
 STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     check_no_exception_escapes,
     check_computed_below_num_tokens,
     check_copy_sources_ready,
     check_stale_output_dropped,
+    check_rejected_drafts_rolled_back,
     *CONNECTOR_STEP_CHECKS,
     # The shadow model of block ownership (invariants/ownership.py).
     *OWNERSHIP_CHECKS,

@@ -307,11 +307,11 @@ def engine_scheduler_draws(
     """Scheduler configurations whose layout vLLM's engine planned from an
     :func:`engine_models` draw (the scheduler flags as
     :func:`strategies.scheduler.scheduler_draws`, plus async scheduling for
-    half and a prefill cadence for one in four)."""
+    half and a prefill cadence for three in eight)."""
     models = engine_models(architectures=architectures)
     # Async scheduling (the engine's default) for half of them, drawn beside
     # the model: drawn inside the flatmap, far fewer than half came out async
-    # in the single-shot scenarios. Shrinks to sync. One in four holds local
+    # in the single-shot scenarios. Shrinks to sync. Three in eight hold local
     # prefills back to every 2nd-4th step (--prefill-schedule-interval);
     # shrinks to 1.
     cadences = st.sampled_from((1, 1, 2, 1, 3, 1, 4, 1))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -142,7 +143,11 @@ def scheduler_layouts(*, weights: tuple[int, int, int, int] = (1, 0, 0, 0)) -> s
 
 @st.composite
 def _scheduler_draws(
-    draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw], asynchronous: bool = False, producers: bool = False
+    draw: st.DrawFn,
+    layouts: st.SearchStrategy[LayoutDraw],
+    asynchronous: bool = False,
+    producers: bool = False,
+    speculative: bool = False,
 ) -> SchedulerDraw:
     layout = draw(layouts, label="layout")
     s = layout.scheduler_block_size
@@ -169,8 +174,9 @@ def _scheduler_draws(
     # whose step is in flight (its stale output). Its requests get no
     # external hit (a producer never loads). Shrinks to kv_both.
     producer = producers and async_scheduling and draw(st.integers(0, 3), label="kv_producer") == 2
+    spec = _speculation(draw, layout, async_scheduling, budget, runner) if speculative else {"layout": layout}
     return SchedulerDraw(
-        layout=layout,
+        layout=spec.pop("layout"),
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
         long_prefill_token_threshold=threshold,
@@ -179,7 +185,46 @@ def _scheduler_draws(
         model_runner=runner,
         async_scheduling=async_scheduling,
         kv_role="kv_producer" if producer else "kv_both",
+        **spec,
     )
+
+
+def _speculation(
+    draw: st.DrawFn, layout: LayoutDraw, async_scheduling: bool, budget: int, runner: str
+) -> dict[str, Any]:
+    """One configuration in four speculates (drawn last: the draws before it
+    are those of a configuration without it; shrinks to none), with k = 1-4
+    speculative tokens: "ngram" (prompt lookup; vLLM refuses it with async
+    scheduling on the V1 runner) or "eagle" (refused by a layout with a group
+    whose manager refuses the EAGLE drop; its k lookahead slots must leave
+    room for a token: k < max_num_batched_tokens), and an acceptance schedule of 1-4
+    counts in 0..k. A Mamba group's spec then holds k speculative state
+    blocks (vLLM's ``MambaBase.get_kv_cache_spec``: ``num_speculative_blocks
+    = num_speculative_tokens``)."""
+    methods = tuple(
+        m
+        for m, ok in (
+            ("ngram", not async_scheduling or runner == "v2"),
+            ("eagle", not any(classification_of_kind(g.kind).refuses_eagle_drop for g in layout.groups)),
+        )
+        if ok
+    )
+    if not methods or draw(st.integers(0, 3), label="speculative decoding (3: on)") != 3:
+        return {"layout": layout}
+    method = draw(st.sampled_from(methods), label="speculative method")
+    k = draw(st.integers(1, 4 if method == "ngram" else min(4, budget - 1)), label="num_speculative_tokens")
+    acceptance = tuple(draw(st.lists(st.integers(0, k), min_size=1, max_size=4), label="drafts accepted per verification"))
+    fields = [classification_of_kind(g.kind).speculative_blocks for g in layout.groups]
+    groups = tuple(
+        g if field is None else dataclasses.replace(g, params=g.params + ((field, k),))
+        for g, field in zip(layout.groups, fields)
+    )
+    return {
+        "layout": dataclasses.replace(layout, groups=groups),
+        "speculative_method": method,
+        "num_speculative_tokens": k,
+        "draft_acceptance": acceptance,
+    }
 
 
 @functools.cache
@@ -188,7 +233,11 @@ def _default_scheduler_draws() -> st.SearchStrategy[SchedulerDraw]:
 
 
 def scheduler_draws(
-    *, layouts: st.SearchStrategy[LayoutDraw] | None = None, asynchronous: bool = False, producers: bool = False
+    *,
+    layouts: st.SearchStrategy[LayoutDraw] | None = None,
+    asynchronous: bool = False,
+    producers: bool = False,
+    speculative: bool = False,
 ) -> st.SearchStrategy[SchedulerDraw]:
     """Scheduler configurations over ``layouts`` (default
     :func:`scheduler_layouts`): token budget ``max_num_batched_tokens`` from 4
@@ -199,12 +248,16 @@ def scheduler_draws(
     async scheduling (``AsyncScheduler`` driven as the engine's batch queue
     drives it) for about half the draws; with ``producers`` as well, one
     async draw in four is a P/D prefill instance's connector
-    (``kv_role="kv_producer"``), whose requests must then get no external hit.
+    (``kv_role="kv_producer"``), whose requests must then get no external hit;
+    with ``speculative``, speculative decoding for about one in four
+    (:func:`_speculation`).
     Shrinks towards the smallest budget, a divergent-capable connector and
     synchronous scheduling.
     """
-    if asynchronous:
-        return _scheduler_draws(scheduler_layouts() if layouts is None else layouts, True, producers)
+    if asynchronous or speculative:
+        return _scheduler_draws(
+            scheduler_layouts() if layouts is None else layouts, asynchronous, producers, speculative
+        )
     return _scheduler_draws(layouts) if layouts is not None else _default_scheduler_draws()
 
 
@@ -660,7 +713,7 @@ def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw])
     # pressure that makes preemptions.
     spare = st.integers(0, need // 2) if config.kv_role == "kv_producer" else _spare_blocks(need)
     num_blocks = 1 + need + draw(spare, label="spare blocks")
-    # One configuration in four holds local prefills back to every 2nd-4th
+    # Three configurations in eight hold local prefills back to every 2nd-4th
     # executed step while requests decode (the engine's
     # --prefill-schedule-interval); drawn last, inside the range (Hypothesis
     # favours its ends), so the other fields shrink as before. Shrinks to 1.
@@ -679,7 +732,9 @@ def machine_configs(
     prefill cadence (``prefill_schedule_interval`` 2-4).
     Shrinks towards the smallest pool and no cadence."""
     if configs is None:
-        configs = scheduler_draws(layouts=scheduler_layouts(weights=(6, 2, 2, 1)), asynchronous=True, producers=True)
+        configs = scheduler_draws(
+            layouts=scheduler_layouts(weights=(6, 2, 2, 1)), asynchronous=True, producers=True, speculative=True
+        )
     return _machine_configs(configs)
 
 

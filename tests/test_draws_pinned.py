@@ -55,8 +55,8 @@ PINNED = {
     "truncation_scenarios": "3ae70fe4a5f276de9d48d780f9016e4f65242b81da43a5057ec8e9a003647005",
     "single_shot_scenarios": "da3ac659d5d725b665504b4270147c068d5ef949bb841061ef00af744d23273e",
     "single_shot_any_layout": "80b9bac78bd684436edef793d6e7dba11f3ba516ccb53e375eaf86ea10fd7f3e",
-    # Moved when machine_configs began drawing kv_role (async configs) and prefill_schedule_interval (last).
-    "machine_configs": "2a10e52b3ec1d813172b76791d90ce5fe04bf67ab0499c07687ab42acb5f16b3",
+    # Moved when machine_configs began drawing kv_role (async configs), speculative decoding and prefill_schedule_interval (last).
+    "machine_configs": "8b1118ff9008ec6c1242fcc2033d277b164dc61755e463ce12241db540fd2b25",
     "failing_load_configs": "d57cd9f05d00b06c310370e2fb9124b12ae8ba845070f67313a9eb5b42ac94ce",
 }
 
@@ -120,11 +120,13 @@ def examples(strategy: st.SearchStrategy, n: int = _EXAMPLES) -> list:
 
 
 def test_machine_configs_hold_prefills_back_in_a_minority() -> None:
-    """About one machine configuration in four draws a prefill cadence (2-4,
-    the engine's --prefill-schedule-interval); the rest keep its default 1."""
-    intervals = [c.prefill_schedule_interval for c in examples(machine_configs(), n=80)]
+    """About three machine configurations in eight draw a prefill cadence
+    (2-4, the engine's --prefill-schedule-interval); the rest keep its
+    default 1. 300 draws: Hypothesis's first examples are its simplest (the
+    first 80 held 6 back once the draws before it grew)."""
+    intervals = [c.prefill_schedule_interval for c in examples(machine_configs(), n=300)]
     held = sum(i > 1 for i in intervals)
-    assert 0.1 <= held / len(intervals) <= 0.5, f"{held} of {len(intervals)} configurations hold prefills back"
+    assert 0.2 <= held / len(intervals) <= 0.5, f"{held} of {len(intervals)} configurations hold prefills back"
     assert set(intervals) <= {1, 2, 3, 4}, sorted(set(intervals))
 
 

@@ -152,8 +152,59 @@ def test_invariant_catches_planted_bug_in_a_fixed_run(
     assert STALE_OUTPUT in run((check,)).labels
 
 
+# Planted bugs in speculative decoding's bookkeeping, shown on a fixed run
+# that speculates (check, invariant, planted bug).
+SPEC_DECODE_CASES: list[tuple[Callable[..., None], str, str]] = [
+    (inv.check_rejected_drafts_rolled_back, "rejected-drafts-rolled-back", "rejected_drafts_stay_computed"),
+]
+
+
+def _speculating_run(async_scheduling: bool):  # type: ignore[no-untyped-def]
+    """Full attention + Mamba (block 4, Mamba with 3 speculative state
+    blocks), k = 3 drafts (ngram sync, EAGLE async), accepted 1, 0, 3, 2, ...
+    in turn; two 10-token requests decoding 8 tokens each, run to the end."""
+    from fuzz.adapter import SchedulerHarness
+    from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+
+    layout = LayoutDraw(
+        (SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4, (("num_speculative_blocks", 3),))),
+        hash_block_size=4,
+        num_blocks=41,
+    )
+    harness = SchedulerHarness(
+        SchedulerDraw(
+            layout=layout,
+            max_num_batched_tokens=16,
+            max_num_seqs=2,
+            model_runner="v1",
+            async_scheduling=async_scheduling,
+            speculative_method="eagle" if async_scheduling else "ngram",
+            num_speculative_tokens=3,
+            draft_acceptance=(1, 0, 3, 2),
+        )
+    )
+    harness.add_request(tuple(range(10)), max_tokens=8)
+    harness.add_request(tuple(range(50, 60)), max_tokens=8)
+    return harness.drain(context="speculating")
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize(("check", "invariant", "bug"), SPEC_DECODE_CASES)
+def test_a_planted_spec_decode_bug_is_caught(
+    check: Callable[..., None], invariant: str, bug: str, async_scheduling: bool
+) -> None:
+    steps = _speculating_run(async_scheduling)
+    assert any(v.num_rejected for s in steps for v in s.draft_verifications), "no draft was rejected"
+    assert not [v for s in steps for v in inv.step_violations(s, (check,))]
+    with planted_scheduler_bug(bug):
+        steps = _speculating_run(async_scheduling)
+    found = [v for s in steps for v in inv.step_violations(s, (check,))]
+    assert found and {v.invariant for v in found} == {invariant}, found
+
+
 def test_every_planted_bug_is_used() -> None:
-    used = {bug for *_, bug, _ in CASES} | {bug for *_, bug in MACHINE_CASES} | {bug for _, _, bug, _ in FIXED_CASES}
+    used = {bug for *_, bug, _ in CASES} | {bug for *_, bug in MACHINE_CASES}
+    used |= {bug for _, _, bug, _ in FIXED_CASES} | {bug for *_, bug in SPEC_DECODE_CASES}
     # The ownership edits have their cases in tests/test_ownership_planted.py.
     expected = set(PLANTED_SCHEDULER_BUGS) - set(PLANTED_OWNERSHIP_BUGS)
     assert used == expected, expected ^ used
@@ -168,7 +219,8 @@ CAUGHT_REAL_BUG: dict[Callable[..., None], str] = {
 
 
 def test_every_scheduler_check_has_a_planted_case() -> None:
-    checks = {c for c, *_ in CASES} | {c for c, *_ in MACHINE_CASES} | {c for c, *_ in FIXED_CASES} | set(CAUGHT_REAL_BUG)
+    checks = {c for c, *_ in CASES} | {c for c, *_ in MACHINE_CASES} | {c for c, *_ in FIXED_CASES}
+    checks |= {c for c, *_ in SPEC_DECODE_CASES} | set(CAUGHT_REAL_BUG)
     # The ownership checks have their cases in tests/test_ownership_planted.py.
     expected = {*inv.STEP_CHECKS, *inv.ADMISSION_CHECKS, inv.check_no_leaked_blocks} - set(OWNERSHIP_CHECKS)
     assert checks == expected, expected ^ checks

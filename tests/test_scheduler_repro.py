@@ -248,6 +248,73 @@ def test_a_planted_bug_on_a_producer_becomes_a_standalone_repro(tmp_path: Path) 
     _check_repro(source, bug, tmp_path)
 
 
+def _speculating(config, method: str, k: int = 2):  # type: ignore[no-untyped-def]
+    """``config`` with ``method`` speculative decoding of k tokens (Mamba
+    groups holding k speculative state blocks, as vLLM builds them); EAGLE
+    needs a budget above k, ngram synchronous scheduling."""
+    groups = tuple(
+        dataclasses.replace(g, params=g.params + (("num_speculative_blocks", k),)) if g.kind == "MambaSpec" else g
+        for g in config.layout.groups
+    )
+    return dataclasses.replace(
+        config,
+        layout=dataclasses.replace(config.layout, groups=groups),
+        max_num_batched_tokens=max(config.max_num_batched_tokens, k + 1),
+        async_scheduling=method == "eagle" and config.async_scheduling,
+        speculative_method=method,
+        num_speculative_tokens=k,
+        draft_acceptance=(1, 0, 2),
+    )
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle"])
+def test_a_planted_bug_on_a_speculative_config_becomes_a_standalone_repro(method: str, tmp_path: Path) -> None:
+    """Every configuration speculates (k=2, drafts accepted 1, 0, 2, ...):
+    the written file builds the same SpeculativeConfig, samples the accepted
+    drafts and hands the drafter's proposals over as the harness did."""
+    bug = "skip_truncation"
+
+    @SEARCH
+    @given(scenario=_planted_search_strategy().map(
+        lambda s: dataclasses.replace(s, config=_speculating(s.config, method))))
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, record=False)
+
+    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
+        search()
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-single-shot", seed=0,
+                                               invariant=caught.value.invariant, violation=str(caught.value))
+        log = last_oplog()
+    assert log is not None and log.config.draw.speculative_method == method
+    assert source is not None and f"SPECULATIVE_METHOD = {method!r}" in source
+    assert "**_speculative_config(tmp_path, model_config)" in source
+    _check_repro(source, bug, tmp_path)
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle"])
+def test_a_planted_spec_decode_bug_becomes_a_standalone_repro(method: str, tmp_path: Path) -> None:
+    """The rejected drafts left counted as computed: the file replays the
+    accepted and rejected drafts of the run (and, sync, the drafts handed
+    over) and states the claim after the step that verified them."""
+    bug = "rejected_drafts_stay_computed"
+
+    @SEARCH
+    @given(scenario=_planted_search_strategy().map(
+        lambda s: dataclasses.replace(s, config=_speculating(s.config, method))))
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, record=False)
+
+    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
+        search()
+    assert caught.value.invariant == "rejected-drafts-rolled-back", str(caught.value)
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-single-shot", seed=0,
+                                               invariant=caught.value.invariant, violation=str(caught.value))
+    assert source is not None and "_check_rejected_drafts_rolled_back(scheduler, out, watch" in source
+    _check_repro(source, bug, tmp_path)
+
+
 def test_the_state_machine_shrunk_program_becomes_a_repro(tmp_path: Path) -> None:
     bug = "skip_truncation"
     with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
@@ -330,6 +397,7 @@ def test_every_planted_scheduler_bug_has_a_repro_case() -> None:
     from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS
 
     cases = set(BUGS) | set(MACHINE_BUGS) | {bug for _, bug in CHECK_ALONE} | set(OWNERSHIP_BUGS)
+    cases.add("rejected_drafts_stay_computed")  # test_a_planted_spec_decode_bug_becomes_a_standalone_repro
     assert cases == set(PLANTED_SCHEDULER_BUGS), cases ^ set(PLANTED_SCHEDULER_BUGS)
     assert set(OWNERSHIP_BUGS) == set(PLANTED_OWNERSHIP_BUGS)
     assert set(BUGS.values()) | set(OWNERSHIP_BUGS.values()) <= WRITABLE

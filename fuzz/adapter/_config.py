@@ -15,22 +15,28 @@ planning writes back onto the KV-cache config. ``ModelConfig`` and
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from typing import Any
+
+import pydantic
 
 from fuzz.adapter import _compat, _connector
 from fuzz.adapter._env import init_hashing
-from fuzz.adapter._specs import kv_cache_config, refused
+from fuzz.adapter._specs import InvalidLayout, kv_cache_config, refused
 
 from vllm.config import (  # noqa: E402
     CacheConfig,
     DeviceConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     VllmConfig,
 )
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
@@ -38,7 +44,7 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from fuzz.model import SchedulerDraw  # noqa: E402
 
-__all__ = ["MAX_MODEL_LEN", "BuiltScheduler", "async_scheduling_kw", "build_scheduler", "scheduler_class"]
+__all__ = ["MAX_MODEL_LEN", "BuiltScheduler", "async_scheduling_kw", "build_scheduler", "speculative_kw", "scheduler_class"]
 
 MAX_MODEL_LEN = 1024
 
@@ -84,6 +90,21 @@ _MODEL_CONFIGS: dict[str, dict[str, Any]] = {
         max_position_embeddings=4096,
         torch_dtype="float32",
     ),
+    # An EAGLE draft head (``--speculative-config '{"method": "eagle",
+    # "model": <dir>}'``): one Llama-style layer, the target's vocabulary.
+    # vLLM reads its config.json only (draft ModelConfig, runner="draft").
+    "eagle-draft": dict(
+        architectures=["EagleLlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=128,
+        vocab_size=1024,
+        max_position_embeddings=4096,
+        torch_dtype="float32",
+    ),
 }
 
 
@@ -95,13 +116,18 @@ def _models_dir() -> str:
 
 
 @functools.cache
-def _model_config(kind: str) -> ModelConfig:
+def _model_dir(kind: str) -> str:
     directory = os.path.join(_models_dir(), kind)
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(_MODEL_CONFIGS[kind], f)
+    return directory
+
+
+@functools.cache
+def _model_config(kind: str) -> ModelConfig:
     return ModelConfig(
-        model=directory,
+        model=_model_dir(kind),
         skip_tokenizer_init=True,
         dtype="float32",
         seed=0,
@@ -110,6 +136,29 @@ def _model_config(kind: str) -> ModelConfig:
 
 
 _VLLM_CONFIGS: dict[tuple[Any, ...], VllmConfig] = {}
+
+
+def speculative_kw(draw: SchedulerDraw, model_config: ModelConfig) -> dict[str, Any]:
+    """``VllmConfig`` keywords for ``draw``'s speculative decoding, built as
+    ``EngineArgs.create_speculative_config`` does: ``SpeculativeConfig(
+    target_model_config=..., target_parallel_config=..., method=...,
+    num_speculative_tokens=...)``, the same ``ParallelConfig`` handed to
+    ``VllmConfig``. "ngram" needs no draft model (vLLM reuses the target's
+    config); "eagle" reads the local draft head's config.json."""
+    if draw.speculative_method is None:
+        return {}
+    parallel = ParallelConfig()
+    extra: dict[str, Any] = {}
+    if draw.speculative_method == "eagle":
+        extra["model"] = _model_dir("eagle-draft")
+    speculative = SpeculativeConfig(
+        method=draw.speculative_method,
+        num_speculative_tokens=draw.num_speculative_tokens,
+        target_model_config=model_config,
+        target_parallel_config=parallel,
+        **extra,
+    )
+    return {"parallel_config": parallel, "speculative_config": speculative}
 
 
 def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | None) -> VllmConfig:
@@ -125,31 +174,13 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
         draw.async_scheduling,
         draw.prefill_schedule_interval,
         draw.kv_role,
+        draw.speculative_method,
+        draw.num_speculative_tokens,
     )
     config = _VLLM_CONFIGS.get(key)
     if config is None:
-        config = VllmConfig(
-            model_config=_model_config(draw.model),
-            scheduler_config=SchedulerConfig(
-                max_num_seqs=draw.max_num_seqs,
-                max_num_batched_tokens=draw.max_num_batched_tokens,
-                max_model_len=MAX_MODEL_LEN,
-                long_prefill_token_threshold=draw.long_prefill_token_threshold,
-                enable_chunked_prefill=True,
-                is_encoder_decoder=False,
-                **async_scheduling_kw(draw),
-                **_compat.prefill_cadence_kw(draw.prefill_schedule_interval),
-            ),
-            cache_config=CacheConfig(
-                block_size=block_size,
-                enable_prefix_caching=True,
-                mamba_cache_mode="align",
-                prefix_match_unit=prefix_match_unit,
-                cache_dtype="auto",
-            ),
-            kv_transfer_config=_connector.transfer_config(draw.kv_load_failure_policy, draw.kv_role),
-            device_config=DeviceConfig(device="cpu"),
-        )
+        with _speculation_refusals(draw):
+            config = _new_vllm_config(draw, block_size, prefix_match_unit)
         # The lean CPU install has no vLLM platform, so VllmConfig turns the
         # hybrid KV-cache manager off; the deployments this suite models (GPU)
         # run with it on, and the scheduler config we hand over is hybrid.
@@ -158,6 +189,51 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
             _VLLM_CONFIGS.clear()
         _VLLM_CONFIGS[key] = config
     return config
+
+
+@contextlib.contextmanager
+def _speculation_refusals(draw: SchedulerDraw) -> Iterator[None]:
+    """vLLM's refusals of a speculative configuration, as ``InvalidLayout``.
+
+    VllmConfig validates through pydantic, which re-raises a validator's
+    ``ValueError`` as a ``ValidationError`` with no vLLM frame left (it would
+    read as the suite's own misfit). Errors of type ``value_error`` are such
+    refusals (e.g. 0.33.0: ngram with async scheduling on the V1 runner;
+    0.28.0: ngram on the V2 runner); a wrong argument has another type.
+    """
+    try:
+        yield
+    except pydantic.ValidationError as exc:
+        errors = exc.errors()
+        if draw.speculative_method is None or not errors or any(e["type"] != "value_error" for e in errors):
+            raise
+        raise InvalidLayout(f"VllmConfig refused {draw.speculative_method} speculative decoding: {errors[0]['msg']}") from exc
+
+
+def _new_vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | None) -> VllmConfig:
+    return VllmConfig(
+        model_config=_model_config(draw.model),
+        **speculative_kw(draw, _model_config(draw.model)),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=draw.max_num_seqs,
+            max_num_batched_tokens=draw.max_num_batched_tokens,
+            max_model_len=MAX_MODEL_LEN,
+            long_prefill_token_threshold=draw.long_prefill_token_threshold,
+            enable_chunked_prefill=True,
+            is_encoder_decoder=False,
+            **async_scheduling_kw(draw),
+            **_compat.prefill_cadence_kw(draw.prefill_schedule_interval),
+        ),
+        cache_config=CacheConfig(
+            block_size=block_size,
+            enable_prefix_caching=True,
+            mamba_cache_mode="align",
+            prefix_match_unit=prefix_match_unit,
+            cache_dtype="auto",
+        ),
+        kv_transfer_config=_connector.transfer_config(draw.kv_load_failure_policy, draw.kv_role),
+        device_config=DeviceConfig(device="cpu"),
+    )
 
 
 def async_scheduling_kw(draw: SchedulerDraw) -> dict[str, Any]:
@@ -230,6 +306,8 @@ def build_scheduler(draw: SchedulerDraw) -> BuiltScheduler:
                 hash_block_size=hash_bs,
                 log_stats=False,
             )
+    except InvalidLayout:
+        raise
     except Exception as exc:  # noqa: BLE001 - vLLM's verdict, or the suite's misfit
         raise refused(exc) from exc
     return BuiltScheduler(scheduler, kv_config, sched_bs, hash_bs)

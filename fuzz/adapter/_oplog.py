@@ -21,7 +21,7 @@ from fuzz.adapter._env import sha256
 
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 from fuzz.model import (  # noqa: E402
@@ -167,6 +167,9 @@ def replay_oplog(log: OpLog) -> list[ScheduledOutput | None]:
                     sched.finish_requests(during, RequestStatus.FINISHED_ABORTED)
                     during = []
                 sched.update_from_output(scheduled.pop(op.fed_step or op.index), model_runner_output(op.fed))
+                if op.fed.drafts:  # EngineCore.post_step hands the drafter's proposals over
+                    ids = [r for r, _ in op.fed.drafts]
+                    sched.update_draft_token_ids(DraftTokenIds(ids, [list(d) for _, d in op.fed.drafts]))
             except Exception:  # noqa: BLE001
                 break
     return outputs

@@ -41,14 +41,16 @@ def read_rules(kv_cache_config: Any, groups: tuple[GroupInfo, ...], spans: tuple
     """Per group, which of a running request's blocks the step reads:
     ``("full", 0)``, ``("window", W)``, ``("chunk", C)``, ``("rswa", W)``
     (the prompt plus the last W tokens: R-SWA frees the gap between),
-    ``("state", 0)`` (a recurrent state) or ``("none", 0)`` (scratch)."""
+    ``("state", k)`` (a recurrent state; k: its speculative state blocks) or
+    ``("none", 0)`` (scratch)."""
     rules = []
     for g, spec_group, span, behaviour in zip(groups, kv_cache_config.kv_cache_groups, spans, behaviours):
         spec = spec_group.kv_cache_spec
         if behaviour == "scratch":
             rules.append(("none", 0))
         elif behaviour == "may-be-short":
-            rules.append(("state", 0))
+            # The value: its speculative state blocks (see read_indices).
+            rules.append(("state", int(getattr(spec, "num_speculative_blocks", 0) or 0)))
         elif getattr(spec, "rswa_window", None) is not None:
             rules.append(("rswa", int(spec.rswa_window)))
         elif span is not None:

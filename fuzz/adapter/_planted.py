@@ -414,6 +414,17 @@ _OWNERSHIP_EDITS: dict[str, tuple[str, tuple[str, str, str], tuple[tuple[str, st
 
 PLANTED_OWNERSHIP_BUGS: dict[str, str] = {name: desc for name, (desc, _, _) in _OWNERSHIP_EDITS.items()}
 
+# name: (description, Scheduler method, edits): planted bugs in speculative
+# decoding's bookkeeping (compiled as the connector edits are).
+_SPEC_DECODE_EDITS: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
+    "rejected_drafts_stay_computed": (
+        "update_from_output counts rejected draft positions as computed: "
+        "num_computed_tokens is not rolled back by the rejections",
+        "update_from_output",
+        (("request.num_computed_tokens -= num_rejected", "request.num_computed_tokens -= 0"),),
+    ),
+}
+
 # name: (description, (vLLM module, class, method), edits): planted bugs in
 # the KV-cache manager's prefix-cache gate (compiled as the ownership edits are).
 _MANAGER_EDITS: dict[str, tuple[str, tuple[str, str, str], tuple[tuple[str, str], ...]]] = {
@@ -433,6 +444,7 @@ _MANAGER_EDITS: dict[str, tuple[str, tuple[str, str, str], tuple[tuple[str, str]
 PLANTED_SCHEDULER_BUGS: dict[str, str] = {
     **{name: desc for name, (desc, _) in _SCHEDULE_EDITS.items()},
     **{name: desc for name, (desc, _, _) in _CONNECTOR_EDITS.items()},
+    **{name: desc for name, (desc, _, _) in _SPEC_DECODE_EDITS.items()},
     **PLANTED_OWNERSHIP_BUGS,
     **{name: desc for name, (desc, _, _) in _MANAGER_EDITS.items()},
     "pre_fix_assert_all": (
@@ -482,8 +494,8 @@ def _edit(source: str, old: str, new: str, name: str, method: str = "schedule") 
 
 def _planted_edits(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     """The Scheduler method a planted edit changes, and its edits."""
-    if name in _CONNECTOR_EDITS:
-        _, method, edits = _CONNECTOR_EDITS[name]
+    if name in _CONNECTOR_EDITS or name in _SPEC_DECODE_EDITS:
+        _, method, edits = {**_CONNECTOR_EDITS, **_SPEC_DECODE_EDITS}[name]
         return method, edits
     return "schedule", _SCHEDULE_EDITS[name][1]
 

@@ -20,20 +20,21 @@ from fuzz import outcomes
 from fuzz.adapter import _compat, _connector, _oplog
 from fuzz.adapter._config import build_scheduler
 from fuzz.adapter._env import VLLM_VERSION, sha256
-from fuzz.adapter._observe import Spies, vllm_frames
+from fuzz.adapter._observe import Spies, step_frames
 from fuzz.adapter._ownership import OwnershipSpy, read_rules
 from fuzz.adapter._specs import qualified_name
 
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 from fuzz.model import ConnectorAlloc  # noqa: E402
 from fuzz.model import Abort, AddRequest, ConnectorAnswer, Evict, FedOutput, OpLog, Step  # noqa: E402
 from fuzz.model import (  # noqa: E402
     AdmissionObservation,
+    DraftVerification,
     ExternalReply,
     GroupInfo,
     FailedLoad,
@@ -343,6 +344,7 @@ class SchedulerHarness:
         self.step_index += 1
         self._fed = None
         self._stale = []
+        self._verifications: tuple[DraftVerification, ...] = ()
         self.spies.new_step()
         self._step_failed_loads = []
         rolled_back = self._still_recomputing()
@@ -366,7 +368,7 @@ class SchedulerHarness:
         except Exception as exc:  # noqa: BLE001 - every failure is an observation
             _raise_if_suite_code(exc, "schedule")
             error, error_type, where = f"{type(exc).__name__}: {exc}", type(exc).__name__, "schedule"
-            frames = vllm_frames(exc)
+            frames = step_frames(exc)
         self.vllm_seconds += time.perf_counter() - t0
         ownership = self.ownership.observe(self.step_index, out, self.read_rules)
         queries = self.script.queries[asked_before:]
@@ -405,9 +407,11 @@ class SchedulerHarness:
                     type(exc).__name__,
                     "update_from_output",
                 )
-                frames = vllm_frames(exc)
+                frames = step_frames(exc)
         if not error:  # nothing fed back: the input queue aborts them after the step
             self._abort_during_step()
+        if not error and fed is not None:
+            self._propose_drafts(fed)
         if error:
             self.broken = error
         finishes, left = self._finish_calls()
@@ -457,6 +461,7 @@ class SchedulerHarness:
             schedule_called=schedules,
             prefill_held=prefill_held,
             stale_outputs=tuple(self._stale),
+            draft_verifications=self._verifications,
         )
 
     def _prefill_held(self) -> bool:
@@ -501,12 +506,55 @@ class SchedulerHarness:
         oldest, self._pending = self._pending, queued
         return oldest
 
+    def _propose_drafts(self, fed: _Pending) -> None:
+        """The drafter's proposals after a step, handed over as the engine
+        core does: ``EngineCore.post_step`` (synchronous scheduling, when the
+        model ran) ``take_draft_token_ids()`` then
+        ``scheduler.update_draft_token_ids(DraftTokenIds)``; the scheduler
+        itself drops those of prefill chunks and finished requests. With
+        async scheduling the engine hands none over (the worker keeps its
+        drafts; AsyncScheduler schedules -1 placeholders for them). A step
+        the scheduler marked ``skip_drafts`` (V2 runner: no request can use
+        them) proposes none. The drafter proposes k drafts for every
+        request of the batch."""
+        out = fed.out
+        if (
+            self.draw.speculative_method is None
+            or self.draw.async_scheduling
+            or out.total_num_scheduled_tokens == 0
+            or getattr(out, "skip_drafts", False)
+        ):
+            return
+        ids = list(out.num_scheduled_tokens)
+        k = self.draw.num_speculative_tokens
+        drafts = [[3000 + i for i in range(k)] for _ in ids]
+        if self._fed is not None:
+            self._fed = dataclasses.replace(self._fed, drafts=tuple((r, tuple(d)) for r, d in zip(ids, drafts)))
+        self.scheduler.update_draft_token_ids(DraftTokenIds(ids, drafts))
+
+    def _verifiable(self, out: Any, rid: str, newly: frozenset[str]) -> int:
+        """How many of the drafts scheduled for ``rid`` the rejection sampler
+        could accept: none of the -1 padding a request admitted in this step
+        gets (``pad_spec_decode``: ``[-1] * num_spec_tokens``, placeholder
+        rows); otherwise, synchronous, the drafts before the first -1
+        (vLLM's ``strip_speculative_padding``), async, every placeholder (the
+        worker fills them with its drafts)."""
+        drafts = (out.scheduled_spec_decode_tokens or {}).get(rid) or []
+        if not drafts or rid in newly:
+            return 0
+        if self.draw.async_scheduling:
+            return len(drafts)
+        return next((i for i, t in enumerate(drafts) if t < 0), len(drafts))
+
     def _sampled(self, out: Any) -> list[list[int]]:
         """What the model runner samples for ``out``, decided as it is
         scheduled (right after ``schedule()``): a token for each request whose
         scheduled tokens reach its end, none for a non-final prefill chunk
-        (the runner discards those)."""
+        (the runner discards those); with speculative decoding, before it,
+        the drafts the rejection sampler accepts (:meth:`SchedulerDraw.accepted`)."""
         sampled = []
+        newly = frozenset(r for r, *_ in self._newly_scheduled(out))
+        position = 0
         for rid in out.num_scheduled_tokens:
             req = self.scheduler.requests[rid]
             if self.draw.async_scheduling:
@@ -517,7 +565,12 @@ class SchedulerHarness:
             else:
                 # num_computed_tokens already includes this step's tokens.
                 done_prefill = req.num_computed_tokens >= req.num_tokens
-            sampled.append([1000 + self.step_index % 24] if done_prefill else [])
+            accepted = 0
+            verifiable = self._verifiable(out, rid, newly) if done_prefill else 0
+            if verifiable:
+                accepted = self.draw.accepted(self.step_index, position, verifiable)
+                position += 1
+            sampled.append([1000 + (self.step_index + i) % 24 for i in range(1 + accepted)] if done_prefill else [])
         return sampled
 
     def _connector_allocs(self, queries: list[Any], allocs: list[Any]) -> tuple[ConnectorAlloc, ...]:
@@ -706,6 +759,12 @@ class SchedulerHarness:
             for rid, r in sched.requests.items()
             if invalid_block_ids and rid not in failed and r.status.name == "WAITING_FOR_REMOTE_KVS"
         }
+        drafts = out.scheduled_spec_decode_tokens or {}
+        verified = {
+            rid: (len(drafts[rid]), len(sampled[i]) - 1, sched.requests[rid].num_computed_tokens)
+            for i, rid in enumerate(ids)
+            if drafts.get(rid) and sampled[i] and rid in sched.requests
+        }
         t0 = time.perf_counter()
         try:
             sched.update_from_output(out, output)
@@ -719,6 +778,13 @@ class SchedulerHarness:
                 )
         for rid in self.script.sends_in_flight - set(self._send_started):
             self._send_started[rid] = self.step_index
+        self._verifications = tuple(
+            DraftVerification(
+                rid, n, accepted, computed, self._requests[rid].num_computed_tokens,
+                sched.requests[rid].status.name if rid in sched.requests else "",
+            )
+            for rid, (n, accepted, computed) in verified.items()
+        )
         self._record_failed_loads(failed if _compat.HAS_FAILED_RECVING else set())
         for rid, computed in in_flight.items():
             if rid in sched.requests and sched.requests[rid].num_computed_tokens < computed:

@@ -128,6 +128,10 @@ class FedOutput:
     invalid_block_ids: tuple[int, ...] = ()
     # A producer's hand-offs reported done: vLLM frees their held blocks.
     finished_sending: tuple[str, ...] = ()
+    # Speculative decoding, sync: the drafts handed over right after it
+    # (``update_draft_token_ids(DraftTokenIds)``, EngineCore.post_step), per
+    # request id.
+    drafts: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ __all__ = [
     "ConnectorAlloc",
     "ConnectorFinish",
     "ConnectorMeta",
+    "DraftVerification",
     "ExternalReply",
     "PoolObservation",
     "SchedulerDraw",
@@ -60,9 +61,36 @@ class SchedulerDraw:
     # at once and may preempt a request whose step is still in flight).
     kv_role: str = "kv_both"
 
+    # Speculative decoding (``--speculative-config``): the method ("ngram":
+    # prompt lookup, no draft model; "eagle": a draft model reading the
+    # target's hidden states, which reserves lookahead slots and drops the
+    # trailing cached block) and its ``num_speculative_tokens`` k; None and
+    # 0: no speculation. ``draft_acceptance``: how many drafts the rejection
+    # sampler accepts at each verification, cycled over the step's requests
+    # (see :meth:`accepted`).
+    speculative_method: str | None = None
+    num_speculative_tokens: int = 0
+    draft_acceptance: tuple[int, ...] = ()
+
     def __post_init__(self) -> None:
         if self.kv_role not in KV_ROLES:
             raise ValueError(f"kv_role={self.kv_role!r} is not one of {KV_ROLES}")
+        if (self.speculative_method is None) != (self.num_speculative_tokens == 0):
+            raise ValueError(
+                f"speculative_method={self.speculative_method!r} needs num_speculative_tokens > 0 "
+                f"and the other way round (got {self.num_speculative_tokens})"
+            )
+        if self.speculative_method is not None and not self.draft_acceptance:
+            raise ValueError("a speculative draw needs a non-empty draft_acceptance")
+
+    def accepted(self, step: int, position: int, verifiable: int) -> int:
+        """Drafts the rejection sampler accepts for the ``position``-th
+        request (in the output's order) that had ``verifiable`` drafts
+        verified in ``step``: the draw's acceptance schedule, cycled, capped
+        at what could be accepted."""
+        if not self.draft_acceptance:
+            return 0
+        return min(verifiable, self.draft_acceptance[(step + position) % len(self.draft_acceptance)])
 
     @property
     def reach(self) -> tuple[str, str]:
@@ -95,6 +123,7 @@ class SchedulerDraw:
             f"{', async_scheduling=True' if self.async_scheduling else ''}"
             f"{'' if self.prefill_schedule_interval == 1 else f', prefill_schedule_interval={self.prefill_schedule_interval}'}"
             f"{'' if self.kv_role == 'kv_both' else f', kv_role={self.kv_role!r}'}"
+            f"{'' if self.speculative_method is None else f', speculative_config={{method={self.speculative_method!r}, num_speculative_tokens={self.num_speculative_tokens}}}, draft_acceptance={self.draft_acceptance}'}"
             f"{'' if self.engine is None else f', engine={self.engine!r}'})"
         )
 
@@ -410,6 +439,31 @@ class StaleOutput:
 
 
 @dataclasses.dataclass(frozen=True)
+class DraftVerification:
+    """One request's drafts verified by an ``update_from_output``: the drafts
+    its step scheduled (``scheduled_spec_decode_tokens``, -1 padding
+    included), how many the rejection sampler accepted, and its
+    ``num_computed_tokens`` right before and right after the call."""
+
+    request_id: str
+    num_drafts: int
+    num_accepted: int
+    computed_before: int
+    computed_after: int
+    status_after: str  # its RequestStatus name after the call ("" : it left the scheduler)
+
+    @property
+    def num_rejected(self) -> int:
+        return self.num_drafts - self.num_accepted
+
+    def describe(self) -> str:
+        return (
+            f"request {self.request_id}: {self.num_drafts} drafts verified, {self.num_accepted} accepted; "
+            f"num_computed_tokens {self.computed_before} -> {self.computed_after} ({self.status_after or 'gone'})"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class StepObservation:
     """One engine step: ``schedule()`` and the ``update_from_output()`` the
     engine makes in the same step (with async scheduling, possibly of the
@@ -477,6 +531,8 @@ class StepObservation:
     # Requests preempted after the step whose output this step fed (their
     # share of it is stale).
     stale_outputs: tuple[StaleOutput, ...] = ()
+    # Speculative decoding: each request whose drafts the fed output verified.
+    draft_verifications: tuple[DraftVerification, ...] = ()
 
     @property
     def fed_late(self) -> bool:
@@ -509,6 +565,7 @@ class StepObservation:
         ]
         lines += [f"  failed load: {f.describe()}" for f in self.failed_loads]
         lines += [f"  stale output: {o.describe()}" for o in self.stale_outputs]
+        lines += [f"  drafts: {v.describe()}" for v in self.draft_verifications]
         lines += [a.describe() for a in self.admissions]
         if self.context:
             lines.append(f"  scenario: {self.context}")

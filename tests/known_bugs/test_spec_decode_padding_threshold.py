@@ -1,0 +1,92 @@
+"""Known vLLM bug: a waiting request padded to a uniform spec-decode step is
+cut by ``long_prefill_token_threshold`` and ``schedule()`` asserts.
+
+Found by: ``no-exception`` in the scheduler state machine once it speculated
+(ngram, k=1, ``long_prefill_token_threshold=1``), 2026-12-01.
+
+Analysis (vLLM 0.33.0, ``vllm/v1/core/sched/scheduler.py``):
+
+- In the waiting loop, a request with one token left to compute
+  (``num_new_tokens == 1``: a prefix-cache or connector hit of all but the
+  last token, or a resumed request) and something already computed or
+  running is padded "to uniform spec decoding size":
+  ``num_new_tokens = 1 + num_spec_tokens``, ``pad_spec_decode = True``
+  (lines 1311-1330).
+- Right after, ``if 0 < long_prefill_token_threshold < num_new_tokens:
+  num_new_tokens = long_prefill_token_threshold`` (line 1332) cuts it back
+  whenever the threshold is below ``1 + num_spec_tokens`` and more than one
+  request is eligible (the threshold applies only then, line 759).
+- The Mamba split that can also shorten it drops the padding (lines
+  1359-1370); the threshold cut does not, so ``assert num_new_tokens == 1 +
+  self.num_spec_tokens`` (line 1579) fails and the engine core dies.
+
+Reach: a real engine. ``--long-prefill-token-threshold`` <= k with
+``--speculative-config`` (vLLM validates neither against the other), prefix
+caching on, two requests eligible, one of them admitted with all but its
+last token cached. No connector needed. Pinned with ngram: an EAGLE drafter
+drops the trailing cached block, so its local hits leave a block to compute
+(the control below runs it too); a connector hit or a resumed request would
+bring it to the same padding (not pinned here). Release 0.33.0 checked; older releases not checked here.
+
+Strict xfail: this turns red the day vLLM fixes it; then set ``fixed_in`` on
+the ``spec-decode-padding-cut-by-long-prefill-threshold`` entry of
+fuzz/known_bugs.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz.adapter import SchedulerHarness
+from fuzz.known_bugs import failure_of, known_bug
+from fuzz.model import InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.targets.target_scheduler import UNSUPPORTED
+from invariants.scheduler import check_no_exception_escapes
+
+pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
+
+PROMPT = tuple(range(9))  # 2 blocks of 4 and 1 token: a hit of 8 = num_tokens - 1
+
+
+def _second_admission(method: str, threshold: int):
+    """One FullAttention group of block 4, no connector hit. r0 computes
+    PROMPT; then r1 (PROMPT again: 8 tokens cached, 1 left) and r2 wait
+    together, so the threshold applies when r1 is padded to 1 + k."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17)
+    harness = SchedulerHarness(
+        SchedulerDraw(
+            layout=layout,
+            max_num_batched_tokens=16,
+            max_num_seqs=2,
+            long_prefill_token_threshold=threshold,
+            speculative_method=method,
+            num_speculative_tokens=2,
+            draft_acceptance=(0,),
+        )
+    )
+    harness.add_request(PROMPT, max_tokens=1)
+    harness.drain()
+    harness.add_request(PROMPT, max_tokens=2)
+    harness.add_request(tuple(range(100, 104)), max_tokens=2)
+    return harness.step(context=f"{method}, k=2, long_prefill_token_threshold={threshold}: r1 hits 8 of 9")
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle"])
+def test_threshold_above_the_padding_is_fine(method: str) -> None:
+    """The control: a threshold of 1 + k leaves the padded step whole."""
+    check_no_exception_escapes(_second_admission(method, threshold=3))
+
+
+@pytest.mark.known_vllm_bug
+@pytest.mark.xfail(
+    strict=True,
+    raises=InvariantViolation,
+    reason="vLLM bug spec-decode-padding-cut-by-long-prefill-threshold (fuzz/known_bugs.py)",
+)
+def test_padded_spec_decode_admission_survives_the_threshold() -> None:
+    step = _second_admission("ngram", threshold=2)
+    try:
+        check_no_exception_escapes(step)
+    except InvariantViolation as exc:
+        assert known_bug("spec-decode-padding-cut-by-long-prefill-threshold").shows_in(failure_of(exc)), step.describe()
+        raise
