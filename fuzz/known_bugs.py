@@ -407,7 +407,10 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "fails and the engine core dies. Needs --long-prefill-token-threshold <= k (vLLM "
             "validates neither flag against the other), prefix caching, a hit of all but the "
             "last token (or a resumed request) and a second eligible request; no connector "
-            "needed (pinned with ngram: EAGLE's trailing-block drop keeps local hits a block short)."
+            "needed (pinned with ngram: EAGLE's trailing-block drop keeps local hits a block short). "
+            "Upstream: vllm-project/vllm PR 54028 (open, 2026-08-27) reports the same cut on a GPU "
+            "engine (ngram, k=3, threshold 2: two identical greedy requests diverge) and skips the "
+            "padding when the threshold cannot hold 1 + k."
         ),
     ),
     KnownBug(

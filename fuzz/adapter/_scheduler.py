@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import time
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
 from fuzz import outcomes
-from fuzz.adapter import _compat, _connector, _oplog
+from fuzz.adapter import _compat, _connector, _oplog, _planted
 from fuzz.adapter._config import build_scheduler
 from fuzz.adapter._env import VLLM_VERSION, sha256
 from fuzz.adapter._observe import Spies, step_frames
@@ -79,10 +81,16 @@ def _raise_if_suite_code(exc: Exception, call: str) -> None:
     One raised by the suite's own code that vLLM calls (the scripted
     connector, the recording wrappers) is the harness's misfit: it leaves as
     :class:`HarnessError`, never as a ``no-exception`` violation. Planted
-    edits are compiled under vLLM's file names, so they stay vLLM's."""
+    bugs stand in for vLLM's code: the scheduler edits are compiled under
+    vLLM's file names, and the truncation variants (plain functions in
+    ``_planted``) count as vLLM's too."""
     verdict = outcomes.classify(exc, VLLM_VERSION)
-    if verdict.outcome is outcomes.Outcome.HARNESS_ERROR:
-        raise HarnessError(f"during {call}(): {verdict.reason}") from exc
+    if verdict.outcome is not outcomes.Outcome.HARNESS_ERROR:
+        return
+    innermost = [f.f_code.co_filename for f, _ in traceback.walk_tb(exc.__traceback__)][-1:]
+    if innermost and os.path.abspath(innermost[0]) == os.path.abspath(_planted.__file__):
+        return
+    raise HarnessError(f"during {call}(): {verdict.reason}") from exc
 
 
 class SchedulerHarness:

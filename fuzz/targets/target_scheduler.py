@@ -321,7 +321,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         a block, past a hash unit (vLLM registers a sub-block tail entry
         there), computed locally and run to completion with everything
         else; then the next turn, 1 to a block's worth of tokens longer,
-        finding the store holding all of it (mostly loaded synchronously).
+        finding the store holding all of it (mostly loaded synchronously;
+        a producer's store holds nothing).
         Its local hit then ends at the sub-block tail and the external hit
         goes past it: the truncation branch, by construction, on layouts
         with a hash unit finer than the block (Mamba hybrids)."""
@@ -341,7 +342,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         more = data.draw(st.integers(1, block), label="next turn extra")
         tokens = first + [4_000 + 64 * (self.salt % 60) + j for j in range(more)]
         load_async = data.draw(st.integers(0, 7), label="next turn async load") in (2, 5)
-        reply = ExternalReply("store", store_len=len(tokens), load_async=load_async)
+        # A producer (a P/D prefill instance) never loads: its next turn
+        # finds its own cache only.
+        producer = self.harness.draw.kv_role == "kv_producer"
+        reply = ExternalReply() if producer else ExternalReply("store", store_len=len(tokens), load_async=load_async)
         max_tokens = data.draw(st.integers(1, 4), label="next turn max_tokens")
         rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply)
         note(f"add_request({rid}, {turn}'s tokens + {more}, max_tokens={max_tokens}, ext={reply!r})")

@@ -28,6 +28,10 @@ drops the trailing cached block, so its local hits leave a block to compute
 (the control below runs it too); a connector hit or a resumed request would
 bring it to the same padding (not pinned here). Release 0.33.0 checked; older releases not checked here.
 
+Upstream: vllm-project/vllm PR 54028 (open, 2026-08-27) reports the same cut
+on a GPU engine (ngram, k=3, threshold 2: two identical greedy requests
+diverge) and proposes skipping the padding when the threshold cannot hold it.
+
 Strict xfail: this turns red the day vLLM fixes it; then set ``fixed_in`` on
 the ``spec-decode-padding-cut-by-long-prefill-threshold`` entry of
 fuzz/known_bugs.py.
