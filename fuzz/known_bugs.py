@@ -305,7 +305,10 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "met by the bench's state machine on a lone SlidingWindowMLASpec group). "
             "The same walk rolls back an async-loading request whose local hit shares the "
             "failed blocks, into a window its whole-prompt admission already dropped (pinned "
-            "by test_an_async_load_sharing_the_failed_blocks_resumes_inside_its_window)."
+            "by test_an_async_load_sharing_the_failed_blocks_resumes_inside_its_window), and a "
+            "running request whose same-step local hit shares them, into a window its admission "
+            "already nulled (pinned by "
+            "test_a_running_request_sharing_the_failed_blocks_resumes_inside_its_window)."
         ),
     ),
     KnownBug(

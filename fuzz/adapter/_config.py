@@ -44,7 +44,14 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from fuzz.model import SchedulerDraw  # noqa: E402
 
-__all__ = ["MAX_MODEL_LEN", "BuiltScheduler", "async_scheduling_kw", "build_scheduler", "speculative_kw", "scheduler_class"]
+__all__ = [
+    "MAX_MODEL_LEN",
+    "BuiltScheduler",
+    "build_scheduler",
+    "scheduler_class",
+    "scheduler_config",
+    "speculative_kw",
+]
 
 MAX_MODEL_LEN = 1024
 
@@ -214,16 +221,7 @@ def _new_vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: in
     return VllmConfig(
         model_config=_model_config(draw.model),
         **speculative_kw(draw, _model_config(draw.model)),
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=draw.max_num_seqs,
-            max_num_batched_tokens=draw.max_num_batched_tokens,
-            max_model_len=MAX_MODEL_LEN,
-            long_prefill_token_threshold=draw.long_prefill_token_threshold,
-            enable_chunked_prefill=True,
-            is_encoder_decoder=False,
-            **async_scheduling_kw(draw),
-            **_compat.prefill_cadence_kw(draw.prefill_schedule_interval),
-        ),
+        scheduler_config=scheduler_config(draw, MAX_MODEL_LEN),
         cache_config=CacheConfig(
             block_size=block_size,
             enable_prefix_caching=True,
@@ -233,6 +231,22 @@ def _new_vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: in
         ),
         kv_transfer_config=_connector.transfer_config(draw.kv_load_failure_policy, draw.kv_role),
         device_config=DeviceConfig(device="cpu"),
+    )
+
+
+def scheduler_config(draw: SchedulerDraw, max_model_len: int) -> SchedulerConfig:
+    """The ``SchedulerConfig`` of ``draw``'s scheduler flags (budgets,
+    long-prefill threshold, scheduling mode, prefill cadence), chunked
+    prefill on, for scheduler-API and engine-planned configurations alike."""
+    return SchedulerConfig(
+        max_num_seqs=draw.max_num_seqs,
+        max_num_batched_tokens=draw.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=draw.long_prefill_token_threshold,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
+        **async_scheduling_kw(draw),
+        **_compat.prefill_cadence_kw(draw.prefill_schedule_interval),
     )
 
 

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fuzz.adapter import _compat, _connector
-from fuzz.adapter._config import async_scheduling_kw
+from fuzz.adapter._config import scheduler_config
 from fuzz.adapter._env import init_hashing
 from fuzz.adapter._specs import refused
 
@@ -56,7 +56,6 @@ from vllm.config import (  # noqa: E402
     CacheConfig,
     DeviceConfig,
     ModelConfig,
-    SchedulerConfig,
     VllmConfig,
 )
 from vllm.model_executor.layers.attention.attention import _largest_kernel_block_within  # noqa: E402
@@ -270,16 +269,7 @@ def _vllm_config(engine: EngineDraw, draw: SchedulerDraw | None, max_model_len: 
     draw = draw or SchedulerDraw(layout=LayoutDraw((), 1, 1))
     config = VllmConfig(
         model_config=model_config,
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=draw.max_num_seqs,
-            max_num_batched_tokens=draw.max_num_batched_tokens,
-            max_model_len=max_model_len,
-            long_prefill_token_threshold=draw.long_prefill_token_threshold,
-            enable_chunked_prefill=True,
-            is_encoder_decoder=False,
-            **async_scheduling_kw(draw),
-            **_compat.prefill_cadence_kw(draw.prefill_schedule_interval),
-        ),
+        scheduler_config=scheduler_config(draw, max_model_len),
         cache_config=CacheConfig(
             block_size=engine.block_size,
             enable_prefix_caching=engine.enable_prefix_caching,

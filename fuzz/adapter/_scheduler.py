@@ -759,13 +759,19 @@ class SchedulerHarness:
             for i, r in enumerate(ids)
             if self._preempted_at.get(r, 0) > step.index and r in sched.requests
         }
-        # Async loads still in flight whose blocks include reported invalid
-        # ones (a local hit on blocks another request's sync load filled):
-        # vLLM rolls them back too (_update_requests_with_invalid_blocks).
-        in_flight = {
+        # Requests sharing reported invalid blocks without a failed load of
+        # their own (a local hit on blocks another request's sync load
+        # filled): vLLM rolls back async loads still in flight and running
+        # requests alike (_handle_invalid_blocks ->
+        # _update_requests_with_invalid_blocks over kv_holding_waiting and
+        # running).
+        sharing = {
             rid: r.num_computed_tokens
             for rid, r in sched.requests.items()
-            if invalid_block_ids and rid not in failed and r.status.name == "WAITING_FOR_REMOTE_KVS"
+            if invalid_block_ids
+            and rid not in failed
+            and rid not in self._sync_failures
+            and r.status.name in ("WAITING_FOR_REMOTE_KVS", "RUNNING")
         }
         drafts = out.scheduled_spec_decode_tokens or {}
         verified = {
@@ -794,9 +800,12 @@ class SchedulerHarness:
             for rid, (n, accepted, computed) in verified.items()
         )
         self._record_failed_loads(failed if _compat.HAS_FAILED_RECVING else set())
-        for rid, computed in in_flight.items():
-            if rid in sched.requests and sched.requests[rid].num_computed_tokens < computed:
-                self._recomputing[rid] = computed  # rolled back: recomputing up to where it was
+        rejected = {rid: n - accepted for rid, (n, accepted, _) in verified.items()}
+        for rid, computed in sharing.items():
+            # Rolled back (by more than its rejected drafts): recomputing up
+            # to where it was.
+            if rid in sched.requests and sched.requests[rid].num_computed_tokens < computed - rejected.get(rid, 0):
+                self._recomputing[rid] = computed
         for rid in recving - failed:
             self._async_loads.pop(rid, None)
             if rid in self.script.whole_prompt_sent:
