@@ -417,6 +417,38 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        id="second-attention-group-lags-divergent-connector-hit",
+        title="a second full-attention-type group left short by a divergent connector lookup makes truncate_computed_blocks assert",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=(
+            Signature(
+                "no-exception",
+                exception="AssertionError",
+                innermost="KVCacheManager.truncate_computed_blocks",
+                where="Scheduler.schedule",
+            ),
+        ),
+        reach="scheduler-api",
+        pinned_by=(
+            "tests/known_bugs/test_second_attention_group_lags_connector_hit.py"
+            "::test_a_lagging_second_attention_group_is_readmitted_without_a_crash"
+        ),
+        targets=("scheduler-machine",),
+        analysis=(
+            "get_computed_blocks_for_connector (connectors with supports_divergent_local_hybrid_hits) "
+            "reports the first full-attention-type group's per-group hit as the local prefix and only "
+            "flags shorter groups with hit_diverged, assuming the lagging group is Mamba's (whose state "
+            "the connector transfers). A second full-attention-type group in its own lookup entry "
+            "(another block size, MLA, a hidden-state cache) can lag after evictions; with external "
+            "tokens there is no fallback, and the sub-block tail branch truncates to the aligned local "
+            "hit, so truncate_computed_blocks finds the group short and asserts inside schedule(). "
+            "Seen on FA(4) + Mamba(4) + FA(16): local hit 52 with the block-16 group empty, 15 external "
+            "tokens from 48. Scheduler-API: the layout is drawn directly; no modelled engine path "
+            "builds two such groups beside a Mamba group."
+        ),
+    ),
+    KnownBug(
         id="sink-full-attention-manager-init",
         title="SinkFullAttentionManager rejects the needs_kv_cache_zeroing argument the coordinator passes",
         since="0.27.1",

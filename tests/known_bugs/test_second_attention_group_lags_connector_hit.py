@@ -1,0 +1,114 @@
+"""Known vLLM bug: with a connector that takes divergent local hybrid hits,
+a second full-attention-type group whose cached blocks were evicted is left
+short of the local hit, and ``truncate_computed_blocks`` asserts inside
+``schedule()``.
+
+Found by: ``no-exception`` in the scheduler state machine (the 10-minute
+default coverage campaign, seed 1, 2026-12-01), shrunk to three requests.
+
+Analysis (vLLM 0.33.0):
+
+- ``Scheduler._get_local_prefix_cache_hit`` calls
+  ``KVCacheManager.get_computed_blocks_for_connector`` when the connector
+  ``supports_divergent_local_hybrid_hits`` (NIXL, MoRI-IO). On a hybrid
+  (Mamba) layout it looks every group up on its own
+  (``find_longest_cache_hit_per_group``) and reports the hit of
+  ``coordinator.full_attention_group_id``, the *first* full-attention-type
+  group, as the local prefix; any group with a shorter hit only sets
+  ``hit_diverged``. Its docstring's premise is that the lagging group is the
+  Mamba one, whose state the connector transfers whatever the local prefix.
+- A second full-attention-type group (another ``FullAttentionSpec`` block
+  size, MLA, a hidden-state cache: ``isinstance(spec, FullAttentionSpec)``)
+  can lag too: the pool evicts each group's blocks on its own. Here group 2
+  (``FullAttentionSpec``, block 16) holds no block of the prompt while group
+  0 (block 4) holds 13, so the local hit is 52 tokens with group 2 empty.
+- With an external answer (15 tokens from 48), ``hit_diverged`` does not fall
+  back (the fallback runs only when there are no external tokens), and the
+  sub-block tail branch truncates the lookup to the block-aligned 48:
+  ``truncate_computed_blocks`` needs 3 blocks of group 2, finds 0, and
+  ``assert num_blocks <= len(group_blocks)`` fails. The engine core dies.
+  The tokens ``[0, 48)`` of group 2 are neither local nor part of the load
+  (which starts at 48); a block-aligned local hit skips this truncation, and
+  what the scheduler then makes of group 2 was not checked here.
+
+Reach: scheduler-API. The layout (two full-attention-type groups beside a
+Mamba group, in separate lookup entries) is drawn directly; no engine path
+this suite models builds it (a hybrid target with a drafter or hidden-state
+cache of another page size might; not shown). The connector capability is
+NIXL's. The control: the same run with a connector without the capability
+(``get_computed_blocks`` reconciles every group) does not fail.
+
+Strict xfail: this turns red the day vLLM fixes it; then set ``fixed_in`` on
+the ``second-attention-group-lags-divergent-connector-hit`` entry of
+fuzz/known_bugs.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz.adapter import SchedulerHarness
+from fuzz.known_bugs import KNOWN_BUGS, failure_of
+from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
+from fuzz.targets.target_scheduler import UNSUPPORTED
+from invariants.scheduler import check_no_exception_escapes
+
+pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
+
+PROMPT = list(range(0, 448, 7))  # 64 tokens
+
+
+def _readmitted_after_a_failed_load(divergent_hits: bool) -> StepObservation:
+    """FA(4) + Mamba(4) + FA(16), hash unit 1, a 35-block pool, 32 tokens a
+    step, async scheduling. r0 computes PROMPT; r1 (PROMPT's first 52 tokens
+    and 17 of its own) runs two steps and is aborted, its allocations
+    evicting the block-16 group's cached blocks of PROMPT; r2 (PROMPT again)
+    async-loads what the connector saved of r0, the load fails (recompute),
+    and r2 is admitted again: a local hit of 52 on group 0 only, and 15
+    external tokens from 48."""
+    layout = LayoutDraw(
+        (SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4), SpecDraw("FullAttentionSpec", 16)),
+        hash_block_size=1,
+        num_blocks=35,
+    )
+    harness = SchedulerHarness(
+        SchedulerDraw(layout=layout, max_num_batched_tokens=32, max_num_seqs=1, kv_load_failure_policy="recompute",
+                      model_runner="v2", async_scheduling=True, divergent_hits=divergent_hits)
+    )
+    harness.add_request(PROMPT, max_tokens=1, reply=ExternalReply())
+    for _ in range(5):
+        harness.step()
+    r1 = harness.add_request(PROMPT[:52] + list(range(3128, 3145)), max_tokens=1, reply=ExternalReply())
+    for _ in range(2):
+        harness.step()
+    harness.abort(r1)
+    r2 = harness.add_request(PROMPT, max_tokens=1, reply=ExternalReply("saved", load_async=True))
+    for _ in range(2):
+        harness.step()
+    harness.fail_async_load(r2)
+    harness.step()
+    return harness.step()
+
+
+@pytest.mark.known_vllm_bug
+@pytest.mark.xfail(
+    strict=True,
+    raises=InvariantViolation,
+    reason="vLLM 0.33.0: a lagging second full-attention group reaches truncate_computed_blocks short of the hit",
+)
+def test_a_lagging_second_attention_group_is_readmitted_without_a_crash() -> None:
+    check_no_exception_escapes(_readmitted_after_a_failed_load(divergent_hits=True))
+
+
+def test_control_a_connector_without_divergent_hits_reconciles_every_group() -> None:
+    step = _readmitted_after_a_failed_load(divergent_hits=False)
+    check_no_exception_escapes(step)
+
+
+def test_the_crash_is_the_registered_known_bug() -> None:
+    step = _readmitted_after_a_failed_load(divergent_hits=True)
+    with pytest.raises(InvariantViolation) as caught:
+        check_no_exception_escapes(step)
+    assert caught.value.frames[0].endswith(":KVCacheManager.truncate_computed_blocks"), caught.value.frames
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    assert bug.id == "second-attention-group-lags-divergent-connector-hit"
