@@ -361,7 +361,9 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         id="abort-during-failed-sync-load-keeps-invalid-blocks-cached",
         title="a request aborted while its failing synchronous load runs leaves the invalid blocks in the prefix cache",
-        since="0.33.0",
+        # The pin fails on 0.28.0 too (checked 2026-12-02; a 0.28.0 bugbench
+        # trial met it 20 times); 0.27.1 has no scheduler tier here.
+        since="0.28.0",
         fixed_in=None,
         signatures=(Signature("failed-load-not-cached", where="Scheduler.finish_requests"),),
         reach="engine",
@@ -446,6 +448,26 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "Seen on FA(4) + Mamba(4) + FA(16): local hit 52 with the block-16 group empty, 15 external "
             "tokens from 48. Scheduler-API: the layout is drawn directly; no modelled engine path "
             "builds two such groups beside a Mamba group."
+        ),
+    ),
+    KnownBug(
+        id="skip-reading-prefix-cache-takes-connector-hit",
+        title="a request with skip_reading_prefix_cache still takes the KV connector's external hit",
+        since="0.28.0",
+        # Fixed upstream by PR 57269 (merged 2026-09-17); 0.33.0 has the fix,
+        # 0.29.0-0.32.x are not installed here to say which release first did.
+        fixed_in="0.33.0",
+        signatures=(Signature("skip-reads-no-cache", where="Scheduler.schedule"),),
+        reach="engine",
+        pinned_by="tests/known_bugs/test_skip_reading_prefix_cache_connector.py::test_a_skipping_request_takes_no_external_hit",
+        targets=("scheduler-single-shot", "scheduler-any-layout", "scheduler-machine"),
+        analysis=(
+            "SamplingParams(skip_reading_prefix_cache=True) (set for prompt_logprobs, and by pooling "
+            "token tasks) makes KVCacheManager skip the local prefix cache, but the 0.28.0 scheduler "
+            "adopts the connector's get_num_new_matched_tokens answer unconditionally, so the request "
+            "loads external KV for rows whose logits it needed. 0.33.0 replaces the answer with "
+            "(0, False) (scheduler.py:1143), upstream PR 57269, which reports shorter prompt_logprobs "
+            "lists and a P/D decode-side OverflowError on NIXL/LMCache/Mooncake."
         ),
     ),
     KnownBug(

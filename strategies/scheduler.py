@@ -179,7 +179,7 @@ def _scheduler_draws(
         layout=spec.pop("layout"),
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
-        long_prefill_token_threshold=threshold,
+        long_prefill_token_threshold=spec.pop("long_prefill_token_threshold", threshold),
         divergent_hits=divergent,
         kv_load_failure_policy=policy,
         model_runner=runner,
@@ -198,7 +198,8 @@ def _speculation(
     scheduling on the V1 runner) or "eagle" (refused by a layout with a group
     whose manager refuses the EAGLE drop; its k lookahead slots must leave
     room for a token: k < max_num_batched_tokens), and an acceptance schedule of 1-4
-    counts in 0..k. A Mamba group's spec then holds k speculative state
+    counts in 0..k; one in three of them caps long prefills at 1..k. A
+    Mamba group's spec then holds k speculative state
     blocks (vLLM's ``MambaBase.get_kv_cache_spec``: ``num_speculative_blocks
     = num_speculative_tokens``)."""
     methods = tuple(
@@ -214,6 +215,13 @@ def _speculation(
     method = draw(st.sampled_from(methods), label="speculative method")
     k = draw(st.integers(1, 4 if method == "ngram" else min(4, budget - 1)), label="num_speculative_tokens")
     acceptance = tuple(draw(st.lists(st.integers(0, k), min_size=1, max_size=4), label="drafts accepted per verification"))
+    # One speculating configuration in three caps long prefills within the
+    # draft width (--long-prefill-token-threshold 1..k): vLLM validates
+    # neither flag against the other, and a threshold below 1 + k cuts the
+    # waiting requests it pads to a spec-decode step. Shrinks to the
+    # threshold drawn before.
+    narrow = draw(st.integers(0, 2), label="long-prefill threshold within the draft width (2: yes)") == 2
+    cap = {"long_prefill_token_threshold": draw(st.integers(1, k), label="narrow threshold")} if narrow else {}
     fields = [classification_of_kind(g.kind).speculative_blocks for g in layout.groups]
     groups = tuple(
         g if field is None else dataclasses.replace(g, params=g.params + ((field, k),))
@@ -224,6 +232,7 @@ def _speculation(
         "speculative_method": method,
         "num_speculative_tokens": k,
         "draft_acceptance": acceptance,
+        **cap,
     }
 
 

@@ -56,7 +56,7 @@ PINNED = {
     "single_shot_scenarios": "da3ac659d5d725b665504b4270147c068d5ef949bb841061ef00af744d23273e",
     "single_shot_any_layout": "80b9bac78bd684436edef793d6e7dba11f3ba516ccb53e375eaf86ea10fd7f3e",
     # Moved when machine_configs began drawing kv_role (async configs), speculative decoding and prefill_schedule_interval (last).
-    "machine_configs": "8b1118ff9008ec6c1242fcc2033d277b164dc61755e463ce12241db540fd2b25",
+    "machine_configs": "554764c45c4f7a84ac3a11257533de89826e3c258097b3b338db6655793b8e1c",
     "failing_load_configs": "d57cd9f05d00b06c310370e2fb9124b12ae8ba845070f67313a9eb5b42ac94ce",
 }
 
