@@ -44,10 +44,14 @@ MACHINE_MIN_ADMITTING = 0.60
 # that rule 4.2% of 192, by luck, and at times 0 of 167 (1.8% and 2-7% in
 # earlier mixes).
 MACHINE_MIN_TRUNCATION = 0.10
-# A quarter of the machine's configurations hold prefills back
-# (prefill_schedule_interval 2-4); a step defers one when a request decodes
-# beside a waiting one: 9.8% of 174 ci-profile runs.
-MACHINE_MIN_PREFILL_HELD = 0.03
+# Three in eight of the machine's configurations draw a prefill cadence
+# (prefill_schedule_interval 2-4); a step defers a prefill only when a
+# request decodes beside a waiting one: 9.8% of 174 ci-profile runs before
+# the producer and speculative draws, 6.0% of 299 random runs after them,
+# and 2 of 176 (1.1%) in the derandomized ci sample, whose first runs are
+# Hypothesis's simplest. The floor guards against the cadence draw
+# disappearing (0 runs), not against the sample's luck.
+MACHINE_MIN_PREFILL_HELD = 0.01
 # Requests with skip_reading_prefix_cache admitted past a cached or
 # external hit (one tail/inside/free replay, one machine request, in eight).
 MIN_SKIPPED_PAST_HIT = 0.03
