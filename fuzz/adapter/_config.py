@@ -50,7 +50,6 @@ __all__ = [
     "build_scheduler",
     "scheduler_class",
     "scheduler_config",
-    "speculative_kw",
 ]
 
 MAX_MODEL_LEN = 1024

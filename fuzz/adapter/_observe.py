@@ -45,20 +45,32 @@ def vllm_frames(exc: BaseException, depth: int = 3) -> tuple[str, ...]:
     return tuple(reversed(frames))[:depth]
 
 
-def step_frames(exc: BaseException) -> tuple[str, ...]:
-    """:func:`vllm_frames`, led by the frame that raised when that one is
-    not vLLM's (a planted bug's or a recording wrapper's code, as
-    ``"outside vLLM:fuzz/adapter/_planted.py:truncate"``): an assert vLLM
-    raised in ``Scheduler.schedule`` itself then reads differently from one
-    raised in code ``schedule()`` called."""
-    frames = vllm_frames(exc)
+def _raising_frame(exc: BaseException) -> Any:
+    """The innermost frame of ``exc``'s traceback (None without one)."""
     last = None
     for frame, _ in traceback.walk_tb(exc.__traceback__):
         last = frame
-    if last is None or os.path.abspath(last.f_code.co_filename).startswith(VLLM_ROOT + os.sep):
+    return last
+
+
+def raising_file(exc: BaseException) -> str | None:
+    """The absolute path of the file whose code raised ``exc``."""
+    last = _raising_frame(exc)
+    return None if last is None else os.path.abspath(last.f_code.co_filename)
+
+
+def step_frames(exc: BaseException) -> tuple[str, ...]:
+    """:func:`vllm_frames`, led by the frame that raised when that one is
+    not vLLM's (a planted bug's code, as
+    ``"outside vLLM:_planted.py:_variant.<locals>.truncate"``): an assert vLLM
+    raised in ``Scheduler.schedule`` itself then reads differently from one
+    raised in code ``schedule()`` called."""
+    frames = vllm_frames(exc)
+    last = _raising_frame(exc)
+    path = None if last is None else os.path.abspath(last.f_code.co_filename)
+    if path is None or path.startswith(VLLM_ROOT + os.sep):
         return frames
-    name = os.path.basename(last.f_code.co_filename)
-    return (f"outside vLLM:{name}:{last.f_code.co_qualname}", *frames)[:3]
+    return (f"outside vLLM:{os.path.basename(path)}:{last.f_code.co_qualname}", *frames)[:3]
 
 
 class Spies:

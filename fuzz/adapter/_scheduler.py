@@ -14,7 +14,6 @@ import dataclasses
 import itertools
 import os
 import time
-import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +21,7 @@ from fuzz import outcomes
 from fuzz.adapter import _compat, _connector, _oplog, _planted
 from fuzz.adapter._config import build_scheduler
 from fuzz.adapter._env import VLLM_VERSION, sha256
-from fuzz.adapter._observe import Spies, step_frames
+from fuzz.adapter._observe import Spies, raising_file, step_frames
 from fuzz.adapter._ownership import OwnershipSpy, read_rules
 from fuzz.adapter._specs import qualified_name
 
@@ -87,8 +86,7 @@ def _raise_if_suite_code(exc: Exception, call: str) -> None:
     verdict = outcomes.classify(exc, VLLM_VERSION)
     if verdict.outcome is not outcomes.Outcome.HARNESS_ERROR:
         return
-    innermost = [f.f_code.co_filename for f, _ in traceback.walk_tb(exc.__traceback__)][-1:]
-    if innermost and os.path.abspath(innermost[0]) == os.path.abspath(_planted.__file__):
+    if raising_file(exc) == os.path.abspath(_planted.__file__):
         return
     raise HarnessError(f"during {call}(): {verdict.reason}") from exc
 
