@@ -76,6 +76,8 @@ _CHECK_OF = {
     "lookup-within-limit": "_check_lookup_within_limit",
     # Speculative decoding (invariants/scheduler.py).
     "rejected-drafts-rolled-back": "_check_rejected_drafts_rolled_back",
+    # Liveness (invariants/scheduler.py).
+    "running-request-progresses": "_check_running_requests_progress",
 }
 WRITABLE = frozenset(_CHECK_OF)
 
@@ -1864,6 +1866,41 @@ def _check_rejected_drafts_rolled_back(scheduler, out, watch, step):
             f"{accepted}, so {num_drafts - accepted} positions must leave num_computed_tokens; it went "
             f"{before} -> {req.num_computed_tokens}; groups: {_describe_groups()}"
         )
+'''
+
+_CHECKS["running-request-progresses"] = '''
+
+def _check_running_requests_progress(scheduler, out, watch, step):
+    """Liveness: a RUNNING request is scheduled again or finishes. From this
+    step on, three more steps that schedule nothing, with nothing in flight
+    (no queued step output with tokens, no async load, no producer hand-off)
+    and no request arriving or leaving, show that no later schedule() sees
+    anything new: a request still RUNNING then is stranded."""
+    connector = scheduler.connector
+    for more in range(4):
+        requests = set(scheduler.requests)
+        if (
+            (out is not None and out.total_num_scheduled_tokens > 0)
+            or any(queued[1].total_num_scheduled_tokens > 0 for queued in getattr(watch, "queue", ()))
+            or connector.loads_in_flight
+            or connector.sends_in_flight
+            or not scheduler.running
+        ):
+            return
+        if more == 3:
+            break
+        out = _step(scheduler, watch)
+        if set(scheduler.requests) != requests:
+            return
+    stranded = [
+        (r.request_id, r.num_computed_tokens, r.num_tokens, getattr(r, "num_output_placeholders", 0))
+        for r in scheduler.running
+    ]
+    raise AssertionError(
+        f"step {step}: it and the 3 steps after it scheduled nothing with nothing in flight, yet requests "
+        f"(id, num_computed_tokens, num_tokens, num_output_placeholders) {stranded} are RUNNING: no later "
+        f"schedule() picks them up"
+    )
 '''
 
 _SYNC_SAMPLED = (

@@ -57,6 +57,7 @@ __all__ = [
     "check_no_exception_escapes",
     "check_no_leaked_blocks",
     "check_rejected_drafts_rolled_back",
+    "check_running_requests_progress",
     "check_skipping_request_reads_no_cache",
     "check_stale_output_dropped",
     "check_step",
@@ -454,6 +455,33 @@ def check_rejected_drafts_rolled_back(step: StepObservation) -> None:
             )
 
 
+def check_running_requests_progress(step: StepObservation) -> None:
+    """Liveness: a RUNNING request is scheduled again or finishes. Once
+    several engine steps in a row have scheduled nothing with nothing in
+    flight (no step output pending, no async load, no producer hand-off)
+    and nothing arriving, every later ``schedule()`` sees the same state:
+    a request still RUNNING then holds its sequence slot and its blocks
+    forever, and its client never gets an answer.
+
+    Blamed on the async scheduler's output placeholders when a stranded
+    request still has some: ``AsyncScheduler._update_after_schedule``
+    reserved outputs no step in flight will deliver, and ``schedule()``
+    reads them (its "reached max_tokens" skip, its token count)."""
+    if step.stranded:
+        waits_for_placeholders = any(r.num_output_placeholders > 0 for r in step.stranded)
+        raise InvariantViolation(
+            "running-request-progresses",
+            "\n".join(r.describe() for r in step.stranded)
+            + f"\n{step.describe()}"
+            + (f"\n  scenario: {step.context}" if step.context else ""),
+            where=_PLACEHOLDERS if waits_for_placeholders else WHERE,
+        )
+
+
+# Where output placeholders are reserved (AsyncScheduler).
+_PLACEHOLDERS = "AsyncScheduler._update_after_schedule"
+
+
 # The connector-protocol checks (invariants/connector.py) run with the others.
 STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     check_no_exception_escapes,
@@ -461,6 +489,7 @@ STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     check_copy_sources_ready,
     check_stale_output_dropped,
     check_rejected_drafts_rolled_back,
+    check_running_requests_progress,
     *CONNECTOR_STEP_CHECKS,
     # The shadow model of block ownership (invariants/ownership.py).
     *OWNERSHIP_CHECKS,

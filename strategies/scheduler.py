@@ -46,6 +46,7 @@ __all__ = [
     "failing_load_configs",
     "machine_configs",
     "prefix_cache_skips",
+    "pressure_lengths",
     "prompt_draws",
     "scheduler_draws",
     "scheduler_layouts",
@@ -115,27 +116,41 @@ def _uniform_or_not(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw]) -> 
     return engine_layout(layout)
 
 
+# Kinds vLLM looks up with its full-attention manager (subclasses of
+# FullAttentionSpec): a second group of one beside the core case is a second
+# full-attention-type group, which the coordinator's per-group lookup does
+# not take as its reference (only the first is).
+_SECOND_FULL_ATTENTION = ("FullAttentionSpec", "MLAAttentionSpec", "HiddenStateCacheSpec")
+
+
 @functools.cache
-def scheduler_layouts(*, weights: tuple[int, int, int, int] = (1, 0, 0, 0)) -> st.SearchStrategy[LayoutDraw]:
-    """Engine-realistic layouts (:func:`engine_layout`), drawn from four
+def scheduler_layouts(*, weights: tuple[int, int, int, int, int] = (1, 0, 0, 0, 0)) -> st.SearchStrategy[LayoutDraw]:
+    """Engine-realistic layouts (:func:`engine_layout`), drawn from five
     families with relative ``weights`` (default: the core case only):
     exactly full attention + Mamba (the core case), full attention + Mamba +
     one or two other groups, any 1-4 group layout of every drawable kind,
-    and one group of any kind (a pure attention or pure recurrent model: the
+    one group of any kind (a pure attention or pure recurrent model: the
     only layout whose connector may report failed loads block by block, as
-    vLLM maps ``invalid_block_ids`` to requests for one group only).
+    vLLM maps ``invalid_block_ids`` to requests for one group only), and
+    the core case plus a second full-attention-type group (full attention
+    of another page size, MLA, a hidden-state cache), whose per-group hit
+    may lag the first's.
     One in three layouts puts every group on one block size, as a hybrid
     model whose layers share ``cache_config.block_size`` does.
 
     Shrinks to a two-group full attention + Mamba layout on one block size.
     """
-    if len(weights) != 4 or min(weights) < 0 or not sum(weights):
-        raise ValueError(f"weights={weights} must be four non-negative counts, not all 0")
+    if len(weights) != 5 or min(weights) < 0 or not sum(weights):
+        raise ValueError(f"weights={weights} must be five non-negative counts, not all 0")
+    seconds = tuple(k for k in _SECOND_FULL_ATTENTION if k in drawable_kinds())
     families = (
         kv_cache_layouts(min_groups=2, max_groups=2, required=_CORE),
         kv_cache_layouts(min_groups=3, max_groups=4, required=_CORE),
         kv_cache_layouts(min_groups=1, max_groups=4),
         kv_cache_layouts(min_groups=1, max_groups=1),
+        st.sampled_from(seconds).flatmap(
+            lambda k: kv_cache_layouts(min_groups=3, max_groups=3, required=(*_CORE, k))
+        ),
     )
     picks = [i for i, w in enumerate(weights) for _ in range(w)]
     return st.sampled_from(picks).flatmap(lambda i: _uniform_or_not(families[i]))
@@ -485,6 +500,29 @@ def _blocks_needed(layout: LayoutDraw, num_tokens: int) -> int:
     return sum(3 if _is_mamba(g) else -(-num_tokens // g.block_size) for g in layout.groups)
 
 
+def pressure_lengths(layout: LayoutDraw, free_ahead: int, cached: int) -> st.SearchStrategy[int]:
+    """Lengths of a request on tokens nobody shares that presses an idle pool
+    until it evicts some of a cached prefix: ``free_ahead`` free blocks sit
+    before the prefix's ``cached`` blocks in the pool's eviction order, and
+    the request needs (by :func:`_blocks_needed`) ``free_ahead + 1`` to
+    ``free_ahead + cached`` blocks, so LRU eviction takes 1 to all of the
+    prefix's blocks. Never more than the pool frees (``free_ahead +
+    cached``): vLLM would hold such a request back for good. Shrinks to the
+    shortest (one evicted block)."""
+    if free_ahead < 0 or cached < 1:
+        raise ValueError(f"free_ahead={free_ahead}, cached={cached}: need free_ahead >= 0 and cached >= 1")
+    # _blocks_needed never falls as tokens grow: scan up from one token (a
+    # request of n prompt tokens and one output token holds n + 1).
+    lo = hi = None
+    n = 1
+    while n < 64 * layout.scheduler_block_size and _blocks_needed(layout, n + 1) <= free_ahead + cached:
+        if _blocks_needed(layout, n + 1) > free_ahead:
+            lo = n if lo is None else lo
+            hi = n
+        n += 1
+    return st.just(1) if lo is None or hi is None else st.integers(lo, hi)
+
+
 def _admission_estimate(layout: LayoutDraw, num_tokens: int) -> int:
     """The blocks vLLM's admission check asks of an idle pool for a request
     of ``num_tokens`` tokens loading all but its last token synchronously
@@ -727,8 +765,22 @@ def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw])
     # --prefill-schedule-interval); drawn last, inside the range (Hypothesis
     # favours its ends), so the other fields shrink as before. Shrinks to 1.
     interval = draw(st.sampled_from((1, 1, 2, 1, 3, 1, 4, 1)), label="prefill_schedule_interval")
+    # One configuration in four serves a context (max_model_len) of 2-8
+    # scheduler blocks, about as long as its requests: prompts are then
+    # trimmed to fit (the machine's clients trim to the context, as the
+    # engine refuses longer prompts), outputs stop at the limit, and vLLM
+    # clips speculative steps there and pads none past it. Never below the
+    # long-prefill threshold (vLLM refuses that). Drawn last, inside the
+    # range; shrinks to the roomy default.
+    limit = layout.max_model_len
+    if draw(st.integers(0, 3), label="context near the requests (2: yes)") == 2:
+        s = layout.scheduler_block_size
+        low = max(2 * s + 1, config.long_prefill_token_threshold)
+        limit = draw(st.integers(low, max(low, 8 * s)), label="max_model_len")
     return dataclasses.replace(
-        config, layout=dataclasses.replace(layout, num_blocks=num_blocks), prefill_schedule_interval=interval
+        config,
+        layout=dataclasses.replace(layout, num_blocks=num_blocks, max_model_len=limit),
+        prefill_schedule_interval=interval,
     )
 
 
@@ -737,12 +789,13 @@ def machine_configs(
 ) -> st.SearchStrategy[SchedulerDraw]:
     """Scheduler configurations for the state machine (default: every layout
     family, the core case first) with a pool sized from one ~6-block
-    request up to three times that, and in one configuration in four a
-    prefill cadence (``prefill_schedule_interval`` 2-4).
-    Shrinks towards the smallest pool and no cadence."""
+    request up to three times that, in three configurations in eight a
+    prefill cadence (``prefill_schedule_interval`` 2-4), and in one in four
+    a context (``max_model_len``) of 2-8 scheduler blocks.
+    Shrinks towards the smallest pool, no cadence and a roomy context."""
     if configs is None:
         configs = scheduler_draws(
-            layouts=scheduler_layouts(weights=(6, 2, 2, 1)), asynchronous=True, producers=True, speculative=True
+            layouts=scheduler_layouts(weights=(6, 2, 2, 1, 2)), asynchronous=True, producers=True, speculative=True
         )
     return _machine_configs(configs)
 

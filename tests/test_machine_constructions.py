@@ -6,6 +6,9 @@
 * Conversations (``SchedulerMachine.next_turn``): a turn ending inside a
   block, run to completion, then a longer turn the store holds: the
   truncation branch on layouts with a hash unit finer than the block.
+* Pressed turns (``next_turn`` under async scheduling): the first turn
+  aborted while its last prompt step runs, then pool pressure evicting part
+  of it, later groups first (the lagging second attention group).
 
 Each is measured over derandomized programs of a subclass that always
 builds the state (per run, as ``tests/test_scheduler_reach.py`` measures the
@@ -41,6 +44,11 @@ MIN_ABORTED_UNDER_FAIL = 0.15
 MIN_RECOMPUTED = 0.15
 # The machine's general mix reaches it by luck in about 4% of runs.
 MIN_TRUNCATION = 0.20
+# Pressed turns: the general mix is async in about half the runs, and half
+# of those turns are pressed; about half the pressures leave part of the
+# turn cached (measured: 13 of 26 pressed, 34% of 76 runs pressed).
+MIN_PRESSED = 0.10
+MIN_PARTLY_EVICTED = 0.30
 
 
 class FailingLoadMachine(SchedulerMachine):
@@ -85,6 +93,28 @@ def test_conversations_reach_the_truncation_branch() -> None:
     n, reach = _reach(ConversationMachine, "conversation runs")
     truncation = reach[runner.TRUNCATION] / n
     assert truncation >= MIN_TRUNCATION, f"the truncation branch in {truncation:.1%} of {n} conversation runs"
+
+
+class PressedTurnMachine(SchedulerMachine):
+    """The machine on async configurations (the general mix's layouts),
+    every run starting with two turns of a conversation whose first turn is
+    aborted in flight before pool pressure (``next_turn``'s pressed variant:
+    it draws whether to press, so runs that draw "no" are not counted)."""
+
+    @initialize(target=SchedulerMachine.prefixes, data=st.data())
+    def build(self, data: st.DataObject) -> tuple[int, ...]:  # type: ignore[override]
+        prefix = SchedulerMachine.build(self, False, data)
+        if self._live() and self.harness.draw.async_scheduling:
+            self.next_turn(prefix, data)
+        return prefix
+
+
+def test_pressed_turns_are_partly_evicted() -> None:
+    n, reach = _reach(PressedTurnMachine, "pressed-turn runs")
+    pressed = reach["turn aborted in flight, pool pressed"]
+    partly = reach[target_scheduler.PARTLY_EVICTED]
+    assert pressed >= MIN_PRESSED * n, f"a turn pressed in {pressed} of {n} runs"
+    assert partly >= MIN_PARTLY_EVICTED * pressed, f"part of the turn evicted in {partly} of {pressed} pressed runs"
 
 
 def test_failing_load_runs_reach_the_failed_load_states() -> None:

@@ -133,23 +133,42 @@ def preempting_producer_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def decoding_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """Two requests decoding 3 tokens each on one FullAttention group,
+    synchronous scheduling, run until idle (or stalled)."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=12)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=16, max_num_seqs=2))
+    for i in range(2):
+        harness.add_request(range(100 * i, 100 * i + 10), max_tokens=3)
+    run = Stepper(harness, checks)
+    run.drain()
+    return run
+
+
 # Planted bugs on paths a fixed run reaches (the machine's derandomized
-# search meets few preemptions during a step): (check, invariant, bug, run).
-FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper]]] = [
-    (inv.check_stale_output_dropped, "stale-output-dropped", "delivers_stale_output", preempting_producer_run),
+# search meets few preemptions during a step): (check, invariant, bug, run,
+# the label the unmodified run shows, to prove it meets the case; None: the
+# run always does).
+FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], str | None]] = [
+    (inv.check_stale_output_dropped, "stale-output-dropped", "delivers_stale_output", preempting_producer_run,
+     STALE_OUTPUT),
+    (inv.check_running_requests_progress, "running-request-progresses", "max_tokens_skip_unguarded", decoding_run,
+     None),
 ]
 
 
-@pytest.mark.parametrize(("check", "invariant", "bug", "run"), FIXED_CASES,
-                         ids=[f"{name}<-{bug}" for _, name, bug, _ in FIXED_CASES])
+@pytest.mark.parametrize(("check", "invariant", "bug", "run", "label"), FIXED_CASES,
+                         ids=[f"{name}<-{bug}" for _, name, bug, *_ in FIXED_CASES])
 def test_invariant_catches_planted_bug_in_a_fixed_run(
-    check: Callable[..., None], invariant: str, bug: str, run: Callable[..., Stepper]
+    check: Callable[..., None], invariant: str, bug: str, run: Callable[..., Stepper], label: str | None
 ) -> None:
     with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
         run((check,))
     assert caught.value.invariant == invariant, str(caught.value)
     # Unmodified vLLM satisfies it, on a run that meets the case.
-    assert STALE_OUTPUT in run((check,)).labels
+    unmodified = run((check,))
+    assert label is None or label in unmodified.labels
+    assert not unmodified.harness.live_request_ids
 
 
 # Planted bugs in speculative decoding's bookkeeping, shown on a fixed run
@@ -204,7 +223,7 @@ def test_a_planted_spec_decode_bug_is_caught(
 
 def test_every_planted_bug_is_used() -> None:
     used = {bug for *_, bug, _ in CASES} | {bug for *_, bug in MACHINE_CASES}
-    used |= {bug for _, _, bug, _ in FIXED_CASES} | {bug for *_, bug in SPEC_DECODE_CASES}
+    used |= {bug for _, _, bug, *_ in FIXED_CASES} | {bug for *_, bug in SPEC_DECODE_CASES}
     # The ownership edits have their cases in tests/test_ownership_planted.py.
     expected = set(PLANTED_SCHEDULER_BUGS) - set(PLANTED_OWNERSHIP_BUGS)
     assert used == expected, expected ^ used

@@ -336,6 +336,7 @@ MACHINE_BUGS = {
     "evicts_invalid_blocks_on_recompute": (conn.check_failed_load_not_cached, 1500),
     "failed_async_load_kept": (conn.check_failed_load_recomputed, 0),  # 0: the fixed scenario below
     "delivers_stale_output": (inv.check_stale_output_dropped, 0),
+    "max_tokens_skip_unguarded": (inv.check_running_requests_progress, 0),
 }
 
 
@@ -359,8 +360,18 @@ def _stale_output_log(bug: str):  # type: ignore[no-untyped-def]
     return last_oplog()
 
 
+def _stranded_log(bug: str):  # type: ignore[no-untyped-def]
+    """tests/test_scheduler_planted.py's decoding run, planted."""
+    from tests.test_scheduler_planted import decoding_run
+
+    with planted_scheduler_bug(bug), contextlib.suppress(InvariantViolation):
+        decoding_run((inv.check_running_requests_progress,))
+    return last_oplog()
+
+
 # Planted bug -> its fixed run's log and the invariant it breaks.
 _FIXED_LOGS = {
+    "max_tokens_skip_unguarded": lambda bug: (_stranded_log(bug), "running-request-progresses"),
     "failed_async_load_kept": lambda bug: (_failed_async_load_log(bug), "failed-load-recomputed"),
     "delivers_stale_output": lambda bug: (_stale_output_log(bug), "stale-output-dropped"),
 }

@@ -131,13 +131,13 @@ def _model_dir(kind: str) -> str:
 
 
 @functools.cache
-def _model_config(kind: str) -> ModelConfig:
+def _model_config(kind: str, max_model_len: int = MAX_MODEL_LEN) -> ModelConfig:
     return ModelConfig(
         model=_model_dir(kind),
         skip_tokenizer_init=True,
         dtype="float32",
         seed=0,
-        max_model_len=MAX_MODEL_LEN,
+        max_model_len=max_model_len,
     )
 
 
@@ -182,6 +182,7 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
         draw.kv_role,
         draw.speculative_method,
         draw.num_speculative_tokens,
+        draw.layout.max_model_len,
     )
     config = _VLLM_CONFIGS.get(key)
     if config is None:
@@ -217,10 +218,11 @@ def _speculation_refusals(draw: SchedulerDraw) -> Iterator[None]:
 
 
 def _new_vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | None) -> VllmConfig:
+    model_config = _model_config(draw.model, draw.layout.max_model_len)
     return VllmConfig(
-        model_config=_model_config(draw.model),
-        **speculative_kw(draw, _model_config(draw.model)),
-        scheduler_config=scheduler_config(draw, MAX_MODEL_LEN),
+        model_config=model_config,
+        **speculative_kw(draw, model_config),
+        scheduler_config=scheduler_config(draw, draw.layout.max_model_len),
         cache_config=CacheConfig(
             block_size=block_size,
             enable_prefix_caching=True,

@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from fuzz.adapter import _compat, _connector
-from fuzz.adapter._config import _MODEL_CONFIGS, MAX_MODEL_LEN, build_scheduler
+from fuzz.adapter._config import _MODEL_CONFIGS, build_scheduler
 from fuzz.adapter._env import sha256
 
 from vllm.sampling_params import SamplingParams  # noqa: E402
@@ -63,7 +63,7 @@ def run_config(draw: SchedulerDraw, built: Any, groups: tuple[Any, ...] = ()) ->
         prefix_match_unit=cache.prefix_match_unit,
         scheduler_block_size=built.scheduler_block_size,
         hash_block_size=built.hash_block_size,
-        max_model_len=MAX_MODEL_LEN,
+        max_model_len=built.scheduler.vllm_config.model_config.max_model_len,
         kv_config_fields=tuple((f, getattr(kv, f)) for f in KV_CONFIG_FIELDS if hasattr(kv, f)),
         groups=tuple(groups),
         null_block_id=built.scheduler.kv_cache_manager.block_pool.null_block.block_id,

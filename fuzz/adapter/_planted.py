@@ -176,6 +176,11 @@ def planted_truncate_bug(name: str) -> Iterator[None]:
 # Lines are matched without their indentation (a release that re-indents
 # schedule() keeps its edits); a replacement keeps each line's indentation.
 _SCHEDULE_EDITS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "max_tokens_skip_unguarded": (
+        "the async 'previous step reached max_tokens' skip loses its placeholder guard: "
+        "a running request one token short of max_tokens is never scheduled again",
+        (("request.num_output_placeholders > 0\n", "request.num_output_placeholders >= 0\n"),),
+    ),
     "no_divergent_fallback": (
         "drops the divergent-hit fallback: a deeper full-attention hit is kept "
         "with no external tokens behind its Mamba state",

@@ -45,6 +45,7 @@ from fuzz.model import (  # noqa: E402
     SpecDraw,
     StaleOutput,
     StepObservation,
+    StrandedRequest,
 )
 from invariants._common import group_behaviour as _group_behaviour  # noqa: E402
 from invariants.classification import classification_of_kind  # noqa: E402
@@ -114,6 +115,8 @@ class SchedulerHarness:
         self.pool = self.manager.block_pool
         self.null_block_id = self.pool.null_block.block_id
         self.num_blocks = built.kv_config.num_blocks
+        self.max_model_len: int = self.scheduler.vllm_config.model_config.max_model_len
+        self._quiet_steps = 0
         self.groups = tuple(
             GroupInfo(
                 index=i,
@@ -238,6 +241,12 @@ class SchedulerHarness:
         req = self.scheduler.requests.get(request_id)
         return None if req is None else req.status.name
 
+    def num_computed_tokens(self, request_id: str) -> int | None:
+        """What the scheduler counts as computed for ``request_id`` (None once
+        it has left); set when a step is scheduled, before its output."""
+        req = self.scheduler.requests.get(request_id)
+        return None if req is None else req.num_computed_tokens
+
     def is_idle(self) -> bool:
         return not self.scheduler.requests and self._pending is None
 
@@ -259,6 +268,12 @@ class SchedulerHarness:
         """Add a request; ``skip_reading_prefix_cache`` sets that
         ``SamplingParams`` field (a release without it gets a plain request,
         recorded as such)."""
+        limit = self.max_model_len
+        if not 0 < len(tokens) < limit:
+            # EngineCore never sees such a prompt: vLLM's input processor
+            # refuses an empty one and one of max_model_len tokens or more
+            # (no room for an output token). A caller that adds one misfits.
+            raise HarnessError(f"a prompt of {len(tokens)} tokens with max_model_len={limit}: the engine refuses it")
         rid = request_id or f"r{next(self._next_id)}"
         skip = skip_reading_prefix_cache and _compat.HAS_SKIP_READING_PREFIX_CACHE
         # The field only when set: None is vLLM's default (derived from
@@ -422,6 +437,7 @@ class SchedulerHarness:
             self.broken = error
         finishes, left = self._finish_calls()
         fed_step = None if fed is None else fed.index
+        stranded = self._stranded(out, fed, finished, error)
         self.oplog.ops.append(
             Step(
                 index=self.step_index,
@@ -468,6 +484,50 @@ class SchedulerHarness:
             prefill_held=prefill_held,
             stale_outputs=tuple(self._stale),
             draft_verifications=self._verifications,
+            stranded=stranded,
+        )
+
+    # Quiet steps in a row after which a RUNNING request left alone is
+    # stranded (one or two can be vLLM pacing a request: the V2 runner's
+    # decode stagger waits a step).
+    QUIET_STEPS = 3
+
+    @property
+    def stalled(self) -> bool:
+        """The last :attr:`QUIET_STEPS` steps scheduled nothing with nothing
+        in flight: no further step changes anything (requests left are
+        stranded, or wait for blocks nobody will free)."""
+        return self._quiet_steps >= self.QUIET_STEPS
+
+    def _stranded(self, out: Any, fed: _Pending | None, finished: frozenset[str], error: str | None) -> tuple[StrandedRequest, ...]:
+        """Counts quiet steps (nothing scheduled, nothing fed that had work,
+        no step output pending, no async load or producer hand-off in
+        flight, no request finished) and, once there are
+        :attr:`QUIET_STEPS` in a row, the RUNNING requests left alone."""
+        quiet = (
+            error is None
+            and (out is None or not out.num_scheduled_tokens)
+            and (fed is None or not fed.out.num_scheduled_tokens)
+            and (self._pending is None or not self._pending.out.num_scheduled_tokens)
+            and not finished
+            and not self.script.loads_in_flight
+            and not self.script.sends_in_flight
+            and not self._step_failed_loads
+        )
+        self._quiet_steps = self._quiet_steps + 1 if quiet else 0
+        if self._quiet_steps < self.QUIET_STEPS:
+            return ()
+        return tuple(
+            StrandedRequest(
+                r.request_id,
+                r.num_computed_tokens,
+                r.num_tokens,
+                r.num_prompt_tokens,
+                r.sampling_params.max_tokens if r.sampling_params is not None else 0,
+                getattr(r, "num_output_placeholders", 0),
+                self._quiet_steps,
+            )
+            for r in self.scheduler.running
         )
 
     def _prefill_held(self) -> bool:

@@ -53,6 +53,7 @@ from fuzz.model._scheduler import (
     SchedulerDraw,
     StaleOutput,
     StepObservation,
+    StrandedRequest,
 )
 from fuzz.model._violations import HarnessError, InvariantViolation
 
@@ -95,6 +96,7 @@ __all__ = [
     "SpecDraw",
     "StaleOutput",
     "StepObservation",
+    "StrandedRequest",
     "TruncationObservation",
     "installed",
     "register_installed",

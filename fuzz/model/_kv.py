@@ -48,9 +48,10 @@ class LayoutDraw:
 
     def __repr__(self) -> str:
         groups = ", ".join(map(repr, self.groups))
+        limit = "" if self.max_model_len == 1024 else f", max_model_len={self.max_model_len}"
         return (
             f"Layout([{groups}], hash_block_size={self.hash_block_size}, "
-            f"num_blocks={self.num_blocks})"
+            f"num_blocks={self.num_blocks}{limit})"
         )
 
 

@@ -464,6 +464,31 @@ class DraftVerification:
 
 
 @dataclasses.dataclass(frozen=True)
+class StrandedRequest:
+    """A RUNNING request the scheduler has left alone for ``quiet_steps``
+    engine steps in a row in which nothing was scheduled, nothing was in
+    flight (no step output pending, no async load, no producer hand-off)
+    and nothing arrived: no later ``schedule()`` can see anything new, so it
+    is never scheduled again."""
+
+    request_id: str
+    num_computed_tokens: int
+    num_tokens: int
+    num_prompt_tokens: int
+    max_tokens: int
+    num_output_placeholders: int  # AsyncScheduler's outputs it still expects
+    quiet_steps: int
+
+    def describe(self) -> str:
+        return (
+            f"request {self.request_id} RUNNING and unscheduled for {self.quiet_steps} quiet steps: "
+            f"num_computed_tokens={self.num_computed_tokens}, num_tokens={self.num_tokens} "
+            f"(prompt {self.num_prompt_tokens}, max_tokens {self.max_tokens}), "
+            f"num_output_placeholders={self.num_output_placeholders}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class StepObservation:
     """One engine step: ``schedule()`` and the ``update_from_output()`` the
     engine makes in the same step (with async scheduling, possibly of the
@@ -533,6 +558,8 @@ class StepObservation:
     stale_outputs: tuple[StaleOutput, ...] = ()
     # Speculative decoding: each request whose drafts the fed output verified.
     draft_verifications: tuple[DraftVerification, ...] = ()
+    # RUNNING requests no later schedule() can pick up (see StrandedRequest).
+    stranded: tuple[StrandedRequest, ...] = ()
 
     @property
     def fed_late(self) -> bool:
@@ -566,6 +593,7 @@ class StepObservation:
         lines += [f"  failed load: {f.describe()}" for f in self.failed_loads]
         lines += [f"  stale output: {o.describe()}" for o in self.stale_outputs]
         lines += [f"  drafts: {v.describe()}" for v in self.draft_verifications]
+        lines += [f"  stranded: {r.describe()}" for r in self.stranded]
         lines += [a.describe() for a in self.admissions]
         if self.context:
             lines.append(f"  scenario: {self.context}")

@@ -225,7 +225,9 @@ class Stepper:
     def drain(self, max_steps: int = MAX_STEPS_PER_PHASE) -> None:
         steps = 0
         # An output still pending (async scheduling) is fed before idling.
-        while self._busy() and not self.harness.broken and steps < max_steps:
+        # A stall (steps with nothing to do) ends it early: later steps
+        # would change nothing.
+        while self._busy() and not self.harness.broken and not self.harness.stalled and steps < max_steps:
             self.step()
             steps += 1
         if self.harness.live_request_ids and not self.harness.broken:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 from hypothesis import event, example, given, note, settings
@@ -63,6 +63,7 @@ from strategies.scheduler import (
     failing_load_configs,
     machine_configs,
     prefix_cache_skips,
+    pressure_lengths,
     scheduler_draws,
     scheduler_layouts,
     single_shot_scenarios,
@@ -89,7 +90,7 @@ def single_shot_strategy():  # type: ignore[no-untyped-def]
 
 def any_layout_strategy():  # type: ignore[no-untyped-def]
     return single_shot_scenarios(
-        configs=scheduler_draws(layouts=scheduler_layouts(weights=(0, 1, 1, 0))),
+        configs=scheduler_draws(layouts=scheduler_layouts(weights=(0, 1, 1, 0, 0))),
         shortcut=False,
         flavours=ANY_LAYOUT_FLAVOURS,
     )
@@ -178,6 +179,10 @@ def fuzz_scheduler_evict_shortcut(scenario: SingleShotScenario) -> None:
 # Drawn inside the range (Hypothesis favours its ends); shrinks to a general run.
 FAILING_LOAD_RUNS = st.integers(0, 4).map(lambda k: k == 2)
 
+# The label of a run whose pool pressure (next_turn) evicted some, not all,
+# of a turn's cached blocks.
+PARTLY_EVICTED = "pool pressure evicted part of a turn"
+
 # Per state-machine run: how many runs reached each branch label ("runs" = total).
 MACHINE_REACH: Counter[str] = Counter()
 
@@ -251,6 +256,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         ``update_from_output``); under "recompute" one in four does, so the
         request mostly lives to recompute the failed blocks."""
         assert self.harness is not None
+        prefix = self._fit(prefix)
         n = len(prefix)
         whole = data.draw(st.sampled_from((True, False, True, True)), label="store holds the whole prompt")
         store_len = n if whole else data.draw(st.integers(min(n, 2 * self.block + 1), n), label="store holds")
@@ -268,6 +274,16 @@ class SchedulerMachine(RuleBasedStateMachine):
     @property
     def harness(self):  # type: ignore[no-untyped-def]
         return None if self.stepper is None else self.stepper.harness
+
+    def _fit(self, tokens: Sequence[int]) -> tuple[int, ...]:
+        """``tokens`` trimmed to leave room for an output token within the
+        run's max_model_len (the engine refuses a longer prompt; a client
+        trims its conversation to the context)."""
+        assert self.harness is not None
+        room = self.harness.max_model_len - 1
+        if len(tokens) > room:
+            note(f"prompt of {len(tokens)} tokens trimmed to {room} (max_model_len={room + 1})")
+        return tuple(tokens[:room])
 
     def _live(self) -> bool:
         # Not after a violation: teardown would step on and could raise a
@@ -295,7 +311,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         cut = data.draw(st.integers(max(1, len(prefix) // 2), len(prefix)), label="shared tokens")
         own = data.draw(st.integers(0, 2 * self.block), label="own tokens")
         self.salt += 1
-        tokens = list(prefix[:cut]) + [3_000 + 64 * (self.salt % 60) + j for j in range(own)]
+        tokens = self._fit(list(prefix[:cut]) + [3_000 + 64 * (self.salt % 60) + j for j in range(own)])
         # Half the requests mostly miss the external store (their local hits
         # stay), half mostly hit it (a sub-block local tail then meets a
         # longer external hit: the truncation branch).
@@ -333,14 +349,28 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.salt += 1
         length = whole * block + rem
         own = [3_000 + 64 * (self.salt % 60) + j for j in range(max(0, length - len(prefix)))]
-        first = list(prefix[:length]) + own
+        first = list(self._fit(list(prefix[:length]) + own))
         turn = self.harness.add_request(first, max_tokens=data.draw(st.integers(1, 3), label="turn max_tokens"))
         note(f"add_request({turn}, shared[:{min(length, len(prefix))}] + {len(own)} own) then run_until_idle()")
+        # Under async scheduling half the turns are aborted by their client
+        # while the step computing their last prompt tokens runs, then a
+        # request on tokens nobody shares presses the idle pool into evicting
+        # part of the turn (drawn inside the range; shrinks to a finished
+        # turn).
+        pressed = self.harness.draw.async_scheduling and (
+            data.draw(st.integers(0, 3), label="turn aborted in flight, then pool pressure") in (1, 2)
+        )
+        if pressed:
+            self.labels.add("turn aborted in flight, pool pressed")
+            event("turn aborted in flight, pool pressed")
+            self._abort_when_computed(turn, len(first))
         self.run_until_idle()
+        if pressed and self._live():
+            self._press_pool(first, data)
         if not self._live():
             return
         more = data.draw(st.integers(1, block), label="next turn extra")
-        tokens = first + [4_000 + 64 * (self.salt % 60) + j for j in range(more)]
+        tokens = self._fit(first + [4_000 + 64 * (self.salt % 60) + j for j in range(more)])
         load_async = data.draw(st.integers(0, 7), label="next turn async load") in (2, 5)
         # A producer (a P/D prefill instance) never loads: its next turn
         # finds its own cache only.
@@ -349,6 +379,46 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_tokens = data.draw(st.integers(1, 4), label="next turn max_tokens")
         rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply)
         note(f"add_request({rid}, {turn}'s tokens + {more}, max_tokens={max_tokens}, ext={reply!r})")
+
+    def _abort_when_computed(self, rid: str, num_tokens: int) -> None:
+        """Step until ``rid``'s whole prompt is scheduled, then abort it
+        while that step is in flight. vLLM defers the frees of an in-flight
+        step and returns them last group first, tail block first: pressure
+        then evicts the turn's later groups before its first."""
+        assert self.harness is not None
+        for _ in range(64):
+            computed = self.harness.num_computed_tokens(rid)
+            if not self._live() or computed is None or computed >= num_tokens:
+                break
+            self.step(1)
+        if self._live() and self.harness.status_of(rid) is not None:
+            note(f"abort({rid}, during_step=True) once its prompt is scheduled")
+            self.harness.abort(rid, during_step=True)
+
+    def _press_pool(self, tokens: list[int], data: st.DataObject) -> None:
+        """A request on tokens nobody shares, sized to evict 1 to all of the
+        cached blocks of ``tokens`` (those in front of them in the pool's
+        eviction order go first), run to idle."""
+        assert self.harness is not None
+        free = self.harness.pool_observation().num_free
+        # Some of them may still be held (a request the run left waiting, a
+        # producer's unsent blocks): count only what the pool could evict.
+        cached = min(free, sum(len(g) for g in self.harness.per_group_cached_block_ids(tokens)))
+        if not cached:
+            return
+        ahead = free - cached
+        n = data.draw(pressure_lengths(self.harness.draw.layout, ahead, cached), label="pressure tokens")
+        self.salt += 1
+        before = self.harness.per_group_cached_block_ids(tokens)
+        rid = self.harness.add_request(self._fit([6_000 + 64 * (self.salt % 60) + j for j in range(n)]), max_tokens=1)
+        note(f"add_request({rid}, {n} own tokens: pool pressure) then run_until_idle()")
+        self.run_until_idle()
+        if not self._live():
+            return
+        after = self.harness.per_group_cached_block_ids(tokens)
+        if 0 < sum(map(len, after)) < sum(map(len, before)):
+            self.labels.add(PARTLY_EVICTED)
+            event(PARTLY_EVICTED)
 
     @rule(times=st.integers(1, 4))
     def step(self, times: int) -> None:
@@ -414,7 +484,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Let every request finish (chunked prefill re-enters schedule())."""
         assert self.harness is not None
         for _ in range(200):
-            if not self._live() or self.harness.is_idle():  # idle: no request, no output pending
+            # idle: no request, no output pending; stalled: steps with
+            # nothing to do, so later ones change nothing (waiting requests
+            # the pool cannot hold; stranded ones fail their check first).
+            if not self._live() or self.harness.is_idle() or self.harness.stalled:
                 break
             self.step(1)
 
