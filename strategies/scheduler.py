@@ -523,6 +523,26 @@ def pressure_lengths(layout: LayoutDraw, free_ahead: int, cached: int) -> st.Sea
     return st.just(1) if lo is None or hi is None else st.integers(lo, hi)
 
 
+def _longest_request(layout: LayoutDraw, free_blocks: int, lookahead: int) -> int:
+    """The most tokens one request can hold in ``free_blocks`` blocks, with
+    ``lookahead`` speculative slots past them: a block per ``block_size``
+    tokens of every token-proportional group (windowed ones counted whole),
+    and per whole-state group its running state, the state kept at the last
+    block boundary and one per speculative token."""
+    whole_state = sum(2 + lookahead for g in layout.groups if _is_mamba(g))
+    per_token = [g.block_size for g in layout.groups if not _is_mamba(g)]
+    room = free_blocks - whole_state
+    if not per_token:
+        return 1 << 20 if room >= 0 else 0
+    # The largest n + lookahead with sum(ceil(.. / b)) <= room.
+    n = max(0, room * min(per_token) // len(per_token))
+    while n > 0 and sum(-(-(n + lookahead) // b) for b in per_token) > room:
+        n -= 1
+    while sum(-(-(n + 1 + lookahead) // b) for b in per_token) <= room:
+        n += 1
+    return n
+
+
 def _admission_estimate(layout: LayoutDraw, num_tokens: int) -> int:
     """The blocks vLLM's admission check asks of an idle pool for a request
     of ``num_tokens`` tokens loading all but its last token synchronously
@@ -777,6 +797,13 @@ def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw])
         s = layout.scheduler_block_size
         low = max(2 * s + 1, config.long_prefill_token_threshold)
         limit = draw(st.integers(low, max(low, 8 * s)), label="max_model_len")
+    # The engine starts only if one request of max_model_len tokens fits the
+    # pool (vLLM's KV-cache memory check); an operator with a small pool
+    # lowers max_model_len. So does the machine: a request that can never
+    # fit would be admitted, preempt itself and be admitted again forever.
+    # (The long-prefill threshold stays within it: vLLM refuses less.)
+    fits = _longest_request(layout, num_blocks - 1, config.num_speculative_tokens or 0)
+    limit = max(min(limit, fits), config.long_prefill_token_threshold, 2)
     return dataclasses.replace(
         config,
         layout=dataclasses.replace(layout, num_blocks=num_blocks, max_model_len=limit),

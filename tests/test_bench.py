@@ -10,8 +10,11 @@ from fuzz.registry import get_target
 
 @pytest.mark.parametrize("name", ["scheduler-single-shot", "scheduler-machine", "truncate-hybrid"])
 def test_a_campaigns_slices_rerun_bare_draw_the_same_examples(name: str) -> None:
-    # The first slice (10 examples) can take seconds: 6 s was too little for
-    # the machine once its examples came after tests/test_draws_pinned.py.
+    # The first slice (10 examples) can take seconds: before the machine
+    # kept max_model_len within its pool, the first slice after
+    # tests/test_draws_pinned.py met a lone request too big for the pool,
+    # preempted and readmitted ~10,000 times (6 s alone, over 6 s beside
+    # another pytest worker).
     rate, examples, seconds, steps, slices = bench._campaign_run(name, 10.0, seed=7)
     assert examples > 0 and seconds > 0 and slices, (rate, examples, seconds, slices)
     assert examples == sum(s[3] for s in slices)

@@ -56,8 +56,8 @@ PINNED = {
     "single_shot_scenarios": "da3ac659d5d725b665504b4270147c068d5ef949bb841061ef00af744d23273e",
     "single_shot_any_layout": "80b9bac78bd684436edef793d6e7dba11f3ba516ccb53e375eaf86ea10fd7f3e",
     # Moved when machine_configs began drawing kv_role (async configs), speculative decoding and prefill_schedule_interval (last).
-    "machine_configs": "c988ca955fca340084ecf0cfc13b91e973efea52c2ce8e0f15858d8cb7b3d6bd",
-    "failing_load_configs": "6f5b1d1d10769c0f5d68ff669dbcc244a6094b73d06ac96030c0d563980100e4",
+    "machine_configs": "8be91322e9428c3b8f7b218c4dd4643093aa6cd11e4296a7baade68447377c30",
+    "failing_load_configs": "28ca696b29d7b1da7e18c6620ad734dced07103ca2552ce43a9eeeff8047bed4",
 }
 
 
