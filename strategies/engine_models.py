@@ -315,12 +315,26 @@ def engine_scheduler_draws(
     # prefills back to every 2nd-4th step (--prefill-schedule-interval);
     # shrinks to 1.
     cadences = st.sampled_from((1, 1, 2, 1, 3, 1, 4, 1))
+    # One in four speculates with "ngram" (prompt lookup: no drafter layers,
+    # so the planned layout only gains the Mamba layers' speculative state
+    # blocks, which the planner builds as vLLM's MambaBase does). EAGLE is
+    # not drawn here: its drafter's own attention layers are not planned.
     return st.tuples(models, st.booleans(), cadences).flatmap(
-        lambda drawn: scheduler_draws(layouts=st.just(_layout_of(drawn[0]))).map(
-            lambda d: dataclasses.replace(
-                d, engine=drawn[0], async_scheduling=drawn[1], prefill_schedule_interval=drawn[2]
-            )
-        )
+        lambda drawn: scheduler_draws(
+            layouts=st.just(_layout_of(drawn[0])), speculative=True, drafters=("ngram",)
+        ).map(lambda d: _engine_flags(d, drawn[0], drawn[1], drawn[2]))
+    )
+
+
+def _engine_flags(draw: SchedulerDraw, engine: EngineDraw, async_scheduling: bool, interval: int) -> SchedulerDraw:
+    """``draw`` for ``engine``'s planned layout, with the async-scheduling
+    and cadence flags drawn beside the model. vLLM refuses ngram with async
+    scheduling on the V1 runner: such a draw runs the V2 one."""
+    runner = draw.model_runner
+    if draw.speculative_method == "ngram" and async_scheduling and runner == "v1":
+        runner = "v2"
+    return dataclasses.replace(
+        draw, engine=engine, async_scheduling=async_scheduling, prefill_schedule_interval=interval, model_runner=runner
     )
 
 

@@ -163,6 +163,7 @@ def _scheduler_draws(
     asynchronous: bool = False,
     producers: bool = False,
     speculative: bool = False,
+    drafters: tuple[str, ...] = ("ngram", "eagle"),
 ) -> SchedulerDraw:
     layout = draw(layouts, label="layout")
     s = layout.scheduler_block_size
@@ -189,7 +190,7 @@ def _scheduler_draws(
     # whose step is in flight (its stale output). Its requests get no
     # external hit (a producer never loads). Shrinks to kv_both.
     producer = producers and async_scheduling and draw(st.integers(0, 3), label="kv_producer") == 2
-    spec = _speculation(draw, layout, async_scheduling, budget, runner) if speculative else {"layout": layout}
+    spec = _speculation(draw, layout, async_scheduling, budget, runner, drafters) if speculative else {"layout": layout}
     return SchedulerDraw(
         layout=spec.pop("layout"),
         max_num_batched_tokens=budget,
@@ -205,7 +206,7 @@ def _scheduler_draws(
 
 
 def _speculation(
-    draw: st.DrawFn, layout: LayoutDraw, async_scheduling: bool, budget: int, runner: str
+    draw: st.DrawFn, layout: LayoutDraw, async_scheduling: bool, budget: int, runner: str, drafters: tuple[str, ...]
 ) -> dict[str, Any]:
     """One configuration in four speculates (drawn last: the draws before it
     are those of a configuration without it; shrinks to none), with k = 1-4
@@ -223,7 +224,7 @@ def _speculation(
             ("ngram", not async_scheduling or runner == "v2"),
             ("eagle", not any(classification_of_kind(g.kind).refuses_eagle_drop for g in layout.groups)),
         )
-        if ok
+        if ok and m in drafters
     )
     if not methods or draw(st.integers(0, 3), label="speculative decoding (3: on)") != 3:
         return {"layout": layout}
@@ -262,6 +263,7 @@ def scheduler_draws(
     asynchronous: bool = False,
     producers: bool = False,
     speculative: bool = False,
+    drafters: tuple[str, ...] = ("ngram", "eagle"),
 ) -> st.SearchStrategy[SchedulerDraw]:
     """Scheduler configurations over ``layouts`` (default
     :func:`scheduler_layouts`): token budget ``max_num_batched_tokens`` from 4
@@ -274,13 +276,13 @@ def scheduler_draws(
     async draw in four is a P/D prefill instance's connector
     (``kv_role="kv_producer"``), whose requests must then get no external hit;
     with ``speculative``, speculative decoding for about one in four
-    (:func:`_speculation`).
+    (:func:`_speculation`) by one of ``drafters``.
     Shrinks towards the smallest budget, a divergent-capable connector and
     synchronous scheduling.
     """
     if asynchronous or speculative:
         return _scheduler_draws(
-            scheduler_layouts() if layouts is None else layouts, asynchronous, producers, speculative
+            scheduler_layouts() if layouts is None else layouts, asynchronous, producers, speculative, drafters
         )
     return _scheduler_draws(layouts) if layouts is not None else _default_scheduler_draws()
 

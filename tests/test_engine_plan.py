@@ -117,11 +117,12 @@ def test_every_named_configuration_plans_and_builds(name: str) -> None:
 @given(config=engine_scheduler_draws())
 def test_drawn_layouts_are_the_plans(config: SchedulerDraw) -> None:
     """The strategy sizes prompts by the layout the engine plans for the
-    drawn model and flags, and labels the draw engine-reachable."""
+    drawn model and flags (ngram speculation included: its Mamba state
+    blocks), and labels the draw engine-reachable."""
     assert config.engine is not None
     assert config.reach[0] == ENGINE_REACHABLE
     try:
-        plan = plan_engine(config.engine)
+        plan = plan_engine(config.engine, draw=config)
     except Exception:  # noqa: BLE001 - a refused config: the strategy holds a placeholder
         return
     assert config.layout.groups == plan.layout().groups

@@ -30,8 +30,10 @@ step that decides a number:
 Which layer of an architecture is attention, sliding window or Mamba is the
 model class's rule (:data:`_LAYER_RULES`), read from vLLM's model files.
 What is not modelled: FlashInfer GDN prefill (its checkpoint alignment is a
-property of built layers; the Triton prefill path is modelled), speculative
-decoding, KV-cache quantisation.
+property of built layers; the Triton prefill path is modelled), drafters with
+layers of their own (EAGLE, MTP: only "ngram" speculative decoding, which
+adds the Mamba layers' speculative state blocks and no layer), KV-cache
+quantisation.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fuzz.adapter import _compat, _connector
-from fuzz.adapter._config import scheduler_config
+from fuzz.adapter._config import scheduler_config, speculative_kw
 from fuzz.adapter._env import init_hashing
 from fuzz.adapter._specs import refused
 
@@ -199,6 +201,8 @@ class EnginePlan:
             for name in ("sliding_window", "attention_chunk_size"):
                 if getattr(spec, name, None) is not None:
                     params.append((name, int(getattr(spec, name))))
+            if getattr(spec, "num_speculative_blocks", 0):  # Mamba under speculative decoding
+                params.append(("num_speculative_blocks", int(spec.num_speculative_blocks)))
             groups.append(SpecDraw(type(spec).__name__, spec.block_size, tuple(params)))
         return LayoutDraw(
             tuple(groups),
@@ -220,6 +224,14 @@ def _layer_specs(vllm_config: VllmConfig, layers: list[_Layer]) -> dict[str, Any
         else STR_DTYPE_TO_TORCH_DTYPE[cache_config.cache_dtype]
     )
     backend = FlashAttentionBackend
+    # MambaBase.get_kv_cache_spec: a state block per speculative token (none
+    # under ReplaySSM).
+    speculative = vllm_config.speculative_config
+    speculative_blocks = (
+        0
+        if speculative is None or getattr(cache_config, "use_replayssm", False)
+        else speculative.num_speculative_tokens or 0
+    )
     model_cls, _ = ModelRegistry.resolve_model_cls(model_config.architecture, model_config=model_config)
     specs: dict[str, Any] = {}
     for i, parts in enumerate(layers):
@@ -252,7 +264,7 @@ def _layer_specs(vllm_config: VllmConfig, layers: list[_Layer]) -> dict[str, Any
                     page_size_padded=cache_config.mamba_page_size_padded,
                     mamba_type=_MAMBA_TYPES[arg],
                     mamba_cache_mode=cache_config.mamba_cache_mode,
-                    num_speculative_blocks=0,
+                    num_speculative_blocks=speculative_blocks,
                     **_MAMBA_SPEC_EXTRAS[arg],
                 )
     return specs
@@ -269,6 +281,7 @@ def _vllm_config(engine: EngineDraw, draw: SchedulerDraw | None, max_model_len: 
     draw = draw or SchedulerDraw(layout=LayoutDraw((), 1, 1))
     config = VllmConfig(
         model_config=model_config,
+        **speculative_kw(draw, model_config),
         scheduler_config=scheduler_config(draw, max_model_len),
         cache_config=CacheConfig(
             block_size=engine.block_size,
