@@ -1538,7 +1538,7 @@ def _check_async_load_lands_first(scheduler, out, watch, step):
 _CHECKS.update({
     "read-blocks-held": '''
 
-def _read_indices(rule, block_size, start, end, num_prompt_tokens):
+def _read_indices(rule, block_size, start, end, num_prompt_tokens, table_len):
     """Block indices a step computing tokens [start, end) reads (READ_RULES)."""
     kind, value = rule
     last = _cdiv(end, block_size)
@@ -1555,8 +1555,11 @@ def _read_indices(rule, block_size, start, end, num_prompt_tokens):
     if kind == "state":  # the state it resumes from, and the one it writes
         # With `value` speculative state blocks the worker resumes from the
         # state index it recorded the step before (plus the drafts accepted):
-        # only the state it writes is claimed.
-        return sorted({last - 1} | ({_cdiv(start, block_size) - 1} if start > 0 and value == 0 else set()))
+        # only the state it writes is claimed, the first of the table's last
+        # 1 + value blocks (MambaManager.allocate_new_blocks).
+        if value:
+            return [last - 1 if table_len <= value else table_len - 1 - value]
+        return sorted({last - 1} | ({_cdiv(start, block_size) - 1} if start > 0 else set()))
     return []
 
 
@@ -1578,7 +1581,7 @@ def _check_read_blocks_held(scheduler, out, watch, step):
         end = start + row["scheduled"]
         for g, (spec, rule, table) in enumerate(zip(SPECS, READ_RULES, row["tables"])):
             block_size = managers[g].block_size
-            wanted = _read_indices(rule, block_size, start, end, row["num_prompt_tokens"])
+            wanted = _read_indices(rule, block_size, start, end, row["num_prompt_tokens"], len(table))
             problems = []
             for i in wanted:
                 bid = table[i] if i < len(table) else None

@@ -82,9 +82,13 @@ def _violation(invariant: str, step: StepObservation, own: OwnershipObservation,
     return InvariantViolation(invariant, message, **facts)  # type: ignore[arg-type]
 
 
-def read_indices(rule: tuple[str, int], block_size: int, start: int, end: int, prompt: int) -> list[int]:
+def read_indices(
+    rule: tuple[str, int], block_size: int, start: int, end: int, prompt: int, table_len: int | None = None
+) -> list[int]:
     """Block indices a step computing tokens ``[start, end)`` reads (see the
-    module docstring)."""
+    module docstring); ``table_len``: the request's block table length after
+    ``schedule()`` (where a group with speculative state blocks keeps its
+    running state)."""
     kind, value = rule
     last = cdiv(end, block_size)
     if kind == "full":
@@ -98,15 +102,22 @@ def read_indices(rule: tuple[str, int], block_size: int, start: int, end: int, p
         tail = max(prompt, start - value) // block_size
         return list(range(min(head, last))) + list(range(max(head, tail), last))
     if kind == "state":
-        states = {last - 1}
         # value: the group's speculative state blocks. Without them the step
-        # resumes from the state at ceil(start/b) - 1. With them the worker
-        # resumes from the state index it recorded the step before, shifted
-        # by the drafts accepted (mamba_utils: prev_state_idx + accept bias,
-        # into that step's 1 + k trailing blocks), which ``start`` does not
-        # give once rejections have rolled num_computed_tokens back: only the
-        # state it writes is claimed.
-        if start > 0 and value == 0:
+        # resumes from the state at ceil(start/b) - 1 and writes the one at
+        # ceil(end/b) - 1. With them the worker resumes from the state index
+        # it recorded the step before, shifted by the drafts accepted
+        # (mamba_utils: prev_state_idx + accept bias, into that step's 1 + k
+        # trailing blocks), which ``start`` does not give once rejections
+        # have rolled num_computed_tokens back: only the state it writes is
+        # claimed, and vLLM writes it into the first of the table's last
+        # 1 + k blocks (MambaManager.allocate_new_blocks: "We always save the
+        # running state at the last (1 + num_speculative_blocks) block"),
+        # which is ceil(end/b) - 1 unless an earlier step over-allocated.
+        if value:
+            at = last - 1 if table_len is None or table_len <= value else table_len - 1 - value
+            return [at]
+        states = {last - 1}
+        if start > 0:
             states.add(cdiv(start, block_size) - 1)
         return sorted(states)
     return []
@@ -135,7 +146,7 @@ def _held_violations(step: StepObservation) -> Iterator[InvariantViolation]:
             continue
         start, end = t.computed_before, t.computed_before + t.num_scheduled
         for g, rule, table in zip(own.groups, own.read_rules, t.tables):
-            wanted = read_indices(rule, g.block_size, start, end, t.num_prompt_tokens)
+            wanted = read_indices(rule, g.block_size, start, end, t.num_prompt_tokens, len(table))
             if wanted and wanted[-1] < len(table):
                 # Fast path (every step): all real, referenced enough, none free.
                 ids = [table[i] for i in wanted]

@@ -293,11 +293,11 @@ def engine_models(*, architectures: tuple[str, ...] = ARCHITECTURES) -> st.Searc
 _REFUSED = LayoutDraw((SpecDraw("FullAttentionSpec", 16),), hash_block_size=16, num_blocks=64)
 
 
-def _layout_of(engine: EngineDraw) -> LayoutDraw:
+def _layout_of(engine: EngineDraw, num_speculative_tokens: int = 0) -> LayoutDraw:
     plan = installed().plan_layout
     if plan is None:
         raise RuntimeError("no engine planner registered: import fuzz.adapter before drawing")
-    return plan(engine) or _REFUSED
+    return plan(engine, num_speculative_tokens) or _REFUSED
 
 
 @functools.cache
@@ -328,13 +328,23 @@ def engine_scheduler_draws(
 
 def _engine_flags(draw: SchedulerDraw, engine: EngineDraw, async_scheduling: bool, interval: int) -> SchedulerDraw:
     """``draw`` for ``engine``'s planned layout, with the async-scheduling
-    and cadence flags drawn beside the model. vLLM refuses ngram with async
-    scheduling on the V1 runner: such a draw runs the V2 one."""
+    and cadence flags drawn beside the model. A speculating draw takes the
+    layout planned with its drafts (they change the Mamba state shapes, so
+    the block sizes). vLLM refuses ngram with async scheduling on the V1
+    runner: such a draw runs the V2 one."""
     runner = draw.model_runner
     if draw.speculative_method == "ngram" and async_scheduling and runner == "v1":
         runner = "v2"
+    layout = draw.layout
+    if draw.speculative_method is not None:
+        layout = _layout_of(engine, draw.num_speculative_tokens)
     return dataclasses.replace(
-        draw, engine=engine, async_scheduling=async_scheduling, prefill_schedule_interval=interval, model_runner=runner
+        draw,
+        layout=layout,
+        engine=engine,
+        async_scheduling=async_scheduling,
+        prefill_schedule_interval=interval,
+        model_runner=runner,
     )
 
 

@@ -187,3 +187,35 @@ def test_a_negative_count_that_hides_nothing_is_no_violation() -> None:
         if "in all" in str(v)
     ]
     assert summed == [], summed
+
+
+def test_a_speculating_mamba_group_is_read_where_vllm_keeps_its_running_state() -> None:
+    """Harness misfit found by the campaign (2026-12-02, read-blocks-held on a
+    lone Mamba group with 4 speculative state blocks, ngram k=4, every draft
+    rejected): vLLM keeps the running state in the first of the table's last
+    1 + k blocks (MambaManager.allocate_new_blocks), which is past
+    ceil(end/b) - 1 once an earlier step over-allocated for drafts. Here r1
+    (4-token prompt) decodes one token per step with rejected drafts: at step
+    3 it computes [5, 6) with a 7-block table whose index 1 (the old rule's
+    claim) is the null block and index 2 holds the state."""
+    layout = LayoutDraw(
+        (SpecDraw("MambaSpec", 4, (("num_speculative_blocks", 4),)),), hash_block_size=1, num_blocks=19, max_model_len=44
+    )
+    harness = SchedulerHarness(
+        SchedulerDraw(layout, max_num_batched_tokens=8, max_num_seqs=2, long_prefill_token_threshold=1,
+                      speculative_method="ngram", num_speculative_tokens=4, draft_acceptance=(0,))
+    )
+    harness.add_request([0, 7, 3128, 3129], max_tokens=3)
+    steps = [harness.step(), harness.step()]
+    harness.add_request([0, 7, 14, 21, 3192, 3193], max_tokens=1)
+    steps.append(harness.step())
+    for step in steps:
+        own.check_read_blocks_held(step)
+    assert steps[-1].ownership is not None
+    row = steps[-1].ownership.table_of("r0")
+    assert row is not None and (row.computed_before, row.num_scheduled) == (5, 1), row
+    (table,) = row.tables
+    null = steps[-1].ownership.null_block_id
+    old_claim = own.read_indices(("state", 4), 4, 5, 6, 4)  # without the table length
+    assert [table[i] for i in old_claim] == [null], table
+    assert own.read_indices(("state", 4), 4, 5, 6, 4, len(table)) == [len(table) - 5] != old_claim

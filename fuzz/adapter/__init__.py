@@ -79,12 +79,12 @@ __all__ = [
 
 
 
-def _planned_layout_or_none(engine):  # type: ignore[no-untyped-def]
+def _planned_layout_or_none(engine, num_speculative_tokens=0):  # type: ignore[no-untyped-def]
     # Imported on first use: the planner pulls in vLLM's model registry and
     # attention backends, which every other adapter user can do without.
     from fuzz.adapter import _engine_plan
 
-    return _engine_plan.layout_or_none(engine)
+    return _engine_plan.layout_or_none(engine, num_speculative_tokens)
 
 
 # Strategies size prompts by the engine planner's layouts (fuzz.model), on

@@ -356,17 +356,28 @@ def plan_engine(
 
 
 @functools.lru_cache(maxsize=4096)
-def planned_layout(engine: EngineDraw) -> LayoutDraw:
-    """The layout (block sizes, hash unit) the engine plans for ``engine``;
-    what strategies size prompts by. Raises ``InvalidLayout`` if refused."""
-    return plan_engine(engine).layout()
+def planned_layout(engine: EngineDraw, num_speculative_tokens: int = 0) -> LayoutDraw:
+    """The layout (block sizes, hash unit) the engine plans for ``engine``,
+    with ``num_speculative_tokens`` ngram drafts (they change the Mamba
+    state shapes, so the page sizes and block sizes, and add speculative
+    state blocks); what strategies size prompts by. Raises ``InvalidLayout``
+    if refused."""
+    draw = None
+    if num_speculative_tokens:
+        draw = SchedulerDraw(
+            layout=LayoutDraw((), 1, 1),
+            speculative_method="ngram",
+            num_speculative_tokens=num_speculative_tokens,
+            draft_acceptance=(0,),
+        )
+    return plan_engine(engine, draw=draw).layout()
 
 
-def layout_or_none(engine: EngineDraw) -> LayoutDraw | None:
+def layout_or_none(engine: EngineDraw, num_speculative_tokens: int = 0) -> LayoutDraw | None:
     """:func:`planned_layout`, or None when vLLM refuses the configuration
     (what ``fuzz.model.installed().plan_layout`` answers)."""
     try:
-        return planned_layout(engine)
+        return planned_layout(engine, num_speculative_tokens)
     except InvalidLayout:
         return None
 

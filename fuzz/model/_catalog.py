@@ -22,8 +22,9 @@ class Installed:
     # Qualified names of every KVCacheSpec subclass reachable now (a call:
     # tests define and retire classes while the process runs).
     spec_classes: Callable[[], tuple[str, ...]]
-    # The layout vLLM's engine plans for an EngineDraw (None: refused).
-    plan_layout: Callable[[Any], Any] | None = None
+    # The layout vLLM's engine plans for an EngineDraw, with a number of
+    # ngram speculative tokens (default 0) (None: refused).
+    plan_layout: Callable[..., Any] | None = None
 
 
 _INSTALLED: Installed | None = None
