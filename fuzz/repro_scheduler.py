@@ -1558,7 +1558,7 @@ def _read_indices(rule, block_size, start, end, num_prompt_tokens, table_len):
         # only the state it writes is claimed, the first of the table's last
         # 1 + value blocks (MambaManager.allocate_new_blocks).
         if value:
-            return [last - 1 if table_len <= value else table_len - 1 - value]
+            return [table_len - 1 - value if table_len > value else last - 1]
         return sorted({last - 1} | ({_cdiv(start, block_size) - 1} if start > 0 else set()))
     return []
 

@@ -82,9 +82,7 @@ def _violation(invariant: str, step: StepObservation, own: OwnershipObservation,
     return InvariantViolation(invariant, message, **facts)  # type: ignore[arg-type]
 
 
-def read_indices(
-    rule: tuple[str, int], block_size: int, start: int, end: int, prompt: int, table_len: int | None = None
-) -> list[int]:
+def read_indices(rule: tuple[str, int], block_size: int, start: int, end: int, prompt: int, table_len: int) -> list[int]:
     """Block indices a step computing tokens ``[start, end)`` reads (see the
     module docstring); ``table_len``: the request's block table length after
     ``schedule()`` (where a group with speculative state blocks keeps its
@@ -114,8 +112,7 @@ def read_indices(
         # running state at the last (1 + num_speculative_blocks) block"),
         # which is ceil(end/b) - 1 unless an earlier step over-allocated.
         if value:
-            at = last - 1 if table_len is None or table_len <= value else table_len - 1 - value
-            return [at]
+            return [table_len - 1 - value if table_len > value else last - 1]
         states = {last - 1}
         if start > 0:
             states.add(cdiv(start, block_size) - 1)

@@ -455,6 +455,10 @@ def check_rejected_drafts_rolled_back(step: StepObservation) -> None:
             )
 
 
+# Where output placeholders are reserved (AsyncScheduler).
+_PLACEHOLDERS = "AsyncScheduler._update_after_schedule"
+
+
 def check_running_requests_progress(step: StepObservation) -> None:
     """Liveness: a RUNNING request is scheduled again or finishes. Once
     several engine steps in a row have scheduled nothing with nothing in
@@ -476,10 +480,6 @@ def check_running_requests_progress(step: StepObservation) -> None:
             + (f"\n  scenario: {step.context}" if step.context else ""),
             where=_PLACEHOLDERS if waits_for_placeholders else WHERE,
         )
-
-
-# Where output placeholders are reserved (AsyncScheduler).
-_PLACEHOLDERS = "AsyncScheduler._update_after_schedule"
 
 
 # The connector-protocol checks (invariants/connector.py) run with the others.

@@ -111,7 +111,7 @@ class PressedTurnMachine(SchedulerMachine):
 
 def test_pressed_turns_are_partly_evicted() -> None:
     n, reach = _reach(PressedTurnMachine, "pressed-turn runs")
-    pressed = reach["turn aborted in flight, pool pressed"]
+    pressed = reach[target_scheduler.PRESSED]
     partly = reach[target_scheduler.PARTLY_EVICTED]
     assert pressed >= MIN_PRESSED * n, f"a turn pressed in {pressed} of {n} runs"
     assert partly >= MIN_PARTLY_EVICTED * pressed, f"part of the turn evicted in {partly} of {pressed} pressed runs"

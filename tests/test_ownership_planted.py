@@ -216,6 +216,6 @@ def test_a_speculating_mamba_group_is_read_where_vllm_keeps_its_running_state() 
     assert row is not None and (row.computed_before, row.num_scheduled) == (5, 1), row
     (table,) = row.tables
     null = steps[-1].ownership.null_block_id
-    old_claim = own.read_indices(("state", 4), 4, 5, 6, 4)  # without the table length
-    assert [table[i] for i in old_claim] == [null], table
-    assert own.read_indices(("state", 4), 4, 5, 6, 4, len(table)) == [len(table) - 5] != old_claim
+    old_claim = 1  # ceil(end / block_size) - 1, the rule before the table length was read
+    assert table[old_claim] == null, table
+    assert own.read_indices(("state", 4), 4, 5, 6, 4, len(table)) == [len(table) - 5] != [old_claim]

@@ -351,29 +351,22 @@ def _failed_async_load_log(bug: str):  # type: ignore[no-untyped-def]
     return last_oplog()
 
 
-def _stale_output_log(bug: str):  # type: ignore[no-untyped-def]
-    """tests/test_scheduler_planted.py's preempting producer run, planted."""
-    from tests.test_scheduler_planted import preempting_producer_run
+def _fixed_case_log(bug: str):  # type: ignore[no-untyped-def]
+    """The fixed run tests/test_scheduler_planted.py shows ``bug`` caught on
+    (its FIXED_CASES), planted: its log and the invariant it breaks."""
+    from tests.test_scheduler_planted import FIXED_CASES
 
+    check, invariant, run = next((c, i, r) for c, i, b, r, _ in FIXED_CASES if b == bug)
     with planted_scheduler_bug(bug), contextlib.suppress(InvariantViolation):
-        preempting_producer_run((inv.check_stale_output_dropped,))
-    return last_oplog()
-
-
-def _stranded_log(bug: str):  # type: ignore[no-untyped-def]
-    """tests/test_scheduler_planted.py's decoding run, planted."""
-    from tests.test_scheduler_planted import decoding_run
-
-    with planted_scheduler_bug(bug), contextlib.suppress(InvariantViolation):
-        decoding_run((inv.check_running_requests_progress,))
-    return last_oplog()
+        run((check,))
+    return last_oplog(), invariant
 
 
 # Planted bug -> its fixed run's log and the invariant it breaks.
 _FIXED_LOGS = {
-    "max_tokens_skip_unguarded": lambda bug: (_stranded_log(bug), "running-request-progresses"),
     "failed_async_load_kept": lambda bug: (_failed_async_load_log(bug), "failed-load-recomputed"),
-    "delivers_stale_output": lambda bug: (_stale_output_log(bug), "stale-output-dropped"),
+    "delivers_stale_output": _fixed_case_log,
+    "max_tokens_skip_unguarded": _fixed_case_log,
 }
 
 

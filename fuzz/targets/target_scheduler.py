@@ -179,8 +179,10 @@ def fuzz_scheduler_evict_shortcut(scenario: SingleShotScenario) -> None:
 # Drawn inside the range (Hypothesis favours its ends); shrinks to a general run.
 FAILING_LOAD_RUNS = st.integers(0, 4).map(lambda k: k == 2)
 
-# The label of a run whose pool pressure (next_turn) evicted some, not all,
-# of a turn's cached blocks.
+# The labels of a run whose next_turn aborted its first turn in flight and
+# pressed the pool, and of one whose pressure evicted some, not all, of that
+# turn's cached blocks.
+PRESSED = "turn aborted in flight, pool pressed"
 PARTLY_EVICTED = "pool pressure evicted part of a turn"
 
 # Per state-machine run: how many runs reached each branch label ("runs" = total).
@@ -361,8 +363,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             data.draw(st.integers(0, 3), label="turn aborted in flight, then pool pressure") in (1, 2)
         )
         if pressed:
-            self.labels.add("turn aborted in flight, pool pressed")
-            event("turn aborted in flight, pool pressed")
+            self.labels.add(PRESSED)
+            event(PRESSED)
             self._abort_when_computed(turn, len(first))
         self.run_until_idle()
         if pressed and self._live():
@@ -401,22 +403,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         eviction order go first), run to idle."""
         assert self.harness is not None
         free = self.harness.pool_observation().num_free
+        before = sum(map(len, self.harness.per_group_cached_block_ids(tokens)))
         # Some of them may still be held (a request the run left waiting, a
         # producer's unsent blocks): count only what the pool could evict.
-        cached = min(free, sum(len(g) for g in self.harness.per_group_cached_block_ids(tokens)))
+        cached = min(free, before)
         if not cached:
             return
         ahead = free - cached
         n = data.draw(pressure_lengths(self.harness.draw.layout, ahead, cached), label="pressure tokens")
         self.salt += 1
-        before = self.harness.per_group_cached_block_ids(tokens)
         rid = self.harness.add_request(self._fit([6_000 + 64 * (self.salt % 60) + j for j in range(n)]), max_tokens=1)
         note(f"add_request({rid}, {n} own tokens: pool pressure) then run_until_idle()")
         self.run_until_idle()
         if not self._live():
             return
-        after = self.harness.per_group_cached_block_ids(tokens)
-        if 0 < sum(map(len, after)) < sum(map(len, before)):
+        if 0 < sum(map(len, self.harness.per_group_cached_block_ids(tokens))) < before:
             self.labels.add(PARTLY_EVICTED)
             event(PARTLY_EVICTED)
 
