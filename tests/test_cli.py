@@ -118,22 +118,25 @@ def test_planted_bug_campaign_writes_a_repro_that_fails_then_passes(tmp_path: Pa
 
 
 def test_clean_campaign_runs_every_default_target_early_and_reports(tmp_path: Path) -> None:
-    """A short campaign on the default targets: each runs its first example
-    early (fair slices from the start, not one target after another, which
-    would start the last one 8 s into this budget), and the report says when."""
+    """A short campaign on the default targets: every target runs its first
+    slice before any target runs its second (fair slices from the start, not
+    one target after another), each of those slices runs examples, and the
+    report says when. Asserted on the order of slices and the counts, never
+    on the clock: a loaded machine changes how long, not in what order."""
     from fuzz.registry import default_targets
 
-    budget = 20.0  # room for a loaded 2-core machine: the fair order is what is checked
     proc = _fuzz(
-        "run", "--budget", f"{budget:.0f}s", "--seed", "1",
+        "run", "--budget", "20s", "--seed", "1",
         "--db", str(tmp_path / "db"), "--repro-dir", str(tmp_path / "r"), "--report-dir", str(tmp_path / "rep"),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "first example" in proc.stdout and "start-up: workers ready to fuzz" in proc.stdout
     record = json.loads((tmp_path / "rep" / "campaign.json").read_text())["total"]
-    (ready,) = record["startup_s"]
-    first = record["first_example_s"]
-    assert set(first) == {t.name for t in default_targets()}, first
-    assert all(0 <= s - ready < 0.75 * budget for s in first.values()), (ready, first)
+    names = {t.name for t in default_targets()}
+    (order,) = record["turns"].values()  # one worker slot
+    first_round = order[: len(names)]
+    assert sorted(first_round) == sorted(names), order
+    assert set(record["first_example_s"]) == names, record["first_example_s"]
+    assert all(record["examples"][name] >= 1 for name in names), record["examples"]
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "Branches reached" in md and "Spec types drawn" in md and "start-up:" in md

@@ -237,6 +237,7 @@ def run_slot(config: CampaignConfig, slot: int, targets: list[str], *, database:
             else:
                 examples = f.generate(turn, stop_at=min(t0 + 2 * turn.seconds, deadline))
         schedule.record(turn, seconds=time.monotonic() - t0, examples=examples, generated=not replay)
+        progress.totals.turns.setdefault(progress.worker, []).append(turn.target)
         if f.failures >= MAX_FAILURES_PER_TARGET:
             schedule.finish(turn.target)
     progress.flush()

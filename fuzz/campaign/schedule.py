@@ -4,7 +4,8 @@ share of the budget.
 A worker fuzzes its targets in turns (slices), always giving the next turn
 to the target that has had the least time so far. A target's first slice is
 a handful of examples (at most about a second), so within the first seconds
-every target has run; its later slices last ``slice_seconds``: an eighth of its share of the budget,
+every target has run (and every target gets that first slice even when
+start-up outlasts the budget); its later slices last ``slice_seconds``: an eighth of its share of the budget,
 between 1 and 10 seconds (long enough that starting a Hypothesis run costs
 little, short enough that a 60 s campaign takes several turns per target).
 How many examples fill a slice follows the target's speed in its last slice.
@@ -72,8 +73,16 @@ class FairSchedule:
         live = [t for t in self.targets if t not in self.done]
         # The last tenth of a slice is not worth a Hypothesis run (and slices
         # that end early would otherwise split it ever finer).
-        if remaining < 0.1 * self.slice_seconds or not live:
+        if not live:
             return None
+        if remaining < 0.1 * self.slice_seconds:
+            # Spent; but every target still gets its first, short slice (a
+            # start-up slower than the budget, on a loaded machine, must not
+            # leave a target unrun and the campaign silent about it).
+            unrun = [t for t in live if self.turns[t] == 0]
+            if not unrun:
+                return None
+            return Turn(unrun[0], 0, FIRST_SLICE_EXAMPLES, FIRST_SLICE_S)
         target = min(live, key=lambda t: (self.used[t], self.targets.index(t)))
         index = self.turns[target]
         rate = self.rate(target)

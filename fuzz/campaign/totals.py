@@ -48,6 +48,9 @@ class Totals:
     # and when each worker was ready to fuzz (its start-up: importing vLLM).
     first_example_s: dict[str, float] = field(default_factory=dict)
     startup_s: list[float] = field(default_factory=list)
+    # Per worker slot, the target of each slice in the order the slices ran
+    # (fairness is asserted on this order, never on the clock).
+    turns: dict[str, list[str]] = field(default_factory=dict)
     # Targets the installed vLLM cannot host: target -> one line naming what it lacks.
     unsupported: dict[str, str] = field(default_factory=dict)
 
@@ -75,6 +78,7 @@ class Totals:
             vllm_version=other.vllm_version if other.vllm_version != "?" else self.vllm_version,
             first_example_s=_earliest(self.first_example_s, other.first_example_s),
             startup_s=self.startup_s + other.startup_s,
+            turns={**self.turns, **other.turns},
             unsupported={**self.unsupported, **other.unsupported},
         )
 
@@ -98,7 +102,7 @@ class Totals:
     def to_json(self) -> dict[str, Any]:
         return {"examples": self.examples, "seconds": self.seconds, "failures": self.failures,
                 "telemetry": self.telemetry, "vllm_version": self.vllm_version,
-                "first_example_s": self.first_example_s, "startup_s": self.startup_s,
+                "first_example_s": self.first_example_s, "startup_s": self.startup_s, "turns": self.turns,
                 "unsupported": self.unsupported}
 
     @classmethod
@@ -111,5 +115,6 @@ class Totals:
             vllm_version=data.get("vllm_version", "?"),
             first_example_s=dict(data.get("first_example_s", {})),
             startup_s=list(data.get("startup_s", [])),
+            turns={k: list(v) for k, v in data.get("turns", {}).items()},
             unsupported=dict(data.get("unsupported", {})),
         )
