@@ -321,14 +321,22 @@ def run_bench(bugs: list[BenchBug], *, budget: float, seeds: int, timeout_slack:
 def main(argv: list[str] | None = None) -> int:
     from fuzz.matrix.envs import DEFAULT_ROOT
 
-    p = argparse.ArgumentParser(prog="python -m fuzz bugbench", description=__doc__.splitlines()[0])
+    from fuzz.cli import EXIT_ERROR, OneLineParser, UsageError
+
+    p = OneLineParser(prog="python -m fuzz bugbench", description=__doc__.splitlines()[0])
     p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds per trial (default %(default)s)")
     p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, help="trials per bug (default %(default)s)")
     p.add_argument("--bug", action="append", default=[], help="only this bug id (repeatable)")
     p.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="release installs (default .cache/vllm-envs)")
     p.add_argument("--json", type=Path, default=ROOT / "fuzz-out" / "bugbench.json", help="where the JSON goes")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    try:
+        args = p.parse_args(argv)
+    except UsageError as exc:
+        print(f"python -m fuzz bugbench: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except SystemExit as exc:  # --help
+        return 0 if exc.code in (0, None) else EXIT_ERROR
     if args.child is not None:
         job = json.loads(args.child)
         result = _trials(job["bug"], job["targets"], job["seeds"], job["budget"])

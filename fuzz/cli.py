@@ -30,7 +30,9 @@ class UsageError(Exception):
     """One clear line for the user (``python -m fuzz COMMAND: ...``); exit code 2."""
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one :class:`UsageError` line."""
+
     def error(self, message: str) -> None:  # type: ignore[override]  # one line, exit code 2
         raise UsageError(message)
 
@@ -102,7 +104,7 @@ def _build_parser() -> argparse.ArgumentParser:
     from fuzz.matrix import REFERENCE_RELEASES, SUPPORTED_RELEASES
     from fuzz.matrix.envs import DEFAULT_ROOT
 
-    p = _Parser(prog="python -m fuzz", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m fuzz", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", metavar="{run,list,replay,merge,matrix,bugbench}")
     run = sub.add_parser("run", help="fuzz the targets for a wall-clock budget")
     run.add_argument("--budget", default=DEFAULT_BUDGET, help="fuzzing time, e.g. 90s, 10m; start-up (~10 s) comes on top (default %(default)s)")
@@ -319,13 +321,40 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     return EXIT_VIOLATION if record.totals.failures else EXIT_OK
 
 
-def _cmd_replay(args: argparse.Namespace) -> int:
-    path = Path(args.file)
+_REPRO_EXPECTED = "expected a repro .py file written by `run`, or its .json sidecar"
+
+
+def _repro_path(arg: str) -> Path:
+    """The repro file ``arg`` names (itself, or through its sidecar's
+    ``repro`` field); every bad input is one :class:`UsageError`."""
+    path = Path(arg)
+    if not path.is_file():
+        raise UsageError(f"{arg}: no such file ({_REPRO_EXPECTED})")
     if path.suffix == ".json":
-        meta = json.loads(path.read_text())
-        path = path.with_name(meta.get("repro") or "")
-    if not path.is_file() or path.suffix != ".py":
-        raise UsageError(f"replay {args.file}: not a repro .py file (or its .json sidecar)")
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise UsageError(f"{arg}: not JSON ({type(exc).__name__}); {_REPRO_EXPECTED}") from None
+        name = meta.get("repro") if isinstance(meta, dict) else None
+        if not isinstance(name, str) or not name.endswith(".py") or Path(name).name != name:
+            raise UsageError(f"{arg}: a JSON file without a finding's 'repro' field naming its .py file; "
+                             f"{_REPRO_EXPECTED}")
+        path = path.with_name(name)
+        if not path.is_file():
+            raise UsageError(f"{arg}: its repro {name} is not next to it ({_REPRO_EXPECTED})")
+    if path.suffix != ".py":
+        raise UsageError(f"{arg}: not a .py file ({_REPRO_EXPECTED})")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{arg}: not a Python text file ({_REPRO_EXPECTED})") from None
+    if "\ndef test_" not in f"\n{text}":
+        raise UsageError(f"{arg}: no test function in it ({_REPRO_EXPECTED})")
+    return path
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    path = _repro_path(args.file)
     env = _vllm_env(args.vllm_src)
     cmd = [sys.executable, "-m", "pytest", str(path.resolve()), "-q", "-p", "no:cacheprovider",
            "--rootdir", str(path.resolve().parent), "-c", os.devnull]

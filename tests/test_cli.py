@@ -42,7 +42,7 @@ def test_bad_durations_are_usage_errors(text: str) -> None:
         (["run", "--target", "nope"], "--target nope: unknown target"),
         (["run", "--vllm-src", "/nonexistent/vllm"], "--vllm-src /nonexistent/vllm: no vllm/__init__.py"),
         (["run", "--plant", "nope"], "--plant nope: unknown"),
-        (["replay", "/nonexistent/repro.py"], "not a repro .py file"),
+        (["replay", "/nonexistent/repro.py"], "/nonexistent/repro.py: no such file"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(argv, message, capsys) -> None:
@@ -140,3 +140,45 @@ def test_clean_campaign_runs_every_default_target_early_and_reports(tmp_path: Pa
     assert all(record["examples"][name] >= 1 for name in names), record["examples"]
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "Branches reached" in md and "Spec types drawn" in md and "start-up:" in md
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "expected"),
+    [
+        ("missing.py", None, "missing.py: no such file"),
+        ("missing.json", None, "missing.json: no such file"),
+        ("finding.json", '{"invariant": "no-exception"}', "finding.json: a JSON file without a finding's 'repro' field"),
+        ("list.json", "[1, 2]", "list.json: a JSON file without a finding's 'repro' field"),
+        ("broken.json", "not json {", "broken.json: not JSON (JSONDecodeError)"),
+        ("elsewhere.json", '{"repro": "gone.py"}', "elsewhere.json: its repro gone.py is not next to it"),
+        ("escape.json", '{"repro": "../x.py"}', "escape.json: a JSON file without a finding's 'repro' field"),
+        ("plain.py", "x = 1\n", "plain.py: no test function in it"),
+        ("notes.txt", "hello\n", "notes.txt: not a .py file"),
+    ],
+)
+def test_replay_answers_bad_input_with_one_line_and_exit_2(tmp_path: Path, capsys, name: str, content: str | None,
+                                                           expected: str) -> None:
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    assert main(["replay", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("python -m fuzz replay: ") and f"{tmp_path}/{expected}" in err[0], err[0]
+    assert "expected a repro .py file written by `run`, or its .json sidecar" in err[0], err[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["list", "extra"], "python -m fuzz list: unrecognized arguments: extra"),
+        (["nosuch"], "python -m fuzz: argument {run,list,replay,merge,matrix,bugbench}: invalid choice: 'nosuch'"),
+        (["bugbench", "--seeds", "x"], "python -m fuzz bugbench: argument --seeds: invalid int value: 'x'"),
+        (["bugbench", "--bug", "nosuch"], "python -m fuzz bugbench: unknown bug nosuch; known: "),
+        (["matrix", "--nosuch"], "python -m fuzz matrix: unrecognized arguments: --nosuch"),
+    ],
+)
+def test_every_subcommand_answers_bad_input_with_one_line_and_exit_2(capsys, argv: list[str], expected: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(expected), err

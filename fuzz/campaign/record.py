@@ -35,7 +35,7 @@ class CampaignRecord:
             return cls(CampaignConfig.from_json(data["config"]), Totals.from_json(data["total"]),
                        float(data.get("elapsed", 0.0)))
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"merge: {path} is not a campaign.json written by `python -m fuzz run` ({exc})") from None
+            raise ValueError(f"{path} is not a campaign.json written by `python -m fuzz run` ({exc})") from None
 
 
 def merge_campaigns(paths: list[Path]) -> CampaignRecord:
@@ -43,7 +43,7 @@ def merge_campaigns(paths: list[Path]) -> CampaignRecord:
     deduplicated (:meth:`Totals.merge`), the targets are the union in order,
     the slots add up, and elapsed is the longest shard's wall time."""
     if not paths:
-        raise ValueError("merge: no campaign.json files given")
+        raise ValueError("no campaign.json files given")
     records = [CampaignRecord.read(p) for p in paths]
     targets: list[str] = []
     for r in records:
