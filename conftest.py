@@ -57,12 +57,32 @@ def pytest_configure(config: pytest.Config) -> None:
     adapter.init_hashing()
 
 
+# FUZZ_TEST_ORDER_SEED=N runs the collected tests in an order shuffled by N
+# (scripts/stress-tests.sh): a test that passes only after another has run is
+# caught, and the printed seed replays the same order.
+ORDER_SEED = "FUZZ_TEST_ORDER_SEED"
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     from fuzz import adapter
 
-    return [
-        f"vllm {adapter.VLLM_VERSION}; hypothesis profile {settings._current_profile}"
-    ]
+    lines = [f"vllm {adapter.VLLM_VERSION}; hypothesis profile {settings._current_profile}"]
+    if os.environ.get(ORDER_SEED):
+        lines.append(f"test order shuffled with {ORDER_SEED}={os.environ[ORDER_SEED]}")
+    return lines
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    seed = os.environ.get(ORDER_SEED)
+    if not seed:
+        return
+    import random
+
+    try:
+        rng = random.Random(int(seed))
+    except ValueError:
+        raise pytest.UsageError(f"{ORDER_SEED}={seed!r}: expected an integer seed") from None
+    rng.shuffle(items)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -246,6 +246,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"python -m fuzz: harness error: vLLM {total.vllm_version} can host none of the targets "
               f"({', '.join(names)})", file=sys.stderr)
         return EXIT_ERROR
+    set_aside = total.telemetry.get("known_bugs", {})
+    if set_aside:
+        met = ", ".join(f"{bug_id} ({n} step(s))" for bug_id, n in sorted(set_aside.items()))
+        print(f"known vLLM bugs met and set aside ({len(set_aside)}, fuzz/known_bugs.py): {met}")
+    else:
+        print("known vLLM bugs met and set aside: none")
     known = [f for f in total.failures if f.get("known_bug")]
     if known:
         ids = sorted({f["known_bug"] for f in known})

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 
 from fuzz.model import InvariantViolation
+from invariants.scheduler import STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
 
 __all__ = [
     "KNOWN_BUGS",
@@ -50,6 +51,8 @@ class Failure:
     where: str = ""  # the vLLM call whose result broke the invariant
     group_kind: str | None = None  # spec class name of the group to blame
     spec_class: str | None = None  # qualified spec class name (construction failures)
+    statement: str = ""  # the vLLM statement that raised, whitespace collapsed
+    state: str = ""  # the check's name for the failing condition
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,13 @@ class Signature:
     # The qualified function name of the failure's innermost vLLM frame (an
     # assert in the function itself, not in anything it calls).
     innermost: str | None = None
+    # The vLLM statement that raised (whitespace collapsed): a function has
+    # many asserts, and a new one in it is a new bug. Every signature naming
+    # an exception names its statement (tests/test_known_bug_registry.py).
+    statement: str | None = None
+    # The check's own name for the failing condition (a liveness failure has
+    # many causes: a signature names the one it is).
+    state: str | None = None
 
     def matches(self, failure: Failure) -> bool:
         return (
@@ -75,6 +85,8 @@ class Signature:
             and (self.where is None or self.where == failure.where)
             and (self.group_kind is None or self.group_kind == failure.group_kind)
             and (self.spec_class is None or self.spec_class == failure.spec_class)
+            and (self.statement is None or self.statement == failure.statement)
+            and (self.state is None or self.state == failure.state)
         )
 
 
@@ -152,6 +164,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 exception="AssertionError",
                 where="KVCacheManager.truncate_computed_blocks",
                 group_kind="MambaSpec",
+                innermost="KVCacheManager.truncate_computed_blocks",
+                statement="assert num_blocks <= len(group_blocks)",
             ),
         ),
         reach="engine",
@@ -184,13 +198,17 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         # With a sub-block joint hit the copy-on-write of the partial block
         # then finds the untrimmed group's block table out of step with the
         # source block it recorded, and asserts (seen on 0.28.0 by the state
-        # machine: FA(4) + Mamba(4) + HiddenStateCache(4), joint hit 2).
+        # machine: FA(4) + Mamba(4) + HiddenStateCache(4), joint hit 2). The
+        # 0.27.1 matrix cell met the same assert on two full-attention groups
+        # of different block sizes plus Mamba: 0.27.1's _apply_cow and
+        # coordinator are 0.28.0's, so it is this bug in its other shape.
         + (
             Signature(
                 "no-exception",
                 exception="AssertionError",
-                frame="SingleTypeKVCacheManager._apply_cow",
+                innermost="SingleTypeKVCacheManager._apply_cow",
                 where="Scheduler.schedule",
+                statement="assert req_blocks[block_idx] is source_block",
             ),
         ),
         reach="engine",
@@ -237,8 +255,9 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             Signature(
                 "no-exception",
                 exception="ValueError",
-                frame="BlockPool.get_new_blocks",
+                innermost="BlockPool.get_new_blocks",
                 where="Scheduler.schedule",
+                statement='raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")',
             ),
             # The whole class, seen by the block-ownership model even when the
             # pool has room: the Mamba group's external-state block is taken
@@ -392,7 +411,16 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         "output placeholder, and a max_tokens=1 request is never scheduled again",
         since="0.28.0",
         fixed_in=None,
-        signatures=(Signature("running-request-progresses", where="AsyncScheduler._update_after_schedule"),),
+        # The stall alone has many causes: the signature names the state the
+        # bug leaves (a stranded request's placeholder after the rollback of
+        # its failed synchronous load, from the harness's own record).
+        signatures=(
+            Signature(
+                "running-request-progresses",
+                where="AsyncScheduler._update_after_schedule",
+                state=STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD,
+            ),
+        ),
         reach="engine",
         pinned_by="tests/known_bugs/test_failed_load_output_placeholder.py::test_a_recomputed_request_is_scheduled_until_it_finishes",
         targets=("scheduler-machine",),
@@ -427,6 +455,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 exception="AssertionError",
                 innermost="Scheduler.schedule",
                 where="Scheduler.schedule",
+                statement="assert num_new_tokens == 1 + self.num_spec_tokens",
             ),
         ),
         reach="engine",
@@ -459,6 +488,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 exception="AssertionError",
                 innermost="KVCacheManager.truncate_computed_blocks",
                 where="Scheduler.schedule",
+                statement="assert num_blocks <= len(group_blocks)",
             ),
         ),
         reach="scheduler-api",
@@ -541,7 +571,15 @@ def suppressing() -> bool:
 def failure_of(violation: InvariantViolation) -> Failure:
     """The structured facts a violation carries."""
     v = violation
-    return Failure(v.invariant, v.exception, v.frames, v.where, v.group_kind)
+    return Failure(
+        v.invariant,
+        v.exception,
+        v.frames,
+        v.where,
+        v.group_kind,
+        statement=getattr(v, "statement", ""),
+        state=getattr(v, "state", ""),
+    )
 
 
 def known_bug(bug_id: str) -> KnownBug:

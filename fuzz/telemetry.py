@@ -12,7 +12,9 @@ from collections import Counter
 
 import hypothesis
 
-__all__ = ["COUNTERS", "note", "observe_gap", "observe_layout", "reach", "reject", "snapshot", "target"]
+__all__ = [
+    "COUNTERS", "note", "observe_gap", "observe_layout", "reach", "reject", "set_aside", "snapshot", "target",
+]
 
 COUNTERS: dict[str, Counter[str]] = {
     "branches": Counter(),  # reach() labels
@@ -20,6 +22,7 @@ COUNTERS: dict[str, Counter[str]] = {
     "layouts": Counter(),  # sorted kinds of a layout
     "hit_gap": Counter(),  # max - min per-group hit, in scheduler blocks
     "rejections": Counter(),  # layouts vLLM refused, by reason
+    "known_bugs": Counter(),  # known vLLM bugs met and set aside, by id (steps showing each)
 }
 
 
@@ -55,6 +58,12 @@ def observe_layout(kinds: list[str]) -> None:
 
 def observe_gap(gap_tokens: int, scheduler_block_size: int) -> None:
     COUNTERS["hit_gap"][str(gap_tokens // max(scheduler_block_size, 1))] += 1
+
+
+def set_aside(bug_id: str) -> None:
+    """A step showed known vLLM bug ``bug_id`` and the runner set it aside:
+    counted, so a campaign's summary says which known bugs it met."""
+    COUNTERS["known_bugs"][bug_id] += 1
 
 
 def snapshot() -> dict[str, dict[str, int]]:

@@ -33,7 +33,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, PoolObservation, StepObservation
+from fuzz.model import (
+    AdmissionObservation,
+    GroupInfo,
+    InvariantViolation,
+    PoolObservation,
+    StepObservation,
+    StrandedRequest,
+)
 from invariants._common import answer_acted_on
 from invariants._common import cdiv as _cdiv
 from invariants._common import group_behaviour as _behaviour
@@ -118,6 +125,7 @@ def check_no_exception_escapes(step: StepObservation) -> None:
         where=WHERE,
         exception=step.error_type,
         frames=step.error_frames,
+        statement=step.error_statement,
     )
 
 
@@ -479,7 +487,23 @@ def check_running_requests_progress(step: StepObservation) -> None:
             + f"\n{step.describe()}"
             + (f"\n  scenario: {step.context}" if step.context else ""),
             where=_PLACEHOLDERS if waits_for_placeholders else WHERE,
+            state=_stranded_state(step.stranded),
         )
+
+
+# What a stranded request waits for (the liveness claim's failing
+# condition, matched by known-bug signatures).
+STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD = "output placeholders after a failed-load recompute"
+STRANDED_PLACEHOLDERS = "output placeholders"
+STRANDED = "nothing in flight"
+
+
+def _stranded_state(stranded: tuple[StrandedRequest, ...]) -> str:
+    if any(r.num_output_placeholders > 0 and r.recomputed_failed_load for r in stranded):
+        return STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
+    if any(r.num_output_placeholders > 0 for r in stranded):
+        return STRANDED_PLACEHOLDERS
+    return STRANDED
 
 
 # The connector-protocol checks (invariants/connector.py) run with the others.

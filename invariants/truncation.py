@@ -56,6 +56,7 @@ def _fail(invariant: str, obs: TruncationObservation, message: str, group: Group
         group_kind=None if group is None else group_kind(group.info),
         exception=obs.error_type,
         frames=obs.error_frames,
+        statement=obs.error_statement,
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from fuzz.adapter import _compat
 from fuzz.adapter._env import VLLM_VERSION, init_hashing, sha256
-from fuzz.adapter._observe import vllm_frames
+from fuzz.adapter._observe import raising_statement, vllm_frames
 from fuzz.adapter._specs import kv_cache_config, qualified_name, refused, resolve_block_sizes
 
 from vllm.sampling_params import SamplingParams  # noqa: E402
@@ -253,12 +253,14 @@ class ManagerHarness:
         error: str | None = None
         error_type: str | None = None
         frames: tuple[str, ...] = ()
+        statement = ""
         out_groups: Sequence[Sequence[Any]] | None = None
         try:
             result = self.manager.truncate_computed_blocks(blocks, endpoint)
             out_groups = result.blocks
         except Exception as exc:  # noqa: BLE001 - every failure is an observation
             error, error_type, frames = f"{type(exc).__name__}: {exc}", type(exc).__name__, vllm_frames(exc)
+            statement = raising_statement(exc)
         groups = tuple(
             GroupTruncation(
                 info=info,
@@ -282,4 +284,5 @@ class ManagerHarness:
             context=context,
             error_type=error_type,
             error_frames=frames,
+            error_statement=statement,
         )

@@ -12,7 +12,10 @@ from (the crash state used for known-bug matching and deduplication).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import linecache
 import os
 import traceback
 from collections.abc import Callable
@@ -25,7 +28,7 @@ from vllm.v1.request import Request  # noqa: E402
 
 from fuzz.model import AdmissionObservation  # noqa: E402
 
-__all__ = ["Spies", "block_ids", "vllm_frames"]
+__all__ = ["Spies", "block_ids", "raising_statement", "vllm_frames"]
 
 
 def block_ids(blocks: Any) -> tuple[tuple[int, ...], ...]:
@@ -43,6 +46,53 @@ def vllm_frames(exc: BaseException, depth: int = 3) -> tuple[str, ...]:
             rel = "vllm/" + os.path.relpath(path, VLLM_ROOT).replace(os.sep, "/")
             frames.append(f"{rel}:{frame.f_code.co_qualname}")
     return tuple(reversed(frames))[:depth]
+
+
+def raising_statement(exc: BaseException) -> str:
+    """The source of the statement that raised ``exc`` (whitespace
+    collapsed), when vLLM's code raised it: ``"assert num_new_tokens == 1 +
+    self.num_spec_tokens"``. Known-bug signatures name it, so a different
+    assert in the same function is a different failure. Empty when the
+    raising frame is not vLLM's or its source is unavailable."""
+    last, lineno = None, 0
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        last, lineno = frame, line
+    if last is None:
+        return ""
+    path = os.path.abspath(last.f_code.co_filename)
+    if not path.startswith(VLLM_ROOT + os.sep):
+        return ""
+    return _statement_at(last.f_code.co_filename, lineno, len(linecache.getlines(last.f_code.co_filename)))
+
+
+@functools.lru_cache(maxsize=256)
+def _statement_at(filename: str, lineno: int, _num_lines: int) -> str:
+    """The whole statement that covers ``lineno`` of ``filename`` (all its
+    lines, for an assert spread over several), read through linecache,
+    which also holds the edited source of a planted bug."""
+    lines = linecache.getlines(filename)
+    if not 0 < lineno <= len(lines):
+        return ""
+    try:
+        tree = ast.parse("".join(lines))
+    except SyntaxError:
+        return " ".join(lines[lineno - 1].split())
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and not isinstance(node, _COMPOUND):
+            end = node.end_lineno or node.lineno
+            if node.lineno <= lineno <= end and (best is None or end - node.lineno < best[1] - best[0]):
+                best = (node.lineno, end)
+    if best is None:
+        return " ".join(lines[lineno - 1].split())
+    return " ".join("".join(lines[best[0] - 1 : best[1]]).split())
+
+
+# Statements that hold others: the raising statement is the simple one inside.
+_COMPOUND = (
+    ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.AsyncFor, ast.While,
+    ast.With, ast.AsyncWith, ast.Try, ast.Match,
+)
 
 
 def _raising_frame(exc: BaseException) -> Any:

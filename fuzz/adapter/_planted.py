@@ -24,6 +24,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import linecache
 import textwrap
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,7 +32,6 @@ from typing import Any
 from fuzz.adapter import _compat
 from fuzz.adapter._env import VLLM_VERSION
 
-import vllm.v1.core.sched.scheduler as _sched_mod  # noqa: E402
 import vllm.v1.kv_cache_interface as _ki  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
@@ -197,6 +197,17 @@ _SCHEDULE_EDITS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
                 ")",
                 "request.shared_prefix_boundary,\n"
                 ") = (self.kv_cache_manager.empty_kv_cache_blocks, 0, 0)",
+            ),
+        ),
+    ),
+    "drafts_never_cut": (
+        "a new assert on speculating runs: every running request's scheduled drafts "
+        "are all of its drafts (the token budget or max_model_len may cut them)",
+        (
+            (
+                "scheduled_spec_decode_tokens[request.request_id] = spec_token_ids",
+                "assert len(spec_token_ids) == len(request.spec_token_ids)\n"
+                "scheduled_spec_decode_tokens[request.request_id] = spec_token_ids",
             ),
         ),
     ),
@@ -508,43 +519,50 @@ def _planted_edits(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
 @functools.cache
 def _patched_schedule(name: str) -> Callable[..., Any]:
     method, edits = _planted_edits(name)
-    original = getattr(Scheduler, method)
-    source = inspect.getsource(original)  # as indented in the class
-    for old, new in edits:
-        source = _edit(source, old, new, name, method)
-    namespace = dict(vars(_sched_mod))
-    # Compiled under scheduler.py's own name: the edited method is vLLM's
-    # code, and its frames read as vLLM's (outcomes, crash states).
-    exec(compile(textwrap.dedent(source), inspect.getsourcefile(original), "exec"), namespace)  # noqa: S102
-    return namespace[method]
+    return _compile_edited(Scheduler, method, edits, name)
 
 
 @functools.cache
 def _patched_method(name: str) -> tuple[type, str, Any]:
     """The planted ownership (or manager) edit ``name``: its vLLM class, method name and
-    the edited method (a function, or a classmethod), compiled under the
-    class's own source file."""
+    the edited method (a function, or a classmethod)."""
     _, (module_name, class_name, method), edits = {**_OWNERSHIP_EDITS, **_MANAGER_EDITS}[name]
-    module = importlib.import_module(module_name)
-    cls = getattr(module, class_name)
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls, method, _compile_edited(cls, method, edits, name)
+
+
+def _compile_edited(cls: type, method: str, edits: tuple[tuple[str, str], ...], name: str) -> Any:
+    """``cls.method`` with ``edits`` applied, compiled so that its frames
+    read as vLLM's own: the class's source file (outcomes and crash states
+    treat it as vLLM code), the qualified name ``Class.method``, and the line
+    numbers of the original method. The edited source is registered with
+    linecache under a name of its own beside the file, so a traceback, and
+    the raising statement a known-bug signature names, show the planted line,
+    not whatever line of the real file has that number."""
     original = vars(cls)[method]
     func = original.__func__ if isinstance(original, classmethod) else original
-    source = textwrap.dedent(inspect.getsource(func))
+    lines, first = inspect.getsourcelines(func)
+    source = textwrap.dedent("".join(lines))
     if isinstance(original, classmethod) and not source.lstrip().startswith("@classmethod"):
         source = "@classmethod\n" + source
+        first -= 1
     for old, new in edits:
-        source = _edit(source, old, new, name, f"{class_name}.{method}")
-    # Compiled inside a class body so a zero-argument super() has its
-    # __class__ cell, which then points at the real class.
-    shim = "class _Planted:\n" + textwrap.indent(source, "    ")
-    namespace = dict(vars(module))
-    exec(compile(shim, inspect.getsourcefile(func), "exec"), namespace)  # noqa: S102
-    edited = vars(namespace["_Planted"])[method]
+        source = _edit(source, old, new, name, method)
+    # Compiled inside a class body of the class's name: the qualified name is
+    # vLLM's, and a zero-argument super() has its __class__ cell (pointed at
+    # the real class below). The blank lines put the method at its own line.
+    shim = "\n" * max(first - 2, 0) + f"class {cls.__name__}:\n" + textwrap.indent(source, "    ")
+    filename = f"{inspect.getsourcefile(func)} [planted {name}]"
+    linecache.cache[filename] = (len(shim), None, shim.splitlines(keepends=True), filename)
+    namespace = dict(vars(importlib.import_module(cls.__module__)))
+    exec(compile(shim, filename, "exec"), namespace)  # noqa: S102
+    edited = vars(namespace[cls.__name__])[method]
+    namespace[cls.__name__] = cls  # the method's globals: the real class, not the shim
     inner = edited.__func__ if isinstance(edited, classmethod) else edited
     for var, cell in zip(inner.__code__.co_freevars, inner.__closure__ or ()):
         if var == "__class__":
             cell.cell_contents = cls
-    return cls, method, edited
+    return edited
 
 
 @contextlib.contextmanager

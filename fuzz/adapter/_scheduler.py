@@ -21,7 +21,7 @@ from fuzz import outcomes
 from fuzz.adapter import _compat, _connector, _oplog, _planted
 from fuzz.adapter._config import build_scheduler
 from fuzz.adapter._env import VLLM_VERSION, sha256
-from fuzz.adapter._observe import Spies, raising_file, step_frames
+from fuzz.adapter._observe import Spies, raising_file, raising_statement, step_frames
 from fuzz.adapter._ownership import OwnershipSpy, read_rules
 from fuzz.adapter._specs import qualified_name
 
@@ -154,6 +154,7 @@ class SchedulerHarness:
         # Request id -> the token count a failed synchronous load had brought
         # it to before vLLM rolled it back (recompute policy).
         self._recomputing: dict[str, int] = {}
+        self._recomputed_failed_load: set[str] = set()  # ever rolled back by a failed sync load
         self._whole_prompt_landed: set[str] = set()  # see StepObservation.whole_prompt_landed
         self._watch_failed_landing()
         # Connector calls already reported in a step observation; requests
@@ -376,6 +377,7 @@ class SchedulerHarness:
         in_flight = frozenset(self.script.loads_in_flight)
         error = error_type = where = None
         frames: tuple[str, ...] = ()
+        statement = ""
         out = None
         # EngineCore.step_with_batch_queue schedules only `if
         # self.scheduler.has_requests()`; with nothing queued the harness
@@ -389,7 +391,7 @@ class SchedulerHarness:
         except Exception as exc:  # noqa: BLE001 - every failure is an observation
             _raise_if_suite_code(exc, "schedule")
             error, error_type, where = f"{type(exc).__name__}: {exc}", type(exc).__name__, "schedule"
-            frames = step_frames(exc)
+            frames, statement = step_frames(exc), raising_statement(exc)
         self.vllm_seconds += time.perf_counter() - t0
         ownership = self.ownership.observe(self.step_index, out, self.read_rules)
         queries = self.script.queries[asked_before:]
@@ -428,7 +430,7 @@ class SchedulerHarness:
                     type(exc).__name__,
                     "update_from_output",
                 )
-                frames = step_frames(exc)
+                frames, statement = step_frames(exc), raising_statement(exc)
         if not error:  # nothing fed back: the input queue aborts them after the step
             self._abort_during_step()
         if not error and fed is not None:
@@ -468,6 +470,7 @@ class SchedulerHarness:
             finished=finished,
             context=context,
             error_frames=frames,
+            error_statement=statement,
             vllm_version=VLLM_VERSION,
             connector_allocs=connector_allocs,
             connector_metas=metas,
@@ -526,6 +529,7 @@ class SchedulerHarness:
                 r.sampling_params.max_tokens if r.sampling_params is not None else 0,
                 getattr(r, "num_output_placeholders", 0),
                 self._quiet_steps,
+                r.request_id in self._recomputed_failed_load,
             )
             for r in self.scheduler.running
         )
@@ -895,6 +899,7 @@ class SchedulerHarness:
             # from there up to where the failed load had brought it.
             for rid, (*_, load_end) in self._sync_failures.items():
                 self._recomputing[rid] = load_end
+                self._recomputed_failed_load.add(rid)
         self._sync_failures.clear()
         for load in reported:
             load = dataclasses.replace(load, status_before=self._status_before.get(load.request_id, ""))

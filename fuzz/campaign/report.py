@@ -118,6 +118,9 @@ def write_reports(
             f"- **{f['invariant']}**{known} in {targets} at `{f['key'].split('|', 1)[1]}` after {f['found_after_s']}s: {first}",
             f"  - repro: {link}; replay: `python -m fuzz replay {Path(repro_dir, repro or '')}`",
         ]
+    header += ["", "## Known vLLM bugs met and set aside", ""]
+    set_aside = tel.get("known_bugs", {})
+    header += [f"- `{bug_id}`: {n} step(s) (fuzz/known_bugs.py)" for bug_id, n in sorted(set_aside.items())] or ["None."]
     if total.unsupported:
         header += ["", "## Unsupported targets (skipped)", ""]
         header += [f"- `{name}`: {why}" for name, why in sorted(total.unsupported.items())]

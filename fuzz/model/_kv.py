@@ -129,6 +129,7 @@ class TruncationObservation:
     context: str = field(default="", compare=False)  # the scenario, for messages
     error_type: str | None = None  # the exception type when the call raised
     error_frames: tuple[str, ...] = ()  # its innermost vLLM frames, innermost first
+    error_statement: str = ""  # the vLLM statement that raised (fuzz.adapter._observe.raising_statement)
 
     def describe(self) -> str:
         lines = [f"truncate_computed_blocks(blocks, {self.endpoint}) on vLLM {self.vllm_version}"]

@@ -478,6 +478,9 @@ class StrandedRequest:
     max_tokens: int
     num_output_placeholders: int  # AsyncScheduler's outputs it still expects
     quiet_steps: int
+    # The harness's record: a synchronous load of it failed under the
+    # recompute policy, so vLLM rolled it back to recompute the blocks.
+    recomputed_failed_load: bool = False
 
     def describe(self) -> str:
         return (
@@ -485,6 +488,7 @@ class StrandedRequest:
             f"num_computed_tokens={self.num_computed_tokens}, num_tokens={self.num_tokens} "
             f"(prompt {self.num_prompt_tokens}, max_tokens {self.max_tokens}), "
             f"num_output_placeholders={self.num_output_placeholders}"
+            + (", rolled back by a failed synchronous load (recompute)" if self.recomputed_failed_load else "")
         )
 
 
@@ -513,6 +517,7 @@ class StepObservation:
     # The innermost vLLM frames of the error ("vllm/v1/core/block_pool.py:
     # BlockPool.get_new_blocks"), innermost first: the crash state.
     error_frames: tuple[str, ...] = ()
+    error_statement: str = ""  # the vLLM statement that raised, whitespace collapsed
     vllm_version: str = dataclasses.field(default="", compare=False)
     # The connector protocol as the scheduled connector saw it in this step's
     # schedule(): every update_state_after_alloc, every build_connector_meta.
@@ -580,6 +585,8 @@ class StepObservation:
             lines.append(f"  {self.error_where}() raised {self.error}")
             if self.error_frames:
                 lines.append("  innermost vLLM frames: " + " <- ".join(self.error_frames))
+            if self.error_statement:
+                lines.append(f"  raised by: {self.error_statement}")
         if self.copies:
             lines.append("  block copies (src->dst): " + ", ".join(f"{a}->{b}" for a, b in self.copies))
         if self.loads_in_flight:

@@ -13,7 +13,8 @@ class InvariantViolation(AssertionError):
     ``"Scheduler.schedule"``); ``group_kind`` the spec class name of the
     group it concerns, when one group is to blame; ``exception`` and
     ``frames`` the exception vLLM raised, if one is behind the violation,
-    and its innermost vLLM frames. The message carries the numbers for a
+    and its innermost vLLM frames; ``statement`` the vLLM statement that
+    raised it; ``state`` the check's name for the failing condition. The message carries the numbers for a
     person; matching never reads it.
     """
 
@@ -26,6 +27,8 @@ class InvariantViolation(AssertionError):
         group_kind: str | None = None,
         exception: str | None = None,
         frames: tuple[str, ...] = (),
+        statement: str = "",
+        state: str = "",
     ) -> None:
         super().__init__(f"[{invariant}] {message}")
         self.invariant = invariant
@@ -33,6 +36,11 @@ class InvariantViolation(AssertionError):
         self.group_kind = group_kind
         self.exception = exception
         self.frames = frames
+        # The vLLM statement that raised ``exception`` (whitespace collapsed).
+        self.statement = statement
+        # The check's name for the failing condition, from the check's own
+        # small vocabulary (e.g. what a stranded request waits for).
+        self.state = state
 
 
 class HarnessError(RuntimeError):

@@ -25,7 +25,7 @@ from hypothesis import event, target
 from hypothesis import note as _hypothesis_note
 from hypothesis.control import currently_in_test_context
 
-from fuzz import adapter, known_bugs
+from fuzz import adapter, known_bugs, telemetry
 from fuzz.adapter import SchedulerHarness
 from fuzz.model import AdmissionObservation, InvariantViolation, SchedulerDraw, StepObservation
 from invariants._common import group_behaviour
@@ -183,6 +183,7 @@ def triage(
             unknown.append(violation)
         elif bug.id not in known:
             known.append(bug.id)
+            telemetry.set_aside(bug.id)
     return unknown, known
 
 

@@ -1,0 +1,55 @@
+"""Triage never swallows a new bug: a failure planted beside a known bug, in
+the same vLLM function, is reported as new.
+
+``drafts_never_cut`` plants an assert in ``Scheduler.schedule`` (speculating
+runs: every running request's scheduled drafts are all its drafts), a few
+lines from the known spec-decode padding assert
+(``spec-decode-padding-cut-by-long-prefill-threshold``). Its signature names
+its own statement, so the planted one is no known bug; the same operations
+pass on unmodified vLLM.
+"""
+
+from __future__ import annotations
+
+from fuzz.adapter import SchedulerHarness, planted_scheduler_bug
+from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.runners.scheduler import triage
+from invariants.scheduler import check_no_exception_escapes
+
+
+def _three_decoding_requests() -> list:
+    """Three 2-token prompts, ngram k=3 with every draft accepted: from the
+    second step all three decode with 1 + 3 tokens each against a budget of
+    6, so the second request's drafts are cut to one."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=40)
+    harness = SchedulerHarness(
+        SchedulerDraw(
+            layout=layout,
+            max_num_batched_tokens=6,
+            max_num_seqs=3,
+            speculative_method="ngram",
+            num_speculative_tokens=3,
+            draft_acceptance=(3,),
+        )
+    )
+    for i in range(3):
+        harness.add_request(tuple(range(10 * i, 10 * i + 2)), max_tokens=8)
+    return harness.drain()
+
+
+def test_a_new_assert_in_schedule_is_reported_as_new() -> None:
+    with planted_scheduler_bug("drafts_never_cut"):
+        steps = _three_decoding_requests()
+    failing = [s for s in steps if s.error]
+    assert failing, "the planted assert never fired"
+    unknown, known = triage(failing[0], (check_no_exception_escapes,))
+    assert known == [], known
+    assert [v.invariant for v in unknown] == ["no-exception"], unknown
+    assert unknown[0].statement == "assert len(spec_token_ids) == len(request.spec_token_ids)", unknown[0].statement
+    assert unknown[0].frames[0].endswith(":Scheduler.schedule"), unknown[0].frames
+
+
+def test_control_the_same_run_passes_on_unmodified_vllm() -> None:
+    steps = _three_decoding_requests()
+    for step in steps:
+        check_no_exception_escapes(step)
