@@ -64,7 +64,12 @@ class WorkerRecord:
         tokens the worker knows (then it samples; a non-final prefill chunk
         samples nothing). With async scheduling the worker knows the tokens it
         sampled for steps not fed back yet too: they are the output
-        placeholders vLLM counts for them (one per sampled token)."""
+        placeholders vLLM counts for them (one per sampled token). A request
+        the output schedules without handing it over (in neither
+        ``scheduled_new_reqs`` nor ``scheduled_cached_reqs``) is none the
+        worker can run: it samples nothing for it."""
+        if request_id not in before:
+            return False
         end = before[request_id] + out.num_scheduled_tokens[request_id]
         return end >= self.known.get(request_id, 0)
 
