@@ -797,6 +797,7 @@ class _Watch:
         self.aborts = []  # aborts that arrive while the model runs the next step
         self.send_started = {}  # request id -> the first step begun after its send started
         self.known = {}  # request id -> the tokens the worker knows (see _worker_done)
+        self.prompt = {}  # request id -> its prompt's length, as the output first handed it over
         self.preempted_at = {}  # request id -> the step whose schedule() last preempted it
         self.stale = {}  # this step's fed output: preempted request id -> (request, num_tokens before)
         sched, mgr = scheduler, scheduler.kv_cache_manager
@@ -1119,15 +1120,20 @@ def _worker_done(out, watch):
     """Per request of ``out``, whether its scheduled tokens reach the end of
     the tokens the worker knows (then it samples): its prompt and every token
     it sampled, fed back or not, reset from the token lists the output
-    resends. Decided from the output and the worker's own record, as a model
-    runner decides it, never from scheduler.requests."""
+    resends, and cut to the num_output_tokens it is told when that is fewer
+    (as the V1 runner aligns its state after a failed sync load). Decided
+    from the output and the worker's own record, as a model runner decides
+    it, never from scheduler.requests."""
     cached = out.scheduled_cached_reqs
     for new in out.scheduled_new_reqs:
+        watch.prompt.setdefault(new.req_id, len(new.prompt_token_ids))
         tokens = getattr(new, "prefill_token_ids", None) or new.prompt_token_ids
-        if tokens is not None:
-            watch.known[new.req_id] = len(tokens)
+        watch.known[new.req_id] = len(tokens)
     for rid, tokens in (getattr(cached, "all_token_ids", None) or {}).items():
         watch.known[rid] = len(tokens)
+    for rid, outputs in zip(cached.req_ids, getattr(cached, "num_output_tokens", None) or ()):
+        if rid in watch.prompt and watch.prompt[rid] + outputs < watch.known.get(rid, 0):
+            watch.known[rid] = watch.prompt[rid] + outputs
     before = dict(zip(cached.req_ids, cached.num_computed_tokens))
     before.update((n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs)
     return [rid in before and before[rid] + n >= watch.known.get(rid, 0)

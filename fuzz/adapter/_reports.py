@@ -39,11 +39,12 @@ class WorkerRecord:
     it owes a report for (:meth:`loads_landing`, :meth:`sends_done`)."""
 
     def __init__(self) -> None:
-        # Request id -> tokens the worker knows for it.
+        # Request id -> tokens the worker knows for it, and its prompt's.
         self.known: dict[str, int] = {}
+        self.prompt: dict[str, int] = {}
 
     def add(self, request_id: str, num_prompt_tokens: int) -> None:
-        self.known[request_id] = num_prompt_tokens
+        self.known[request_id] = self.prompt[request_id] = num_prompt_tokens
 
     def resync(self, out: Any) -> None:
         """Take the token lists ``out`` resends: a new request's prompt (V1)
@@ -51,13 +52,22 @@ class WorkerRecord:
         included), and the V1 runner's ``all_token_ids`` for a cached request
         not scheduled in the step before (a resumed one among them). After a
         preemption this is where a worker learns which of its sampled tokens
-        vLLM kept (a stale output may have been dropped)."""
+        vLLM kept (a stale output may have been dropped). And, as the V1
+        runner aligns its cached state (GPUModelRunner._update_states: "Some
+        output tokens were discarded due to a sync-KV-load failure"), a
+        cached request's ``num_output_tokens`` below the outputs the worker
+        knows drops the excess: vLLM discards the token sampled in a step
+        whose load failed."""
         for new in out.scheduled_new_reqs:
             tokens = getattr(new, "prefill_token_ids", None) or new.prompt_token_ids
             if tokens is not None:
                 self.known[new.req_id] = len(tokens)
-        for rid, tokens in (getattr(out.scheduled_cached_reqs, "all_token_ids", None) or {}).items():
+        cached = out.scheduled_cached_reqs
+        for rid, tokens in (getattr(cached, "all_token_ids", None) or {}).items():
             self.known[rid] = len(tokens)
+        for rid, outputs in zip(cached.req_ids, getattr(cached, "num_output_tokens", None) or ()):
+            if rid in self.prompt and self.prompt[rid] + outputs < self.known.get(rid, 0):
+                self.known[rid] = self.prompt[rid] + outputs
 
     def reaches_end(self, out: Any, request_id: str, before: Mapping[str, int]) -> bool:
         """Whether ``out``'s tokens for ``request_id`` reach the end of the
