@@ -195,3 +195,29 @@ def test_sending_control_on_unmodified_vllm() -> None:
     assert not found, [str(v) for v in found]
     assert a in _fed(harness, "finished_sending")
     assert harness.is_idle() and not harness.reports_due
+
+
+# -- pinned: what the worker learns from the output -----------------------------
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_the_token_of_a_step_whose_sync_load_failed_is_dropped(runner: str) -> None:
+    """Found by a 60-second campaign (V2 runner): a 2-token prompt whose
+    1-token sync load is reported failed (recompute). vLLM discards the token
+    sampled in that step and recomputes the prompt; the worker, told the
+    request has no output token (``num_output_tokens``), drops its own and
+    samples again when the recompute reaches the prompt's end. Counting the
+    discarded token, it sampled nothing there and the request was stranded."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 1),), hash_block_size=1, num_blocks=13)
+    harness = SchedulerHarness(
+        SchedulerDraw(layout, max_num_batched_tokens=4, max_num_seqs=1, kv_load_failure_policy="recompute",
+                      model_runner=runner)
+    )
+    harness.add_request([0, 3064], max_tokens=1, reply=ExternalReply("store", store_len=2))
+    harness.fail_next_sync_loads()
+    _, found = _run(harness)
+    assert not found, [str(v) for v in found]
+    first, second = [s.fed for s in harness.oplog.steps if s.fed]
+    assert first.invalid_block_ids and len(first.sampled_token_ids[0]) == 1, first
+    assert len(second.sampled_token_ids[0]) == 1, second
+    assert harness.is_idle()
