@@ -142,6 +142,34 @@ def test_load_control_on_unmodified_vllm(fail: bool) -> None:
     assert harness.is_idle()
 
 
+def _sync_failure_run(forget: bool) -> tuple[SchedulerHarness, list[str], list[InvariantViolation]]:
+    harness = _harness(kv_load_failure_policy="recompute")
+    a = harness.add_request(range(20), max_tokens=2, reply=ExternalReply("store", store_len=16))
+    harness.fail_next_sync_loads()
+    forgotten = _forget_after_schedule(harness, lambda out: a if forget and a in out.num_scheduled_tokens else None)
+    _, found = _run(harness)
+    return harness, forgotten, found
+
+
+def test_a_sync_load_failure_names_the_blocks_the_connector_was_told() -> None:
+    """``a``'s synchronous load fails; vLLM dropped ``a`` from its requests
+    right after scheduling it. The worker reports the blocks it was told to
+    load into at update_state_after_alloc (not the live block table, which
+    no longer lists ``a``), and the suite reports the lost request."""
+    harness, forgotten, found = _sync_failure_run(forget=True)
+    (a,) = forgotten
+    told = next(x.block_ids for x in harness.script.allocs if x.request_id == a)
+    reported = set(harness.oplog.steps[0].fed.invalid_block_ids)
+    assert reported and reported <= set(told[0]), (reported, told)
+    assert found, "the lost request went unnoticed"
+
+
+def test_sync_failure_control_on_unmodified_vllm() -> None:
+    harness, forgotten, found = _sync_failure_run(forget=False)
+    assert not forgotten and not found, [str(v) for v in found]
+    assert harness.oplog.steps[0].fed.invalid_block_ids and harness.is_idle()
+
+
 # -- a producer's sends -------------------------------------------------------
 
 
