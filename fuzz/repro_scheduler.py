@@ -796,6 +796,8 @@ class _Watch:
         self.seen = set()  # every request seen in the scheduler
         self.aborts = []  # aborts that arrive while the model runs the next step
         self.send_started = {}  # request id -> the first step begun after its send started
+        self.known = {}  # request id -> the tokens the worker knows (see _worker_done)
+        self.prompt = {}  # request id -> its prompt's length, as the output first handed it over
         self.preempted_at = {}  # request id -> the step whose schedule() last preempted it
         self.stale = {}  # this step's fed output: preempted request id -> (request, num_tokens before)
         sched, mgr = scheduler, scheduler.kv_cache_manager
@@ -1056,12 +1058,11 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
     watch.async_answers_seen = dict(connector.async_answers)
     watch.settle(scheduler, out)
     ids = list(out.num_scheduled_tokens)
-    sampled = []
-    for rid in ids:
-        req = scheduler.requests[rid]
-        sampled.append([1000 + watch.step % 24] if req.num_computed_tokens >= req.num_tokens else [])
+    sampled = [[1000 + watch.step % 24] if done else [] for done in _worker_done(out, watch)]
+    _worker_sampled(watch, ids, sampled)
     _abort_during_step(scheduler, watch)
-    recving = {r for r in connector.loads_in_flight if r in scheduler.requests}
+    # Every load in flight, whether or not the scheduler still lists its request.
+    recving = set(connector.loads_in_flight)
     connector.loads_in_flight -= recving
     sending = _sends_done(scheduler, watch, watch.step)
     watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
@@ -1105,24 +1106,60 @@ def _note_stale(scheduler, watch, ids, index):
 def _sends_done(scheduler, watch, index):
     """A producer's sends reported done in the output of step ``index``: those
     begun before it (the worker learns a request finished from the next
-    schedule() and reports the send in that step's output)."""
+    schedule() and reports the send in that step's output), whether or not
+    the scheduler still lists the request."""
     connector = scheduler.connector
-    sending = {r for r in connector.sends_in_flight if r in scheduler.requests
-               and watch.send_started.get(r, index + 1) <= index}
+    sending = {r for r in connector.sends_in_flight if watch.send_started.get(r, index + 1) <= index}
     connector.sends_in_flight -= sending
     for rid in sending:
         watch.send_started.pop(rid, None)
     return sending
 
 
+def _worker_done(out, watch):
+    """Per request of ``out``, whether its scheduled tokens reach the end of
+    the tokens the worker knows (then it samples): its prompt and every token
+    it sampled, fed back or not, reset from the token lists the output
+    resends, and cut to the num_output_tokens it is told when that is fewer
+    (as the V1 runner aligns its state after a failed sync load). Decided
+    from the output and the worker's own record, as a model runner decides
+    it, never from scheduler.requests."""
+    cached = out.scheduled_cached_reqs
+    for new in out.scheduled_new_reqs:
+        watch.prompt.setdefault(new.req_id, len(new.prompt_token_ids))
+        tokens = getattr(new, "prefill_token_ids", None) or new.prompt_token_ids
+        watch.known[new.req_id] = len(tokens)
+    for rid, tokens in (getattr(cached, "all_token_ids", None) or {}).items():
+        watch.known[rid] = len(tokens)
+    for rid, outputs in zip(cached.req_ids, getattr(cached, "num_output_tokens", None) or ()):
+        if rid in watch.prompt and watch.prompt[rid] + outputs < watch.known.get(rid, 0):
+            watch.known[rid] = watch.prompt[rid] + outputs
+    before = dict(zip(cached.req_ids, cached.num_computed_tokens))
+    before.update((n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs)
+    return [rid in before and before[rid] + n >= watch.known.get(rid, 0)
+            for rid, n in out.num_scheduled_tokens.items()]
+
+
+def _worker_sampled(watch, ids, sampled):
+    """The worker knows the tokens it sampled as soon as it sampled them."""
+    for rid, tokens in zip(ids, sampled):
+        watch.known[rid] = watch.known.get(rid, 0) + len(tokens)
+
+
+def _busy(scheduler, watch):
+    """Requests left, or reports the worker still owes (loads, sends in flight)."""
+    connector = scheduler.connector
+    return bool(scheduler.requests or connector.loads_in_flight or connector.sends_in_flight)
+
+
 def _drain(scheduler, watch, max_steps=400):
     for _ in range(max_steps):
-        if not scheduler.requests:
+        if not _busy(scheduler, watch):
             return
         _step(scheduler, watch)
     for rid in list(scheduler.requests):  # stalled: end them
         scheduler.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
-    while scheduler.requests:
+    while _busy(scheduler, watch):
         _step(scheduler, watch)
 
 
@@ -1724,19 +1761,15 @@ _ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=
         watch.settle(scheduler, out)
         for rid in connector.loads_in_flight:
             watch.load_started.setdefault(rid, watch.step)
-        sampled = [
-            [] if scheduler.requests[rid].is_prefill_chunk else [1000 + watch.step % 24]
-            for rid in out.num_scheduled_tokens
-        ]
+        sampled = [[1000 + watch.step % 24] if done else [] for done in _worker_done(out, watch)]
+        _worker_sampled(watch, list(out.num_scheduled_tokens), sampled)
         watch.queue.insert(0, (watch.step, out, sampled, dict(watch.admissions)))
         if len(watch.queue) < 2 and (out.total_num_scheduled_tokens > 0 or scheduler.has_requests()):
             _abort_during_step(scheduler, watch)  # nothing fed back: they come after the step
             return out
     index, fed, sampled, admissions = watch.queue.pop()
     _abort_during_step(scheduler, watch)
-    recving = {
-        r for r in connector.loads_in_flight if r in scheduler.requests and watch.load_started.get(r, 0) <= index
-    }
+    recving = {r for r in connector.loads_in_flight if watch.load_started.get(r, 0) <= index}
     connector.loads_in_flight -= recving
     for rid in recving:
         watch.load_started.pop(rid, None)
@@ -1906,14 +1939,8 @@ def _check_running_requests_progress(scheduler, out, watch, step):
     )
 '''
 
-_SYNC_SAMPLED = (
-    "    sampled = []\n    for rid in ids:\n        req = scheduler.requests[rid]\n"
-    "        sampled.append([1000 + watch.step % 24] if req.num_computed_tokens >= req.num_tokens else [])\n"
-)
-_ASYNC_SAMPLED = (
-    "        sampled = [\n            [] if scheduler.requests[rid].is_prefill_chunk else [1000 + watch.step % 24]\n"
-    "            for rid in out.num_scheduled_tokens\n        ]\n"
-)
+_SYNC_SAMPLED = "    sampled = [[1000 + watch.step % 24] if done else [] for done in _worker_done(out, watch)]\n"
+_ASYNC_SAMPLED = "        sampled = [[1000 + watch.step % 24] if done else [] for done in _worker_done(out, watch)]\n"
 _SYNC_FED = "            kv_connector_output=connector_output,\n        ),\n    )\n    return out\n"
 
 
@@ -1936,14 +1963,12 @@ def _with_speculation(body: str, asynchronous: bool) -> str:
     if asynchronous:
         edits.append((
             _ASYNC_SAMPLED,
-            "        sampled = _sampled(\n            out, [not scheduler.requests[rid].is_prefill_chunk "
-            "for rid in out.num_scheduled_tokens], watch.step, True\n        )\n",
+            "        sampled = _sampled(out, _worker_done(out, watch), watch.step, True)\n",
         ))
     else:
         edits.append((
             _SYNC_SAMPLED,
-            "    sampled = _sampled(out, [scheduler.requests[rid].num_computed_tokens >= "
-            "scheduler.requests[rid].num_tokens for rid in ids], watch.step, False)\n",
+            "    sampled = _sampled(out, _worker_done(out, watch), watch.step, False)\n",
         ))
         edits.append((_SYNC_FED, _SYNC_FED.replace("    return out\n", "    _propose_drafts(scheduler, out)\n    return out\n")))
     for old, new in edits:
@@ -1987,10 +2012,8 @@ _ASYNC_EDITS = (
         "        self.load_started = {}  # request id -> the step whose schedule() started its async load\n",
     ),
     # Draining feeds the queued output too.
-    ("        if not scheduler.requests:\n            return\n",
-     "        if not scheduler.requests and not watch.queue:\n            return\n"),
-    ("    while scheduler.requests:\n        _step(scheduler, watch)",
-     "    while scheduler.requests or watch.queue:\n        _step(scheduler, watch)"),
+    ("    return bool(scheduler.requests or connector.loads_in_flight or connector.sends_in_flight)\n",
+     "    return bool(scheduler.requests or connector.loads_in_flight or connector.sends_in_flight or watch.queue)\n"),
 )
 
 

@@ -7,7 +7,8 @@ admission checks of :mod:`invariants.scheduler` look at a request when it is
 admitted; these look at every request holding blocks, every step:
 
 * ``read-blocks-held`` (:func:`check_read_blocks_held`): every block a
-  running request reads in this step is held by it;
+  running request reads in this step is held by it, and every block a
+  producer's send in flight reads stays held until the send is reported;
 * ``same-step-hazard`` (:func:`check_no_same_step_hazard`): no block written
   in this step is read by another request before the write;
 * ``reservation-covers-allocation``
@@ -46,6 +47,7 @@ __all__ = [
     "OWNERSHIP_CHECKS",
     "WHERE_ASYNC_LANDED",
     "WHERE_ROLLED_BACK",
+    "WHERE_SENDING",
     "WHERE_COPY_ON_WRITE",
     "WHERE_NEW_BLOCK",
     "check_lookup_within_limit",
@@ -66,6 +68,9 @@ WHERE_ASYNC_LANDED = "Scheduler._update_waiting_for_remote_kv"
 # ... and of a request recomputing what a failed sync load had covered before
 # vLLM rolled it back (until it computes past the load's end).
 WHERE_ROLLED_BACK = "Scheduler._update_requests_with_invalid_blocks"
+# ... and of a producer's send in flight: request_finished handed its blocks
+# to the worker and vLLM delayed their free until finished_sending.
+WHERE_SENDING = "Scheduler._free_request"
 
 
 def _observed(step: StepObservation) -> OwnershipObservation | None:
@@ -190,6 +195,41 @@ def _held_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                     else "Scheduler.schedule",
                     group_kind=group_kind(g),
                 )
+    yield from _sending_violations(own, step)
+
+
+def _sending_violations(own: OwnershipObservation, step: StepObservation) -> Iterator[InvariantViolation]:
+    """A producer's send in flight reads the blocks request_finished handed
+    over until the worker reports it done: each must keep a reference, stay
+    out of the free queue and not be handed to another request (a fresh
+    block, or a place in its table that is no shared cached block)."""
+    null = own.null_block_id
+    fresh_for = {bid: rid for bid, rid, _ in own.fresh}
+    for rid, groups in own.sending:
+        problems = []
+        for g, ids in enumerate(groups):
+            for bid in ids:
+                if bid == null:
+                    continue
+                others = [t.request_id for t in own.tables if t.request_id != rid and any(bid in tb for tb in t.tables)]
+                if own.ref_cnt.get(bid, 0) <= 0:
+                    problems.append(f"block {bid} (group {g}) has ref_cnt {own.ref_cnt.get(bid, 0)}")
+                elif bid in own.in_free_queue:
+                    problems.append(f"block {bid} (group {g}) sits in the free queue")
+                elif bid in fresh_for and fresh_for[bid] != rid:
+                    problems.append(f"block {bid} (group {g}) was handed to {fresh_for[bid]} as a fresh block this step")
+                elif others and bid not in own.cached:
+                    problems.append(f"block {bid} (group {g}) sits in the tables of {others} but is no cached prefix block")
+        if problems:
+            yield _violation(
+                "read-blocks-held",
+                step,
+                own,
+                f"request {rid}'s send is in flight (request_finished held its blocks "
+                f"{[list(g) for g in groups]} for the worker until finished_sending), but they are not all "
+                "held: " + "; ".join(problems),
+                where=WHERE_SENDING,
+            )
 
 
 def _recomputes_last_token_after_whole_load(step: StepObservation, request_id: str, start: int, prompt: int) -> bool:
@@ -205,7 +245,9 @@ def check_read_blocks_held(step: StepObservation) -> None:
     :func:`read_indices`) is a real block of its table that it holds:
     ``ref_cnt > 0``, not in the free queue, and shared with another request
     only as a cached prefix block whose ``ref_cnt`` counts every holder (so
-    never handed to another request as a fresh block)."""
+    never handed to another request as a fresh block). The blocks a
+    producer's send in flight reads (those ``request_finished`` handed over,
+    until ``finished_sending``) are held as well."""
     for violation in _held_violations(step):
         raise violation
 

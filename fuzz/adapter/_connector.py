@@ -107,6 +107,9 @@ class ConnectorScript:
     # A producer's hand-offs not yet reported done (finished_sending): the
     # requests whose blocks it holds after request_finished returned True.
     sends_in_flight: set[str] = dataclasses.field(default_factory=set)
+    # Per send in flight, the per-group block ids request_finished handed
+    # over: the worker reads them until it reports the send done.
+    send_blocks: dict[str, tuple[tuple[int, ...], ...]] = dataclasses.field(default_factory=dict)
 
     def reset(self, *, divergent_hits: bool) -> None:
         self.divergent_hits = divergent_hits
@@ -122,6 +125,7 @@ class ConnectorScript:
         self.loads_in_flight.clear()
         self.whole_prompt_sent.clear()
         self.sends_in_flight.clear()
+        self.send_blocks.clear()
 
     def reply_for(self, request_id: str) -> ExternalReply:
         return self.replies.get(request_id, self.default)
@@ -235,6 +239,7 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
             and any(len(g) > 0 for g in block_ids)
         ):
             self.script.sends_in_flight.add(rid)
+            self.script.send_blocks[rid] = tuple(tuple(g) for g in block_ids)
             return True, None
         return False, None
 

@@ -18,7 +18,7 @@ block tables and the pool state of the blocks in them into a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fuzz.model import AllocationRecord, GroupInfo, HeldTable, LookupRecord, OwnershipObservation
@@ -211,8 +211,16 @@ class OwnershipSpy:
                 setattr(stm, name, in_group(name))
 
     # -- the observation -----------------------------------------------------
-    def observe(self, step: int, out: Any, rules: tuple[tuple[str, int], ...]) -> OwnershipObservation:
-        """Block ownership right after ``schedule()`` returned ``out``."""
+    def observe(
+        self,
+        step: int,
+        out: Any,
+        rules: tuple[tuple[str, int], ...],
+        sending: Mapping[str, tuple[tuple[int, ...], ...]] | None = None,
+    ) -> OwnershipObservation:
+        """Block ownership right after ``schedule()`` returned ``out``;
+        ``sending``: per producer send in flight, the blocks ``request_finished``
+        handed over (the worker reads them until it reports the send done)."""
         sched = self.scheduler
         scheduled = dict(out.num_scheduled_tokens) if out is not None else {}
         null = self.null_block_id
@@ -232,6 +240,11 @@ class OwnershipSpy:
         for src, dst in copies:
             blocks_seen.setdefault(src, pool_blocks[src])
             blocks_seen.setdefault(dst, pool_blocks[dst])
+        sends = tuple(sorted((rid, tuple(tuple(g) for g in groups)) for rid, groups in (sending or {}).items()))
+        for _, groups in sends:
+            for g in groups:
+                for bid in g:
+                    blocks_seen.setdefault(bid, pool_blocks[bid])
         blocks_seen.pop(null, None)
         tables = []
         for rid, row in per_request.items():
@@ -257,4 +270,5 @@ class OwnershipSpy:
             copies=copies,
             allocations=tuple(self._allocations),
             lookups=tuple(self._lookups),
+            sending=sends,
         )

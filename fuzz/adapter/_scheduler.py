@@ -19,6 +19,7 @@ from typing import Any
 
 from fuzz import outcomes
 from fuzz.adapter import _compat, _connector, _oplog, _planted
+from fuzz.adapter._reports import WorkerRecord, computed_before
 from fuzz.adapter._config import build_scheduler
 from fuzz.adapter._env import VLLM_VERSION, sha256
 from fuzz.adapter._observe import Spies, raising_file, raising_statement, step_frames
@@ -135,6 +136,9 @@ class SchedulerHarness:
         self.broken: str | None = None
         self.shortcut_evictions = 0
         self._requests: dict[str, Request] = {}
+        # What the worker knows and owes: every report is decided from it,
+        # never from scheduler.requests (see fuzz/adapter/_reports.py).
+        self.worker = WorkerRecord()
         self._skips: set[str] = set()  # requests built with skip_reading_prefix_cache=True
         self._preempted: set[str] = set()  # every request preempted so far
         self._preempted_at: dict[str, int] = {}  # request id -> the step that last preempted it
@@ -249,7 +253,14 @@ class SchedulerHarness:
         return None if req is None else req.num_computed_tokens
 
     def is_idle(self) -> bool:
-        return not self.scheduler.requests and self._pending is None
+        return not self.scheduler.requests and self._pending is None and not self.reports_due
+
+    @property
+    def reports_due(self) -> bool:
+        """The worker still owes vLLM a report (an async load or a
+        producer's send in flight): the drive must keep stepping, even when
+        vLLM no longer lists the request."""
+        return bool(self.script.loads_in_flight or self.script.sends_in_flight)
 
     @property
     def has_pending_output(self) -> bool:
@@ -290,6 +301,7 @@ class SchedulerHarness:
         if reply is not None:
             self.script.replies[rid] = reply
         self._requests[rid] = req
+        self.worker.add(rid, len(tokens))
         if skip:
             self._skips.add(rid)
         self.oplog.ops.append(
@@ -393,7 +405,7 @@ class SchedulerHarness:
             error, error_type, where = f"{type(exc).__name__}: {exc}", type(exc).__name__, "schedule"
             frames, statement = step_frames(exc), raising_statement(exc)
         self.vllm_seconds += time.perf_counter() - t0
-        ownership = self.ownership.observe(self.step_index, out, self.read_rules)
+        ownership = self.ownership.observe(self.step_index, out, self.read_rules, self.script.send_blocks)
         queries = self.script.queries[asked_before:]
         allocs = self.script.allocs[allocs_before:]
         dishonest = tuple(
@@ -625,22 +637,19 @@ class SchedulerHarness:
         sampled = []
         newly = frozenset(r for r, *_ in self._newly_scheduled(out))
         position = 0
+        # From the output and the worker's own record (prompt plus what it
+        # sampled, fed back or still queued), never from vLLM's Request.
+        self.worker.resync(out)
+        before = computed_before(out)
         for rid in out.num_scheduled_tokens:
-            req = self.scheduler.requests[rid]
-            if self.draw.async_scheduling:
-                # AsyncScheduler's _update_after_schedule sets is_prefill_chunk
-                # = num_computed_tokens < num_tokens + num_output_placeholders
-                # (the placeholders of outputs not fed back yet).
-                done_prefill = not req.is_prefill_chunk
-            else:
-                # num_computed_tokens already includes this step's tokens.
-                done_prefill = req.num_computed_tokens >= req.num_tokens
+            done_prefill = self.worker.reaches_end(out, rid, before)
             accepted = 0
             verifiable = self._verifiable(out, rid, newly) if done_prefill else 0
             if verifiable:
                 accepted = self.draw.accepted(self.step_index, position, verifiable)
                 position += 1
             sampled.append([1000 + (self.step_index + i) % 24 for i in range(1 + accepted)] if done_prefill else [])
+            self.worker.sampled(rid, len(sampled[-1]))
         return sampled
 
     def _connector_allocs(self, queries: list[Any], allocs: list[Any]) -> tuple[ConnectorAlloc, ...]:
@@ -686,10 +695,7 @@ class SchedulerHarness:
             # through the same waiting-queue branch but reported among the
             # cached requests; reading its live num_computed_tokens instead
             # would already include this step's scheduled tokens.
-            new_computed = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
-            cached = out.scheduled_cached_reqs
-            for i, rid in enumerate(cached.req_ids):
-                new_computed.setdefault(rid, cached.num_computed_tokens[i])
+            new_computed = computed_before(out)
             cow_dst = frozenset(c.dst_block_id for c in out.kv_cache_block_copies or ())
         last_query = {q.request_id: q for q in queries}
         last_alloc = {a.request_id: a for a in allocs}
@@ -741,10 +747,12 @@ class SchedulerHarness:
     def _invalid_blocks(self, admissions: tuple[AdmissionObservation, ...]) -> set[int]:
         invalid: set[int] = set()
         for adm in admissions:
-            if not adm.admitted or adm.reply_async or not adm.connector_external_tokens or not adm.block_table:
+            # The blocks the connector was told at update_state_after_alloc
+            # (the worker loads into those), not the live block table.
+            if not adm.admitted or adm.reply_async or not adm.connector_external_tokens or not adm.connector_block_ids:
                 continue
             local = (adm.num_computed_tokens or 0) - adm.connector_external_tokens
-            (table,) = adm.block_table
+            (table,) = adm.connector_block_ids
             b = self.groups[0].block_size
             first, end = local // b, -(-(adm.num_computed_tokens or 0) // b)
             ids = tuple(i for i in table[first:end] if i != self.null_block_id)
@@ -765,17 +773,17 @@ class SchedulerHarness:
         out, invalid_block_ids = step.out, step.invalid_block_ids
         ids = list(out.num_scheduled_tokens)
         sampled = step.sampled
-        recving = {
-            r
-            for r in self.script.loads_in_flight
-            if r in sched.requests and self._load_started.get(r, 0) <= step.index
-        }
+        # Decided from what the connector was told, never from which
+        # requests vLLM still lists: a report for a request vLLM forgot
+        # must reach it (a real worker reports what it was asked to do).
+        recving = self.worker.loads_landing(self.script.loads_in_flight, self._load_started, step.index)
         # A producer's hand-offs: the worker learns a request finished from
         # the next schedule()'s finished_req_ids and reports the send done in
         # the output of a step scheduled after request_finished (one step).
-        sending = {r for r, k in self._send_started.items() if k < step.index and r in sched.requests}
+        sending = self.worker.sends_done(self._send_started, step.index)
         for rid in sending:
             del self._send_started[rid]
+            self.script.send_blocks.pop(rid, None)
         self.script.sends_in_flight.difference_update(sending)
         failed = recving & (self._load_failures | (recving if self._fail_async_next else set()))
         if recving:  # armed until a step has an async load landing
@@ -915,9 +923,9 @@ class SchedulerHarness:
         return frozenset(self._recomputing)
 
     def drain(self, max_steps: int = 64, context: str = "") -> list[StepObservation]:
-        """Step until no request is left (or ``max_steps``)."""
+        """Step until no request is left and no report is due (or ``max_steps``)."""
         steps = []
-        while (self.scheduler.requests or self._pending) and len(steps) < max_steps and not self.broken:
+        while (self.scheduler.requests or self._pending or self.reports_due) and len(steps) < max_steps and not self.broken:
             steps.append(self.step(context))
         return steps
 

@@ -86,6 +86,10 @@ class OwnershipObservation:
     copies: tuple[tuple[int, int], ...]
     allocations: tuple[AllocationRecord, ...]
     lookups: tuple[LookupRecord, ...]
+    # A producer's sends in flight: (request id, per-group block ids that
+    # request_finished handed over). The worker reads them until it reports
+    # the send done, so they must stay held (vLLM delays their free).
+    sending: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()
 
     def table_of(self, request_id: str) -> HeldTable | None:
         return next((t for t in self.tables if t.request_id == request_id), None)
@@ -99,6 +103,8 @@ class OwnershipObservation:
             )
         if self.fresh:
             lines.append("  fresh blocks (id, request, group): " + ", ".join(map(str, self.fresh)))
+        for rid, groups in self.sending:
+            lines.append(f"  {rid} sending (held until finished_sending): blocks {[list(g) for g in groups]}")
         if self.copies:
             lines.append("  copies (src->dst): " + ", ".join(f"{a}->{b}" for a, b in self.copies))
         return "\n".join(lines)
