@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.known_bugs import KNOWN_BUGS, Failure, known_bug, match, unbuildable_spec_classes
+from fuzz.known_bugs import KNOWN_BUGS, REACHES, Failure, known_bug, match, unbuildable_spec_classes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,7 +21,7 @@ def test_every_known_bug_names_a_pin_that_exists(bug) -> None:
     if test:
         names = {n.name for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.FunctionDef)}
         assert test in names, f"{bug.id}: no test {test} in {path}"
-    assert bug.reach in ("engine", "scheduler-api"), bug.reach
+    assert bug.reach in REACHES, bug.reach
     assert bug.analysis and bug.signatures
 
 

@@ -1,0 +1,30 @@
+"""The README and docs/ speak of the project only, and their links resolve."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Words about how or where the suite was built, and paths a user does not have.
+FORBIDDEN = re.compile(r"\.\./shared|/work/|this session|workplace|session\(s\) that wrote", re.IGNORECASE)
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_page_speaks_of_the_project_only(page: Path) -> None:
+    hits = [(n, line.strip()[:120]) for n, line in enumerate(page.read_text().splitlines(), 1) if FORBIDDEN.search(line)]
+    assert not hits, f"{page.relative_to(ROOT)}: {hits}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page: Path) -> None:
+    broken = [
+        target
+        for target in LINK.findall(page.read_text())
+        if "://" not in target and not target.startswith("mailto:") and not (page.parent / target).exists()
+    ]
+    assert not broken, f"{page.relative_to(ROOT)}: links to missing files {broken}"
