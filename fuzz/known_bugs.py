@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 
 from fuzz.model import InvariantViolation
+from invariants.scheduler import STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
 
 __all__ = [
     "KNOWN_BUGS",
@@ -409,6 +410,45 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "Needs one KV-cache group (block-level failures are refused otherwise), a "
             "connector reporting invalid_block_ids, and an abort racing the step: sync and "
             "async scheduling alike."
+        ),
+    ),
+    KnownBug(
+        id="failed-sync-load-recompute-keeps-output-placeholder",
+        title="async scheduling: a synchronous load that fails under the recompute policy leaves the step's "
+        "output placeholder, and a max_tokens=1 request is never scheduled again",
+        since="0.28.0",
+        fixed_in=None,
+        # The stall alone has many causes: the signature names the state the
+        # bug leaves (a stranded request's placeholder after the rollback of
+        # its failed synchronous load, from the harness's own record).
+        signatures=(
+            Signature(
+                "running-request-progresses",
+                where="AsyncScheduler._update_after_schedule",
+                state=STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD,
+            ),
+        ),
+        reach=ENGINE_IN_PRINCIPLE,
+        pinned_by="tests/known_bugs/test_failed_load_output_placeholder.py::test_a_recomputed_request_is_scheduled_until_it_finishes",
+        targets=("scheduler-machine",),
+        analysis=(
+            "A request whose prompt is all local or synchronously loaded but the last token is "
+            "scheduled for that token: AsyncScheduler._update_after_schedule counts the step as "
+            "its last prefill and reserves an output placeholder. The worker reports the load's "
+            "blocks in invalid_block_ids; under kv_load_failure_policy='recompute' "
+            "_update_requests_with_invalid_blocks rolls num_computed_tokens back to the first "
+            "invalid block and update_from_output skips the request's output (failed_kv_load_req_ids) "
+            "before _update_request_with_output, the only place that releases placeholders. The "
+            "placeholder outlives the output it stood for: the recompute step counts as a prefill "
+            "chunk (num_computed_tokens < num_tokens + placeholders), and once the prompt is "
+            "computed, schedule()'s async 'reached max_tokens' skip (num_computed_tokens + 2 - "
+            "placeholders >= num_prompt_tokens + max_tokens) holds for max_tokens=1 forever: the "
+            "request keeps its sequence slot and blocks and never finishes. With max_tokens > 1 "
+            "it goes on with num_output_tokens off by one in the SchedulerOutput, so the worker "
+            "keeps the discarded token (gpu_model_runner only trims output_token_ids to "
+            "num_output_tokens). Needs one KV-cache group (block-level failures), async scheduling "
+            "(the engine default), a connector reporting invalid_block_ids. Upstream: issue 45138 "
+            "(open), PRs 45146 and 49252 (open, reset the placeholders on the rollback)."
         ),
     ),
     KnownBug(

@@ -1,27 +1,50 @@
-"""A synchronous KV load that fails under the "recompute" policy, async
-scheduling: the request recomputes and finishes (withdrawn known bug).
+"""Known vLLM bug: under async scheduling, a synchronous KV load that fails
+with the "recompute" policy leaves the output placeholder of the step that
+ran it, and a ``max_tokens=1`` request is never scheduled again.
 
-History: the registry once held
-``failed-sync-load-recompute-keeps-output-placeholder``: a ``max_tokens=1``
-request stranded after the recompute. The scripted worker of that time
-decided whether it sampled a token from vLLM's own ``Request.is_prefill_chunk``,
-which the failed step's leftover output placeholder keeps true
-(``num_computed_tokens < num_tokens + num_output_placeholders``), so it
-sampled nothing for the final chunk and the request waited forever.
+Found by: the scheduler state machine (a failing-load run: one FullAttention
+group, recompute, async scheduling, the V1 runner), 2026-12-02: the run's
+requests stayed RUNNING/WAITING for 200 steps of empty schedule() calls,
+which led to the ``running-request-progresses`` check (liveness). Shrunk here
+by hand to one request.
 
-Verdict from vLLM 0.33.0's code, with the worker deciding from its own record
-(``fuzz/adapter/_reports.py``): ``update_from_output`` skips the failed
-step's output (``failed_kv_load_req_ids``) and the placeholder it reserved is
-left over; the model runner drops the token it sampled for that step, because
-the scheduler's ``num_output_tokens`` for the request stays 0 (the runner
-trims its output tokens to it). The recompute's final chunk reaches the
-prompt's end in the runner's count, so the runner samples; the scheduler
-takes the token (the leftover placeholder stands in for the one this step
-did not reserve) and the request finishes. Not a bug through this path.
-Upstream issue 45138 concerns the same leftover placeholder.
+Analysis (vLLM 0.33.0):
 
-These tests fail if the request strands again (the liveness check raises)
-or does not finish within 12 steps.
+- The request's 16-token prompt finds 15 tokens in the external store; the
+  connector loads them synchronously and the step schedules the last one.
+  ``AsyncScheduler._update_after_schedule`` takes the step for its last
+  prefill chunk and reserves an output placeholder
+  (``num_output_placeholders = 1``).
+- The worker reports the load's blocks in ``invalid_block_ids``. With
+  ``kv_load_failure_policy="recompute"``,
+  ``_update_requests_with_invalid_blocks`` rolls ``num_computed_tokens`` back
+  to the first invalid block, and ``update_from_output`` skips the request
+  (``failed_kv_load_req_ids``) before ``_update_request_with_output``, the
+  only place that gives placeholders back. The placeholder stays.
+- The recompute step then counts as a prefill chunk (``num_computed_tokens <
+  num_tokens + num_output_placeholders``): no output is expected from it.
+  Once the prompt is computed, ``schedule()``'s async skip for a request
+  whose "previous step has reached max_tokens" (``num_computed_tokens + 2 -
+  num_output_placeholders >= num_prompt_tokens + max_tokens``) holds for
+  ``max_tokens=1`` on every later step: the request keeps its sequence slot
+  and blocks, and its client never gets an answer.
+- With ``max_tokens > 1`` the request goes on, but the scheduler sends
+  ``num_output_tokens + num_output_placeholders`` (one too many) to the
+  worker, which then keeps the token it sampled on the failed load
+  (``gpu_model_runner`` trims ``output_token_ids`` only down to that count).
+  Not claimed here.
+
+Reach: a real engine: async scheduling (the default), one KV-cache group
+(block-level failures are refused with several), a connector that reports
+``invalid_block_ids``, ``--kv-load-failure-policy recompute``. Upstream:
+issue 45138 (open); PRs 45146 and 49252 (open) reset the placeholders on the
+rollback. Checked on 0.33.0 and 0.28.0 (both strand the request).
+
+Controls: synchronous scheduling, and ``max_tokens=2``, both finish.
+
+Strict xfail: this turns red the day vLLM fixes it; then set ``fixed_in`` on
+the ``failed-sync-load-recompute-keeps-output-placeholder`` entry of
+fuzz/known_bugs.py.
 """
 
 from __future__ import annotations
@@ -29,7 +52,8 @@ from __future__ import annotations
 import pytest
 
 from fuzz.adapter import SchedulerHarness
-from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.known_bugs import KNOWN_BUGS, failure_of
+from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.scheduler import check_running_requests_progress
 
@@ -62,7 +86,24 @@ def _serve(*, async_scheduling: bool, max_tokens: int) -> SchedulerHarness:
     raise AssertionError("neither finished nor stranded in 12 steps")
 
 
-@pytest.mark.parametrize(("async_scheduling", "max_tokens"), [(True, 1), (False, 1), (True, 2)])
-def test_a_recomputed_request_finishes(async_scheduling: bool, max_tokens: int) -> None:
-    harness = _serve(async_scheduling=async_scheduling, max_tokens=max_tokens)
-    assert harness.is_idle() and not harness.live_request_ids, harness.live_request_ids
+@pytest.mark.known_vllm_bug
+@pytest.mark.xfail(
+    strict=True,
+    raises=InvariantViolation,
+    reason="vLLM: a failed sync load's output placeholder survives the recompute (issue 45138)",
+)
+def test_a_recomputed_request_is_scheduled_until_it_finishes() -> None:
+    _serve(async_scheduling=True, max_tokens=1)
+
+
+@pytest.mark.parametrize(("async_scheduling", "max_tokens"), [(False, 1), (True, 2)])
+def test_controls_finish(async_scheduling: bool, max_tokens: int) -> None:
+    assert _serve(async_scheduling=async_scheduling, max_tokens=max_tokens).is_idle()
+
+
+def test_the_stranded_request_is_the_registered_known_bug() -> None:
+    with pytest.raises(InvariantViolation) as caught:
+        _serve(async_scheduling=True, max_tokens=1)
+    assert caught.value.where == "AsyncScheduler._update_after_schedule", caught.value.where
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    assert bug.id == "failed-sync-load-recompute-keeps-output-placeholder"
