@@ -1120,7 +1120,7 @@ def _worker_done(out, watch):
     """Per request of ``out``, whether its scheduled tokens reach the end of
     the tokens the worker knows (then it samples): its prompt and every token
     it sampled, fed back or not, reset from the token lists the output
-    resends, and cut to the num_output_tokens it is told when that is fewer
+    resends (async: the prompt and the last num_output_tokens of them), and cut to the num_output_tokens it is told when that is fewer
     (as the V1 runner aligns its state after a failed sync load). Decided
     from the output and the worker's own record, as a model runner decides
     it, never from scheduler.requests."""
@@ -1129,9 +1129,15 @@ def _worker_done(out, watch):
         watch.prompt.setdefault(new.req_id, len(new.prompt_token_ids))
         tokens = getattr(new, "prefill_token_ids", None) or new.prompt_token_ids
         watch.known[new.req_id] = len(tokens)
+    outputs_of = dict(zip(cached.req_ids, getattr(cached, "num_output_tokens", None) or ()))
     for rid, tokens in (getattr(cached, "all_token_ids", None) or {}).items():
-        watch.known[rid] = len(tokens)
-    for rid, outputs in zip(cached.req_ids, getattr(cached, "num_output_tokens", None) or ()):
+        if hasattr(watch, "queue") and rid in watch.prompt and rid in outputs_of:
+            # Async: the V1 runner re-adding a request keeps its prompt and
+            # takes the last num_output_tokens of all_token_ids as outputs.
+            watch.known[rid] = watch.prompt[rid] + outputs_of[rid]
+        else:
+            watch.known[rid] = len(tokens)
+    for rid, outputs in outputs_of.items():
         if rid in watch.prompt and watch.prompt[rid] + outputs < watch.known.get(rid, 0):
             watch.known[rid] = watch.prompt[rid] + outputs
     before = dict(zip(cached.req_ids, cached.num_computed_tokens))

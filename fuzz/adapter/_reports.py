@@ -34,17 +34,27 @@ def computed_before(out: Any) -> dict[str, int]:
 
 
 class WorkerRecord:
-    """The worker's own view of each request: how many tokens it knows
-    (prompt plus every token it sampled, fed back or not), and the transfers
-    it owes a report for (:meth:`loads_landing`, :meth:`sends_done`)."""
+    """The worker's own view of each request: the tokens it knows (prompt
+    plus every token it sampled, fed back or not), the token it computed
+    each position's KV from, and the transfers it owes a report for
+    (:meth:`loads_landing`, :meth:`sends_done`)."""
 
-    def __init__(self) -> None:
-        # Request id -> tokens the worker knows for it, and its prompt's.
-        self.known: dict[str, int] = {}
+    def __init__(self, async_scheduling: bool = False) -> None:
+        self.async_scheduling = async_scheduling
+        # Request id -> the token ids the worker knows for it, and its prompt's length.
+        self.tokens: dict[str, list[int]] = {}
         self.prompt: dict[str, int] = {}
+        # Request id -> position -> (the token its KV was computed from, the
+        # step that computed it), for the positions the worker computed and
+        # whose token vLLM has not yet been seen to agree on (see :meth:`unsettled`).
+        self.written: dict[str, dict[int, tuple[int, int]]] = {}
 
-    def add(self, request_id: str, num_prompt_tokens: int) -> None:
-        self.known[request_id] = self.prompt[request_id] = num_prompt_tokens
+    def add(self, request_id: str, prompt: Iterable[int]) -> None:
+        self.tokens[request_id] = list(prompt)
+        self.prompt[request_id] = len(self.tokens[request_id])
+
+    def known(self, request_id: str) -> int:
+        return len(self.tokens.get(request_id, ()))
 
     def resync(self, out: Any) -> None:
         """Take the token lists ``out`` resends: a new request's prompt (V1)
@@ -55,19 +65,27 @@ class WorkerRecord:
         vLLM kept (a stale output may have been dropped). And, as the V1
         runner aligns its cached state (GPUModelRunner._update_states: "Some
         output tokens were discarded due to a sync-KV-load failure"), a
-        cached request's ``num_output_tokens`` below the outputs the worker
-        knows drops the excess: vLLM discards the token sampled in a step
-        whose load failed."""
+        cached request's ``num_output_tokens`` (vLLM sends its outputs plus
+        its output placeholders) below the outputs the worker knows drops
+        the excess."""
         for new in out.scheduled_new_reqs:
             tokens = getattr(new, "prefill_token_ids", None) or new.prompt_token_ids
             if tokens is not None:
-                self.known[new.req_id] = len(tokens)
+                self.tokens[new.req_id] = list(tokens)
         cached = out.scheduled_cached_reqs
+        outputs_of = dict(zip(cached.req_ids, getattr(cached, "num_output_tokens", None) or ()))
         for rid, tokens in (getattr(cached, "all_token_ids", None) or {}).items():
-            self.known[rid] = len(tokens)
+            if self.async_scheduling and rid in self.prompt and rid in outputs_of:
+                # The V1 runner re-adding a request to its batch under async
+                # scheduling keeps its prompt and takes the last
+                # num_output_tokens of all_token_ids as its outputs.
+                n = outputs_of[rid]
+                self.tokens[rid] = self.tokens.get(rid, [])[: self.prompt[rid]] + (list(tokens[-n:]) if n > 0 else [])
+            else:
+                self.tokens[rid] = list(tokens)
         for rid, outputs in zip(cached.req_ids, getattr(cached, "num_output_tokens", None) or ()):
-            if rid in self.prompt and self.prompt[rid] + outputs < self.known.get(rid, 0):
-                self.known[rid] = self.prompt[rid] + outputs
+            if rid in self.prompt and self.prompt[rid] + outputs < self.known(rid):
+                del self.tokens[rid][self.prompt[rid] + outputs :]
 
     def reaches_end(self, out: Any, request_id: str, before: Mapping[str, int]) -> bool:
         """Whether ``out``'s tokens for ``request_id`` reach the end of the
@@ -81,10 +99,49 @@ class WorkerRecord:
         if request_id not in before:
             return False
         end = before[request_id] + out.num_scheduled_tokens[request_id]
-        return end >= self.known.get(request_id, 0)
+        return end >= self.known(request_id)
 
-    def sampled(self, request_id: str, num_tokens: int) -> None:
-        self.known[request_id] = self.known.get(request_id, 0) + num_tokens
+    def write(self, out: Any, request_id: str, before: Mapping[str, int], step: int) -> None:
+        """The KV ``out`` has the worker compute for ``request_id``: each
+        scheduled position below the speculative slots is computed from the
+        token the worker has there (positions it has no token for, and
+        draft slots, are forgotten: their contents are the drafter's or
+        nobody's, and a later step rewrites them)."""
+        if request_id not in before:
+            return
+        start = before[request_id]
+        end = start + out.num_scheduled_tokens[request_id]
+        drafts = len((getattr(out, "scheduled_spec_decode_tokens", None) or {}).get(request_id, ()))
+        tokens = self.tokens.get(request_id, [])
+        written = self.written.setdefault(request_id, {})
+        for position in range(start, end):
+            if position < end - drafts and position < len(tokens):
+                written[position] = (tokens[position], step)
+            else:
+                written.pop(position, None)
+
+    def unsettled(self, request_id: str, computed: int, recorded: list[int]) -> list[tuple[int, int, int, int]]:
+        """Compare the positions the worker computed for ``request_id``
+        below ``computed`` (vLLM's ``num_computed_tokens``) with the tokens
+        vLLM ``recorded`` there: each position that agrees is settled and
+        forgotten; those that do not are returned as (position, token the
+        KV was computed from, token vLLM records, step that computed it).
+        Positions vLLM has no token for yet (an output still in flight) wait."""
+        written = self.written.get(request_id)
+        if not written:
+            return []
+        wrong = []
+        for position in [p for p in written if p < computed and p < len(recorded)]:
+            token, step = written.pop(position)
+            if token != recorded[position]:
+                wrong.append((position, token, recorded[position], step))
+        return sorted(wrong)
+
+    def forget(self, request_id: str) -> None:
+        self.written.pop(request_id, None)
+
+    def sampled(self, request_id: str, tokens: list[int]) -> None:
+        self.tokens.setdefault(request_id, []).extend(tokens)
 
     @staticmethod
     def loads_landing(in_flight: Iterable[str], started: Mapping[str, int], index: int) -> set[str]:
