@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from fuzz.model import InvariantViolation
-from invariants.scheduler import STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
+from invariants.scheduler import OTHER_TOKENS_AFTER_FAILED_LOAD, STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
 
 __all__ = [
     "KNOWN_BUGS",
@@ -427,6 +427,13 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 where="AsyncScheduler._update_after_schedule",
                 state=STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD,
             ),
+            # With max_tokens > 1: the runner computes a position from the
+            # token vLLM discarded (what a block holds, kv-matches-tokens).
+            Signature(
+                "kv-matches-tokens",
+                where="AsyncScheduler._update_after_schedule",
+                state=OTHER_TOKENS_AFTER_FAILED_LOAD,
+            ),
         ),
         reach=ENGINE_IN_PRINCIPLE,
         pinned_by="tests/known_bugs/test_failed_load_output_placeholder.py::test_a_recomputed_request_is_scheduled_until_it_finishes",
@@ -444,9 +451,13 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "computed, schedule()'s async 'reached max_tokens' skip (num_computed_tokens + 2 - "
             "placeholders >= num_prompt_tokens + max_tokens) holds for max_tokens=1 forever: the "
             "request keeps its sequence slot and blocks and never finishes. With max_tokens > 1 "
-            "it goes on with num_output_tokens off by one in the SchedulerOutput, so the worker "
-            "keeps the discarded token (gpu_model_runner only trims output_token_ids to "
-            "num_output_tokens). Needs one KV-cache group (block-level failures), async scheduling "
+            "it goes on with num_output_tokens off by one in the SchedulerOutput (vLLM sends "
+            "num_output_tokens + num_output_placeholders), so the runner keeps the discarded "
+            "token (gpu_model_runner only trims output_token_ids to that count, and re-adding "
+            "the request takes the last that many of all_token_ids): the next position's KV is "
+            "computed from the discarded token while vLLM records another one there "
+            "(kv-matches-tokens), and the request's later tokens are sampled from a context that "
+            "is not its sequence. Needs one KV-cache group (block-level failures), async scheduling "
             "(the engine default), a connector reporting invalid_block_ids. Upstream: issue 45138 "
             "(open), PRs 45146 and 49252 (open, reset the placeholders on the rollback)."
         ),

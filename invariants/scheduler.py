@@ -59,6 +59,7 @@ __all__ = [
     "check_computed_below_num_tokens",
     "check_computed_tokens_add_up",
     "check_diverged_hit_falls_back",
+    "check_kv_matches_tokens",
     "check_local_part_covered",
     "check_mamba_state_at_resume_boundary",
     "check_no_exception_escapes",
@@ -491,6 +492,40 @@ def check_running_requests_progress(step: StepObservation) -> None:
         )
 
 
+def check_kv_matches_tokens(step: StepObservation) -> None:
+    """What a block holds: every position of a request's KV that the model
+    runner computed was computed from the token vLLM records at that
+    position (``Request.all_token_ids``). The runner feeds each scheduled
+    position the token it has there (the prompt, and the tokens it sampled:
+    under async scheduling those of steps still in flight too); when vLLM's
+    token list and the runner's disagree, the request's later tokens are
+    sampled from a context that is not its sequence, and a block hashed
+    from vLLM's tokens holds KV of others.
+
+    Blamed on the async scheduler's output placeholders when the request
+    had a failed synchronous load rolled back under the recompute policy:
+    ``Scheduler._update_requests_with_invalid_blocks`` resets
+    ``num_computed_tokens`` but leaves the placeholders the failed step
+    reserved, and vLLM sends them to the runner in ``num_output_tokens``,
+    so the runner keeps the token vLLM discarded."""
+    if not step.kv_from_other_tokens:
+        return
+    after_failed_load = any(w.recomputed_failed_load for w in step.kv_from_other_tokens)
+    raise InvariantViolation(
+        "kv-matches-tokens",
+        "\n".join(w.describe() for w in step.kv_from_other_tokens)
+        + f"\n{step.describe()}"
+        + (f"\n  scenario: {step.context}" if step.context else ""),
+        where=_PLACEHOLDERS if after_failed_load else WHERE,
+        state=OTHER_TOKENS_AFTER_FAILED_LOAD if after_failed_load else OTHER_TOKENS,
+    )
+
+
+# Whose KV disagrees with vLLM's tokens (matched by known-bug signatures).
+OTHER_TOKENS_AFTER_FAILED_LOAD = "KV from other tokens after a failed-load recompute"
+OTHER_TOKENS = "KV from other tokens"
+
+
 # What a stranded request waits for (the liveness claim's failing
 # condition, matched by known-bug signatures).
 STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD = "output placeholders after a failed-load recompute"
@@ -514,6 +549,7 @@ STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     check_stale_output_dropped,
     check_rejected_drafts_rolled_back,
     check_running_requests_progress,
+    check_kv_matches_tokens,
     *CONNECTOR_STEP_CHECKS,
     # The shadow model of block ownership (invariants/ownership.py).
     *OWNERSHIP_CHECKS,

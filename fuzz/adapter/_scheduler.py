@@ -47,6 +47,7 @@ from fuzz.model import (  # noqa: E402
     StaleOutput,
     StepObservation,
     StrandedRequest,
+    KvFromOtherToken,
 )
 from invariants._common import group_behaviour as _group_behaviour  # noqa: E402
 from invariants.classification import classification_of_kind  # noqa: E402
@@ -138,7 +139,7 @@ class SchedulerHarness:
         self._requests: dict[str, Request] = {}
         # What the worker knows and owes: every report is decided from it,
         # never from scheduler.requests (see fuzz/adapter/_reports.py).
-        self.worker = WorkerRecord()
+        self.worker = WorkerRecord(draw.async_scheduling)
         self._skips: set[str] = set()  # requests built with skip_reading_prefix_cache=True
         self._preempted: set[str] = set()  # every request preempted so far
         self._preempted_at: dict[str, int] = {}  # request id -> the step that last preempted it
@@ -301,7 +302,7 @@ class SchedulerHarness:
         if reply is not None:
             self.script.replies[rid] = reply
         self._requests[rid] = req
-        self.worker.add(rid, len(tokens))
+        self.worker.add(rid, tokens)
         if skip:
             self._skips.add(rid)
         self.oplog.ops.append(
@@ -452,6 +453,7 @@ class SchedulerHarness:
         finishes, left = self._finish_calls()
         fed_step = None if fed is None else fed.index
         stranded = self._stranded(out, fed, finished, error)
+        kv_wrong = () if error else self._kv_from_other_tokens(out)
         self.oplog.ops.append(
             Step(
                 index=self.step_index,
@@ -500,6 +502,7 @@ class SchedulerHarness:
             stale_outputs=tuple(self._stale),
             draft_verifications=self._verifications,
             stranded=stranded,
+            kv_from_other_tokens=kv_wrong,
         )
 
     # Quiet steps in a row after which a RUNNING request left alone is
@@ -513,6 +516,24 @@ class SchedulerHarness:
         in flight: no further step changes anything (requests left are
         stranded, or wait for blocks nobody will free)."""
         return self._quiet_steps >= self.QUIET_STEPS
+
+    def _kv_from_other_tokens(self, out: Any) -> tuple[KvFromOtherToken, ...]:
+        """After the step's update_from_output(): each position the worker
+        computed for a live request, below its num_computed_tokens, whose
+        token vLLM now records differently (see WorkerRecord.unsettled). A
+        preempted request's KV is gone with its blocks: its record starts
+        over, as does a request that left."""
+        live = self.scheduler.requests
+        preempted = set(out.preempted_req_ids or ()) if out is not None else set()
+        wrong = []
+        for rid in list(self.worker.written):
+            if rid not in live or rid in preempted:
+                self.worker.forget(rid)
+                continue
+            req = live[rid]
+            for position, token, recorded, step in self.worker.unsettled(rid, req.num_computed_tokens, req.all_token_ids):
+                wrong.append(KvFromOtherToken(rid, position, token, recorded, step, rid in self._recomputed_failed_load))
+        return tuple(wrong)
 
     def _stranded(self, out: Any, fed: _Pending | None, finished: frozenset[str], error: str | None) -> tuple[StrandedRequest, ...]:
         """Counts quiet steps (nothing scheduled, nothing fed that had work,
@@ -642,6 +663,7 @@ class SchedulerHarness:
         self.worker.resync(out)
         before = computed_before(out)
         for rid in out.num_scheduled_tokens:
+            self.worker.write(out, rid, before, self.step_index)
             done_prefill = self.worker.reaches_end(out, rid, before)
             accepted = 0
             verifiable = self._verifiable(out, rid, newly) if done_prefill else 0
@@ -649,7 +671,7 @@ class SchedulerHarness:
                 accepted = self.draw.accepted(self.step_index, position, verifiable)
                 position += 1
             sampled.append([1000 + (self.step_index + i) % 24 for i in range(1 + accepted)] if done_prefill else [])
-            self.worker.sampled(rid, len(sampled[-1]))
+            self.worker.sampled(rid, sampled[-1])
         return sampled
 
     def _connector_allocs(self, queries: list[Any], allocs: list[Any]) -> tuple[ConnectorAlloc, ...]:

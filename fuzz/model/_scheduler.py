@@ -493,6 +493,27 @@ class StrandedRequest:
 
 
 @dataclasses.dataclass(frozen=True)
+class KvFromOtherToken:
+    """A position whose KV the worker computed from one token while vLLM
+    records another token at that position (both as of this step)."""
+
+    request_id: str
+    position: int
+    computed_from: int  # the token the worker had there when it computed it
+    recorded: int  # the token in vLLM's Request.all_token_ids there
+    written_at: int  # the step that computed it
+    recomputed_failed_load: bool = False  # a failed sync load rolled it back (recompute) earlier
+
+    def describe(self) -> str:
+        return (
+            f"request {self.request_id}: position {self.position}'s KV was computed at step {self.written_at} "
+            f"from token {self.computed_from}, but vLLM records token {self.recorded} there"
+            + (" (the request was rolled back by a failed synchronous load, recompute policy)"
+               if self.recomputed_failed_load else "")
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class StepObservation:
     """One engine step: ``schedule()`` and the ``update_from_output()`` the
     engine makes in the same step (with async scheduling, possibly of the
@@ -565,6 +586,9 @@ class StepObservation:
     draft_verifications: tuple[DraftVerification, ...] = ()
     # RUNNING requests no later schedule() can pick up (see StrandedRequest).
     stranded: tuple[StrandedRequest, ...] = ()
+    # Positions whose KV was computed from another token than the one vLLM
+    # records there, found after this step's update_from_output().
+    kv_from_other_tokens: tuple[KvFromOtherToken, ...] = ()
 
     @property
     def fed_late(self) -> bool:

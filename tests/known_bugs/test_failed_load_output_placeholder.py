@@ -55,7 +55,7 @@ from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import KNOWN_BUGS, failure_of
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
-from invariants.scheduler import check_running_requests_progress
+from invariants.scheduler import check_kv_matches_tokens, check_running_requests_progress
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -105,5 +105,52 @@ def test_the_stranded_request_is_the_registered_known_bug() -> None:
     with pytest.raises(InvariantViolation) as caught:
         _serve(async_scheduling=True, max_tokens=1)
     assert caught.value.where == "AsyncScheduler._update_after_schedule", caught.value.where
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    assert bug.id == "failed-sync-load-recompute-keeps-output-placeholder"
+
+
+def _serve_checking_contents(*, async_scheduling: bool) -> SchedulerHarness:
+    """As :func:`_serve` with ``max_tokens=3`` (the request finishes), every
+    step checked by ``kv-matches-tokens``."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=16)
+    harness = SchedulerHarness(
+        SchedulerDraw(
+            layout=layout,
+            max_num_batched_tokens=8,
+            max_num_seqs=1,
+            kv_load_failure_policy="recompute",
+            model_runner="v1",
+            async_scheduling=async_scheduling,
+        )
+    )
+    harness.add_request(list(range(16)), max_tokens=3, reply=ExternalReply("store", store_len=16))
+    harness.fail_next_sync_loads()
+    for _ in range(12):
+        check_kv_matches_tokens(harness.step(context="sync load of 15 tokens fails, recompute, max_tokens=3"))
+        if harness.is_idle():
+            return harness
+    raise AssertionError("did not finish in 12 steps")
+
+
+@pytest.mark.known_vllm_bug
+@pytest.mark.xfail(
+    strict=True,
+    raises=InvariantViolation,
+    reason="vLLM: after a failed sync load's recompute the runner computes a position from the discarded token "
+    "(issues 45138, 49250)",
+)
+def test_a_recomputed_request_computes_each_position_from_its_own_token() -> None:
+    _serve_checking_contents(async_scheduling=True)
+
+
+def test_synchronous_recompute_computes_each_position_from_its_own_token() -> None:
+    assert _serve_checking_contents(async_scheduling=False).is_idle()
+
+
+def test_the_other_token_is_the_registered_known_bug() -> None:
+    with pytest.raises(InvariantViolation) as caught:
+        _serve_checking_contents(async_scheduling=True)
+    assert caught.value.invariant == "kv-matches-tokens", caught.value.invariant
+    assert "position 16's KV was computed at step 5 from token 1001, but vLLM records token 1002" in str(caught.value)
     (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
     assert bug.id == "failed-sync-load-recompute-keeps-output-placeholder"
