@@ -236,6 +236,9 @@ def test_every_planted_bug_is_used() -> None:
 # tests/test_known_vllm_bugs_scheduler.py).
 CAUGHT_REAL_BUG: dict[Callable[..., None], str] = {
     inv.check_copy_sources_ready: "same-step-cow-chain",
+    # The failed-load placeholder's second consequence, pinned with a
+    # synchronous control in tests/known_bugs/test_failed_load_output_placeholder.py.
+    inv.check_kv_matches_tokens: "failed-sync-load-recompute-keeps-output-placeholder",
 }
 
 
