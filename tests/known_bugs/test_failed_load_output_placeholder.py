@@ -49,22 +49,26 @@ fuzz/known_bugs.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import KNOWN_BUGS, failure_of
-from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.scheduler import check_kv_matches_tokens, check_running_requests_progress
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
 
-def _serve(*, async_scheduling: bool, max_tokens: int) -> SchedulerHarness:
+def _serve(
+    *, async_scheduling: bool, max_tokens: int, check: Callable[[StepObservation], None] = check_running_requests_progress
+) -> SchedulerHarness:
     """One FullAttention group (block 4), recompute policy, V1 runner: a
     16-token prompt the store holds, loaded synchronously (15 tokens), the
-    load failing block by block; stepped until it finishes (the liveness
-    check raises once the request is stranded)."""
+    load failing block by block; stepped until it finishes, ``check`` run
+    on every step (the liveness check raises once the request is stranded)."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=16)
     harness = SchedulerHarness(
         SchedulerDraw(
@@ -79,8 +83,7 @@ def _serve(*, async_scheduling: bool, max_tokens: int) -> SchedulerHarness:
     harness.add_request(list(range(16)), max_tokens=max_tokens, reply=ExternalReply("store", store_len=16))
     harness.fail_next_sync_loads()
     for _ in range(12):
-        step = harness.step(context=f"sync load of 15 tokens fails, recompute, max_tokens={max_tokens}")
-        check_running_requests_progress(step)
+        check(harness.step(context=f"sync load of 15 tokens fails, recompute, max_tokens={max_tokens}"))
         if harness.is_idle():
             return harness
     raise AssertionError("neither finished nor stranded in 12 steps")
@@ -110,26 +113,9 @@ def test_the_stranded_request_is_the_registered_known_bug() -> None:
 
 
 def _serve_checking_contents(*, async_scheduling: bool) -> SchedulerHarness:
-    """As :func:`_serve` with ``max_tokens=3`` (the request finishes), every
+    """:func:`_serve` with ``max_tokens=3`` (the request finishes), every
     step checked by ``kv-matches-tokens``."""
-    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=16)
-    harness = SchedulerHarness(
-        SchedulerDraw(
-            layout=layout,
-            max_num_batched_tokens=8,
-            max_num_seqs=1,
-            kv_load_failure_policy="recompute",
-            model_runner="v1",
-            async_scheduling=async_scheduling,
-        )
-    )
-    harness.add_request(list(range(16)), max_tokens=3, reply=ExternalReply("store", store_len=16))
-    harness.fail_next_sync_loads()
-    for _ in range(12):
-        check_kv_matches_tokens(harness.step(context="sync load of 15 tokens fails, recompute, max_tokens=3"))
-        if harness.is_idle():
-            return harness
-    raise AssertionError("did not finish in 12 steps")
+    return _serve(async_scheduling=async_scheduling, max_tokens=3, check=check_kv_matches_tokens)
 
 
 @pytest.mark.known_vllm_bug
