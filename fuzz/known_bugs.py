@@ -23,7 +23,11 @@ import re
 from dataclasses import dataclass
 
 from fuzz.model import InvariantViolation
+from invariants.scheduler import LOST_TO_COPY_BEFORE_FILL as _LOST_TO_COPY_BEFORE_FILL
+from invariants.scheduler import LOST_TO_COPY_OF_COPY as _LOST_TO_COPY_OF_COPY
 from invariants.scheduler import OTHER_TOKENS_AFTER_FAILED_LOAD, STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
+from invariants.scheduler import UNWRITTEN_READ_AFTER_ROLLBACK as _READ_AFTER_ROLLBACK
+from invariants.scheduler import UNWRITTEN_READ_AFTER_WHOLE_LOAD as _READ_AFTER_WHOLE_LOAD
 
 __all__ = [
     "KNOWN_BUGS",
@@ -238,7 +242,13 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         # The block-ownership model sees the same chain as a same-step hazard
         # whose writer is a copy-on-write destination, in an attention group.
         signatures=(Signature("copy-source-ready", where="Scheduler.schedule"),)
-        + tuple(Signature("same-step-hazard", where=_COPY_ON_WRITE, group_kind=k) for k in _FULL_ATTENTION_KINDS),
+        + tuple(Signature("same-step-hazard", where=_COPY_ON_WRITE, group_kind=k) for k in _FULL_ATTENTION_KINDS)
+        # The contents model sees the second copy's destination lacking what
+        # the first copy put into its source, when it is read or cached.
+        + tuple(
+            Signature(claim, where=_COPY_ON_WRITE, state=_LOST_TO_COPY_OF_COPY)
+            for claim in ("reads-written", "index-written")
+        ),
         reach="engine",
         pinned_by="tests/test_known_vllm_bugs_scheduler.py::test_standalone_same_step_partial_hits_never_chain_block_copies",
         targets=("scheduler-machine", "scheduler-single-shot", "scheduler-any-layout"),
@@ -310,6 +320,12 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 Signature("read-blocks-held", where=_ROLLED_BACK, group_kind=k)
                 for k in ("SlidingWindowSpec", "SlidingWindowMLASpec", "ChunkedLocalAttentionSpec")
             ),
+            # The contents model sees the windowed recompute read what the
+            # dropped blocks no longer hold.
+            *(
+                Signature("reads-written", where=_ROLLED_BACK, group_kind=k, state=_READ_AFTER_ROLLBACK)
+                for k in ("SlidingWindowSpec", "SlidingWindowMLASpec", "ChunkedLocalAttentionSpec")
+            ),
         ),
         reach=ENGINE_IN_PRINCIPLE,
         pinned_by="tests/known_bugs/test_mamba_failed_load_rollback.py::test_failed_sync_load_on_mamba_resumes_where_a_state_exists",
@@ -344,6 +360,12 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         fixed_in=None,
         signatures=tuple(
             Signature("same-step-hazard", where=_NEW_BLOCK, group_kind=k) for k in _FULL_ATTENTION_KINDS
+        )
+        # The contents model sees the copy's destination lacking what the
+        # step's load or forward pass put into its source, when it is read or cached.
+        + tuple(
+            Signature(claim, where=_COPY_ON_WRITE, state=_LOST_TO_COPY_BEFORE_FILL)
+            for claim in ("reads-written", "index-written")
         ),
         reach=ENGINE_IN_PRINCIPLE,
         pinned_by="tests/known_bugs/test_ownership_findings.py::test_partial_hit_copy_never_reads_a_block_filled_in_the_same_step",
@@ -365,7 +387,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         title="after an async load of the whole prompt, the last-token recompute reads blocks a windowed group already dropped",
         since="0.28.0",
         fixed_in=None,
-        signatures=(Signature("read-blocks-held", where=_ASYNC_LANDED),),
+        # The contents model sees the same recompute read a block it lacks.
+        signatures=(
+            Signature("read-blocks-held", where=_ASYNC_LANDED),
+            Signature("reads-written", where=_ASYNC_LANDED, state=_READ_AFTER_WHOLE_LOAD),
+        ),
         reach=ENGINE_IN_PRINCIPLE,
         pinned_by="tests/known_bugs/test_ownership_findings.py::test_full_prompt_async_load_resumes_where_every_group_holds_state",
         targets=("scheduler-single-shot", "scheduler-any-layout", "scheduler-machine"),

@@ -31,6 +31,7 @@ file can state on vLLM's objects; for the others no file is written.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import textwrap
 from typing import Any
@@ -78,11 +79,19 @@ _CHECK_OF = {
     "rejected-drafts-rolled-back": "_check_rejected_drafts_rolled_back",
     # Liveness (invariants/scheduler.py).
     "running-request-progresses": "_check_running_requests_progress",
+    # What a block holds (invariants/scheduler.py).
+    "kv-matches-tokens": "_check_kv_matches_tokens",
+    "reads-written": "_check_reads_written",
+    "index-written": "_check_index_written",
 }
 WRITABLE = frozenset(_CHECK_OF)
 
+# The invariants stated on the model of block contents (the file carries
+# fuzz/adapter/_contents.py and keeps it as it drives the scheduler).
+_CONTENTS = frozenset({"reads-written", "index-written"})
+
 # The invariants whose checks need READ_RULES (which blocks a step reads).
-_READS = frozenset({"read-blocks-held", "same-step-hazard"})
+_READS = frozenset({"read-blocks-held", "same-step-hazard"}) | _CONTENTS
 
 # ... and those stated on what the watch recorded inside schedule(), so that
 # they hold even when schedule() raises after the broken call.
@@ -264,6 +273,13 @@ def _program(log: OpLog, broken: int, invariant: str) -> list[str]:
     lines: list[str] = []
     pending_plain = 0
     first_plain = 0
+    # Async scheduling feeds a step's output a step late: the contents model
+    # learns which blocks its synchronous loads fail at the step that issues them.
+    failing_at = {
+        op.fed_step: set(op.fed.invalid_block_ids)
+        for op in log.steps
+        if invariant in _CONTENTS and op.fed is not None and op.fed.invalid_block_ids and op.fed_step is not None
+    }
 
     def flush() -> None:
         nonlocal pending_plain
@@ -282,6 +298,8 @@ def _program(log: OpLog, broken: int, invariant: str) -> list[str]:
                 args += f", failed_loads={set(fed.failed_recving)!r}"
             if fed is not None and fed.invalid_block_ids:
                 args += f", invalid_block_ids={set(fed.invalid_block_ids)!r}"
+            if op.index in failing_at:
+                args += f", failing_blocks={failing_at[op.index]!r}"
             if op.index == broken:
                 flush()
                 lines += _breaking_step(op, args, invariant)
@@ -414,6 +432,8 @@ def scheduler_repro(
         header,
         "import json",
         "import traceback",
+        "from collections.abc import Iterable, Mapping, Sequence",
+        "from typing import Any",
         "",
         "import pytest",
         "import torch",
@@ -437,6 +457,7 @@ def scheduler_repro(
         "from vllm.utils.hashing import sha256",
         "from vllm.v1.core.kv_cache_utils import (",
         "    generate_scheduler_kv_cache_config,",
+        *(["    get_group_id,"] if invariant in _CONTENTS else []),
         "    get_request_block_hasher,",
         "    init_none_hash,",
         ")",
@@ -521,6 +542,9 @@ def scheduler_repro(
     if draw.speculative_method is not None:
         body = _with_speculation(body, draw.async_scheduling)
     lines.append(body)
+    lines.append(_worker_kit())
+    if invariant in _CONTENTS:
+        lines.append(_contents_kit())
     lines.append(_CHECKS.get(invariant, ""))
     lines += [
         "",
@@ -535,6 +559,7 @@ def scheduler_repro(
         "    init_none_hash(sha256)",
         "    scheduler = _make_scheduler(tmp_path)",
         "    watch = _Watch(scheduler)",
+        *(["    watch.contents = _make_contents(scheduler)"] if invariant in _CONTENTS else []),
         *_program(log, broken, invariant),
         "",
         "    # Every request runs to its end; then the pool must be whole again.",
@@ -543,6 +568,31 @@ def scheduler_repro(
         "",
     ]
     return "\n".join(lines)
+
+
+def _worker_kit() -> str:
+    """The scripted model runner's record, as the suite keeps it: the source
+    of :class:`fuzz.adapter._reports.WorkerRecord` and its helper, copied
+    into the file (they import nothing but the standard library)."""
+    from fuzz.adapter import _reports
+
+    parts = [inspect.getsource(_reports.computed_before), inspect.getsource(_reports.WorkerRecord)]
+    return "\n\n# The model runner's own record (the fuzz suite's WorkerRecord).\n\n" + "\n\n".join(parts)
+
+
+def _contents_kit() -> str:
+    """The model of block contents, as the suite keeps it: the source of
+    :mod:`fuzz.adapter._contents` (standard library only), and the calls
+    that keep it from what the file drives."""
+    from fuzz.adapter import _contents
+
+    marks = [f"{name} = {getattr(_contents, name)}" for name in ("COPIED_BEFORE_FILL", "COPIED_FROM_COPY", "FAILED_LOAD")]
+    parts = [inspect.getsource(x) for x in (_contents.read_positions, _contents.BlockContents, _contents.entries_of)]
+    return (
+        "\n\n# What each block holds (the fuzz suite's BlockContents), kept from what the\n"
+        "# model runner and the connector's worker see.\n"
+        + "\n".join(marks) + "\n\n\n" + "\n\n".join(parts) + _CONTENTS_CALLS
+    )
 
 
 def _wrap_dict(d: dict) -> str:
@@ -796,8 +846,10 @@ class _Watch:
         self.seen = set()  # every request seen in the scheduler
         self.aborts = []  # aborts that arrive while the model runs the next step
         self.send_started = {}  # request id -> the first step begun after its send started
-        self.known = {}  # request id -> the tokens the worker knows (see _worker_done)
-        self.prompt = {}  # request id -> its prompt's length, as the output first handed it over
+        self.worker = WorkerRecord(async_scheduling=False)  # what the model runner knows (see _worker_done)
+        self.kv_wrong = []  # this step's positions computed from a token vLLM does not record (see _settle_tokens)
+        self.contents = None  # what each block holds, where the file states it (see _make_contents)
+        self.starts = {}  # request id -> where this step's tokens start (see _worker_done)
         self.preempted_at = {}  # request id -> the step whose schedule() last preempted it
         self.stale = {}  # this step's fed output: preempted request id -> (request, num_tokens before)
         sched, mgr = scheduler, scheduler.kv_cache_manager
@@ -820,6 +872,7 @@ class _Watch:
             self.admissions[request.request_id] = dict(
                 local_hit=num_local, lookup=_ids(blocks), joint_hit=joint_hit, joint=_ids(joint_blocks),
                 per_group=per_group, skips=bool(getattr(request.sampling_params, "skip_reading_prefix_cache", None)),
+                diverged=bool(result[3]) if len(result) > 3 else False,
             )
             return result
 
@@ -1059,11 +1112,16 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
     watch.settle(scheduler, out)
     ids = list(out.num_scheduled_tokens)
     sampled = [[1000 + watch.step % 24] if done else [] for done in _worker_done(out, watch)]
-    _worker_sampled(watch, ids, sampled)
+    _worker_sampled(watch, out, sampled)
+    if watch.contents is not None:
+        _contents_issue(scheduler, watch, out, sampled, invalid_block_ids)
     _abort_during_step(scheduler, watch)
     # Every load in flight, whether or not the scheduler still lists its request.
     recving = set(connector.loads_in_flight)
     connector.loads_in_flight -= recving
+    if watch.contents is not None:
+        for rid in recving:
+            watch.contents.land_async_load(rid, watch.step, rid in set(failed_loads))
     sending = _sends_done(scheduler, watch, watch.step)
     watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
     watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
@@ -1075,6 +1133,7 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
             failed_recving=recving & set(failed_loads),
             invalid_block_ids=set(invalid_block_ids),
         )
+    watch.worker.fed(watch.step)
     scheduler.update_from_output(
         out,
         ModelRunnerOutput(
@@ -1084,6 +1143,7 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
             kv_connector_output=connector_output,
         ),
     )
+    _settle_tokens(scheduler, out, watch)
     return out
 
 
@@ -1118,38 +1178,33 @@ def _sends_done(scheduler, watch, index):
 
 def _worker_done(out, watch):
     """Per request of ``out``, whether its scheduled tokens reach the end of
-    the tokens the worker knows (then it samples): its prompt and every token
-    it sampled, fed back or not, reset from the token lists the output
-    resends (async: the prompt and the last num_output_tokens of them), and cut to the num_output_tokens it is told when that is fewer
-    (as the V1 runner aligns its state after a failed sync load). Decided
-    from the output and the worker's own record, as a model runner decides
-    it, never from scheduler.requests."""
-    cached = out.scheduled_cached_reqs
-    for new in out.scheduled_new_reqs:
-        watch.prompt.setdefault(new.req_id, len(new.prompt_token_ids))
-        tokens = getattr(new, "prefill_token_ids", None) or new.prompt_token_ids
-        watch.known[new.req_id] = len(tokens)
-    outputs_of = dict(zip(cached.req_ids, getattr(cached, "num_output_tokens", None) or ()))
-    for rid, tokens in (getattr(cached, "all_token_ids", None) or {}).items():
-        if hasattr(watch, "queue") and rid in watch.prompt and rid in outputs_of:
-            # Async: the V1 runner re-adding a request keeps its prompt and
-            # takes the last num_output_tokens of all_token_ids as outputs.
-            watch.known[rid] = watch.prompt[rid] + outputs_of[rid]
-        else:
-            watch.known[rid] = len(tokens)
-    for rid, outputs in outputs_of.items():
-        if rid in watch.prompt and watch.prompt[rid] + outputs < watch.known.get(rid, 0):
-            watch.known[rid] = watch.prompt[rid] + outputs
-    before = dict(zip(cached.req_ids, cached.num_computed_tokens))
-    before.update((n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs)
-    return [rid in before and before[rid] + n >= watch.known.get(rid, 0)
-            for rid, n in out.num_scheduled_tokens.items()]
+    the tokens the worker knows (then it samples), after the worker has
+    taken the token lists the output resends and noted the KV it computes
+    (WorkerRecord): decided from the output and the worker's own record,
+    as a model runner decides it, never from scheduler.requests."""
+    watch.worker.resync(out)
+    before = computed_before(out)
+    watch.starts = {rid: watch.worker.start(rid, before) for rid in out.num_scheduled_tokens if rid in before}
+    for rid in out.num_scheduled_tokens:
+        watch.worker.write(out, rid, before, watch.step)
+    return [watch.worker.reaches_end(out, rid, before) for rid in out.num_scheduled_tokens]
 
 
-def _worker_sampled(watch, ids, sampled):
-    """The worker knows the tokens it sampled as soon as it sampled them."""
-    for rid, tokens in zip(ids, sampled):
-        watch.known[rid] = watch.known.get(rid, 0) + len(tokens)
+def _worker_sampled(watch, out, sampled):
+    """The worker knows the tokens it sampled as soon as it sampled them, and
+    the drafts it rejected (vLLM learns them when it is fed the output)."""
+    for rid, tokens in zip(out.num_scheduled_tokens, sampled):
+        watch.worker.sampled(rid, tokens)
+        if tokens:
+            drafts = (out.scheduled_spec_decode_tokens or {}).get(rid) or ()
+            watch.worker.rejected(rid, watch.step, len(drafts) - (len(tokens) - 1))
+
+
+def _settle_tokens(scheduler, out, watch):
+    """After the step: the positions the worker computed for a live request,
+    below its num_computed_tokens, whose token vLLM records differently."""
+    preempted = (out.preempted_req_ids or ()) if out is not None else ()
+    watch.kv_wrong = watch.worker.settle(scheduler.requests, preempted)
 
 
 def _busy(scheduler, watch):
@@ -1746,7 +1801,7 @@ def _check_lookup_within_limit(scheduler, out, watch, step):
 # engine core's batch queue drives it.
 # ---------------------------------------------------------------------------
 
-_ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
+_ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failing_blocks=()):
     """One engine step as EngineCore.step_with_batch_queue takes it (a queue of
     max_concurrent_batches = 2): schedule() if the scheduler has requests (or
     nothing is queued); the output joins the queue with what the model runner
@@ -1768,15 +1823,22 @@ _ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=
         for rid in connector.loads_in_flight:
             watch.load_started.setdefault(rid, watch.step)
         sampled = [[1000 + watch.step % 24] if done else [] for done in _worker_done(out, watch)]
-        _worker_sampled(watch, list(out.num_scheduled_tokens), sampled)
+        _worker_sampled(watch, out, sampled)
+        if watch.contents is not None:  # failing_blocks: those this step's sync loads fail
+            _contents_issue(scheduler, watch, out, sampled, failing_blocks)
         watch.queue.insert(0, (watch.step, out, sampled, dict(watch.admissions)))
         if len(watch.queue) < 2 and (out.total_num_scheduled_tokens > 0 or scheduler.has_requests()):
             _abort_during_step(scheduler, watch)  # nothing fed back: they come after the step
+            _settle_tokens(scheduler, out, watch)
             return out
     index, fed, sampled, admissions = watch.queue.pop()
+    watch.worker.fed(index)
     _abort_during_step(scheduler, watch)
     recving = {r for r in connector.loads_in_flight if watch.load_started.get(r, 0) <= index}
     connector.loads_in_flight -= recving
+    if watch.contents is not None:
+        for rid in recving:
+            watch.contents.land_async_load(rid, index, rid in set(failed_loads))
     for rid in recving:
         watch.load_started.pop(rid, None)
     sending = _sends_done(scheduler, watch, index)
@@ -1803,6 +1865,7 @@ _ASYNC_STEP = '''def _step(scheduler, watch, failed_loads=(), invalid_block_ids=
             kv_connector_output=connector_output,
         ),
     )
+    _settle_tokens(scheduler, out, watch)
     return out
 
 
@@ -1910,6 +1973,103 @@ def _check_rejected_drafts_rolled_back(scheduler, out, watch, step):
         )
 '''
 
+_CHECKS["kv-matches-tokens"] = '''
+
+def _check_kv_matches_tokens(scheduler, out, watch, step):
+    """What a block holds: every position the model runner computed, below a
+    request's num_computed_tokens, was computed from the token vLLM records
+    there (Request.all_token_ids). The runner feeds each position the token
+    it has: the prompt and what it sampled (async: steps in flight too)."""
+    assert not watch.kv_wrong, (
+        f"step {step}: (request, position, token the model runner computed its KV from, token vLLM "
+        f"records there, step that computed it): {watch.kv_wrong}; the request's later tokens are "
+        f"sampled from a context that is not its sequence; groups: {_describe_groups()}"
+    )
+'''
+
+_CONTENTS_CALLS = '''
+
+def _make_contents(scheduler):
+    """What each block holds, per group whose blocks hold per-position KV."""
+    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+    return BlockContents(
+        [m.block_size for m in managers],
+        [role in ("must-cover", "windowed") for role in ROLES],
+        scheduler.kv_cache_manager.block_pool.null_block.block_id,
+    )
+
+
+def _contents_issue(scheduler, watch, out, sampled, failing):
+    """The step as the worker runs it. Before the forward pass, what it takes
+    from the output: its block tables and copies, and the loads the
+    connector was told to do (a sync one lands now, but into the blocks the
+    worker fails; an async one when it is reported landed; a divergent
+    hybrid hit's lagging group is filled from the blocks it adopted). Then
+    the positions each request computes (its drafts only as far as they
+    were accepted); then what each reads below where it starts that its
+    blocks do not hold, and the prefix-cache entries ahead of their blocks'
+    contents."""
+    contents, tokens = watch.contents, watch.worker.tokens
+    contents.forget(out.finished_req_ids or ())
+    contents.take_tables(out)
+    for rid, adm in watch.admissions.items():
+        if not adm.get("external"):
+            continue
+        start, end = adm["local"], adm["local"] + adm["external"]
+        starts = [start] * len(contents.block_sizes)
+        if adm.get("diverged"):
+            starts = [min(start, len(a) * size) for a, size in zip(adm["adopted"], contents.block_sizes)]
+        blocks = scheduler.connector.told_blocks[rid]
+        if rid in scheduler.connector.loads_in_flight:
+            contents.start_async_load(rid, blocks, starts, end, tokens.get(rid, []))
+        else:
+            contents.load(blocks, starts, end, watch.step, tokens.get(rid, []), failed=set(failing))
+    for rid, new in zip(out.num_scheduled_tokens, sampled):
+        if rid not in watch.starts:
+            continue
+        drafts = len((out.scheduled_spec_decode_tokens or {}).get(rid) or ())
+        end = watch.starts[rid] + out.num_scheduled_tokens[rid] - drafts + max(len(new) - 1, 0)
+        # Its KV from the tokens the worker had before this step's samples.
+        known = tokens.get(rid, [])[: len(tokens.get(rid, [])) - len(new)]
+        contents.write(rid, watch.starts[rid], end, watch.step, known)
+    contents.settle_copies(watch.step)
+    watch.unwritten_reads = [
+        (rid, *missing)
+        for rid, start in watch.starts.items()
+        for missing in contents.unread(
+            rid, start, watch.worker.prompt.get(rid, 0), READ_RULES, tokens.get(rid, []), failing
+        )
+    ]
+    cached = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
+    watch.unbacked = contents.unbacked_entries(entries_of(cached, get_group_id))
+'''
+
+_CHECKS["reads-written"] = '''
+
+def _check_reads_written(scheduler, out, watch, step):
+    """What a hit adopts: every position below a scheduled request's start
+    that its step reads (by its group's span) is held, in the block the
+    runner's table names, as that position's KV: computed by an earlier
+    step, copied there, or loaded by a load that landed."""
+    assert not watch.unwritten_reads, (
+        f"step {step}: (request, group, block, position it reads, what the block holds there: (position, "
+        f"step written), -1 or -2 lost to a same-step block copy): {watch.unwritten_reads}; "
+        f"groups: {_describe_groups()}"
+    )
+'''
+
+_CHECKS["index-written"] = '''
+
+def _check_index_written(scheduler, out, watch, step):
+    """What the prefix cache promises: as a step runs, every entry of the
+    index names a block holding the KV of every position its key covers
+    there (an async load's blocks count once it is reported landed)."""
+    assert not watch.unbacked, (
+        f"step {step}: (group, block, tokens its key covers, [(position it lacks, what it holds there: "
+        f"(position, step written))]): {watch.unbacked}; groups: {_describe_groups()}"
+    )
+'''
+
 _CHECKS["running-request-progresses"] = '''
 
 def _check_running_requests_progress(scheduler, out, watch, step):
@@ -1947,7 +2107,7 @@ def _check_running_requests_progress(scheduler, out, watch, step):
 
 _SYNC_SAMPLED = "    sampled = [[1000 + watch.step % 24] if done else [] for done in _worker_done(out, watch)]\n"
 _ASYNC_SAMPLED = "        sampled = [[1000 + watch.step % 24] if done else [] for done in _worker_done(out, watch)]\n"
-_SYNC_FED = "            kv_connector_output=connector_output,\n        ),\n    )\n    return out\n"
+_SYNC_FED = "    )\n    _settle_tokens(scheduler, out, watch)\n    return out\n"
 
 
 def _with_speculation(body: str, asynchronous: bool) -> str:
@@ -1976,7 +2136,7 @@ def _with_speculation(body: str, asynchronous: bool) -> str:
             _SYNC_SAMPLED,
             "    sampled = _sampled(out, _worker_done(out, watch), watch.step, False)\n",
         ))
-        edits.append((_SYNC_FED, _SYNC_FED.replace("    return out\n", "    _propose_drafts(scheduler, out)\n    return out\n")))
+        edits.append((_SYNC_FED, _SYNC_FED.replace("    _settle", "    _propose_drafts(scheduler, out)\n    _settle")))
     for old, new in edits:
         if body.count(old) != 1:
             raise AssertionError(f"the repro body changed; cannot apply the speculation edit of {old!r}")
@@ -2016,6 +2176,11 @@ _ASYNC_EDITS = (
         "        self.seen = set()  # every request seen in the scheduler\n"
         "        self.queue = []  # (step, SchedulerOutput, sampled, admissions) not fed back yet, newest first\n"
         "        self.load_started = {}  # request id -> the step whose schedule() started its async load\n",
+    ),
+    # The worker's record follows the V1 runner under async scheduling.
+    (
+        "        self.worker = WorkerRecord(async_scheduling=False)",
+        "        self.worker = WorkerRecord(async_scheduling=True)",
     ),
     # Draining feeds the queued output too.
     ("    return bool(scheduler.requests or connector.loads_in_flight or connector.sends_in_flight)\n",

@@ -32,6 +32,7 @@ hit); a Mamba group may hold fewer, as its blocks are whole recurrent states.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from fuzz.model import (
     AdmissionObservation,
@@ -521,6 +522,84 @@ def check_kv_matches_tokens(step: StepObservation) -> None:
     )
 
 
+def check_reads_written(step: StepObservation) -> None:
+    """What a hit adopts: every position below a scheduled request's start
+    that its step reads (all of them under full attention, the window or
+    chunk under sliding-window or chunked attention, the prompt and the
+    window under R-SWA) is held, in the block the runner's table names for
+    it, as KV of that position: computed by an earlier step, copied there,
+    loaded by a synchronous load that did not fail, or by an async load
+    reported landed (fuzz/adapter/_contents.py). A position it lacks is
+    read as whatever the block holds: a local or external hit adopted a
+    block that was never filled, or whose load is still in flight."""
+    if not step.unwritten_reads:
+        return
+    reads = step.unwritten_reads
+    state, where = _contents_blame(reads, UNWRITTEN_READ)
+    # The request's recompute after a whole-prompt async load landed, or
+    # after a failed synchronous load rolled it back (the ownership model
+    # blames the same two places for what the request reads).
+    if state == UNWRITTEN_READ and all(r.after_whole_prompt_load for r in reads):
+        state, where = UNWRITTEN_READ_AFTER_WHOLE_LOAD, "Scheduler._update_waiting_for_remote_kv"
+    elif state == UNWRITTEN_READ and all(r.request_id in step.rolled_back for r in reads):
+        state, where = UNWRITTEN_READ_AFTER_ROLLBACK, "Scheduler._update_requests_with_invalid_blocks"
+    kinds = {r.group_kind for r in reads}
+    raise InvariantViolation(
+        "reads-written",
+        "\n".join(r.describe() for r in reads)
+        + f"\n{step.describe()}"
+        + (f"\n  scenario: {step.context}" if step.context else ""),
+        where=where,
+        state=state,
+        group_kind=kinds.pop() if len(kinds) == 1 else None,
+    )
+
+
+def check_index_written(step: StepObservation) -> None:
+    """What the prefix cache promises: after every step, each entry of the
+    prefix-cache index (a full block, or a partial entry for a prefix inside
+    one) names a block that holds the KV of every position its key covers
+    in that block. vLLM registers a block in the schedule() of the step
+    that fills it (that step runs before any later reader on the device);
+    an async load fills its blocks only when the worker reports it landed,
+    and a failed load fills nothing. An entry ahead of its contents serves
+    the next hit garbage."""
+    if not step.unbacked_entries:
+        return
+    state, where = _contents_blame(step.unbacked_entries, UNBACKED_ENTRY)
+    raise InvariantViolation(
+        "index-written",
+        "\n".join(e.describe() for e in step.unbacked_entries)
+        + f"\n{step.describe()}"
+        + (f"\n  scenario: {step.context}" if step.context else ""),
+        where=where,
+        state=state,
+    )
+
+
+# What a block lacks (matched by known-bug signatures): plain, or every
+# missing position lost to a copy-on-write copy made before the step filled
+# its source (blamed on the partial-hit copy-on-write).
+UNWRITTEN_READ = "a read of a position its block does not hold"
+UNBACKED_ENTRY = "a prefix-cache entry ahead of its block's contents"
+UNWRITTEN_READ_AFTER_WHOLE_LOAD = "a read by the last-token recompute after a whole-prompt async load"
+UNWRITTEN_READ_AFTER_ROLLBACK = "a read by the recompute after a failed-load rollback"
+LOST_TO_COPY_BEFORE_FILL = "lost to a same-step copy made before its source was filled"
+LOST_TO_COPY_OF_COPY = "lost to a same-step copy of another copy's destination"
+_COPY_ON_WRITE = "SingleTypeKVCacheManager._apply_cow"
+
+
+def _contents_blame(found: tuple[Any, ...], plain: str) -> tuple[str, str]:
+    """(state, where) of a contents failure: ``plain`` at the scheduler
+    unless every one was lost to a same-step copy."""
+    causes = {f.copy_cause for f in found}
+    if "" in causes:
+        return plain, WHERE
+    if "copy of a copy" in causes:
+        return LOST_TO_COPY_OF_COPY, _COPY_ON_WRITE
+    return LOST_TO_COPY_BEFORE_FILL, _COPY_ON_WRITE
+
+
 # Whose KV disagrees with vLLM's tokens (matched by known-bug signatures).
 OTHER_TOKENS_AFTER_FAILED_LOAD = "KV from other tokens after a failed-load recompute"
 OTHER_TOKENS = "KV from other tokens"
@@ -553,7 +632,15 @@ STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     *CONNECTOR_STEP_CHECKS,
     # The shadow model of block ownership (invariants/ownership.py).
     *OWNERSHIP_CHECKS,
+    # What the blocks hold (fuzz/adapter/_contents.py).
+    check_reads_written,
+    check_index_written,
 )
+
+# Reported after every other step and admission check of the step: a bug a
+# narrower claim names (a wrong count, a block not held, a load not covered)
+# also leaves blocks without their contents, and is reported by that claim.
+CONTENTS_CHECKS: tuple[Callable[[StepObservation], None], ...] = (check_reads_written, check_index_written)
 
 ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
     check_computed_tokens_add_up,
@@ -579,16 +666,20 @@ def step_violations(
     never hides another."""
     selected = STEP_CHECKS + ADMISSION_CHECKS if checks is None else checks
     found: list[InvariantViolation] = []
+
+    def run(check: Callable[[StepObservation], None]) -> None:
+        each = getattr(check, "violations", None)  # a check that reports every violation it finds
+        if each is not None:
+            found.extend(each(step))
+            return
+        try:
+            check(step)
+        except InvariantViolation as v:
+            found.append(v)
+
     for check in STEP_CHECKS:
-        if check in selected:
-            each = getattr(check, "violations", None)  # a check that reports every violation it finds
-            if each is not None:
-                found.extend(each(step))
-                continue
-            try:
-                check(step)
-            except InvariantViolation as v:
-                found.append(v)
+        if check in selected and check not in CONTENTS_CHECKS:
+            run(check)
     for adm in step.admissions:
         for check in ADMISSION_CHECKS:
             if check in selected:
@@ -596,6 +687,9 @@ def step_violations(
                     check(adm, step.context)
                 except InvariantViolation as v:
                     found.append(v)
+    for check in CONTENTS_CHECKS:
+        if check in selected:
+            run(check)
     return found
 
 

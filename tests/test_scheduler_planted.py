@@ -55,6 +55,9 @@ CASES: list[tuple[Callable[..., None], str, str, bool]] = [
     (conn.check_sync_load_announced, "sync-load-announced", "no_sync_load_flag", False),
     (conn.check_async_load_lands_first, "async-load-lands-first", "async_load_computes_at_once", False),
     (conn.check_finished_once, "finished-once", "connector_finished_twice", False),
+    # What the blocks hold (fuzz/adapter/_contents.py).
+    (inv.check_reads_written, "reads-written", "copies_from_destination", False),
+    (inv.check_index_written, "index-written", "caches_async_load_early", False),
 ]
 
 SEARCH = settings(
@@ -176,13 +179,19 @@ def test_invariant_catches_planted_bug_in_a_fixed_run(
 # that speculates (check, invariant, planted bug).
 SPEC_DECODE_CASES: list[tuple[Callable[..., None], str, str]] = [
     (inv.check_rejected_drafts_rolled_back, "rejected-drafts-rolled-back", "rejected_drafts_stay_computed"),
+    (inv.check_kv_matches_tokens, "kv-matches-tokens", "records_first_sampled_token"),
 ]
 
 
 def _speculating_run(async_scheduling: bool):  # type: ignore[no-untyped-def]
+    """:func:`speculating_harness` run to the end."""
+    return speculating_harness(async_scheduling).drain(context="speculating")
+
+
+def speculating_harness(async_scheduling: bool):  # type: ignore[no-untyped-def]
     """Full attention + Mamba (block 4, Mamba with 3 speculative state
     blocks), k = 3 drafts (ngram sync, EAGLE async), accepted 1, 0, 3, 2, ...
-    in turn; two 10-token requests decoding 8 tokens each, run to the end."""
+    in turn; two 10-token requests decoding 8 tokens each, added."""
     from fuzz.adapter import SchedulerHarness
     from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
 
@@ -205,7 +214,7 @@ def _speculating_run(async_scheduling: bool):  # type: ignore[no-untyped-def]
     )
     harness.add_request(tuple(range(10)), max_tokens=8)
     harness.add_request(tuple(range(50, 60)), max_tokens=8)
-    return harness.drain(context="speculating")
+    return harness
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])

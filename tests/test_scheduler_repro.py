@@ -57,10 +57,13 @@ BUGS = {
     # A request that skips the prefix cache (skip_reading_prefix_cache).
     "skipping_request_loads_external": "skip-reads-no-cache",
     "skipping_request_reads_local_cache": "skip-reads-no-cache",
+    # What the blocks hold (the file carries the suite's BlockContents).
+    "copies_from_destination": "reads-written",
+    "caches_async_load_early": "index-written",
 }
 # The scheduler-tier limit for the pre-fix assert (issue 13).
 LIMITS = {"pre_fix_assert_all": {"groups": 2, "requests": 3, "steps": 6}}
-ALLOWED_IMPORTS = {"json", "pytest", "torch", "traceback", "vllm"}
+ALLOWED_IMPORTS = {"collections", "json", "pytest", "torch", "traceback", "typing", "vllm"}
 
 
 _no_local_constants = test_draws_pinned._no_local_constants  # edits elsewhere must not move the search
@@ -315,6 +318,30 @@ def test_a_planted_spec_decode_bug_becomes_a_standalone_repro(method: str, tmp_p
     _check_repro(source, bug, tmp_path)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["ngram-sync", "eagle-async"])
+def test_accepted_drafts_recorded_as_other_tokens_become_a_standalone_repro(
+    async_scheduling: bool, tmp_path: Path
+) -> None:
+    """vLLM recording the step's first sampled token for every accepted
+    draft: from the fixed speculating run of tests/test_scheduler_planted.py
+    (requests decoding 8 tokens: the short single-shot generations finish
+    before a position past an accepted draft is settled), the file carries
+    the worker's own record and states kv-matches-tokens at the step vLLM's
+    tokens and the runner's part."""
+    from invariants.scheduler import check_kv_matches_tokens
+    from tests.test_scheduler_planted import speculating_harness
+
+    bug = "records_first_sampled_token"
+    with planted_scheduler_bug(bug):
+        harness = speculating_harness(async_scheduling)
+        harness.drain(context="speculating")
+        log = shrink_oplog(harness.oplog, "kv-matches-tokens", checks=(check_kv_matches_tokens,))
+    source = scheduler_repro(log, invariant="kv-matches-tokens", target="scheduler-machine", seed=0, violation="")
+    assert source is not None and "_check_kv_matches_tokens(scheduler, out, watch" in source
+    assert "class WorkerRecord" in source  # the suite's own record, copied
+    _check_repro(source, bug, tmp_path)
+
+
 def test_the_state_machine_shrunk_program_becomes_a_repro(tmp_path: Path) -> None:
     bug = "skip_truncation"
     with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
@@ -402,6 +429,7 @@ def test_every_planted_scheduler_bug_has_a_repro_case() -> None:
 
     cases = set(BUGS) | set(MACHINE_BUGS) | {bug for _, bug in CHECK_ALONE} | set(OWNERSHIP_BUGS)
     cases.add("rejected_drafts_stay_computed")  # test_a_planted_spec_decode_bug_becomes_a_standalone_repro
+    cases.add("records_first_sampled_token")  # test_accepted_drafts_recorded_as_other_tokens_...
     cases.add("drafts_never_cut")  # tests/test_triage_planted.py: a new assert beside a known one
     assert cases == set(PLANTED_SCHEDULER_BUGS), cases ^ set(PLANTED_SCHEDULER_BUGS)
     assert set(OWNERSHIP_BUGS) == set(PLANTED_OWNERSHIP_BUGS)

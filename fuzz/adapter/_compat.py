@@ -274,3 +274,19 @@ def model_runner(choice: str | None) -> Iterator[None]:
             os.environ[name] = saved
         if saved_triton is not None:
             _vllm_config_mod.HAS_TRITON = saved_triton
+
+
+def prefix_cache_map(block_pool: Any) -> Any | None:
+    """The block pool's prefix-cache map (key -> block, or block id ->
+    block), None where a release keeps it otherwise."""
+    cached = getattr(block_pool, "cached_block_hash_to_block", None)
+    inner = getattr(cached, "_cache", cached)
+    return inner if isinstance(inner, dict) else None
+
+
+def group_of_key(key: Any) -> int:
+    """The KV-cache group a prefix-cache key belongs to."""
+    return int(_get_group_id(key))
+
+
+from vllm.v1.core.kv_cache_utils import get_group_id as _get_group_id  # noqa: E402

@@ -352,6 +352,12 @@ _CONNECTOR_EDITS: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
         "_handle_failed_recving",
         (("request.num_computed_tokens = 0", "pass"),),
     ),
+    "caches_async_load_early": (
+        "allocate_slots caches the blocks of an async external load at once instead of "
+        "when the load lands: the prefix cache names blocks still being loaded",
+        "schedule",
+        (("delay_cache_blocks=load_kv_async,", "delay_cache_blocks=False,"),),
+    ),
     "skipping_request_loads_external": (
         "drops the skip_reading_prefix_cache override of the connector's answer: "
         "a request that must compute from token 0 loads the external hit",
@@ -439,6 +445,13 @@ _SPEC_DECODE_EDITS: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
         "update_from_output",
         (("request.num_computed_tokens -= num_rejected", "request.num_computed_tokens -= 0"),),
     ),
+    "records_first_sampled_token": (
+        "_update_request_with_output appends the step's first sampled token once per "
+        "token returned: with accepted drafts vLLM records a sequence other than the "
+        "one the model runner computes the next positions from",
+        "_update_request_with_output",
+        (("request.append_output_token_ids(output_token_id)", "request.append_output_token_ids(new_token_ids[0])"),),
+    ),
 }
 
 # name: (description, (vLLM module, class, method), edits): planted bugs in
@@ -456,6 +469,16 @@ _MANAGER_EDITS: dict[str, tuple[str, tuple[str, str, str], tuple[tuple[str, str]
         ),
     ),
 }
+
+# The KV-cache manager's block copies (compiled as the ownership edits are):
+# a bug in what the model runner is told to copy.
+_MANAGER_EDITS["copies_from_destination"] = (
+    "KVCacheManager.take_kv_cache_block_copies names each copy-on-write destination as "
+    "its own source: the model runner copies a block onto itself, and a partial prefix "
+    "hit reads its private block, which nothing filled",
+    ("vllm.v1.core.kv_cache_manager", "KVCacheManager", "take_kv_cache_block_copies"),
+    (("src_block_id=source_block.block_id,", "src_block_id=cow_block.block_id,"),),
+)
 
 PLANTED_SCHEDULER_BUGS: dict[str, str] = {
     **{name: desc for name, (desc, _) in _SCHEDULE_EDITS.items()},

@@ -48,6 +48,10 @@ class WorkerRecord:
         # step that computed it), for the positions the worker computed and
         # whose token vLLM has not yet been seen to agree on (see :meth:`unsettled`).
         self.written: dict[str, dict[int, tuple[int, int]]] = {}
+        # Request id -> step -> the drafts the worker rejected in that step,
+        # while its output has not been fed back: the scheduler counted them
+        # computed when it scheduled the steps after it (see :meth:`start`).
+        self.unfed_rejections: dict[str, dict[int, int]] = {}
 
     def add(self, request_id: str, prompt: Iterable[int]) -> None:
         self.tokens[request_id] = list(prompt)
@@ -69,6 +73,8 @@ class WorkerRecord:
         its output placeholders) below the outputs the worker knows drops
         the excess."""
         for new in out.scheduled_new_reqs:
+            if new.prompt_token_ids is not None:
+                self.prompt.setdefault(new.req_id, len(new.prompt_token_ids))
             tokens = getattr(new, "prefill_token_ids", None) or new.prompt_token_ids
             if tokens is not None:
                 self.tokens[new.req_id] = list(tokens)
@@ -87,6 +93,26 @@ class WorkerRecord:
             if rid in self.prompt and self.prompt[rid] + outputs < self.known(rid):
                 del self.tokens[rid][self.prompt[rid] + outputs :]
 
+    def start(self, request_id: str, before: Mapping[str, int]) -> int:
+        """Where ``request_id``'s scheduled tokens really start: the
+        ``num_computed_tokens`` the output hands over, less the drafts the
+        worker rejected in steps whose output vLLM has not been fed yet.
+        Under async scheduling vLLM schedules a step before it learns how
+        many of the previous step's drafts were accepted, counting them all;
+        the V1 runner, which knows, moves the step back by the rejections
+        (the scheduler rolls its count back when it is fed them)."""
+        return before[request_id] - sum(self.unfed_rejections.get(request_id, {}).values())
+
+    def rejected(self, request_id: str, step: int, count: int) -> None:
+        """The worker rejected ``count`` of the drafts ``step`` scheduled for ``request_id``."""
+        if count:
+            self.unfed_rejections.setdefault(request_id, {})[step] = count
+
+    def fed(self, step: int) -> None:
+        """The output of ``step`` reached vLLM: its rejections are counted there."""
+        for by_step in self.unfed_rejections.values():
+            by_step.pop(step, None)
+
     def reaches_end(self, out: Any, request_id: str, before: Mapping[str, int]) -> bool:
         """Whether ``out``'s tokens for ``request_id`` reach the end of the
         tokens the worker knows (then it samples; a non-final prefill chunk
@@ -98,7 +124,7 @@ class WorkerRecord:
         worker can run: it samples nothing for it."""
         if request_id not in before:
             return False
-        end = before[request_id] + out.num_scheduled_tokens[request_id]
+        end = self.start(request_id, before) + out.num_scheduled_tokens[request_id]
         return end >= self.known(request_id)
 
     def write(self, out: Any, request_id: str, before: Mapping[str, int], step: int) -> None:
@@ -109,7 +135,7 @@ class WorkerRecord:
         nobody's, and a later step rewrites them)."""
         if request_id not in before:
             return
-        start = before[request_id]
+        start = self.start(request_id, before)
         end = start + out.num_scheduled_tokens[request_id]
         drafts = len((getattr(out, "scheduled_spec_decode_tokens", None) or {}).get(request_id, ()))
         tokens = self.tokens.get(request_id, [])
@@ -137,8 +163,26 @@ class WorkerRecord:
                 wrong.append((position, token, recorded[position], step))
         return sorted(wrong)
 
+    def settle(self, requests: Mapping[str, Any], preempted: Iterable[str]) -> list[tuple[str, int, int, int, int]]:
+        """After a step: for each request the worker computed KV for and vLLM
+        still lists in ``requests`` (request id -> its ``Request``), the
+        positions whose token vLLM records differently (:meth:`unsettled`),
+        as (request id, position, token computed from, token recorded, step).
+        The KV of a request ``preempted`` in the step is gone with its
+        blocks, as is a departed one's: their record starts over."""
+        gone = set(preempted)
+        wrong = []
+        for rid in list(self.written):
+            request = requests.get(rid)
+            if request is None or rid in gone:
+                self.forget(rid)
+                continue
+            wrong += [(rid, *w) for w in self.unsettled(rid, request.num_computed_tokens, request.all_token_ids)]
+        return wrong
+
     def forget(self, request_id: str) -> None:
         self.written.pop(request_id, None)
+        self.unfed_rejections.pop(request_id, None)
 
     def sampled(self, request_id: str, tokens: list[int]) -> None:
         self.tokens.setdefault(request_id, []).extend(tokens)

@@ -19,6 +19,7 @@ from typing import Any
 
 from fuzz import outcomes
 from fuzz.adapter import _compat, _connector, _oplog, _planted
+from fuzz.adapter._contents import BlockContents, entries_of
 from fuzz.adapter._reports import WorkerRecord, computed_before
 from fuzz.adapter._config import build_scheduler
 from fuzz.adapter._env import VLLM_VERSION, sha256
@@ -48,8 +49,11 @@ from fuzz.model import (  # noqa: E402
     StepObservation,
     StrandedRequest,
     KvFromOtherToken,
+    UnbackedEntry,
+    UnwrittenRead,
 )
 from invariants._common import group_behaviour as _group_behaviour  # noqa: E402
+from invariants._common import group_kind as _group_kind  # noqa: E402
 from invariants.classification import classification_of_kind  # noqa: E402
 
 __all__ = ["SchedulerHarness"]
@@ -188,6 +192,15 @@ class SchedulerHarness:
         self.read_rules = read_rules(
             built.kv_config, self.groups, self.spans, tuple(_group_behaviour(g).value for g in self.groups)
         )
+        # What each block holds, as the runner and the connector's worker
+        # wrote it (per-position KV groups: the must-cover ones).
+        self.contents = BlockContents(
+            tuple(g.block_size for g in self.groups),
+            tuple(_group_behaviour(g).value == "must-cover" for g in self.groups),
+            self.null_block_id,
+        )
+        self._unwritten_reads: list[UnwrittenRead] = []
+        self._failing_now: frozenset[int] = frozenset()  # the blocks the worker fails in this step's sync loads
 
     def _new_admission(self, request: Request, **lookup: Any) -> AdmissionObservation:
         """A waiting request's observation as its local lookup returns."""
@@ -427,8 +440,14 @@ class SchedulerHarness:
         if invalid:  # armed until a step has a synchronous load to fail
             self._fail_sync_loads = False
         queued = None
+        unbacked: tuple[UnbackedEntry, ...] = ()
         if out is not None:
+            self._hand_over(out, connector_allocs, admissions, invalid)
             queued = _Pending(self.step_index, out, self._sampled(out), invalid, self._sync_failures)
+            # The index as the step runs: what schedule() cached, against
+            # what the step's forward pass and loads have written by then
+            # (an async load's blocks only once it is reported landed).
+            unbacked = self._unbacked_entries()
             self._sync_failures = {}
         finished: frozenset[str] = frozenset()
         fed = None if error else self._take_output(queued)
@@ -503,6 +522,8 @@ class SchedulerHarness:
             draft_verifications=self._verifications,
             stranded=stranded,
             kv_from_other_tokens=kv_wrong,
+            unwritten_reads=tuple(self._unwritten_reads) if out is not None else (),
+            unbacked_entries=unbacked,
         )
 
     # Quiet steps in a row after which a RUNNING request left alone is
@@ -517,23 +538,56 @@ class SchedulerHarness:
         stranded, or wait for blocks nobody will free)."""
         return self._quiet_steps >= self.QUIET_STEPS
 
+    def _hand_over(self, out: Any, allocs: tuple[ConnectorAlloc, ...], admissions: Sequence[AdmissionObservation],
+                   invalid: set[int]) -> None:
+        """What the worker takes from ``out`` before the step runs: its block
+        tables and copies, and the external loads the connector was told to
+        do (a synchronous one lands now, but into the blocks the worker
+        fails; an async one when it is reported landed). A load starts at
+        the local hit in every group, but where a divergent hybrid hit left
+        a group lagging: a connector that completes such hits fills that
+        group from the blocks it adopted on (each group's own hit)."""
+        self.contents.forget(out.finished_req_ids or ())
+        self.contents.take_tables(out)
+        self._unwritten_reads = []
+        self._failing_now = frozenset(invalid)
+        admitted = {a.request_id: a for a in admissions}
+        for a in allocs:
+            if not a.num_external_tokens:
+                continue
+            start = a.alloc_local_tokens or 0
+            end = start + a.num_external_tokens
+            starts = [start] * len(self.groups)
+            adm = admitted.get(a.request_id)
+            if adm is not None and adm.hit_diverged and adm.alloc_local_blocks is not None:
+                starts = [min(start, len(blocks) * g.block_size) for blocks, g in zip(adm.alloc_local_blocks, self.groups)]
+            tokens = self.worker.tokens.get(a.request_id, [])
+            if a.reply_async:
+                self.contents.start_async_load(a.request_id, a.block_ids, starts, end, tokens)
+            else:
+                self.contents.load(a.block_ids, starts, end, self.step_index, tokens, failed=invalid)
+
+    def _unbacked_entries(self) -> tuple[UnbackedEntry, ...]:
+        """After the step: each prefix-cache entry whose block does not hold
+        what its key covers (see BlockContents.unbacked_entries)."""
+        cached = _compat.prefix_cache_map(self.pool)
+        if cached is None:
+            return ()
+        entries = entries_of(cached, _compat.group_of_key)
+        return tuple(
+            UnbackedEntry(group, block_id, n, tuple(missing))
+            for group, block_id, n, missing in self.contents.unbacked_entries(entries)
+        )
+
     def _kv_from_other_tokens(self, out: Any) -> tuple[KvFromOtherToken, ...]:
         """After the step's update_from_output(): each position the worker
         computed for a live request, below its num_computed_tokens, whose
-        token vLLM now records differently (see WorkerRecord.unsettled). A
-        preempted request's KV is gone with its blocks: its record starts
-        over, as does a request that left."""
-        live = self.scheduler.requests
-        preempted = set(out.preempted_req_ids or ()) if out is not None else set()
-        wrong = []
-        for rid in list(self.worker.written):
-            if rid not in live or rid in preempted:
-                self.worker.forget(rid)
-                continue
-            req = live[rid]
-            for position, token, recorded, step in self.worker.unsettled(rid, req.num_computed_tokens, req.all_token_ids):
-                wrong.append(KvFromOtherToken(rid, position, token, recorded, step, rid in self._recomputed_failed_load))
-        return tuple(wrong)
+        token vLLM now records differently (see WorkerRecord.settle)."""
+        preempted = (out.preempted_req_ids or ()) if out is not None else ()
+        return tuple(
+            KvFromOtherToken(rid, position, token, recorded, step, rid in self._recomputed_failed_load)
+            for rid, position, token, recorded, step in self.worker.settle(self.scheduler.requests, preempted)
+        )
 
     def _stranded(self, out: Any, fed: _Pending | None, finished: frozenset[str], error: str | None) -> tuple[StrandedRequest, ...]:
         """Counts quiet steps (nothing scheduled, nothing fed that had work,
@@ -662,6 +716,8 @@ class SchedulerHarness:
         # sampled, fed back or still queued), never from vLLM's Request.
         self.worker.resync(out)
         before = computed_before(out)
+        # Where each request's tokens start (before this step's rejections count).
+        starts = {rid: self.worker.start(rid, before) for rid in out.num_scheduled_tokens if rid in before}
         for rid in out.num_scheduled_tokens:
             self.worker.write(out, rid, before, self.step_index)
             done_prefill = self.worker.reaches_end(out, rid, before)
@@ -670,9 +726,44 @@ class SchedulerHarness:
             if verifiable:
                 accepted = self.draw.accepted(self.step_index, position, verifiable)
                 position += 1
+            if rid in starts:
+                self._write_contents(out, rid, starts[rid], accepted)
             sampled.append([1000 + (self.step_index + i) % 24 for i in range(1 + accepted)] if done_prefill else [])
             self.worker.sampled(rid, sampled[-1])
+            if done_prefill:  # vLLM rolls back the drafts of a request it gets tokens for
+                drafts = (out.scheduled_spec_decode_tokens or {}).get(rid) or ()
+                self.worker.rejected(rid, self.step_index, len(drafts) - accepted)
+        self.contents.settle_copies(self.step_index)
+        self._unwritten_reads = self._reads(starts)
         return sampled
+
+    def _write_contents(self, out: Any, rid: str, start: int, accepted: int) -> None:
+        """The KV the step writes for ``rid`` from ``start``: its scheduled
+        positions but the drafts, and the drafts accepted."""
+        drafts = len((out.scheduled_spec_decode_tokens or {}).get(rid) or ())
+        end = start + out.num_scheduled_tokens[rid] - drafts
+        self.contents.write(rid, start, end + accepted, self.step_index, self.worker.tokens.get(rid, []))
+
+    def _reads(self, starts: dict[str, int]) -> list[UnwrittenRead]:
+        """After the step's copies, loads and forward pass: what each of its
+        requests reads below where it starts that its blocks do not hold (a
+        forward pass writes a layer's KV before it attends, so what another
+        request computes in the same pass is there; a block copy is made
+        before the pass and its loads)."""
+        reads = []
+        for rid, start in starts.items():
+            by_block: dict[tuple[int, int], list[tuple[int, tuple[int, int, int | None] | None]]] = {}
+            for group, block_id, position, holds in self.contents.unread(
+                rid, start, self.worker.prompt.get(rid, 0), self.read_rules, self.worker.tokens.get(rid, []),
+                self._failing_now,
+            ):
+                by_block.setdefault((group, block_id), []).append((position, holds))
+            replay = rid in self._whole_prompt_landed and start == self.worker.prompt.get(rid, 0) - 1
+            reads += [
+                UnwrittenRead(rid, g, _group_kind(self.groups[g]), b, start, replay, tuple(missing))
+                for (g, b), missing in by_block.items()
+            ]
+        return reads
 
     def _connector_allocs(self, queries: list[Any], allocs: list[Any]) -> tuple[ConnectorAlloc, ...]:
         """Each update_state_after_alloc of the step, with the request's
@@ -793,6 +884,7 @@ class SchedulerHarness:
         earlier: a worker reports a load in the output of a step it ran)."""
         sched = self.scheduler
         out, invalid_block_ids = step.out, step.invalid_block_ids
+        self.worker.fed(step.index)
         ids = list(out.num_scheduled_tokens)
         sampled = step.sampled
         # Decided from what the connector was told, never from which
@@ -808,6 +900,8 @@ class SchedulerHarness:
             self.script.send_blocks.pop(rid, None)
         self.script.sends_in_flight.difference_update(sending)
         failed = recving & (self._load_failures | (recving if self._fail_async_next else set()))
+        for rid in recving:
+            self.contents.land_async_load(rid, step.index, failed=rid in failed and _compat.HAS_FAILED_RECVING)
         if recving:  # armed until a step has an async load landing
             self._fail_async_next = False
         self.script.loads_in_flight.difference_update(recving)

@@ -513,6 +513,72 @@ class KvFromOtherToken:
         )
 
 
+def _copy_cause(missing: tuple[tuple[int, tuple[int, int, int | None] | None], ...]) -> str:
+    """Why positions are missing when every one was lost to a block copy made
+    before its source was filled in the same step: "copy of a copy" (the
+    source was another copy's destination: held position -2), "copy before
+    fill" (the step's load or forward pass filled the source: -1); "" when
+    any is missing for another reason (-3: a load failed to fill it)."""
+    marks = {h[0] if h is not None and h[0] in (-1, -2) else 0 for _, h in missing}
+    if 0 in marks or not marks:
+        return ""
+    return "copy of a copy" if -2 in marks else "copy before fill"
+
+
+@dataclasses.dataclass(frozen=True)
+class UnwrittenRead:
+    """Positions below a scheduled request's start that its step reads in a
+    group, whose block in the runner's table does not hold their KV."""
+
+    request_id: str
+    group: int
+    group_kind: str  # its spec's bare class name
+    block_id: int
+    start: int  # where the step computes from
+    # The step is the last-token recompute vLLM starts when an async load of
+    # the request's whole prompt lands (see StepObservation.whole_prompt_landed).
+    after_whole_prompt_load: bool
+    # (position, what the block holds at its offset: (position, step that
+    # wrote it, token it was computed from), or None: nothing written there)
+    # per position it lacks.
+    missing: tuple[tuple[int, tuple[int, int, int | None] | None], ...]
+
+    @property
+    def copy_cause(self) -> str:
+        return _copy_cause(self.missing)
+
+    def describe(self) -> str:
+        return (
+            f"request {self.request_id}, group {self.group}: its step computing from position {self.start} reads "
+            f"block {self.block_id} at positions {[p for p, _ in self.missing]}, which does not hold their KV "
+            f"(it holds (position, step written, token) {[h for _, h in self.missing]}; position -1: lost to a block copy "
+            f"made before the step filled its source, -2: a copy of another copy's destination)"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class UnbackedEntry:
+    """A prefix-cache entry (full or partial) whose block does not hold the
+    KV of every position its key covers inside the block."""
+
+    group: int
+    block_id: int
+    num_tokens: int  # the prefix its key covers (block_hash_num_tokens)
+    missing: tuple[tuple[int, tuple[int, int, int | None] | None], ...]
+
+    @property
+    def copy_cause(self) -> str:
+        return _copy_cause(self.missing)
+
+    def describe(self) -> str:
+        return (
+            f"group {self.group}: the prefix-cache entry for the first {self.num_tokens} tokens names block "
+            f"{self.block_id}, which does not hold the KV of positions {[p for p, _ in self.missing]} "
+            f"(it holds (position, step written, token) {[h for _, h in self.missing]}; position -1: lost to a block copy "
+            f"made before the step filled its source, -2: a copy of another copy's destination)"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class StepObservation:
     """One engine step: ``schedule()`` and the ``update_from_output()`` the
@@ -589,6 +655,11 @@ class StepObservation:
     # Positions whose KV was computed from another token than the one vLLM
     # records there, found after this step's update_from_output().
     kv_from_other_tokens: tuple[KvFromOtherToken, ...] = ()
+    # What the blocks hold (fuzz/adapter/_contents.py): positions a step read
+    # that its blocks do not hold, and prefix-cache entries, after the step,
+    # whose blocks do not hold what their keys cover.
+    unwritten_reads: tuple[UnwrittenRead, ...] = ()
+    unbacked_entries: tuple[UnbackedEntry, ...] = ()
 
     @property
     def fed_late(self) -> bool:

@@ -1,0 +1,258 @@
+"""What each KV-cache block holds, as the model runner and its connector's
+worker wrote it.
+
+The record is kept from what a worker sees, never from vLLM's bookkeeping:
+the block tables the ``SchedulerOutput`` hands the runner (a new request's
+``block_ids``, a cached one's ``new_block_ids`` appended, a resumed one's
+replacing its table), the block copies it is told to make before the step
+(``kv_cache_block_copies``), the positions each step computes, the drafts
+the rejection sampler accepted, and the external loads the connector was
+told to do (``update_state_after_alloc``: a synchronous one lands in the
+step that admitted it unless the worker fails its blocks; an async one when
+the worker reports it landed).
+
+For each block of a group whose blocks hold per-position KV (attention of
+any span), :class:`BlockContents` keeps, per offset, the request position
+whose KV was written there, the step that wrote it, and the token it was
+computed from (None where the worker cannot name it: an accepted draft's). A block's contents
+outlive its owner: a freed block that stays in the prefix cache holds what
+was last written into it. Recurrent-state (Mamba) groups and scratch
+groups are not recorded here.
+
+A block counts as written once the step that computes it has been handed
+to the runner: vLLM registers a block in its prefix cache in the
+``schedule()`` of the step that fills it, and a later step that reads it
+runs after it on the device. An async load has no such order: only its
+reported landing writes its positions.
+
+Standard library only: standalone repro files carry this module's source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["COPIED_BEFORE_FILL", "COPIED_FROM_COPY", "FAILED_LOAD", "BlockContents", "entries_of", "read_positions"]
+
+# What a block copy's destination holds where its source was filled only
+# later in the same step (the runner copies before the step's loads and
+# forward pass, all copies from the contents before the step): the
+# "position" recorded at that offset, beside the step.
+COPIED_BEFORE_FILL = -1  # the source was filled by the step's load or forward pass
+COPIED_FROM_COPY = -2  # the source was itself another copy's destination in the step
+# What a block holds where the connector's worker failed to load into it.
+FAILED_LOAD = -3
+
+
+def read_positions(rule: tuple[str, int], start: int, prompt: int) -> range | list[int]:
+    """The positions below ``start`` whose KV a step computing from
+    ``start`` reads in a group with read ``rule`` (see
+    ``fuzz.adapter._ownership.read_rules``): every one (full attention), the
+    last W - 1 (a sliding window of W), those of ``start``'s chunk (chunked
+    local attention), the prompt and the last W (R-SWA); none for a state
+    or scratch group."""
+    kind, value = rule
+    if kind == "full":
+        return range(start)
+    if kind == "window":
+        return range(max(0, start - value + 1), start)
+    if kind == "chunk":
+        return range(start // value * value, start)
+    if kind == "rswa":
+        head = min(prompt, start)
+        return [*range(head), *range(max(head, start - value), start)]
+    return range(0)
+
+
+class BlockContents:
+    """Per block, per offset: (the position whose KV is there, the step that
+    wrote it, the token it was computed from), for the groups in
+    ``per_position`` (their block sizes in ``block_sizes``)."""
+
+    def __init__(self, block_sizes: Sequence[int], per_position: Sequence[bool], null_block_id: int) -> None:
+        self.block_sizes = tuple(block_sizes)
+        self.per_position = tuple(per_position)
+        self.null_block_id = null_block_id
+        # Request id -> per group, the block table the runner holds.
+        self.tables: dict[str, list[list[int]]] = {}
+        # Block id -> offset -> (position, step, token or None).
+        self.held: dict[int, dict[int, tuple[int, int, int | None]]] = {}
+        # Request id -> (per-group block ids, per-group first position, end,
+        # the request's tokens) of an async load in flight.
+        self.loading: dict[str, tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int, tuple[int, ...]]] = {}
+        # The step's block copies (source, destination), in order.
+        self.copies: list[tuple[int, int]] = []
+
+    def take_tables(self, out: Any) -> None:
+        """The block tables ``out`` hands the runner, and the copies it
+        makes before the step runs (each whole block, source to destination)."""
+        for new in out.scheduled_new_reqs:
+            self.tables[new.req_id] = [list(g) for g in new.block_ids]
+        cached = out.scheduled_cached_reqs
+        resumed = set(getattr(cached, "resumed_req_ids", None) or ())
+        for rid, ids in zip(cached.req_ids, cached.new_block_ids):
+            if ids is None:
+                continue
+            if rid in resumed or rid not in self.tables:
+                self.tables[rid] = [list(g) for g in ids]
+            else:
+                for table, more in zip(self.tables[rid], ids):
+                    table.extend(more)
+        self.copies = [(c.src_block_id, c.dst_block_id) for c in getattr(out, "kv_cache_block_copies", None) or ()]
+        before = {src: dict(self.held.get(src, {})) for src, _ in self.copies}
+        for src, dst in self.copies:
+            self.held[dst] = dict(before[src])
+
+    def settle_copies(self, step: int) -> None:
+        """After the step's loads and forward pass: each offset a copy's
+        source was filled at in ``step`` and its destination was not is
+        marked as lost to the copy (COPIED_BEFORE_FILL, or COPIED_FROM_COPY
+        when the source was another copy's destination)."""
+        destinations = {dst for _, dst in self.copies}
+        for src, dst in self.copies:
+            held = self.held.setdefault(dst, {})
+            for offset, source in self.held.get(src, {}).items():
+                mine = held.get(offset)
+                if source[0] < 0 or mine == source or (mine is not None and mine[1] == step):
+                    continue  # nothing real there, the same contents, or the destination's own write
+                if src in destinations:  # filled by its own copy, after this one read it
+                    held[offset] = (COPIED_FROM_COPY, step, None)
+                elif source[1] == step:  # filled by the step's load or forward pass
+                    held[offset] = (COPIED_BEFORE_FILL, step, None)
+        self.copies = []
+
+    def _put(self, tables: Sequence[Sequence[int]], positions: Sequence[Iterable[int]], step: int,
+             failed: frozenset[int], tokens: Sequence[int]) -> None:
+        """Write, per group, that group's ``positions`` through its table,
+        each from its token in ``tokens`` (None past its end)."""
+        for table, size, recorded, group_positions in zip(tables, self.block_sizes, self.per_position, positions):
+            if not recorded:
+                continue
+            for position in group_positions:
+                index = position // size
+                if index < len(table) and table[index] != self.null_block_id:
+                    block = table[index]
+                    token = tokens[position] if position < len(tokens) else None
+                    self.held.setdefault(block, {})[position % size] = (
+                        (FAILED_LOAD, step, None) if block in failed else (position, step, token)
+                    )
+
+    def write(self, request_id: str, start: int, end: int, step: int, tokens: Sequence[int]) -> None:
+        """The runner computes positions [start, end) of ``request_id``
+        from its ``tokens``."""
+        if request_id in self.tables:
+            self._put(self.tables[request_id], [range(start, end)] * len(self.block_sizes), step, frozenset(), tokens)
+
+    def load(self, block_ids: Sequence[Sequence[int]], starts: Sequence[int], end: int, step: int,
+             tokens: Sequence[int], failed: Iterable[int] = ()) -> None:
+        """The connector's worker loads positions [starts[g], end) of a
+        request whose tokens are ``tokens`` into ``block_ids`` (per group g:
+        a connector completing a divergent hybrid hit also fills what a
+        lagging group lacks below the local hit); the blocks it ``failed``
+        hold nothing it can name (FAILED_LOAD)."""
+        self._put(block_ids, [range(start, end) for start in starts], step, frozenset(failed), tokens)
+
+    def start_async_load(self, request_id: str, block_ids: Sequence[Sequence[int]], starts: Sequence[int],
+                         end: int, tokens: Sequence[int]) -> None:
+        self.loading[request_id] = (tuple(tuple(g) for g in block_ids), tuple(starts), end, tuple(tokens))
+
+    def land_async_load(self, request_id: str, step: int, failed: bool) -> None:
+        """The worker reports ``request_id``'s async load landed (or failed:
+        its blocks hold nothing it can name)."""
+        load = self.loading.pop(request_id, None)
+        if load is not None and not failed:
+            self.load(load[0], load[1], load[2], step, load[3])
+
+    def unwritten(self, block_id: int, group: int, positions: Iterable[int], tokens: Sequence[int] = ()
+                  ) -> list[tuple[int, tuple[int, int, int | None] | None]]:
+        """Of ``positions`` (each in ``block_id``'s span of a group-``group``
+        table), those whose KV the block does not hold: (position, what the
+        block holds at its offset: (position, step, token) or None). With a
+        reader's ``tokens``, KV of that position computed from another token
+        is not its either (a token either side cannot name is taken on trust)."""
+        size = self.block_sizes[group]
+        held = self.held.get(block_id, {})
+        missing = []
+        for p in positions:
+            h = held.get(p % size)
+            mine = tokens[p] if p < len(tokens) else None
+            if h is None or h[0] != p or (mine is not None and h[2] is not None and h[2] != mine):
+                missing.append((p, h))
+        return missing
+
+    def unread(self, request_id: str, start: int, prompt: int, rules: Sequence[tuple[str, int]],
+               tokens: Sequence[int] = (), failing: Iterable[int] = ()
+               ) -> list[tuple[int, int, int, tuple[int, int, int | None] | None]]:
+        """For a step of ``request_id`` (whose tokens are ``tokens``)
+        computing from ``start``: each position below it the step reads
+        whose block in the runner's table does not hold its KV (a null
+        block, or no block, holds none), as (group, block id, position, what
+        the block holds there). What a load failed to fill is left out, as are the
+        blocks the worker fails in this very step (``failing``): the worker
+        reports them with the step's output, and whether vLLM then rolls
+        back, recomputes or fails every request that read them, and drops
+        them from its cache, is the failed-load claims' question
+        (invariants/connector.py)."""
+        failing = frozenset(failing)
+        missing: list[tuple[int, int, int, tuple[int, int, int | None] | None]] = []
+        tables = self.tables.get(request_id)
+        if tables is None:
+            return missing
+        for group, (table, size, recorded, rule) in enumerate(zip(tables, self.block_sizes, self.per_position, rules)):
+            if not recorded:
+                continue
+            by_block: dict[int, list[int]] = {}
+            for p in read_positions(rule, start, prompt):
+                index = p // size
+                block_id = table[index] if index < len(table) else self.null_block_id
+                if block_id not in failing:
+                    by_block.setdefault(block_id, []).append(p)
+            for block_id, positions in by_block.items():
+                if block_id == self.null_block_id:
+                    missing += [(group, block_id, p, None) for p in positions]
+                    continue
+                missing += [(group, block_id, p, h) for p, h in self.unwritten(block_id, group, positions, tokens)
+                            if h is None or h[0] != FAILED_LOAD]
+        return missing
+
+    def unbacked_entries(self, entries: Iterable[tuple[int, int, int]]
+                         ) -> list[tuple[int, int, int, list[tuple[int, tuple[int, int, int | None] | None]]]]:
+        """Of the prefix-cache ``entries`` (group, block id, tokens the
+        entry's key covers), those of a recorded group whose block does not
+        hold the KV of every position the key covers inside it: (group,
+        block id, tokens, the positions it lacks with what it holds there).
+        Positions a load failed to fill are left out: whether a failed
+        load's blocks may stay cached is the failed-load claims' question
+        (invariants/connector.py)."""
+        bad = []
+        for group, block_id, num_tokens in entries:
+            if not self.per_position[group] or num_tokens <= 0:
+                continue
+            size = self.block_sizes[group]
+            first = (num_tokens - 1) // size * size
+            missing = [m for m in self.unwritten(block_id, group, range(first, num_tokens))
+                       if m[1] is None or m[1][0] != FAILED_LOAD]
+            if missing:
+                bad.append((group, block_id, num_tokens, missing))
+        return bad
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """The runner drops the tables of requests that left its batch."""
+        for rid in request_ids:
+            self.tables.pop(rid, None)
+            self.loading.pop(rid, None)
+
+
+def entries_of(cached: Mapping[Any, Any], group_of: Any) -> list[tuple[int, int, int]]:
+    """(group, block id, tokens covered) of each primary entry of vLLM's
+    prefix-cache map ``cached`` (key -> block, or block id -> block): the
+    key a block carries as its own ``block_hash``, with the tokens it covers
+    (``block_hash_num_tokens``); ``group_of(key)`` names its group."""
+    found = []
+    for key, blocks in cached.items():
+        for block in blocks.values() if isinstance(blocks, dict) else (blocks,):
+            num_tokens = getattr(block, "block_hash_num_tokens", None)
+            if block.block_hash == key and num_tokens is not None:
+                found.append((group_of(key), block.block_id, num_tokens))
+    return sorted(found)

@@ -1,0 +1,175 @@
+"""The block-contents model (fuzz/adapter/_contents.py) on hand-made steps:
+what it records, and what it then reports as unwritten.
+
+The model is fed what a worker sees; these tests hand it SchedulerOutput
+look-alikes (only the fields it reads) so each rule is shown on its own.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from fuzz.adapter._contents import COPIED_BEFORE_FILL, COPIED_FROM_COPY, FAILED_LOAD, BlockContents, read_positions
+
+NULL = 0
+TOKENS = list(range(100, 132))  # every request's tokens, unless a test says otherwise
+
+
+def _out(new=(), cached=(), copies=(), finished=()):  # type: ignore[no-untyped-def]
+    """new: (request id, per-group block ids); cached: (request id, new block ids or None, resumed)."""
+    return SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id=r, block_ids=ids) for r, ids in new],
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=[r for r, _, _ in cached],
+            new_block_ids=[ids for _, ids, _ in cached],
+            resumed_req_ids={r for r, _, resumed in cached if resumed},
+        ),
+        kv_cache_block_copies=[SimpleNamespace(src_block_id=s, dst_block_id=d) for s, d in copies],
+        finished_req_ids=set(finished),
+    )
+
+
+def _contents(*block_sizes: int) -> BlockContents:
+    return BlockContents(block_sizes, [True] * len(block_sizes), NULL)
+
+
+def test_a_computed_prefix_is_held_and_read_back() -> None:
+    c = _contents(4)
+    c.take_tables(_out(new=[("a", ([1, 2],))]))
+    c.write("a", 0, 7, step=1, tokens=TOKENS)
+    assert c.unread("a", 7, 7, [("full", 0)]) == []
+    assert c.unbacked_entries([(0, 1, 4)]) == []  # block 1 holds positions 0-3
+    # Position 7 was not computed: an entry for the first 8 tokens is ahead of it.
+    assert c.unbacked_entries([(0, 2, 8)]) == [(0, 2, 8, [(7, None)])]
+
+
+def test_a_table_grows_and_a_resumed_request_replaces_it() -> None:
+    c = _contents(2)
+    c.take_tables(_out(new=[("a", ([1],))]))
+    c.take_tables(_out(cached=[("a", ([5],), False)]))
+    assert c.tables["a"] == [[1, 5]]
+    c.take_tables(_out(cached=[("a", None, False)]))
+    assert c.tables["a"] == [[1, 5]]
+    c.take_tables(_out(cached=[("a", ([7, 8],), True)]))
+    assert c.tables["a"] == [[7, 8]]
+    c.forget(["a"])
+    assert "a" not in c.tables
+
+
+def test_a_hit_on_another_requests_block_reads_what_it_wrote() -> None:
+    c = _contents(4)
+    c.take_tables(_out(new=[("a", ([1, 2],))]))
+    c.write("a", 0, 8, step=1, tokens=TOKENS)
+    c.take_tables(_out(new=[("b", ([1, 3],))]))  # b adopts block 1 (positions 0-3)
+    assert c.unread("b", 4, 6, [("full", 0)]) == []
+    # A table naming a fresh block for an adopted position reads nothing there.
+    c.take_tables(_out(new=[("c", ([4, 3],))]))
+    assert [(g, b, p) for g, b, p, _ in c.unread("c", 4, 6, [("full", 0)])] == [(0, 4, p) for p in range(4)]
+
+
+def test_a_block_written_at_another_index_does_not_hold_the_position() -> None:
+    c = _contents(4)
+    c.take_tables(_out(new=[("a", ([1, 2],))]))
+    c.write("a", 4, 8, step=1, tokens=TOKENS)  # block 2 holds positions 4-7
+    c.take_tables(_out(new=[("b", ([2],))]))  # b names block 2 for positions 0-3
+    assert [h for *_, h in c.unread("b", 4, 6, [("full", 0)])] == [(p, 1, 100 + p) for p in (4, 5, 6, 7)]
+
+
+def test_read_spans_follow_the_groups_rule() -> None:
+    assert list(read_positions(("full", 0), 10, 4)) == list(range(10))
+    assert list(read_positions(("window", 4), 10, 4)) == [7, 8, 9]
+    assert list(read_positions(("chunk", 8), 10, 4)) == [8, 9]
+    assert list(read_positions(("rswa", 3), 10, 4)) == [0, 1, 2, 3, 7, 8, 9]
+    assert list(read_positions(("state", 0), 10, 4)) == []
+
+
+def test_a_copy_made_before_its_source_is_filled_lacks_the_fill() -> None:
+    c = _contents(4)
+    c.take_tables(_out(new=[("a", ([1],)), ("b", ([2],))], copies=[(1, 2)]))
+    c.load(([1],), [0], 4, step=3, tokens=TOKENS)  # a's synchronous load fills block 1 in the same step
+    c.settle_copies(step=3)
+    missing = c.unread("b", 4, 4, [("full", 0)])
+    assert [h for *_, h in missing] == [(COPIED_BEFORE_FILL, 3, None)] * 4
+
+
+def test_a_copy_of_a_same_step_copy_destination_is_marked_as_such() -> None:
+    c = _contents(4)
+    c.take_tables(_out(new=[("a", ([1],))]))
+    c.write("a", 0, 4, step=1, tokens=TOKENS)
+    # Step 2: 1 -> 5 and 5 -> 6, both from the contents before the step.
+    c.take_tables(_out(new=[("b", ([5],)), ("c", ([6],))], copies=[(1, 5), (5, 6)]))
+    c.settle_copies(step=2)
+    assert c.unread("b", 4, 4, [("full", 0)]) == []
+    assert [h for *_, h in c.unread("c", 4, 4, [("full", 0)])] == [(COPIED_FROM_COPY, 2, None)] * 4
+
+
+def test_a_copys_destination_keeps_its_own_writes() -> None:
+    c = _contents(4)
+    c.take_tables(_out(new=[("a", ([1],))]))
+    c.write("a", 0, 2, step=1, tokens=TOKENS)
+    c.take_tables(_out(new=[("b", ([2],))], copies=[(1, 2)]))
+    c.write("a", 2, 4, step=2, tokens=TOKENS)  # a fills the rest of its block in the same step
+    c.write("b", 2, 4, step=2, tokens=TOKENS)  # and b its own copy
+    c.settle_copies(step=2)
+    assert c.unread("b", 4, 4, [("full", 0)]) == []
+
+
+def test_an_async_load_writes_only_when_it_lands() -> None:
+    c = _contents(4)
+    c.take_tables(_out(new=[("a", ([1, 2],))]))
+    c.start_async_load("a", ([1, 2],), [0], 8, TOKENS)
+    assert len(c.unbacked_entries([(0, 1, 4)])) == 1
+    c.land_async_load("a", step=2, failed=False)
+    assert c.unbacked_entries([(0, 1, 4), (0, 2, 8)]) == []
+
+
+def test_what_a_failed_load_leaves_is_left_to_the_failed_load_claims() -> None:
+    c = _contents(4)
+    c.take_tables(_out(new=[("a", ([1, 2],))]))
+    c.load(([1, 2],), [0], 8, step=1, tokens=TOKENS, failed=[2])
+    assert c.held[2][0] == (FAILED_LOAD, 1, None)
+    assert c.unbacked_entries([(0, 2, 8)]) == []
+    assert c.unread("a", 8, 8, [("full", 0)]) == []
+    # Reads in the failing step itself are excused by block.
+    c.take_tables(_out(new=[("b", ([3],))]))
+    assert c.unread("b", 4, 4, [("full", 0)], failing=[3]) == []
+    assert len(c.unread("b", 4, 4, [("full", 0)])) == 4
+
+
+def test_a_lagging_group_is_filled_from_its_own_hit() -> None:
+    c = _contents(4, 8)
+    c.take_tables(_out(new=[("a", ([1, 2], [3]))]))
+    c.load(([1, 2], [3]), [4, 0], 8, step=1, tokens=TOKENS)  # group 1 lags: filled from 0
+    assert c.unread("a", 8, 8, [("full", 0), ("full", 0)]) == [
+        (0, 1, p, None) for p in range(4)
+    ]  # group 0's positions 0-3 were its local hit, which nothing here wrote
+    assert c.unbacked_entries([(1, 3, 8)]) == []
+
+
+def test_groups_without_per_position_kv_are_not_recorded() -> None:
+    c = BlockContents((4, 4), (True, False), NULL)
+    c.take_tables(_out(new=[("a", ([1], [2]))]))
+    c.write("a", 0, 4, step=1, tokens=TOKENS)
+    assert 2 not in c.held
+    assert c.unbacked_entries([(1, 2, 4)]) == []
+
+
+def test_kv_of_another_token_at_the_position_is_not_the_readers() -> None:
+    c = _contents(4)
+    c.take_tables(_out(new=[("a", ([1, 2],))]))
+    c.write("a", 0, 8, step=1, tokens=TOKENS)
+    other = TOKENS[:2] + [7] + TOKENS[3:]  # b differs from a at position 2
+    c.take_tables(_out(new=[("b", ([1, 3],))]))
+    assert [(p, h) for _, _, p, h in c.unread("b", 4, 6, [("full", 0)], tokens=other)] == [(2, (2, 1, 102))]
+    assert c.unread("b", 4, 6, [("full", 0)], tokens=TOKENS) == []
+    # A token nobody can name (an accepted draft's) is taken on trust.
+    c.write("a", 0, 4, step=2, tokens=[])
+    assert c.unread("b", 4, 6, [("full", 0)], tokens=other) == []
+
+
+def test_a_null_block_in_the_read_span_holds_nothing() -> None:
+    c = _contents(4)
+    c.take_tables(_out(new=[("a", ([NULL, 2],))]))
+    c.write("a", 4, 6, step=1, tokens=TOKENS)
+    assert [(b, p) for _, b, p, _ in c.unread("a", 6, 6, [("full", 0)])] == [(NULL, p) for p in range(4)]
+    assert c.unread("a", 6, 6, [("window", 3)]) == []  # the window reads 4-5 only
