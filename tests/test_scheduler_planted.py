@@ -56,7 +56,7 @@ CASES: list[tuple[Callable[..., None], str, str, bool]] = [
     (conn.check_async_load_lands_first, "async-load-lands-first", "async_load_computes_at_once", False),
     (conn.check_finished_once, "finished-once", "connector_finished_twice", False),
     # What the blocks hold (fuzz/adapter/_contents.py).
-    (inv.check_reads_written, "reads-written", "copies_from_destination", False),
+    (inv.check_reads_written, "reads-written", "partial_hit_shares_its_block", False),
     (inv.check_index_written, "index-written", "caches_async_load_early", False),
 ]
 

@@ -58,7 +58,7 @@ BUGS = {
     "skipping_request_loads_external": "skip-reads-no-cache",
     "skipping_request_reads_local_cache": "skip-reads-no-cache",
     # What the blocks hold (the file carries the suite's BlockContents).
-    "copies_from_destination": "reads-written",
+    "partial_hit_shares_its_block": "reads-written",
     "caches_async_load_early": "index-written",
 }
 # The scheduler-tier limit for the pre-fix assert (issue 13).

@@ -470,14 +470,18 @@ _MANAGER_EDITS: dict[str, tuple[str, tuple[str, str, str], tuple[tuple[str, str]
     ),
 }
 
-# The KV-cache manager's block copies (compiled as the ownership edits are):
-# a bug in what the model runner is told to copy.
-_MANAGER_EDITS["copies_from_destination"] = (
-    "KVCacheManager.take_kv_cache_block_copies names each copy-on-write destination as "
-    "its own source: the model runner copies a block onto itself, and a partial prefix "
-    "hit reads its private block, which nothing filled",
-    ("vllm.v1.core.kv_cache_manager", "KVCacheManager", "take_kv_cache_block_copies"),
-    (("src_block_id=source_block.block_id,", "src_block_id=cow_block.block_id,"),),
+# The partial-hit copy-on-write decision (compiled as the ownership edits are).
+_MANAGER_EDITS["partial_hit_shares_its_block"] = (
+    "SingleTypeKVCacheManager.add_local_computed_blocks never records a partial "
+    "(sub-block) hit for copy-on-write: the request keeps the cached block in its "
+    "table and writes its own tokens into it, over KV the prefix cache still serves",
+    ("vllm.v1.core.single_type_kv_cache_manager", "SingleTypeKVCacheManager", "add_local_computed_blocks"),
+    (
+        (
+            "if self._has_partial_local_hit(new_computed_blocks, num_local_computed_tokens):",
+            "if False and self._has_partial_local_hit(new_computed_blocks, num_local_computed_tokens):",
+        ),
+    ),
 )
 
 PLANTED_SCHEDULER_BUGS: dict[str, str] = {
