@@ -45,6 +45,7 @@ __all__ = [
     "external_replies",
     "failing_load_configs",
     "machine_configs",
+    "generation_lengths",
     "prefix_cache_skips",
     "pressure_lengths",
     "prompt_draws",
@@ -353,6 +354,17 @@ def _tail_replies(draw: st.DrawFn, num_tokens: int) -> ExternalReply:
     load_async = draw(st.integers(0, 7), label="async load") in (2, 5)
     kind = "undecided" if undecided else "store"
     return ExternalReply(kind, store_len=num_tokens, undecided=undecided, load_async=load_async)
+
+
+def generation_lengths(block_size: int) -> st.SearchStrategy[int]:
+    """How many tokens a request generates (``max_tokens``): one request in
+    four decodes up to two scheduler blocks past its prompt (at least 4, at
+    most 32 tokens), so windows slide during decode, a prompt's partial tail
+    block fills and is promoted, tables grow, and preemption and speculation
+    meet long decodes; the others 1-4 (the prefill paths). Shrinks toward 1."""
+    longest = max(4, min(2 * block_size, 32))
+    short = st.integers(1, 4)
+    return st.one_of(short, short, short, st.integers(1, longest))
 
 
 def prefix_cache_skips() -> st.SearchStrategy[bool]:

@@ -45,10 +45,13 @@ MIN_RECOMPUTED = 0.15
 # The machine's general mix reaches it by luck in about 4% of runs.
 MIN_TRUNCATION = 0.20
 # Pressed turns: the general mix is async in about half the runs, and half
-# of those turns are pressed; about half the pressures leave part of the
-# turn cached (measured: 13 of 26 pressed, 34% of 76 runs pressed).
+# of those turns are pressed; about half the pressures left part of the
+# turn cached (measured: 13 of 26 pressed, 34% of 76 runs pressed). Since
+# one request in four decodes up to two blocks (generation_lengths), the
+# requests around a turn hold more of the pool and fewer pressures end in
+# a partial eviction (measured: 8 of 31 pressed runs).
 MIN_PRESSED = 0.10
-MIN_PARTLY_EVICTED = 0.30
+MIN_PARTLY_EVICTED = 0.20
 
 
 class FailingLoadMachine(SchedulerMachine):

@@ -62,6 +62,7 @@ from strategies.scheduler import (
     external_replies,
     failing_load_configs,
     machine_configs,
+    generation_lengths,
     prefix_cache_skips,
     pressure_lengths,
     scheduler_draws,
@@ -323,7 +324,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         reply = ExternalReply() if self.harness.draw.kv_role == "kv_producer" else data.draw(
             external_replies(len(tokens), allow_over=False, often_zero=misses, saved=True), label="reply"
         )
-        max_tokens = data.draw(st.integers(1, 4), label="max_tokens")
+        max_tokens = data.draw(generation_lengths(self.block), label="max_tokens")
         # One request in eight skips the prefix cache its predecessors filled.
         skip = data.draw(prefix_cache_skips(), label="skip_reading_prefix_cache")
         rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply, skip_reading_prefix_cache=skip)
