@@ -80,8 +80,12 @@ def test_with_suppression_off_the_scheduler_tier_reports_a_known_bug(monkeypatch
     assert triage(step) == ([], ["same-step-cow-chain"])
     monkeypatch.setenv(known_bugs.SUPPRESS_ENV, "report")
     unknown, known = triage(step)
-    # Both checks that see the chain (the ownership model's same-step-hazard too).
-    assert known == [] and sorted(v.invariant for v in unknown) == ["copy-source-ready", "same-step-hazard"]
+    # Every check that sees the chain: the ownership model's same-step-hazard,
+    # and the contents model's reads-written and index-written (the second
+    # copy's destination lacks what the first copy put into its source).
+    assert known == [] and sorted(v.invariant for v in unknown) == [
+        "copy-source-ready", "index-written", "reads-written", "same-step-hazard"
+    ]
 
 
 @pytest.mark.skipif(not (DEFAULT_ROOT / "0.27.1" / MARKER).is_file(), reason="vLLM 0.27.1 not installed")
