@@ -525,6 +525,14 @@ def _copy_cause(missing: tuple[tuple[int, tuple[int, int, int | None] | None], .
     return "copy of a copy" if -2 in marks else "copy before fill"
 
 
+def _what_it_holds(missing: tuple[tuple[int, tuple[int, int, int | None] | None], ...]) -> str:
+    """What a block holds where positions are missing, for messages."""
+    return (
+        f"(it holds (position, step written, token) {[h for _, h in missing]}; position -1: lost to a block copy "
+        f"made before the step filled its source, -2: a copy of another copy's destination)"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class UnwrittenRead:
     """Positions below a scheduled request's start that its step reads in a
@@ -551,8 +559,7 @@ class UnwrittenRead:
         return (
             f"request {self.request_id}, group {self.group}: its step computing from position {self.start} reads "
             f"block {self.block_id} at positions {[p for p, _ in self.missing]}, which does not hold their KV "
-            f"(it holds (position, step written, token) {[h for _, h in self.missing]}; position -1: lost to a block copy "
-            f"made before the step filled its source, -2: a copy of another copy's destination)"
+            + _what_it_holds(self.missing)
         )
 
 
@@ -574,8 +581,7 @@ class UnbackedEntry:
         return (
             f"group {self.group}: the prefix-cache entry for the first {self.num_tokens} tokens names block "
             f"{self.block_id}, which does not hold the KV of positions {[p for p, _ in self.missing]} "
-            f"(it holds (position, step written, token) {[h for _, h in self.missing]}; position -1: lost to a block copy "
-            f"made before the step filled its source, -2: a copy of another copy's destination)"
+            + _what_it_holds(self.missing)
         )
 
 
