@@ -28,3 +28,28 @@ def test_every_relative_link_resolves(page: Path) -> None:
         if "://" not in target and not target.startswith("mailto:") and not (page.parent / target).exists()
     ]
     assert not broken, f"{page.relative_to(ROOT)}: links to missing files {broken}"
+
+
+def test_the_readme_starts_where_a_user_starts() -> None:
+    """The README is short: what the suite is, set-up, findings, commands, the
+    map; everything else lives in docs/."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 220, f"README.md has {len(lines)} lines; move detail into docs/"
+
+
+def _table_cells(text: str) -> list[tuple[int, str]]:
+    cells: list[tuple[int, str]] = []
+    in_fence = False
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            in_fence = not in_fence
+            continue
+        if not in_fence and line.lstrip().startswith("|"):
+            cells += [(n, cell.strip()) for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+    return cells
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_table_cell_is_a_paragraph(page: Path) -> None:
+    long = [(n, len(cell), cell[:60]) for n, cell in _table_cells(page.read_text()) if len(cell) > 400]
+    assert not long, f"{page.relative_to(ROOT)}: table cells over 400 characters (line, length, start): {long}"
