@@ -21,7 +21,7 @@ from fuzz import outcomes
 from fuzz.adapter import _compat, _connector, _oplog, _planted
 from fuzz.adapter._contents import BlockContents, entries_of
 from fuzz.adapter._reports import WorkerRecord, computed_before
-from fuzz.adapter._config import build_scheduler
+from fuzz.adapter._build import build_scheduler
 from fuzz.adapter._env import VLLM_VERSION, sha256
 from fuzz.adapter._observe import Spies, raising_file, raising_statement, step_frames
 from fuzz.adapter._ownership import OwnershipSpy, read_rules
