@@ -11,9 +11,14 @@ package; strategies and invariants never import it, and speak in
 * ``_config``: model, scheduler and cache configs, built as the engine does;
 * ``_engine_plan``: a model's config.json + cache flags planned into the
   scheduler's KV-cache config by vLLM's own planning code;
+* ``_build``: the one ``Scheduler(...)`` construction, from either plan;
 * ``_connector``: the scripted KV connector vLLM loads by module path;
 * ``_observe``: recording wrappers on a live scheduler, vLLM frames;
-* ``_scheduler``: a real ``Scheduler`` driven a step at a time;
+* ``_scheduler``: a real ``Scheduler`` driven a step at a time, composing:
+  ``_runner`` (the model runner imitated: samples, drafts, the
+  ``ModelRunnerOutput``; with ``_reports`` and ``_contents``, what the worker
+  knows and what each block holds), ``_faults`` (failing loads, aborts
+  during a step) and ``_observations`` (each step's observations);
 * ``_oplog``: its operation log read from vLLM's objects, and replayed;
 * ``_planted``: deliberately wrong vLLM code for the self-tests.
 """

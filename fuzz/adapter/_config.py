@@ -10,12 +10,17 @@ connector by module path, then the engine's own post-profiling steps:
 block, ``validate_block_size()``, the block-size resolver and what KV-cache
 planning writes back onto the KV-cache config. ``ModelConfig`` and
 ``VllmConfig`` are built once per process (per distinct settings) and reused.
+
+The scheduler flags (:func:`scheduler_config`, :func:`speculative_kw`) serve
+the engine planner (:mod:`fuzz.adapter._engine_plan`) too; the scheduler
+itself is constructed, for either, in :mod:`fuzz.adapter._build`.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -39,17 +44,15 @@ from vllm.config import (  # noqa: E402
     SpeculativeConfig,
     VllmConfig,
 )
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from fuzz.model import SchedulerDraw  # noqa: E402
 
 __all__ = [
     "MAX_MODEL_LEN",
-    "BuiltScheduler",
-    "build_scheduler",
-    "scheduler_class",
+    "SchedulerPlan",
+    "plan_scheduler",
     "scheduler_config",
+    "speculative_kw",
 ]
 
 MAX_MODEL_LEN = 1024
@@ -268,35 +271,24 @@ def async_scheduling_kw(draw: SchedulerDraw) -> dict[str, Any]:
     return {"async_scheduling": bool(draw.async_scheduling)}
 
 
-def scheduler_class(draw: SchedulerDraw, vllm_config: VllmConfig) -> type[Scheduler]:
-    """The scheduler class the engine core builds: ``EngineCore.__init__``
-    takes ``vllm_config.scheduler_config.get_scheduler_cls()`` (AsyncScheduler
-    when ``async_scheduling``). A sync draw keeps the plain ``Scheduler``."""
-    if draw.async_scheduling:
-        return vllm_config.scheduler_config.get_scheduler_cls()  # type: ignore[return-value]
-    return Scheduler
+@dataclasses.dataclass
+class SchedulerPlan:
+    """What the engine core resolves for a scheduler-API draw before it
+    constructs the scheduler (the fields :class:`fuzz.adapter._engine_plan.EnginePlan`
+    has too, so :mod:`fuzz.adapter._build` constructs from either)."""
+
+    vllm_config: VllmConfig
+    kv_config: Any
+    scheduler_block_size: int
+    hash_block_size: int
 
 
-class BuiltScheduler:
-    """A real ``Scheduler`` and the sizes the engine resolved for it."""
-
-    def __init__(self, scheduler: Scheduler, kv_config: Any, scheduler_block_size: int, hash_block_size: int) -> None:
-        self.scheduler = scheduler
-        self.kv_config = kv_config
-        self.scheduler_block_size = scheduler_block_size
-        self.hash_block_size = hash_block_size
-
-
-def build_scheduler(draw: SchedulerDraw) -> BuiltScheduler:
-    """The scheduler for ``draw``, with the scripted connector reset for it.
+def plan_scheduler(draw: SchedulerDraw) -> SchedulerPlan:
+    """The configuration and resolved sizes for a draw without an engine.
 
     Raises :class:`InvalidLayout` when vLLM refuses the configuration (its
-    config validation, block-size resolver or constructors).
+    config validation or block-size resolver).
     """
-    if draw.engine is not None:  # engine-reachable: vLLM's planning code decides
-        from fuzz.adapter._engine_plan import build_engine_scheduler
-
-        return build_engine_scheduler(draw)
     init_hashing()
     layout = draw.layout
     prefix_match_unit = None if len(layout.groups) == 1 else layout.hash_block_size
@@ -312,17 +304,8 @@ def build_scheduler(draw: SchedulerDraw) -> BuiltScheduler:
             vllm_config.cache_config.block_size = block_size
             vllm_config.validate_block_size()
             sched_bs, hash_bs = _compat.record_resolved_sizes(kv_config, vllm_config)
-            _connector.SCRIPT.reset(divergent_hits=draw.divergent_hits)
-            scheduler = scheduler_class(draw, vllm_config)(
-                vllm_config=vllm_config,
-                kv_cache_config=kv_config,
-                structured_output_manager=StructuredOutputManager(vllm_config),
-                block_size=sched_bs,
-                hash_block_size=hash_bs,
-                log_stats=False,
-            )
     except InvalidLayout:
         raise
     except Exception as exc:  # noqa: BLE001 - vLLM's verdict, or the suite's misfit
         raise refused(exc) from exc
-    return BuiltScheduler(scheduler, kv_config, sched_bs, hash_bs)
+    return SchedulerPlan(vllm_config, kv_config, sched_bs, hash_bs)

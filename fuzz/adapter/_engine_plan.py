@@ -73,13 +73,11 @@ from vllm.v1.core import kv_cache_utils as _kcu  # noqa: E402
 from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec  # noqa: E402
 
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
-
 from fuzz.adapter._specs import InvalidLayout  # noqa: E402
 from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw  # noqa: E402
 from fuzz.model._engine import EngineDraw  # noqa: E402
 
-__all__ = ["EnginePlan", "build_engine_scheduler", "layout_or_none", "plan_engine", "planned_layout"]
+__all__ = ["EnginePlan", "layout_or_none", "plan_draw", "plan_engine", "planned_layout"]
 
 # What a layer is, per the model class: ("attention", sliding_window or
 # None) or ("mamba", mamba_type). A layer may hold both (Falcon-H1).
@@ -382,30 +380,15 @@ def layout_or_none(engine: EngineDraw, num_speculative_tokens: int = 0) -> Layou
         return None
 
 
-def build_engine_scheduler(draw: SchedulerDraw) -> Any:
-    """The scheduler the engine core builds for ``draw.engine``, with the
-    pool (``num_blocks``) and ``max_model_len`` of ``draw.layout``; the
-    scripted connector reset for it. Raises ``InvalidLayout`` when vLLM
-    refuses the configuration (e.g. a pool too small for ``max_model_len``)."""
-    from fuzz.adapter._config import BuiltScheduler, scheduler_class
-
+def plan_draw(draw: SchedulerDraw) -> EnginePlan:
+    """The plan the engine core makes for ``draw.engine``, with the pool
+    (``num_blocks``) and ``max_model_len`` of ``draw.layout``. Raises
+    ``InvalidLayout`` when vLLM refuses the configuration (e.g. a pool too
+    small for ``max_model_len``)."""
     assert draw.engine is not None
     plan = plan_engine(
         draw.engine, num_blocks=draw.layout.num_blocks, max_model_len=draw.layout.max_model_len, draw=draw
     )
     if plan.layout().groups != draw.layout.groups:
         raise RuntimeError(f"the engine planned {plan.layout()!r}, the draw holds {draw.layout!r}")
-    try:
-        with _compat.model_runner(draw.model_runner):
-            _connector.SCRIPT.reset(divergent_hits=draw.divergent_hits)
-            scheduler = scheduler_class(draw, plan.vllm_config)(
-                vllm_config=plan.vllm_config,
-                kv_cache_config=plan.kv_config,
-                structured_output_manager=StructuredOutputManager(plan.vllm_config),
-                block_size=plan.scheduler_block_size,
-                hash_block_size=plan.hash_block_size,
-                log_stats=False,
-            )
-    except Exception as exc:  # noqa: BLE001 - vLLM's verdict, or the suite's misfit
-        raise refused(exc) from exc
-    return BuiltScheduler(scheduler, plan.kv_config, plan.scheduler_block_size, plan.hash_block_size)
+    return plan

@@ -16,7 +16,8 @@ import json
 from typing import Any
 
 from fuzz.adapter import _compat, _connector
-from fuzz.adapter._config import _MODEL_CONFIGS, build_scheduler
+from fuzz.adapter._build import build_scheduler
+from fuzz.adapter._config import _MODEL_CONFIGS
 from fuzz.adapter._env import sha256
 
 from vllm.sampling_params import SamplingParams  # noqa: E402

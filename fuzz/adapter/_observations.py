@@ -1,0 +1,311 @@
+"""A scheduler harness's observations, assembled from what was recorded.
+
+:class:`Observer` installs the recording wrappers of
+:mod:`fuzz.adapter._observe` on the scheduler and reads them, the scripted
+connector's records and the scheduler's own state into the
+:mod:`fuzz.model` observations the invariants check: each waiting request's
+admission, the connector's allocations and finish calls, requests left
+stranded, outputs gone stale under async scheduling, verified drafts, the
+block pool. It decides nothing about what the harness feeds vLLM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from fuzz.adapter import _compat
+from fuzz.adapter._connector import ConnectorScript
+from fuzz.adapter._env import sha256
+from fuzz.adapter._observe import Spies
+from fuzz.adapter._reports import computed_before
+
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+
+from fuzz.model import (  # noqa: E402
+    AdmissionObservation,
+    ConnectorAlloc,
+    DraftVerification,
+    GroupInfo,
+    PoolObservation,
+    SchedulerDraw,
+    StaleOutput,
+    StrandedRequest,
+)
+
+__all__ = ["QUIET_STEPS", "Observer"]
+
+# Quiet steps in a row after which a RUNNING request left alone is
+# stranded (one or two can be vLLM pacing a request: the V2 runner's
+# decode stagger waits a step).
+QUIET_STEPS = 3
+
+
+class Observer:
+    """What one harness's scheduler shows, step by step.
+
+    ``requests`` is the harness's registry of every request it added;
+    ``clock`` says the harness's current step.
+    """
+
+    def __init__(self, scheduler: Any, script: ConnectorScript, draw: SchedulerDraw, groups: tuple[GroupInfo, ...],
+                 spans: tuple[Any, ...], sizes: tuple[int, int, int], requests: Mapping[str, Request],
+                 clock: Callable[[], int]) -> None:
+        self.scheduler = scheduler
+        self.manager = scheduler.kv_cache_manager
+        self.script = script
+        self.draw = draw
+        self.groups = groups
+        self.spans = spans
+        self.scheduler_block_size, self.hash_block_size, self.null_block_id = sizes
+        self.requests = requests
+        self.clock = clock
+        self.skips: set[str] = set()  # requests built with skip_reading_prefix_cache=True
+        self.preempted: set[str] = set()  # every request preempted so far
+        self.preempted_at: dict[str, int] = {}  # request id -> the step that last preempted it
+        self.quiet_steps = 0
+        # Connector calls already reported in a step observation; requests
+        # already seen leaving the scheduler.
+        self._finishes_seen = 0
+        self._gone: set[str] = set()
+        self.spies = Spies(scheduler, len(groups), self._new_admission)
+
+    def _new_admission(self, request: Request, **lookup: Any) -> AdmissionObservation:
+        """A waiting request's observation as its local lookup returns."""
+        return AdmissionObservation(
+            request_id=request.request_id,
+            step=self.clock(),
+            num_tokens=request.num_tokens,
+            groups=self.groups,
+            spans=self.spans,
+            scheduler_block_size=self.scheduler_block_size,
+            hash_block_size=self.hash_block_size,
+            null_block_id=self.null_block_id,
+            divergent_capable=self.draw.divergent_hits,
+            skips_prefix_cache=request.request_id in self.skips,
+            **lookup,
+        )
+
+    def prefill_held(self) -> bool:
+        """Whether this schedule() holds prefills back (the local prefill
+        cadence, ``prefill_schedule_interval``): with a prefill to do (a
+        waiting request or a running chunk) and some request decoding, fewer executed steps than the interval have passed
+        since the last prefill-carrying one (Scheduler.schedule's
+        ``defer_prefills``, the local-cadence gate; the scheduler's own
+        capacity escape, ``prefill_capacity_bound``, lifts it)."""
+        sched = self.scheduler
+        interval = getattr(sched, "local_prefill_interval", 1)
+        if interval <= 1 or getattr(sched, "prefill_capacity_bound", False):
+            return False
+        prefilling = bool(sched.waiting) or any(r.is_prefill_chunk for r in sched.running)
+        since = (sched.num_executed_steps + 1) - sched.last_prefill_step
+        return prefilling and since < interval and any(not r.is_prefill_chunk for r in sched.running)
+
+    def cached_block_ids(self, tokens: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """Per group, the non-null blocks a per-group lookup of ``tokens`` finds."""
+        req = Request(
+            request_id="probe",
+            prompt_token_ids=list(tokens),
+            sampling_params=SamplingParams(max_tokens=1),
+            pooling_params=None,
+            block_hasher=get_request_block_hasher(self.hash_block_size, sha256),
+        )
+        coord = self.manager.coordinator
+        limit = req.num_tokens - 1
+        if _compat.has_per_group_lookup(coord):
+            raw, _ = coord.find_longest_cache_hit_per_group(req.block_hashes, limit)
+        else:
+            raw, *_ = coord.find_longest_cache_hit(req.block_hashes, limit)
+        return tuple(tuple(b.block_id for b in g if not b.is_null) for g in raw)
+
+    def admissions(self, out: Any, queries: list[Any], allocs: list[Any]) -> tuple[AdmissionObservation, ...]:
+        new_computed = {}
+        cow_dst: frozenset[int] = frozenset()
+        if out is not None:
+            # What the scheduler hands the model runner, before this step's
+            # tokens are added. A request resumed after preemption is admitted
+            # through the same waiting-queue branch but reported among the
+            # cached requests; reading its live num_computed_tokens instead
+            # would already include this step's scheduled tokens.
+            new_computed = computed_before(out)
+            cow_dst = frozenset(c.dst_block_id for c in out.kv_cache_block_copies or ())
+        last_query = {q.request_id: q for q in queries}
+        last_alloc = {a.request_id: a for a in allocs}
+        result = []
+        for rid, seen in self.spies.pending.items():
+            query = last_query.get(rid)
+            alloc = last_alloc.get(rid)
+            req = self.requests[rid]
+            reply_fields: dict[str, Any] = {}
+            if query is not None:
+                reply_fields = dict(
+                    asked_with=query.num_computed_tokens,
+                    reply=query.reply,
+                    reply_async=query.load_async,
+                    reply_honest=self.script.reply_for(rid).honest,
+                )
+            admitted = alloc is not None
+            table: tuple[tuple[int, ...], ...] = ()
+            if admitted and rid in self.scheduler.requests:
+                table = tuple(tuple(g) for g in self.manager.get_block_ids(rid))
+            result.append(
+                dataclasses.replace(
+                    seen,
+                    **reply_fields,
+                    admitted=admitted,
+                    num_computed_tokens=new_computed.get(rid, req.num_computed_tokens) if admitted else None,
+                    connector_external_tokens=None if alloc is None else alloc.num_external_tokens,
+                    block_table=table,
+                    connector_block_ids=None if alloc is None else alloc.block_ids,
+                    cow_dst_ids=cow_dst,
+                    resumed=admitted and rid in self.preempted,
+                )
+            )
+        return tuple(result)
+
+    def connector_allocs(self, queries: list[Any], allocs: list[Any]) -> tuple[ConnectorAlloc, ...]:
+        """Each update_state_after_alloc of the step, with the request's
+        allocate_slots accounting and its question of the step."""
+        last_query = {q.request_id: q for q in queries}
+        rows = []
+        for a in allocs:
+            q = last_query.get(a.request_id)
+            local, external = self.spies.step_allocs.get(a.request_id, (None, None))
+            rows.append(
+                ConnectorAlloc(
+                    request_id=a.request_id,
+                    num_tokens=self.requests[a.request_id].num_tokens,
+                    block_ids=a.block_ids,
+                    num_external_tokens=a.num_external_tokens,
+                    alloc_local_tokens=local,
+                    alloc_external_tokens=external,
+                    asked_with=None if q is None else q.num_computed_tokens,
+                    reply=None if q is None else q.reply,
+                    reply_async=False if q is None else q.load_async,
+                )
+            )
+        return tuple(rows)
+
+    def preemptions(self, out: Any, step: int) -> None:
+        """Note the requests ``out`` preempted (after its admissions are read:
+        a request resumed in a later step reads as resumed)."""
+        self.preempted.update(out.preempted_req_ids or ())
+        self.preempted_at.update(dict.fromkeys(out.preempted_req_ids or (), step))
+
+    def newly_scheduled(self, out: Any) -> tuple[tuple[str, int, int], ...]:
+        if out is None:
+            return ()
+        rows = [
+            (n.req_id, n.num_computed_tokens, self.requests[n.req_id].num_tokens)
+            for n in out.scheduled_new_reqs
+        ]
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            if rid in cached.resumed_req_ids:
+                rows.append((rid, cached.num_computed_tokens[i], self.requests[rid].num_tokens))
+        return tuple(rows)
+
+    def finish_calls(self) -> tuple[tuple[Any, ...], tuple[tuple[str, int], ...]]:
+        """The connector's finish calls since the last observation, and the
+        requests that left the scheduler since then (with how many times the
+        connector had been told each finished)."""
+        calls = tuple(self.script.finish_calls[self._finishes_seen :])
+        self._finishes_seen = len(self.script.finish_calls)
+        live = self.scheduler.requests
+        left = sorted(r for r in self.requests if r not in live and r not in self._gone)
+        self._gone.update(left)
+        return calls, tuple((r, self.script.finished.count(r)) for r in left)
+
+    def stranded(self, out: Any, fed_out: Any, pending_out: Any, finished: frozenset[str], error: str | None,
+                 failed_loads: bool, recomputed: set[str]) -> tuple[StrandedRequest, ...]:
+        """Counts quiet steps (nothing scheduled, nothing fed that had work
+        (``fed_out``), no step output pending (``pending_out``), no async
+        load or producer hand-off in flight, no request finished, no failed
+        load) and, once there are :data:`QUIET_STEPS` in a row, the RUNNING
+        requests left alone."""
+        quiet = (
+            error is None
+            and (out is None or not out.num_scheduled_tokens)
+            and (fed_out is None or not fed_out.num_scheduled_tokens)
+            and (pending_out is None or not pending_out.num_scheduled_tokens)
+            and not finished
+            and not self.script.loads_in_flight
+            and not self.script.sends_in_flight
+            and not failed_loads
+        )
+        self.quiet_steps = self.quiet_steps + 1 if quiet else 0
+        if self.quiet_steps < QUIET_STEPS:
+            return ()
+        return tuple(
+            StrandedRequest(
+                r.request_id,
+                r.num_computed_tokens,
+                r.num_tokens,
+                r.num_prompt_tokens,
+                r.sampling_params.max_tokens if r.sampling_params is not None else 0,
+                getattr(r, "num_output_placeholders", 0),
+                self.quiet_steps,
+                r.request_id in recomputed,
+            )
+            for r in self.scheduler.running
+        )
+
+    def stale_shares(self, ids: list[str], sampled: list[list[int]], index: int) -> dict[str, tuple[int, tuple[int, ...], int]]:
+        """Before feeding step ``index``'s output: its requests preempted by
+        a schedule() made after that step (async scheduling), whose share of
+        it is stale."""
+        sched = self.scheduler
+        return {
+            r: (self.preempted_at[r], tuple(sampled[i]), sched.requests[r].num_tokens)
+            for i, r in enumerate(ids)
+            if self.preempted_at.get(r, 0) > index and r in sched.requests
+        }
+
+    def stale_outputs(self, stale: Mapping[str, tuple[int, tuple[int, ...], int]], index: int) -> list[StaleOutput]:
+        """After feeding it: what became of each stale share."""
+        drops = getattr(self.scheduler, "requires_kv_delivery", None)
+        outputs = []
+        for rid, (at, tokens, before_n) in stale.items():
+            req = self.requests[rid]
+            outputs.append(StaleOutput(rid, index, at, tokens, drops, before_n, req.num_tokens, req.status.name))
+        return outputs
+
+    def drafts_to_verify(self, out: Any, ids: list[str], sampled: list[list[int]]) -> dict[str, tuple[int, int, int]]:
+        """Before feeding ``out``'s output: per request with drafts and a
+        sampled token, its drafts, how many were accepted and its computed
+        tokens then."""
+        sched = self.scheduler
+        drafts = out.scheduled_spec_decode_tokens or {}
+        return {
+            rid: (len(drafts[rid]), len(sampled[i]) - 1, sched.requests[rid].num_computed_tokens)
+            for i, rid in enumerate(ids)
+            if drafts.get(rid) and sampled[i] and rid in sched.requests
+        }
+
+    def verifications(self, verified: Mapping[str, tuple[int, int, int]]) -> tuple[DraftVerification, ...]:
+        """After feeding it: what the scheduler made of the verified drafts."""
+        sched = self.scheduler
+        return tuple(
+            DraftVerification(
+                rid, n, accepted, computed, self.requests[rid].num_computed_tokens,
+                sched.requests[rid].status.name if rid in sched.requests else "",
+            )
+            for rid, (n, accepted, computed) in verified.items()
+        )
+
+    def pool(self, num_blocks: int, context: str = "") -> PoolObservation:
+        pool = self.manager.block_pool
+        referenced = tuple(
+            (b.block_id, b.ref_cnt) for b in pool.blocks if b.ref_cnt != 0 and not b.is_null
+        )
+        return PoolObservation(
+            num_blocks=num_blocks,
+            num_free=pool.get_num_free_blocks(),
+            referenced=referenced,
+            live_requests=tuple(self.scheduler.requests),
+            context=context,
+        )
+

@@ -1,0 +1,248 @@
+"""The model runner's side of each step, imitated from what it is handed.
+
+:class:`ScriptedRunner` is what the harness puts where a GPU worker would
+be. It takes each ``SchedulerOutput``'s block tables, copies and the loads
+the connector was told to do, decides the tokens it samples (and the drafts
+the rejection sampler accepts), writes the KV each step computes into its
+:class:`fuzz.adapter._contents.BlockContents`, and proposes drafts. Every
+decision comes from its :class:`fuzz.adapter._reports.WorkerRecord`, never
+from ``scheduler.requests``. :func:`runner_output` assembles the
+``ModelRunnerOutput`` fed back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from fuzz.adapter import _compat
+from fuzz.adapter._contents import BlockContents, entries_of
+from fuzz.adapter._reports import WorkerRecord, computed_before
+
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+
+from fuzz.model import (  # noqa: E402
+    AdmissionObservation,
+    ConnectorAlloc,
+    FedOutput,
+    GroupInfo,
+    KvFromOtherToken,
+    SchedulerDraw,
+    UnbackedEntry,
+    UnwrittenRead,
+)
+from invariants._common import group_behaviour as _group_behaviour  # noqa: E402
+from invariants._common import group_kind as _group_kind  # noqa: E402
+
+__all__ = ["ScriptedRunner", "runner_output"]
+
+
+class ScriptedRunner:
+    """The worker for one harness: what it knows (:attr:`worker`), what
+    each block holds as it wrote it (:attr:`contents`), and what the last
+    scheduled step read that its blocks did not hold (:attr:`unwritten_reads`)."""
+
+    def __init__(self, draw: SchedulerDraw, groups: tuple[GroupInfo, ...], read_rules: tuple[tuple[str, int], ...],
+                 null_block_id: int) -> None:
+        self.draw = draw
+        self.groups = groups
+        self.read_rules = read_rules
+        # What the worker knows and owes: every report is decided from it,
+        # never from scheduler.requests (see fuzz/adapter/_reports.py).
+        self.worker = WorkerRecord(draw.async_scheduling)
+        # What each block holds, as the runner and the connector's worker
+        # wrote it (per-position KV groups: the must-cover ones).
+        self.contents = BlockContents(
+            tuple(g.block_size for g in groups),
+            tuple(_group_behaviour(g).value == "must-cover" for g in groups),
+            null_block_id,
+        )
+        self.unwritten_reads: list[UnwrittenRead] = []
+        self._failing_now: frozenset[int] = frozenset()  # the blocks the worker fails in this step's sync loads
+
+    def hand_over(self, out: Any, allocs: tuple[ConnectorAlloc, ...], admissions: Sequence[AdmissionObservation],
+                  invalid: set[int], step: int) -> None:
+        """What the worker takes from ``out`` before the step runs: its block
+        tables and copies, and the external loads the connector was told to
+        do (a synchronous one lands now, but into the blocks the worker
+        fails; an async one when it is reported landed). A load starts at
+        the local hit in every group, but where a divergent hybrid hit left
+        a group lagging: a connector that completes such hits fills that
+        group from the blocks it adopted on (each group's own hit)."""
+        self.contents.forget(out.finished_req_ids or ())
+        self.contents.take_tables(out)
+        self.unwritten_reads = []
+        self._failing_now = frozenset(invalid)
+        admitted = {a.request_id: a for a in admissions}
+        for a in allocs:
+            if not a.num_external_tokens:
+                continue
+            start = a.alloc_local_tokens or 0
+            end = start + a.num_external_tokens
+            starts = [start] * len(self.groups)
+            adm = admitted.get(a.request_id)
+            if adm is not None and adm.hit_diverged and adm.alloc_local_blocks is not None:
+                starts = [min(start, len(blocks) * g.block_size) for blocks, g in zip(adm.alloc_local_blocks, self.groups)]
+            tokens = self.worker.tokens.get(a.request_id, [])
+            if a.reply_async:
+                self.contents.start_async_load(a.request_id, a.block_ids, starts, end, tokens)
+            else:
+                self.contents.load(a.block_ids, starts, end, step, tokens, failed=invalid)
+
+    def sample(self, out: Any, step: int, newly: frozenset[str], whole_prompt_landed: set[str]) -> list[list[int]]:
+        """What the model runner samples for ``out``, decided as it is
+        scheduled (right after ``schedule()``): a token for each request whose
+        scheduled tokens reach its end, none for a non-final prefill chunk
+        (the runner discards those); with speculative decoding, before it,
+        the drafts the rejection sampler accepts (:meth:`SchedulerDraw.accepted`).
+        ``newly`` are the requests admitted in this step."""
+        sampled = []
+        position = 0
+        # From the output and the worker's own record (prompt plus what it
+        # sampled, fed back or still queued), never from vLLM's Request.
+        self.worker.resync(out)
+        before = computed_before(out)
+        # Where each request's tokens start (before this step's rejections count).
+        starts = {rid: self.worker.start(rid, before) for rid in out.num_scheduled_tokens if rid in before}
+        for rid in out.num_scheduled_tokens:
+            self.worker.write(out, rid, before, step)
+            done_prefill = self.worker.reaches_end(out, rid, before)
+            accepted = 0
+            verifiable = self._verifiable(out, rid, newly) if done_prefill else 0
+            if verifiable:
+                accepted = self.draw.accepted(step, position, verifiable)
+                position += 1
+            if rid in starts:
+                self._write_contents(out, rid, starts[rid], accepted, step)
+            sampled.append([1000 + (step + i) % 24 for i in range(1 + accepted)] if done_prefill else [])
+            self.worker.sampled(rid, sampled[-1])
+            if done_prefill:  # vLLM rolls back the drafts of a request it gets tokens for
+                drafts = (out.scheduled_spec_decode_tokens or {}).get(rid) or ()
+                self.worker.rejected(rid, step, len(drafts) - accepted)
+        self.contents.settle_copies(step)
+        self.unwritten_reads = self._reads(starts, whole_prompt_landed)
+        return sampled
+
+    def _verifiable(self, out: Any, rid: str, newly: frozenset[str]) -> int:
+        """How many of the drafts scheduled for ``rid`` the rejection sampler
+        could accept: none of the -1 padding a request admitted in this step
+        gets (``pad_spec_decode``: ``[-1] * num_spec_tokens``, placeholder
+        rows); otherwise, synchronous, the drafts before the first -1
+        (vLLM's ``strip_speculative_padding``), async, every placeholder (the
+        worker fills them with its drafts)."""
+        drafts = (out.scheduled_spec_decode_tokens or {}).get(rid) or []
+        if not drafts or rid in newly:
+            return 0
+        if self.draw.async_scheduling:
+            return len(drafts)
+        return next((i for i, t in enumerate(drafts) if t < 0), len(drafts))
+
+    def _write_contents(self, out: Any, rid: str, start: int, accepted: int, step: int) -> None:
+        """The KV the step writes for ``rid`` from ``start``: its scheduled
+        positions but the drafts, and the drafts accepted."""
+        drafts = len((out.scheduled_spec_decode_tokens or {}).get(rid) or ())
+        end = start + out.num_scheduled_tokens[rid] - drafts
+        self.contents.write(rid, start, end + accepted, step, self.worker.tokens.get(rid, []))
+
+    def _reads(self, starts: dict[str, int], whole_prompt_landed: set[str]) -> list[UnwrittenRead]:
+        """After the step's copies, loads and forward pass: what each of its
+        requests reads below where it starts that its blocks do not hold (a
+        forward pass writes a layer's KV before it attends, so what another
+        request computes in the same pass is there; a block copy is made
+        before the pass and its loads)."""
+        reads = []
+        for rid, start in starts.items():
+            by_block: dict[tuple[int, int], list[tuple[int, tuple[int, int, int | None] | None]]] = {}
+            for group, block_id, position, holds in self.contents.unread(
+                rid, start, self.worker.prompt.get(rid, 0), self.read_rules, self.worker.tokens.get(rid, []),
+                self._failing_now,
+            ):
+                by_block.setdefault((group, block_id), []).append((position, holds))
+            replay = rid in whole_prompt_landed and start == self.worker.prompt.get(rid, 0) - 1
+            reads += [
+                UnwrittenRead(rid, g, _group_kind(self.groups[g]), b, start, replay, tuple(missing))
+                for (g, b), missing in by_block.items()
+            ]
+        return reads
+
+    def unbacked_entries(self, pool: Any) -> tuple[UnbackedEntry, ...]:
+        """After the step: each prefix-cache entry whose block does not hold
+        what its key covers (see BlockContents.unbacked_entries)."""
+        cached = _compat.prefix_cache_map(pool)
+        if cached is None:
+            return ()
+        entries = entries_of(cached, _compat.group_of_key)
+        return tuple(
+            UnbackedEntry(group, block_id, n, tuple(missing))
+            for group, block_id, n, missing in self.contents.unbacked_entries(entries)
+        )
+
+    def kv_from_other_tokens(self, out: Any, requests: Mapping[str, Any],
+                             recomputed: set[str]) -> tuple[KvFromOtherToken, ...]:
+        """After the step's update_from_output(): each position the worker
+        computed for a live request, below its num_computed_tokens, whose
+        token vLLM now records differently (see WorkerRecord.settle);
+        ``recomputed``: the requests a failed sync load ever rolled back."""
+        preempted = (out.preempted_req_ids or ()) if out is not None else ()
+        return tuple(
+            KvFromOtherToken(rid, position, token, recorded, step, rid in recomputed)
+            for rid, position, token, recorded, step in self.worker.settle(requests, preempted)
+        )
+
+    def drafts(self, out: Any) -> tuple[list[str], list[list[int]]] | None:
+        """The drafter's proposals after ``out`` ran (None: it hands none
+        over), as the engine core takes them: ``EngineCore.post_step``
+        (synchronous scheduling, when the model ran) ``take_draft_token_ids()``;
+        the scheduler itself drops those of prefill chunks and finished
+        requests. With async scheduling the engine hands none over (the
+        worker keeps its drafts; AsyncScheduler schedules -1 placeholders for
+        them). A step the scheduler marked ``skip_drafts`` (V2 runner: no
+        request can use them) proposes none. The drafter proposes k drafts
+        for every request of the batch."""
+        if (
+            self.draw.speculative_method is None
+            or self.draw.async_scheduling
+            or out.total_num_scheduled_tokens == 0
+            or getattr(out, "skip_drafts", False)
+        ):
+            return None
+        ids = list(out.num_scheduled_tokens)
+        k = self.draw.num_speculative_tokens
+        return ids, [[3000 + i for i in range(k)] for _ in ids]
+
+
+def runner_output(ids: list[str], sampled: list[list[int]], recving: set[str], failed: set[str],
+                  invalid_block_ids: Iterable[int], sending: set[str]) -> tuple[ModelRunnerOutput, FedOutput]:
+    """The ``ModelRunnerOutput`` for a step's requests ``ids`` and what they
+    ``sampled``, with the connector's reports (loads landed, of which
+    ``failed``; blocks a sync load failed; sends done), and the same in the
+    operation log's words."""
+    invalid_block_ids = set(invalid_block_ids)
+    # failed_recving exists from vLLM 0.30; older releases cannot be told
+    # an async load failed, so there the load simply completes.
+    failure_kw = {"failed_recving": failed} if _compat.HAS_FAILED_RECVING else {}
+    connector_output = (
+        KVConnectorOutput(
+            finished_sending=sending,
+            finished_recving=recving,
+            invalid_block_ids=set(invalid_block_ids),
+            **failure_kw,
+        )
+        if recving or invalid_block_ids or sending
+        else None
+    )
+    output = ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={r: i for i, r in enumerate(ids)},
+        sampled_token_ids=sampled,
+        kv_connector_output=connector_output,
+    )
+    fed = FedOutput(
+        req_ids=tuple(ids),
+        sampled_token_ids=tuple(tuple(t) for t in sampled),
+        finished_recving=tuple(sorted(recving)),
+        failed_recving=tuple(sorted(failed)),
+        invalid_block_ids=tuple(sorted(invalid_block_ids)),
+        finished_sending=tuple(sorted(sending)),
+    )
+    return output, fed
