@@ -28,6 +28,7 @@ from fuzz.runners.scheduler import STALE_OUTPUT, Stepper, run_single_shot
 from invariants import connector as conn
 from invariants import scheduler as inv
 from invariants.ownership import OWNERSHIP_CHECKS
+from invariants.promises import check_events_replay_index
 from fuzz.model import InvariantViolation
 from strategies.scheduler import SingleShotScenario, single_shot_scenarios
 
@@ -149,6 +150,21 @@ def decoding_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def evicting_events_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """KV events on; four 13-token prompts with no common prefix, one after
+    another, decoding 2 tokens each on an 8-block pool of 4-token blocks:
+    each prompt caches 3 blocks, and from the third on the new prompt's
+    blocks are taken from cached ones (eviction announced by BlockRemoved)."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=9)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2, kv_events=True))
+    run = Stepper(harness, checks)
+    for i in range(4):
+        harness.add_request(range(100 * i, 100 * i + 13), max_tokens=2)
+        run.drain()
+    assert harness.events is not None and harness.events.events_seen["BlockRemoved"] >= 2, harness.events.events_seen
+    return run
+
+
 # Planted bugs on paths a fixed run reaches (the machine's derandomized
 # search meets few preemptions during a step): (check, invariant, bug, run,
 # the label the unmodified run shows, to prove it meets the case; None: the
@@ -158,6 +174,8 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
      STALE_OUTPUT),
     (inv.check_running_requests_progress, "running-request-progresses", "max_tokens_skip_unguarded", decoding_run,
      None),
+    # What the cache announces (invariants/promises.py).
+    (check_events_replay_index, "events-replay-index", "eviction_announces_nothing", evicting_events_run, None),
 ]
 
 

@@ -484,6 +484,16 @@ _MANAGER_EDITS["partial_hit_shares_its_block"] = (
     ),
 )
 
+# What the block pool announces (compiled as the ownership edits are): KV
+# events a router replays (invariants/promises.py).
+_MANAGER_EDITS["eviction_announces_nothing"] = (
+    "BlockPool._maybe_evict_cached_block drops a reused block's keys from the "
+    "prefix-cache index without publishing BlockRemoved: a KV-aware router keeps "
+    "routing requests to a hit that is gone",
+    ("vllm.v1.core.block_pool", "BlockPool", "_maybe_evict_cached_block"),
+    (("self._emit_block_removed_events(evicted_hashes)", "pass"),),
+)
+
 PLANTED_SCHEDULER_BUGS: dict[str, str] = {
     **{name: desc for name, (desc, _) in _SCHEDULE_EDITS.items()},
     **{name: desc for name, (desc, _, _) in _CONNECTOR_EDITS.items()},

@@ -20,6 +20,7 @@ from typing import Any
 from fuzz import outcomes
 from fuzz.adapter import _compat, _connector, _oplog, _planted
 from fuzz.adapter._contents import BlockContents, entries_of
+from fuzz.adapter._events import EventLog, event_gaps, index_counts
 from fuzz.adapter._reports import WorkerRecord, computed_before
 from fuzz.adapter._config import build_scheduler
 from fuzz.adapter._env import VLLM_VERSION, sha256
@@ -51,6 +52,7 @@ from fuzz.model import (  # noqa: E402
     KvFromOtherToken,
     UnbackedEntry,
     UnwrittenRead,
+    EventGap,
 )
 from invariants._common import group_behaviour as _group_behaviour  # noqa: E402
 from invariants._common import group_kind as _group_kind  # noqa: E402
@@ -201,6 +203,12 @@ class SchedulerHarness:
         )
         self._unwritten_reads: list[UnwrittenRead] = []
         self._failing_now: frozenset[int] = frozenset()  # the blocks the worker fails in this step's sync loads
+        # KV events on: the harness is the publisher, replaying every batch
+        # as a KV-aware router would (fuzz/adapter/_events.py).
+        self.events: EventLog | None = None
+        if draw.kv_events:
+            self.events = EventLog()
+            self.scheduler.kv_event_publisher = self.events
 
     def _new_admission(self, request: Request, **lookup: Any) -> AdmissionObservation:
         """A waiting request's observation as its local lookup returns."""
@@ -451,10 +459,12 @@ class SchedulerHarness:
             self._sync_failures = {}
         finished: frozenset[str] = frozenset()
         fed = None if error else self._take_output(queued)
+        gaps: tuple[EventGap, ...] = ()
         if fed is not None:
             try:
                 self._abort_during_step()
                 finished = self._feed_back(fed)
+                gaps = self._event_gaps()
             except Exception as exc:  # noqa: BLE001
                 _raise_if_suite_code(exc, "update_from_output")
                 error, error_type, where = (
@@ -524,6 +534,8 @@ class SchedulerHarness:
             kv_from_other_tokens=kv_wrong,
             unwritten_reads=tuple(self._unwritten_reads) if out is not None else (),
             unbacked_entries=unbacked,
+            event_gaps=gaps,
+            events_replayed=self.events is not None and fed is not None and not error,
         )
 
     # Quiet steps in a row after which a RUNNING request left alone is
@@ -578,6 +590,15 @@ class SchedulerHarness:
             UnbackedEntry(group, block_id, n, tuple(missing))
             for group, block_id, n, missing in self.contents.unbacked_entries(entries)
         )
+
+    def _event_gaps(self) -> tuple[EventGap, ...]:
+        """Right after update_from_output() published the step's events (the
+        block pool's queue is empty then): each key where the replay of every
+        batch so far disagrees with the prefix-cache index."""
+        cached = _compat.prefix_cache_map(self.pool) if self.events is not None else None
+        if cached is None:
+            return ()
+        return tuple(EventGap(*gap) for gap in event_gaps(self.events.counts, index_counts(cached, _compat.event_key)))
 
     def _kv_from_other_tokens(self, out: Any) -> tuple[KvFromOtherToken, ...]:
         """After the step's update_from_output(): each position the worker

@@ -60,6 +60,11 @@ class SchedulerDraw:
     # or "kv_producer" (a P/D prefill instance: it never loads, so vLLM frees
     # at once and may preempt a request whose step is still in flight).
     kv_role: str = "kv_both"
+    # ``--kv-events-config`` with ``enable_kv_cache_events``: the block pool
+    # queues BlockStored / BlockRemoved / AllBlocksCleared events and each
+    # update_from_output() publishes them (the harness replays them as a
+    # KV-aware router would). Off: no event is built, as by default.
+    kv_events: bool = False
 
     # Speculative decoding (``--speculative-config``): the method ("ngram":
     # prompt lookup, no draft model; "eagle": a draft model reading the
@@ -586,6 +591,25 @@ class UnbackedEntry:
 
 
 @dataclasses.dataclass(frozen=True)
+class EventGap:
+    """A prefix-cache key on which the KV events published so far disagree
+    with the index: replaying them counts ``announced`` blocks under it, the
+    index files ``block_ids`` under it."""
+
+    group: int | None
+    key: object  # the key as events spell it (vLLM's external block hash)
+    announced: int
+    block_ids: tuple[int, ...]
+
+    def describe(self) -> str:
+        held = f"blocks {list(self.block_ids)}" if self.block_ids else "no block"
+        return (
+            f"group {self.group}: key {self.key!r} is announced {self.announced} time(s) by the replayed "
+            f"BlockStored/BlockRemoved/AllBlocksCleared events, but the prefix-cache index files {held} under it"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class StepObservation:
     """One engine step: ``schedule()`` and the ``update_from_output()`` the
     engine makes in the same step (with async scheduling, possibly of the
@@ -666,6 +690,11 @@ class StepObservation:
     # whose blocks do not hold what their keys cover.
     unwritten_reads: tuple[UnwrittenRead, ...] = ()
     unbacked_entries: tuple[UnbackedEntry, ...] = ()
+    # KV events on (SchedulerDraw.kv_events), after an update_from_output()
+    # that published: each key where the replayed events and the index
+    # disagree. Empty where no update ran, or events are off.
+    event_gaps: tuple[EventGap, ...] = ()
+    events_replayed: bool = False
 
     @property
     def fed_late(self) -> bool:
