@@ -1,9 +1,14 @@
-"""What the prefix cache promises to the world outside the engine core.
+"""What the prefix cache promises beyond what each block holds.
 
-A KV-aware router (llm-d's KV-cache indexer, Dynamo's router and the like)
-never reads the block pool: it learns what a replica has cached only from
-the KV events the engine core publishes. These checks hold those
-announcements to what the index really holds.
+Isolation: a prefix-cache hit stays within the namespace vLLM folds into a
+block's hash besides the tokens (the request's cache salt). This is the
+suite's security claim: a tenant that salts its requests must never be
+served, or time, another tenant's cached KV.
+
+Announcements: a KV-aware router (llm-d's KV-cache indexer, Dynamo's router
+and the like) never reads the block pool; it learns what a replica has
+cached only from the KV events the engine core publishes. They are held to
+what the index really holds.
 """
 
 from __future__ import annotations
@@ -12,11 +17,29 @@ from collections.abc import Callable
 
 from fuzz.model import InvariantViolation, StepObservation
 
-__all__ = ["PROMISE_CHECKS", "check_events_replay_index"]
+__all__ = ["PROMISE_CHECKS", "check_events_replay_index", "check_hits_within_namespace"]
 
 # The vLLM code that builds the events (matched by known-bug signatures).
 EVENTS_WHERE = "BlockPool"
 EVENTS_DISAGREE = "replayed KV events disagree with the prefix-cache index"
+CROSS_NAMESPACE_HIT = "a prefix-cache hit across cache salts"
+
+
+def check_hits_within_namespace(step: StepObservation) -> None:
+    """Every block a request adopts from the prefix cache as computed was
+    written for a request with the same cache salt (none counts as its own
+    namespace): vLLM folds the salt into the first block's hash, and every
+    later hash chains on it, so no lookup may cross salts."""
+    if not step.foreign_hits:
+        return
+    raise InvariantViolation(
+        "hits-within-namespace",
+        "\n".join(h.describe() for h in step.foreign_hits)
+        + f"\n{step.describe()}"
+        + (f"\n  scenario: {step.context}" if step.context else ""),
+        where="KVCacheManager.get_computed_blocks",
+        state=CROSS_NAMESPACE_HIT,
+    )
 
 
 def check_events_replay_index(step: StepObservation) -> None:
@@ -39,4 +62,4 @@ def check_events_replay_index(step: StepObservation) -> None:
     )
 
 
-PROMISE_CHECKS: tuple[Callable[[StepObservation], None], ...] = (check_events_replay_index,)
+PROMISE_CHECKS: tuple[Callable[[StepObservation], None], ...] = (check_hits_within_namespace, check_events_replay_index)

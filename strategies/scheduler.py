@@ -47,6 +47,7 @@ __all__ = [
     "machine_configs",
     "generation_lengths",
     "prefix_cache_skips",
+    "cache_salts",
     "pressure_lengths",
     "prompt_draws",
     "scheduler_draws",
@@ -373,6 +374,18 @@ def prefix_cache_skips() -> st.SearchStrategy[bool]:
     request in eight. Drawn inside the range (Hypothesis favours its ends);
     shrinks to False."""
     return st.integers(0, 7).map(lambda k: k == 3)
+
+
+# Two tenants, so that salted requests share prompts with each other and
+# with unsalted ones.
+_SALTS = ("tenant-a", "tenant-b")
+
+
+def cache_salts() -> st.SearchStrategy[str | None]:
+    """A request's ``cache_salt``: none in half the requests, else one of
+    two tenants' (requests draw prompts from shared prefixes, so tenants
+    send the same tokens). Drawn inside the range; shrinks to None."""
+    return st.integers(0, 3).map(lambda k: _SALTS[k - 2] if k >= 2 else None)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from fuzz.runners.scheduler import STALE_OUTPUT, Stepper, run_single_shot
 from invariants import connector as conn
 from invariants import scheduler as inv
 from invariants.ownership import OWNERSHIP_CHECKS
-from invariants.promises import check_events_replay_index
+from invariants.promises import check_events_replay_index, check_hits_within_namespace
 from fuzz.model import InvariantViolation
 from strategies.scheduler import SingleShotScenario, single_shot_scenarios
 
@@ -165,6 +165,22 @@ def evicting_events_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def tenants_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """One 13-token prompt sent by tenant a, tenant b, an unsalted client
+    and tenant a again, one after another: only the last may hit (3 blocks
+    of 4 tokens), and does."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2))
+    run = Stepper(harness, checks)
+    hits = []
+    for salt in ("tenant-a", "tenant-b", None, "tenant-a"):
+        rid = harness.add_request(range(13), max_tokens=2, cache_salt=salt)
+        hits += [a.local_hit for a in [*(run.step().admissions)] if a.request_id == rid]
+        run.drain()
+    assert hits[-1] == 12, hits
+    return run
+
+
 # Planted bugs on paths a fixed run reaches (the machine's derandomized
 # search meets few preemptions during a step): (check, invariant, bug, run,
 # the label the unmodified run shows, to prove it meets the case; None: the
@@ -176,6 +192,7 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
      None),
     # What the cache announces (invariants/promises.py).
     (check_events_replay_index, "events-replay-index", "eviction_announces_nothing", evicting_events_run, None),
+    (check_hits_within_namespace, "hits-within-namespace", "cache_salt_not_hashed", tenants_run, None),
 ]
 
 

@@ -494,8 +494,21 @@ _MANAGER_EDITS["eviction_announces_nothing"] = (
     (("self._emit_block_removed_events(evicted_hashes)", "pass"),),
 )
 
+# name: (description, (vLLM module, function), edits): planted bugs in a
+# module-level function of vLLM's (the block hashing), compiled as the
+# method edits are and swapped into the module for the duration.
+_FUNCTION_EDITS: dict[str, tuple[str, tuple[str, str], tuple[tuple[str, str], ...]]] = {
+    "cache_salt_not_hashed": (
+        "generate_block_hash_extra_keys leaves the request's cache_salt out of its first "
+        "block's extra keys: requests of different tenants share prefix-cache entries",
+        ("vllm.v1.core.kv_cache_utils", "generate_block_hash_extra_keys"),
+        (("if (start_token_idx == 0 and request.cache_salt)", "if (False and request.cache_salt)"),),
+    ),
+}
+
 PLANTED_SCHEDULER_BUGS: dict[str, str] = {
     **{name: desc for name, (desc, _) in _SCHEDULE_EDITS.items()},
+    **{name: desc for name, (desc, _, _) in _FUNCTION_EDITS.items()},
     **{name: desc for name, (desc, _, _) in _CONNECTOR_EDITS.items()},
     **{name: desc for name, (desc, _, _) in _SPEC_DECODE_EDITS.items()},
     **PLANTED_OWNERSHIP_BUGS,
@@ -602,6 +615,26 @@ def _compile_edited(cls: type, method: str, edits: tuple[tuple[str, str], ...], 
     return edited
 
 
+@functools.cache
+def _patched_function(name: str) -> tuple[Any, str, Any]:
+    """The planted function edit ``name``: its vLLM module, function name
+    and the edited function, compiled at the original's line numbers with
+    its source registered (as :func:`_compile_edited` does for methods)."""
+    _, (module_name, function), edits = _FUNCTION_EDITS[name]
+    module = importlib.import_module(module_name)
+    original = getattr(module, function)
+    lines, first = inspect.getsourcelines(original)
+    source = textwrap.dedent("".join(lines))
+    for old, new in edits:
+        source = _edit(source, old, new, name, function)
+    shim = "\n" * max(first - 1, 0) + source
+    filename = f"{inspect.getsourcefile(original)} [planted {name}]"
+    linecache.cache[filename] = (len(shim), None, shim.splitlines(keepends=True), filename)
+    namespace = dict(vars(module))
+    exec(compile(shim, filename, "exec"), namespace)  # noqa: S102
+    return module, function, namespace[function]
+
+
 @contextlib.contextmanager
 def planted_scheduler_bug(name: str) -> Iterator[None]:
     """Run the enclosed code against a deliberately broken scheduler path."""
@@ -610,6 +643,15 @@ def planted_scheduler_bug(name: str) -> Iterator[None]:
     if name in _TRUNCATE_BUG_FOR:
         with planted_truncate_bug(_TRUNCATE_BUG_FOR[name]):
             yield
+        return
+    if name in _FUNCTION_EDITS:
+        module, function, edited = _patched_function(name)
+        original = getattr(module, function)
+        setattr(module, function, edited)
+        try:
+            yield
+        finally:
+            setattr(module, function, original)
         return
     if name in _OWNERSHIP_EDITS or name in _MANAGER_EDITS:
         cls, method, edited = _patched_method(name)

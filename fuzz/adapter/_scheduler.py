@@ -53,6 +53,7 @@ from fuzz.model import (  # noqa: E402
     UnbackedEntry,
     UnwrittenRead,
     EventGap,
+    ForeignHit,
 )
 from invariants._common import group_behaviour as _group_behaviour  # noqa: E402
 from invariants._common import group_kind as _group_kind  # noqa: E402
@@ -298,10 +299,11 @@ class SchedulerHarness:
         reply: ExternalReply | None = None,
         request_id: str | None = None,
         skip_reading_prefix_cache: bool = False,
+        cache_salt: str | None = None,
     ) -> str:
         """Add a request; ``skip_reading_prefix_cache`` sets that
         ``SamplingParams`` field (a release without it gets a plain request,
-        recorded as such)."""
+        recorded as such); ``cache_salt`` is the request's (a tenant's)."""
         limit = self.max_model_len
         if not 0 < len(tokens) < limit:
             # EngineCore never sees such a prompt: vLLM's input processor
@@ -319,15 +321,18 @@ class SchedulerHarness:
             sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **extra),
             pooling_params=None,
             block_hasher=get_request_block_hasher(self.hash_block_size, sha256),
+            **({"cache_salt": cache_salt} if cache_salt else {}),
         )
         if reply is not None:
             self.script.replies[rid] = reply
         self._requests[rid] = req
         self.worker.add(rid, tokens)
+        self.contents.namespaces[rid] = cache_salt or ""
         if skip:
             self._skips.add(rid)
         self.oplog.ops.append(
-            AddRequest(rid, tuple(tokens), max_tokens, reply, self.step_index, skip_reading_prefix_cache=skip)
+            AddRequest(rid, tuple(tokens), max_tokens, reply, self.step_index, skip_reading_prefix_cache=skip,
+                       cache_salt=cache_salt or None)
         )
         self.scheduler.add_request(req)
         return rid
@@ -434,6 +439,9 @@ class SchedulerHarness:
             q.request_id for q in queries if not self.script.reply_for(q.request_id).honest
         )
         admissions = self._admissions(out, queries, allocs)
+        # Before the step's own writes: what each admission adopted was
+        # written by earlier steps.
+        foreign = self._foreign_hits(admissions)
         connector_allocs = self._connector_allocs(queries, allocs)
         for a in connector_allocs:
             if a.num_external_tokens and a.reply_async:
@@ -535,6 +543,7 @@ class SchedulerHarness:
             unwritten_reads=tuple(self._unwritten_reads) if out is not None else (),
             unbacked_entries=unbacked,
             event_gaps=gaps,
+            foreign_hits=foreign,
             events_replayed=self.events is not None and fed is not None and not error,
         )
 
@@ -577,7 +586,8 @@ class SchedulerHarness:
             if a.reply_async:
                 self.contents.start_async_load(a.request_id, a.block_ids, starts, end, tokens)
             else:
-                self.contents.load(a.block_ids, starts, end, self.step_index, tokens, failed=invalid)
+                self.contents.load(a.block_ids, starts, end, self.step_index, tokens, failed=invalid,
+                                   request_id=a.request_id)
 
     def _unbacked_entries(self) -> tuple[UnbackedEntry, ...]:
         """After the step: each prefix-cache entry whose block does not hold
@@ -590,6 +600,18 @@ class SchedulerHarness:
             UnbackedEntry(group, block_id, n, tuple(missing))
             for group, block_id, n, missing in self.contents.unbacked_entries(entries)
         )
+
+    def _foreign_hits(self, admissions: Sequence[AdmissionObservation]) -> tuple[ForeignHit, ...]:
+        """Each block an admission adopted as computed (the local blocks
+        handed to allocate_slots) last written for another cache salt."""
+        found = []
+        for adm in admissions:
+            if adm.alloc_local_blocks is None:
+                continue
+            mine = self.contents.namespaces.get(adm.request_id, "")
+            for group, block_id, theirs in self.contents.foreign_blocks(adm.request_id, adm.alloc_local_blocks):
+                found.append(ForeignHit(adm.request_id, mine, group, block_id, theirs))
+        return tuple(found)
 
     def _event_gaps(self) -> tuple[EventGap, ...]:
         """Right after update_from_output() published the step's events (the

@@ -591,6 +591,27 @@ class UnbackedEntry:
 
 
 @dataclasses.dataclass(frozen=True)
+class ForeignHit:
+    """A block a request adopted from the prefix cache that was written for
+    a request of another namespace (cache salt): the hit crosses tenants."""
+
+    request_id: str
+    namespace: str  # the adopting request's cache salt ("" for none)
+    group: int
+    block_id: int
+    written_under: str  # the cache salt of the request that wrote the block
+
+    def describe(self) -> str:
+        def salt(s: str) -> str:
+            return f"cache_salt={s!r}" if s else "no cache_salt"
+
+        return (
+            f"request {self.request_id} ({salt(self.namespace)}) adopts block {self.block_id} of group "
+            f"{self.group} from the prefix cache, written for a request with {salt(self.written_under)}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class EventGap:
     """A prefix-cache key on which the KV events published so far disagree
     with the index: replaying them counts ``announced`` blocks under it, the
@@ -695,6 +716,9 @@ class StepObservation:
     # disagree. Empty where no update ran, or events are off.
     event_gaps: tuple[EventGap, ...] = ()
     events_replayed: bool = False
+    # Blocks the step's admissions adopted (what schedule() handed to
+    # allocate_slots as computed) that were written under another salt.
+    foreign_hits: tuple[ForeignHit, ...] = ()
 
     @property
     def fed_late(self) -> bool:
