@@ -17,12 +17,31 @@ from collections.abc import Callable
 
 from fuzz.model import InvariantViolation, StepObservation
 
-__all__ = ["PROMISE_CHECKS", "check_events_replay_index", "check_hits_within_namespace"]
+__all__ = ["PROMISE_CHECKS", "check_events_replay_index", "check_hits_within_namespace", "check_lookahead_allocated"]
 
 # The vLLM code that builds the events (matched by known-bug signatures).
 EVENTS_WHERE = "BlockPool"
 EVENTS_DISAGREE = "replayed KV events disagree with the prefix-cache index"
 CROSS_NAMESPACE_HIT = "a prefix-cache hit across cache salts"
+LOOKAHEAD_UNALLOCATED = "a drafter's lookahead past the blocks allocated"
+
+
+def check_lookahead_allocated(step: StepObservation) -> None:
+    """A drafter with its own forward pass (EAGLE, a draft model) writes KV
+    ``num_lookahead_tokens`` positions past each step it drafts from: every
+    attention group's table the runner gets for that step already covers
+    them (up to max_model_len), or the drafter writes into blocks the
+    request does not own."""
+    if not step.missing_lookahead:
+        return
+    raise InvariantViolation(
+        "lookahead-allocated",
+        "\n".join(m.describe() for m in step.missing_lookahead)
+        + f"\n{step.describe()}"
+        + (f"\n  scenario: {step.context}" if step.context else ""),
+        where="KVCacheManager.allocate_slots",
+        state=LOOKAHEAD_UNALLOCATED,
+    )
 
 
 def check_hits_within_namespace(step: StepObservation) -> None:
@@ -62,4 +81,8 @@ def check_events_replay_index(step: StepObservation) -> None:
     )
 
 
-PROMISE_CHECKS: tuple[Callable[[StepObservation], None], ...] = (check_hits_within_namespace, check_events_replay_index)
+PROMISE_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
+    check_lookahead_allocated,
+    check_hits_within_namespace,
+    check_events_replay_index,
+)

@@ -28,7 +28,7 @@ from fuzz.runners.scheduler import STALE_OUTPUT, Stepper, run_single_shot
 from invariants import connector as conn
 from invariants import scheduler as inv
 from invariants.ownership import OWNERSHIP_CHECKS
-from invariants.promises import check_events_replay_index, check_hits_within_namespace
+from invariants.promises import check_events_replay_index, check_hits_within_namespace, check_lookahead_allocated
 from fuzz.model import InvariantViolation
 from strategies.scheduler import SingleShotScenario, single_shot_scenarios
 
@@ -181,6 +181,17 @@ def tenants_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def eagle_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """:func:`speculating_harness`'s async EAGLE run (k = 3: the drafter
+    writes 3 positions ahead of every step it drafts from), stepped with
+    ``checks``."""
+    harness = speculating_harness(True)
+    assert harness.lookahead == 3, harness.lookahead
+    run = Stepper(harness, checks)
+    run.drain()
+    return run
+
+
 # Planted bugs on paths a fixed run reaches (the machine's derandomized
 # search meets few preemptions during a step): (check, invariant, bug, run,
 # the label the unmodified run shows, to prove it meets the case; None: the
@@ -193,6 +204,7 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
     # What the cache announces (invariants/promises.py).
     (check_events_replay_index, "events-replay-index", "eviction_announces_nothing", evicting_events_run, None),
     (check_hits_within_namespace, "hits-within-namespace", "cache_salt_not_hashed", tenants_run, None),
+    (check_lookahead_allocated, "lookahead-allocated", "lookahead_not_allocated", eagle_run, None),
 ]
 
 

@@ -506,6 +506,14 @@ _FUNCTION_EDITS: dict[str, tuple[str, tuple[str, str], tuple[tuple[str, str], ..
     ),
 }
 
+# A drafter's lookahead slots (compiled as the connector edits are).
+_SPEC_DECODE_EDITS["lookahead_not_allocated"] = (
+    "schedule() allocates a running request's slots without the drafter's lookahead: "
+    "EAGLE writes its draft positions' KV past the blocks the request owns",
+    "schedule",
+    (("num_lookahead_tokens=self.num_lookahead_tokens,", "num_lookahead_tokens=0,"),),
+)
+
 PLANTED_SCHEDULER_BUGS: dict[str, str] = {
     **{name: desc for name, (desc, _) in _SCHEDULE_EDITS.items()},
     **{name: desc for name, (desc, _, _) in _FUNCTION_EDITS.items()},

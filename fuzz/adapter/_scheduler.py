@@ -54,6 +54,7 @@ from fuzz.model import (  # noqa: E402
     UnwrittenRead,
     EventGap,
     ForeignHit,
+    MissingLookahead,
 )
 from invariants._common import group_behaviour as _group_behaviour  # noqa: E402
 from invariants._common import group_kind as _group_kind  # noqa: E402
@@ -203,6 +204,10 @@ class SchedulerHarness:
             self.null_block_id,
         )
         self._unwritten_reads: list[UnwrittenRead] = []
+        self._missing_lookahead: list[MissingLookahead] = []
+        # A drafter with its own forward pass (EAGLE, a draft model) writes
+        # KV this many positions past the target's (0: none does).
+        self.lookahead: int = getattr(self.scheduler, "num_lookahead_tokens", 0) or 0
         self._failing_now: frozenset[int] = frozenset()  # the blocks the worker fails in this step's sync loads
         # KV events on: the harness is the publisher, replaying every batch
         # as a KV-aware router would (fuzz/adapter/_events.py).
@@ -544,6 +549,7 @@ class SchedulerHarness:
             unbacked_entries=unbacked,
             event_gaps=gaps,
             foreign_hits=foreign,
+            missing_lookahead=tuple(self._missing_lookahead) if out is not None else (),
             events_replayed=self.events is not None and fed is not None and not error,
         )
 
@@ -758,12 +764,15 @@ class SchedulerHarness:
         # From the output and the worker's own record (prompt plus what it
         # sampled, fed back or still queued), never from vLLM's Request.
         self.worker.resync(out)
+        self._missing_lookahead = []
         before = computed_before(out)
         # Where each request's tokens start (before this step's rejections count).
         starts = {rid: self.worker.start(rid, before) for rid in out.num_scheduled_tokens if rid in before}
         for rid in out.num_scheduled_tokens:
             self.worker.write(out, rid, before, self.step_index)
             done_prefill = self.worker.reaches_end(out, rid, before)
+            if done_prefill and rid in before:
+                self._check_lookahead(out, rid, before[rid])
             accepted = 0
             verifiable = self._verifiable(out, rid, newly) if done_prefill else 0
             if verifiable:
@@ -779,6 +788,27 @@ class SchedulerHarness:
         self.contents.settle_copies(self.step_index)
         self._unwritten_reads = self._reads(starts)
         return sampled
+
+    def _check_lookahead(self, out: Any, rid: str, start: int) -> None:
+        """The drafter follows ``rid``'s step and writes KV for the
+        positions past it (EAGLE, draft models): every attention group's
+        table handed to the runner must already cover them (allocate_slots
+        reserves them, up to max_model_len). A V2-runner step that skips
+        drafting (``skip_drafts``) writes none."""
+        if not self.lookahead or getattr(out, "skip_drafts", False):
+            return
+        tables = self.contents.tables.get(rid)
+        if tables is None:
+            return
+        n = out.num_scheduled_tokens[rid]
+        needed = min(start + n + self.lookahead, self.max_model_len)
+        for group, (table, size, recorded) in enumerate(
+            zip(tables, self.contents.block_sizes, self.contents.per_position)
+        ):
+            if recorded and len(table) * size < needed:
+                self._missing_lookahead.append(
+                    MissingLookahead(rid, group, start, n, self.lookahead, needed, len(table) * size)
+                )
 
     def _write_contents(self, out: Any, rid: str, start: int, accepted: int) -> None:
         """The KV the step writes for ``rid`` from ``start``: its scheduled

@@ -591,6 +591,28 @@ class UnbackedEntry:
 
 
 @dataclasses.dataclass(frozen=True)
+class MissingLookahead:
+    """A request whose step a drafter follows (it reaches its end: the drafter
+    proposes from it) with fewer blocks in a group's table than the positions
+    the drafter writes ahead need."""
+
+    request_id: str
+    group: int
+    start: int  # num_computed_tokens the output hands the runner
+    num_scheduled: int
+    lookahead: int  # vllm_config.num_lookahead_tokens
+    needed: int  # positions the table must cover: min(start + scheduled + lookahead, max_model_len)
+    covered: int  # positions the table covers: its blocks x the group's block size
+
+    def describe(self) -> str:
+        return (
+            f"request {self.request_id}, group {self.group}: computing [{self.start}, "
+            f"{self.start + self.num_scheduled}) with a drafter that writes {self.lookahead} position(s) ahead needs "
+            f"a table covering {self.needed} positions; the runner's table covers {self.covered}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class ForeignHit:
     """A block a request adopted from the prefix cache that was written for
     a request of another namespace (cache salt): the hit crosses tenants."""
@@ -719,6 +741,8 @@ class StepObservation:
     # Blocks the step's admissions adopted (what schedule() handed to
     # allocate_slots as computed) that were written under another salt.
     foreign_hits: tuple[ForeignHit, ...] = ()
+    # Requests whose table the drafter's lookahead writes run past.
+    missing_lookahead: tuple[MissingLookahead, ...] = ()
 
     @property
     def fed_late(self) -> bool:
