@@ -444,9 +444,6 @@ class SchedulerHarness:
             q.request_id for q in queries if not self.script.reply_for(q.request_id).honest
         )
         admissions = self._admissions(out, queries, allocs)
-        # Before the step's own writes: what each admission adopted was
-        # written by earlier steps.
-        foreign = self._foreign_hits(admissions)
         connector_allocs = self._connector_allocs(queries, allocs)
         for a in connector_allocs:
             if a.num_external_tokens and a.reply_async:
@@ -462,9 +459,14 @@ class SchedulerHarness:
             self._fail_sync_loads = False
         queued = None
         unbacked: tuple[UnbackedEntry, ...] = ()
+        foreign: tuple[ForeignHit, ...] = ()
         if out is not None:
             self._hand_over(out, connector_allocs, admissions, invalid)
             queued = _Pending(self.step_index, out, self._sampled(out), invalid, self._sync_failures)
+            # After the step's loads and forward pass: a block another
+            # request fills in this very step may be adopted in it (vLLM
+            # caches it in the schedule() of the step that fills it).
+            foreign = self._foreign_hits(admissions)
             # The index as the step runs: what schedule() cached, against
             # what the step's forward pass and loads have written by then
             # (an async load's blocks only once it is reported landed).
