@@ -49,6 +49,7 @@ from invariants._common import group_kind, group_name as _name
 from invariants.classification import Behaviour, classification_of_kind
 from invariants.connector import CONNECTOR_ADMISSION_CHECKS, CONNECTOR_STEP_CHECKS
 from invariants.ownership import OWNERSHIP_CHECKS
+from invariants.promises import PROMISE_CHECKS
 
 __all__ = [
     "WHERE",
@@ -632,6 +633,8 @@ STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     *CONNECTOR_STEP_CHECKS,
     # The shadow model of block ownership (invariants/ownership.py).
     *OWNERSHIP_CHECKS,
+    # What the cache announces (invariants/promises.py).
+    *PROMISE_CHECKS,
     # What the blocks hold (fuzz/adapter/_contents.py).
     check_reads_written,
     check_index_written,

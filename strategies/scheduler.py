@@ -47,6 +47,7 @@ __all__ = [
     "machine_configs",
     "generation_lengths",
     "prefix_cache_skips",
+    "cache_salts",
     "pressure_lengths",
     "prompt_draws",
     "scheduler_draws",
@@ -373,6 +374,18 @@ def prefix_cache_skips() -> st.SearchStrategy[bool]:
     request in eight. Drawn inside the range (Hypothesis favours its ends);
     shrinks to False."""
     return st.integers(0, 7).map(lambda k: k == 3)
+
+
+# Two tenants, so that salted requests share prompts with each other and
+# with unsalted ones.
+_SALTS = ("tenant-a", "tenant-b")
+
+
+def cache_salts() -> st.SearchStrategy[str | None]:
+    """A request's ``cache_salt``: none in half the requests, else one of
+    two tenants' (requests draw prompts from shared prefixes, so tenants
+    send the same tokens). Drawn inside the range; shrinks to None."""
+    return st.integers(0, 3).map(lambda k: _SALTS[k - 2] if k >= 2 else None)
 
 
 @dataclass(frozen=True)
@@ -818,10 +831,14 @@ def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw])
     # (The long-prefill threshold stays within it: vLLM refuses less.)
     fits = _longest_request(layout, num_blocks - 1, config.num_speculative_tokens or 0)
     limit = max(min(limit, fits), config.long_prefill_token_threshold, 2)
+    # Half the configurations publish KV events (--kv-events-config), which
+    # the harness replays as a router would; drawn last, shrinks to off.
+    kv_events = draw(st.booleans(), label="kv events")
     return dataclasses.replace(
         config,
         layout=dataclasses.replace(layout, num_blocks=num_blocks, max_model_len=limit),
         prefill_schedule_interval=interval,
+        kv_events=kv_events,
     )
 
 
@@ -831,9 +848,10 @@ def machine_configs(
     """Scheduler configurations for the state machine (default: every layout
     family, the core case first) with a pool sized from one ~6-block
     request up to three times that, in three configurations in eight a
-    prefill cadence (``prefill_schedule_interval`` 2-4), and in one in four
-    a context (``max_model_len``) of 2-8 scheduler blocks.
-    Shrinks towards the smallest pool, no cadence and a roomy context."""
+    prefill cadence (``prefill_schedule_interval`` 2-4), in one in four a
+    context (``max_model_len``) of 2-8 scheduler blocks, and in half KV
+    events on. Shrinks towards the smallest pool, no cadence, a roomy context
+    and no events."""
     if configs is None:
         configs = scheduler_draws(
             layouts=scheduler_layouts(weights=(6, 2, 2, 1, 2)), asynchronous=True, producers=True, speculative=True

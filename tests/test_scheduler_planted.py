@@ -28,6 +28,7 @@ from fuzz.runners.scheduler import STALE_OUTPUT, Stepper, run_single_shot
 from invariants import connector as conn
 from invariants import scheduler as inv
 from invariants.ownership import OWNERSHIP_CHECKS
+from invariants.promises import check_events_replay_index, check_hits_within_namespace, check_lookahead_allocated
 from fuzz.model import InvariantViolation
 from strategies.scheduler import SingleShotScenario, single_shot_scenarios
 
@@ -149,6 +150,48 @@ def decoding_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def evicting_events_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """KV events on; four 13-token prompts with no common prefix, one after
+    another, decoding 2 tokens each on an 8-block pool of 4-token blocks:
+    each prompt caches 3 blocks, and from the third on the new prompt's
+    blocks are taken from cached ones (eviction announced by BlockRemoved)."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=9)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2, kv_events=True))
+    run = Stepper(harness, checks)
+    for i in range(4):
+        harness.add_request(range(100 * i, 100 * i + 13), max_tokens=2)
+        run.drain()
+    assert harness.observer.events is not None and harness.observer.events.events_seen["BlockRemoved"] >= 2, harness.observer.events.events_seen
+    return run
+
+
+def tenants_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """One 13-token prompt sent by tenant a, tenant b, an unsalted client
+    and tenant a again, one after another: only the last may hit (3 blocks
+    of 4 tokens), and does."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2))
+    run = Stepper(harness, checks)
+    hits = []
+    for salt in ("tenant-a", "tenant-b", None, "tenant-a"):
+        rid = harness.add_request(range(13), max_tokens=2, cache_salt=salt)
+        hits += [a.local_hit for a in [*(run.step().admissions)] if a.request_id == rid]
+        run.drain()
+    assert hits[-1] == 12, hits
+    return run
+
+
+def eagle_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """:func:`speculating_harness`'s async EAGLE run (k = 3: the drafter
+    writes 3 positions ahead of every step it drafts from), stepped with
+    ``checks``."""
+    harness = speculating_harness(True)
+    assert harness.runner.lookahead == 3, harness.runner.lookahead
+    run = Stepper(harness, checks)
+    run.drain()
+    return run
+
+
 # Planted bugs on paths a fixed run reaches (the machine's derandomized
 # search meets few preemptions during a step): (check, invariant, bug, run,
 # the label the unmodified run shows, to prove it meets the case; None: the
@@ -158,6 +201,10 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
      STALE_OUTPUT),
     (inv.check_running_requests_progress, "running-request-progresses", "max_tokens_skip_unguarded", decoding_run,
      None),
+    # What the cache announces (invariants/promises.py).
+    (check_events_replay_index, "events-replay-index", "eviction_announces_nothing", evicting_events_run, None),
+    (check_hits_within_namespace, "hits-within-namespace", "cache_salt_not_hashed", tenants_run, None),
+    (check_lookahead_allocated, "lookahead-allocated", "lookahead_not_allocated", eagle_run, None),
 ]
 
 

@@ -290,3 +290,20 @@ def group_of_key(key: Any) -> int:
 
 
 from vllm.v1.core.kv_cache_utils import get_group_id as _get_group_id  # noqa: E402
+
+
+def event_key(key: Any) -> tuple[int, Any]:
+    """A prefix-cache key as KV events spell it: (group, the external form of
+    its hash that ``BlockStored`` / ``BlockRemoved`` carry)."""
+    return int(_get_group_id(key)), _kcu.maybe_convert_block_hash(_kcu.get_block_hash(key))
+
+
+def kv_events_kw(enabled: bool) -> dict[str, Any]:
+    """``VllmConfig`` keywords that turn vLLM's KV-cache events on: the
+    scheduler's block pool queues them and ``update_from_output()`` hands
+    each step's batch to the publisher (the harness stands in for it)."""
+    if not enabled:
+        return {}
+    from vllm.config import KVEventsConfig
+
+    return {"kv_events_config": KVEventsConfig(enable_kv_cache_events=True, publisher="null")}

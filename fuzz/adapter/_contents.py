@@ -19,6 +19,10 @@ outlive its owner: a freed block that stays in the prefix cache holds what
 was last written into it. Recurrent-state (Mamba) groups and scratch
 groups are not recorded here.
 
+Each block also keeps the namespace of the request that last wrote it: what
+vLLM folds into a block's hash besides the tokens (its cache salt), so that
+a hit can be held to the namespace it was cached under.
+
 A block counts as written once the step that computes it has been handed
 to the runner: vLLM registers a block in its prefix cache in the
 ``schedule()`` of the step that fills it, and a later step that reads it
@@ -83,6 +87,10 @@ class BlockContents:
         self.loading: dict[str, tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int, tuple[int, ...]]] = {}
         # The step's block copies (source, destination), in order.
         self.copies: list[tuple[int, int]] = []
+        # Request id -> its namespace (cache salt; "" for none), as added;
+        # block id -> the namespace of the request that last wrote it.
+        self.namespaces: dict[str, str] = {}
+        self.written_under: dict[int, str] = {}
 
     def take_tables(self, out: Any) -> None:
         """The block tables ``out`` hands the runner, and the copies it
@@ -103,6 +111,8 @@ class BlockContents:
         before = {src: dict(self.held.get(src, {})) for src, _ in self.copies}
         for src, dst in self.copies:
             self.held[dst] = dict(before[src])
+            if src in self.written_under:
+                self.written_under[dst] = self.written_under[src]
 
     def settle_copies(self, step: int) -> None:
         """After the step's loads and forward pass: each offset a copy's
@@ -123,9 +133,10 @@ class BlockContents:
         self.copies = []
 
     def _put(self, tables: Sequence[Sequence[int]], positions: Sequence[Iterable[int]], step: int,
-             failed: frozenset[int], tokens: Sequence[int]) -> None:
+             failed: frozenset[int], tokens: Sequence[int], namespace: str | None = None) -> None:
         """Write, per group, that group's ``positions`` through its table,
-        each from its token in ``tokens`` (None past its end)."""
+        each from its token in ``tokens`` (None past its end), for a request
+        of ``namespace`` (None: unknown)."""
         for table, size, recorded, group_positions in zip(tables, self.block_sizes, self.per_position, positions):
             if not recorded:
                 continue
@@ -133,6 +144,8 @@ class BlockContents:
                 index = position // size
                 if index < len(table) and table[index] != self.null_block_id:
                     block = table[index]
+                    if namespace is not None:
+                        self.written_under[block] = namespace
                     token = tokens[position] if position < len(tokens) else None
                     self.held.setdefault(block, {})[position % size] = (
                         (FAILED_LOAD, step, None) if block in failed else (position, step, token)
@@ -142,16 +155,19 @@ class BlockContents:
         """The runner computes positions [start, end) of ``request_id``
         from its ``tokens``."""
         if request_id in self.tables:
-            self._put(self.tables[request_id], [range(start, end)] * len(self.block_sizes), step, frozenset(), tokens)
+            self._put(self.tables[request_id], [range(start, end)] * len(self.block_sizes), step, frozenset(), tokens,
+                      self.namespaces.get(request_id))
 
     def load(self, block_ids: Sequence[Sequence[int]], starts: Sequence[int], end: int, step: int,
-             tokens: Sequence[int], failed: Iterable[int] = ()) -> None:
+             tokens: Sequence[int], failed: Iterable[int] = (), request_id: str | None = None) -> None:
         """The connector's worker loads positions [starts[g], end) of a
         request whose tokens are ``tokens`` into ``block_ids`` (per group g:
         a connector completing a divergent hybrid hit also fills what a
         lagging group lacks below the local hit); the blocks it ``failed``
-        hold nothing it can name (FAILED_LOAD)."""
-        self._put(block_ids, [range(start, end) for start in starts], step, frozenset(failed), tokens)
+        hold nothing it can name (FAILED_LOAD). The blocks are written for
+        ``request_id``, in its namespace."""
+        self._put(block_ids, [range(start, end) for start in starts], step, frozenset(failed), tokens,
+                  self.namespaces.get(request_id) if request_id is not None else None)
 
     def start_async_load(self, request_id: str, block_ids: Sequence[Sequence[int]], starts: Sequence[int],
                          end: int, tokens: Sequence[int]) -> None:
@@ -162,7 +178,7 @@ class BlockContents:
         its blocks hold nothing it can name)."""
         load = self.loading.pop(request_id, None)
         if load is not None and not failed:
-            self.load(load[0], load[1], load[2], step, load[3])
+            self.load(load[0], load[1], load[2], step, load[3], request_id=request_id)
 
     def unwritten(self, block_id: int, group: int, positions: Iterable[int], tokens: Sequence[int] = ()
                   ) -> list[tuple[int, tuple[int, int, int | None] | None]]:
@@ -236,6 +252,24 @@ class BlockContents:
             if missing:
                 bad.append((group, block_id, num_tokens, missing))
         return bad
+
+    def foreign_blocks(self, request_id: str, block_ids: Sequence[Sequence[int]]) -> list[tuple[int, int, str]]:
+        """Of ``block_ids`` (per group) that ``request_id`` adopts, each of a
+        recorded group last written for a request of another namespace:
+        (group, block id, that namespace). Blocks never written here (or a
+        request added without a namespace) are taken on trust."""
+        mine = self.namespaces.get(request_id)
+        if mine is None:
+            return []
+        found = []
+        for group, ids in enumerate(block_ids):
+            if group >= len(self.per_position) or not self.per_position[group]:
+                continue
+            for block_id in ids:
+                theirs = self.written_under.get(block_id)
+                if block_id != self.null_block_id and theirs is not None and theirs != mine:
+                    found.append((group, block_id, theirs))
+        return found
 
     def forget(self, request_ids: Iterable[str]) -> None:
         """The runner drops the tables of requests that left its batch."""

@@ -291,6 +291,7 @@ def _vllm_config(engine: EngineDraw, draw: SchedulerDraw | None, max_model_len: 
         ),
         kv_transfer_config=_connector.transfer_config(draw.kv_load_failure_policy, draw.kv_role),
         device_config=DeviceConfig(device="cpu"),
+        **_compat.kv_events_kw(draw.kv_events),
     )
     # The lean CPU install has no vLLM platform, so VllmConfig turns the
     # hybrid KV-cache manager off; the GPU deployments modelled run with it.

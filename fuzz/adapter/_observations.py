@@ -18,6 +18,7 @@ from typing import Any
 from fuzz.adapter import _compat
 from fuzz.adapter._connector import ConnectorScript
 from fuzz.adapter._env import sha256
+from fuzz.adapter._events import EventLog, event_gaps, index_counts
 from fuzz.adapter._observe import Spies
 from fuzz.adapter._reports import computed_before
 
@@ -29,6 +30,7 @@ from fuzz.model import (  # noqa: E402
     AdmissionObservation,
     ConnectorAlloc,
     DraftVerification,
+    EventGap,
     GroupInfo,
     PoolObservation,
     SchedulerDraw,
@@ -72,6 +74,21 @@ class Observer:
         self._finishes_seen = 0
         self._gone: set[str] = set()
         self.spies = Spies(scheduler, len(groups), self._new_admission)
+        # KV events on: the observer is the scheduler's event publisher,
+        # replaying every batch as a KV-aware router would (_events.py).
+        self.events: EventLog | None = None
+        if draw.kv_events:
+            self.events = EventLog()
+            scheduler.kv_event_publisher = self.events
+
+    def event_gaps(self) -> tuple[EventGap, ...]:
+        """Right after update_from_output() published the step's events (the
+        block pool's queue is empty then): each key where the replay of every
+        batch so far disagrees with the prefix-cache index."""
+        cached = _compat.prefix_cache_map(self.manager.block_pool) if self.events is not None else None
+        if cached is None:
+            return ()
+        return tuple(EventGap(*gap) for gap in event_gaps(self.events.counts, index_counts(cached, _compat.event_key)))
 
     def _new_admission(self, request: Request, **lookup: Any) -> AdmissionObservation:
         """A waiting request's observation as its local lookup returns."""

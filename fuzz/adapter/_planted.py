@@ -484,8 +484,39 @@ _MANAGER_EDITS["partial_hit_shares_its_block"] = (
     ),
 )
 
+# What the block pool announces (compiled as the ownership edits are): KV
+# events a router replays (invariants/promises.py).
+_MANAGER_EDITS["eviction_announces_nothing"] = (
+    "BlockPool._maybe_evict_cached_block drops a reused block's keys from the "
+    "prefix-cache index without publishing BlockRemoved: a KV-aware router keeps "
+    "routing requests to a hit that is gone",
+    ("vllm.v1.core.block_pool", "BlockPool", "_maybe_evict_cached_block"),
+    (("self._emit_block_removed_events(evicted_hashes)", "pass"),),
+)
+
+# name: (description, (vLLM module, function), edits): planted bugs in a
+# module-level function of vLLM's (the block hashing), compiled as the
+# method edits are and swapped into the module for the duration.
+_FUNCTION_EDITS: dict[str, tuple[str, tuple[str, str], tuple[tuple[str, str], ...]]] = {
+    "cache_salt_not_hashed": (
+        "generate_block_hash_extra_keys leaves the request's cache_salt out of its first "
+        "block's extra keys: requests of different tenants share prefix-cache entries",
+        ("vllm.v1.core.kv_cache_utils", "generate_block_hash_extra_keys"),
+        (("if (start_token_idx == 0 and request.cache_salt)", "if (False and request.cache_salt)"),),
+    ),
+}
+
+# A drafter's lookahead slots (compiled as the connector edits are).
+_SPEC_DECODE_EDITS["lookahead_not_allocated"] = (
+    "schedule() allocates a running request's slots without the drafter's lookahead: "
+    "EAGLE writes its draft positions' KV past the blocks the request owns",
+    "schedule",
+    (("num_lookahead_tokens=self.num_lookahead_tokens,", "num_lookahead_tokens=0,"),),
+)
+
 PLANTED_SCHEDULER_BUGS: dict[str, str] = {
     **{name: desc for name, (desc, _) in _SCHEDULE_EDITS.items()},
+    **{name: desc for name, (desc, _, _) in _FUNCTION_EDITS.items()},
     **{name: desc for name, (desc, _, _) in _CONNECTOR_EDITS.items()},
     **{name: desc for name, (desc, _, _) in _SPEC_DECODE_EDITS.items()},
     **PLANTED_OWNERSHIP_BUGS,
@@ -592,6 +623,26 @@ def _compile_edited(cls: type, method: str, edits: tuple[tuple[str, str], ...], 
     return edited
 
 
+@functools.cache
+def _patched_function(name: str) -> tuple[Any, str, Any]:
+    """The planted function edit ``name``: its vLLM module, function name
+    and the edited function, compiled at the original's line numbers with
+    its source registered (as :func:`_compile_edited` does for methods)."""
+    _, (module_name, function), edits = _FUNCTION_EDITS[name]
+    module = importlib.import_module(module_name)
+    original = getattr(module, function)
+    lines, first = inspect.getsourcelines(original)
+    source = textwrap.dedent("".join(lines))
+    for old, new in edits:
+        source = _edit(source, old, new, name, function)
+    shim = "\n" * max(first - 1, 0) + source
+    filename = f"{inspect.getsourcefile(original)} [planted {name}]"
+    linecache.cache[filename] = (len(shim), None, shim.splitlines(keepends=True), filename)
+    namespace = dict(vars(module))
+    exec(compile(shim, filename, "exec"), namespace)  # noqa: S102
+    return module, function, namespace[function]
+
+
 @contextlib.contextmanager
 def planted_scheduler_bug(name: str) -> Iterator[None]:
     """Run the enclosed code against a deliberately broken scheduler path."""
@@ -600,6 +651,15 @@ def planted_scheduler_bug(name: str) -> Iterator[None]:
     if name in _TRUNCATE_BUG_FOR:
         with planted_truncate_bug(_TRUNCATE_BUG_FOR[name]):
             yield
+        return
+    if name in _FUNCTION_EDITS:
+        module, function, edited = _patched_function(name)
+        original = getattr(module, function)
+        setattr(module, function, edited)
+        try:
+            yield
+        finally:
+            setattr(module, function, original)
         return
     if name in _OWNERSHIP_EDITS or name in _MANAGER_EDITS:
         cls, method, edited = _patched_method(name)

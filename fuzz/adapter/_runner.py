@@ -26,7 +26,9 @@ from fuzz.model import (  # noqa: E402
     ConnectorAlloc,
     FedOutput,
     GroupInfo,
+    ForeignHit,
     KvFromOtherToken,
+    MissingLookahead,
     SchedulerDraw,
     UnbackedEntry,
     UnwrittenRead,
@@ -43,7 +45,7 @@ class ScriptedRunner:
     scheduled step read that its blocks did not hold (:attr:`unwritten_reads`)."""
 
     def __init__(self, draw: SchedulerDraw, groups: tuple[GroupInfo, ...], read_rules: tuple[tuple[str, int], ...],
-                 null_block_id: int) -> None:
+                 null_block_id: int, lookahead: int = 0, max_model_len: int = 0) -> None:
         self.draw = draw
         self.groups = groups
         self.read_rules = read_rules
@@ -58,6 +60,12 @@ class ScriptedRunner:
             null_block_id,
         )
         self.unwritten_reads: list[UnwrittenRead] = []
+        # A drafter with its own forward pass (EAGLE, a draft model) writes
+        # KV this many positions past the target's (0: none does), up to
+        # max_model_len; the last sampled step's tables that fall short.
+        self.lookahead = lookahead
+        self.max_model_len = max_model_len
+        self.missing_lookahead: list[MissingLookahead] = []
         self._failing_now: frozenset[int] = frozenset()  # the blocks the worker fails in this step's sync loads
 
     def hand_over(self, out: Any, allocs: tuple[ConnectorAlloc, ...], admissions: Sequence[AdmissionObservation],
@@ -87,7 +95,7 @@ class ScriptedRunner:
             if a.reply_async:
                 self.contents.start_async_load(a.request_id, a.block_ids, starts, end, tokens)
             else:
-                self.contents.load(a.block_ids, starts, end, step, tokens, failed=invalid)
+                self.contents.load(a.block_ids, starts, end, step, tokens, failed=invalid, request_id=a.request_id)
 
     def sample(self, out: Any, step: int, newly: frozenset[str], whole_prompt_landed: set[str]) -> list[list[int]]:
         """What the model runner samples for ``out``, decided as it is
@@ -101,12 +109,15 @@ class ScriptedRunner:
         # From the output and the worker's own record (prompt plus what it
         # sampled, fed back or still queued), never from vLLM's Request.
         self.worker.resync(out)
+        self.missing_lookahead = []
         before = computed_before(out)
         # Where each request's tokens start (before this step's rejections count).
         starts = {rid: self.worker.start(rid, before) for rid in out.num_scheduled_tokens if rid in before}
         for rid in out.num_scheduled_tokens:
             self.worker.write(out, rid, before, step)
             done_prefill = self.worker.reaches_end(out, rid, before)
+            if done_prefill and rid in before:
+                self._check_lookahead(out, rid, before[rid])
             accepted = 0
             verifiable = self._verifiable(out, rid, newly) if done_prefill else 0
             if verifiable:
@@ -122,6 +133,42 @@ class ScriptedRunner:
         self.contents.settle_copies(step)
         self.unwritten_reads = self._reads(starts, whole_prompt_landed)
         return sampled
+
+    def _check_lookahead(self, out: Any, rid: str, start: int) -> None:
+        """The drafter follows ``rid``'s step and writes KV for the
+        positions past it (EAGLE, draft models): every attention group's
+        table handed to the runner must already cover them (allocate_slots
+        reserves them, up to max_model_len). A V2-runner step that skips
+        drafting (``skip_drafts``) writes none."""
+        if not self.lookahead or getattr(out, "skip_drafts", False):
+            return
+        tables = self.contents.tables.get(rid)
+        if tables is None:
+            return
+        n = out.num_scheduled_tokens[rid]
+        needed = min(start + n + self.lookahead, self.max_model_len)
+        for group, (table, size, recorded) in enumerate(
+            zip(tables, self.contents.block_sizes, self.contents.per_position)
+        ):
+            if recorded and len(table) * size < needed:
+                self.missing_lookahead.append(
+                    MissingLookahead(rid, group, start, n, self.lookahead, needed, len(table) * size)
+                )
+
+    def foreign_hits(self, admissions: Sequence[AdmissionObservation]) -> tuple[ForeignHit, ...]:
+        """Each block an admission adopted as computed (the local blocks
+        handed to allocate_slots) last written for another cache salt.
+        Asked after the step's loads and forward pass: a block another
+        request fills in this very step may be adopted in it (vLLM caches
+        it in the schedule() of the step that fills it)."""
+        found = []
+        for adm in admissions:
+            if adm.alloc_local_blocks is None:
+                continue
+            mine = self.contents.namespaces.get(adm.request_id, "")
+            for group, block_id, theirs in self.contents.foreign_blocks(adm.request_id, adm.alloc_local_blocks):
+                found.append(ForeignHit(adm.request_id, mine, group, block_id, theirs))
+        return tuple(found)
 
     def _verifiable(self, out: Any, rid: str, newly: frozenset[str]) -> int:
         """How many of the drafts scheduled for ``rid`` the rejection sampler

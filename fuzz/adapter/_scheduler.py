@@ -50,6 +50,8 @@ from fuzz.model import (  # noqa: E402
     SchedulerDraw,
     SpecDraw,
     StaleOutput,
+    EventGap,
+    ForeignHit,
     StepObservation,
     UnbackedEntry,
 )
@@ -175,7 +177,8 @@ class SchedulerHarness:
         self.read_rules = read_rules(
             built.kv_config, self.groups, self.spans, tuple(_group_behaviour(g).value for g in self.groups)
         )
-        self.runner = ScriptedRunner(draw, self.groups, self.read_rules, self.null_block_id)
+        lookahead = getattr(self.scheduler, "num_lookahead_tokens", 0) or 0
+        self.runner = ScriptedRunner(draw, self.groups, self.read_rules, self.null_block_id, lookahead, self.max_model_len)
         self.worker = self.runner.worker
         self.contents = self.runner.contents
 
@@ -227,10 +230,11 @@ class SchedulerHarness:
         reply: ExternalReply | None = None,
         request_id: str | None = None,
         skip_reading_prefix_cache: bool = False,
+        cache_salt: str | None = None,
     ) -> str:
         """Add a request; ``skip_reading_prefix_cache`` sets that
         ``SamplingParams`` field (a release without it gets a plain request,
-        recorded as such)."""
+        recorded as such); ``cache_salt`` is the request's (a tenant's)."""
         limit = self.max_model_len
         if not 0 < len(tokens) < limit:
             # EngineCore never sees such a prompt: vLLM's input processor
@@ -248,15 +252,18 @@ class SchedulerHarness:
             sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **extra),
             pooling_params=None,
             block_hasher=get_request_block_hasher(self.hash_block_size, sha256),
+            **({"cache_salt": cache_salt} if cache_salt else {}),
         )
         if reply is not None:
             self.script.replies[rid] = reply
         self._requests[rid] = req
         self.worker.add(rid, tokens)
+        self.contents.namespaces[rid] = cache_salt or ""
         if skip:
             self.observer.skips.add(rid)
         self.oplog.ops.append(
-            AddRequest(rid, tuple(tokens), max_tokens, reply, self.step_index, skip_reading_prefix_cache=skip)
+            AddRequest(rid, tuple(tokens), max_tokens, reply, self.step_index, skip_reading_prefix_cache=skip,
+                       cache_salt=cache_salt or None)
         )
         self.scheduler.add_request(req)
         return rid
@@ -369,6 +376,7 @@ class SchedulerHarness:
         invalid = self.faults.invalid_blocks(admissions)
         queued = None
         unbacked: tuple[UnbackedEntry, ...] = ()
+        foreign: tuple[ForeignHit, ...] = ()
         if out is not None:
             self.runner.hand_over(out, connector_allocs, admissions, invalid, self.step_index)
             sampled = self.runner.sample(
@@ -379,12 +387,15 @@ class SchedulerHarness:
             # what the step's forward pass and loads have written by then
             # (an async load's blocks only once it is reported landed).
             unbacked = self.runner.unbacked_entries(self.pool)
+            foreign = self.runner.foreign_hits(admissions)
         finished: frozenset[str] = frozenset()
         fed = None if error else self._take_output(queued)
+        gaps: tuple[EventGap, ...] = ()
         if fed is not None:
             try:
                 self.faults.process_aborts()
                 finished = self._feed_back(fed)
+                gaps = self.observer.event_gaps()
             except Exception as exc:  # noqa: BLE001
                 _raise_if_suite_code(exc, "update_from_output")
                 error, error_type, where = (
@@ -465,6 +476,10 @@ class SchedulerHarness:
             kv_from_other_tokens=kv_wrong,
             unwritten_reads=tuple(self.runner.unwritten_reads) if out is not None else (),
             unbacked_entries=unbacked,
+            event_gaps=gaps,
+            events_replayed=self.observer.events is not None and fed is not None and not error,
+            foreign_hits=foreign,
+            missing_lookahead=tuple(self.runner.missing_lookahead) if out is not None else (),
         )
 
     QUIET_STEPS = QUIET_STEPS

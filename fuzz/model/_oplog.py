@@ -70,6 +70,9 @@ class AddRequest:
     # SamplingParams(skip_reading_prefix_cache=True): the request reads
     # neither the local prefix cache nor an external hit.
     skip_reading_prefix_cache: bool = False
+    # The request's cache_salt (vLLM folds it into its first block's hash,
+    # so that its prefix-cache entries are its tenant's alone); None: none.
+    cache_salt: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

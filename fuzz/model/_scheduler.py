@@ -60,6 +60,11 @@ class SchedulerDraw:
     # or "kv_producer" (a P/D prefill instance: it never loads, so vLLM frees
     # at once and may preempt a request whose step is still in flight).
     kv_role: str = "kv_both"
+    # ``--kv-events-config`` with ``enable_kv_cache_events``: the block pool
+    # queues BlockStored / BlockRemoved / AllBlocksCleared events and each
+    # update_from_output() publishes them (the harness replays them as a
+    # KV-aware router would). Off: no event is built, as by default.
+    kv_events: bool = False
 
     # Speculative decoding (``--speculative-config``): the method ("ngram":
     # prompt lookup, no draft model; "eagle": a draft model reading the
@@ -586,6 +591,68 @@ class UnbackedEntry:
 
 
 @dataclasses.dataclass(frozen=True)
+class MissingLookahead:
+    """A request whose step a drafter follows (it reaches its end: the drafter
+    proposes from it) with fewer blocks in a group's table than the positions
+    the drafter writes ahead need."""
+
+    request_id: str
+    group: int
+    start: int  # num_computed_tokens the output hands the runner
+    num_scheduled: int
+    lookahead: int  # vllm_config.num_lookahead_tokens
+    needed: int  # positions the table must cover: min(start + scheduled + lookahead, max_model_len)
+    covered: int  # positions the table covers: its blocks x the group's block size
+
+    def describe(self) -> str:
+        return (
+            f"request {self.request_id}, group {self.group}: computing [{self.start}, "
+            f"{self.start + self.num_scheduled}) with a drafter that writes {self.lookahead} position(s) ahead needs "
+            f"a table covering {self.needed} positions; the runner's table covers {self.covered}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ForeignHit:
+    """A block a request adopted from the prefix cache that was written for
+    a request of another namespace (cache salt): the hit crosses tenants."""
+
+    request_id: str
+    namespace: str  # the adopting request's cache salt ("" for none)
+    group: int
+    block_id: int
+    written_under: str  # the cache salt of the request that wrote the block
+
+    def describe(self) -> str:
+        def salt(s: str) -> str:
+            return f"cache_salt={s!r}" if s else "no cache_salt"
+
+        return (
+            f"request {self.request_id} ({salt(self.namespace)}) adopts block {self.block_id} of group "
+            f"{self.group} from the prefix cache, written for a request with {salt(self.written_under)}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class EventGap:
+    """A prefix-cache key on which the KV events published so far disagree
+    with the index: replaying them counts ``announced`` blocks under it, the
+    index files ``block_ids`` under it."""
+
+    group: int | None
+    key: object  # the key as events spell it (vLLM's external block hash)
+    announced: int
+    block_ids: tuple[int, ...]
+
+    def describe(self) -> str:
+        held = f"blocks {list(self.block_ids)}" if self.block_ids else "no block"
+        return (
+            f"group {self.group}: key {self.key!r} is announced {self.announced} time(s) by the replayed "
+            f"BlockStored/BlockRemoved/AllBlocksCleared events, but the prefix-cache index files {held} under it"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class StepObservation:
     """One engine step: ``schedule()`` and the ``update_from_output()`` the
     engine makes in the same step (with async scheduling, possibly of the
@@ -666,6 +733,16 @@ class StepObservation:
     # whose blocks do not hold what their keys cover.
     unwritten_reads: tuple[UnwrittenRead, ...] = ()
     unbacked_entries: tuple[UnbackedEntry, ...] = ()
+    # KV events on (SchedulerDraw.kv_events), after an update_from_output()
+    # that published: each key where the replayed events and the index
+    # disagree. Empty where no update ran, or events are off.
+    event_gaps: tuple[EventGap, ...] = ()
+    events_replayed: bool = False
+    # Blocks the step's admissions adopted (what schedule() handed to
+    # allocate_slots as computed) that were written under another salt.
+    foreign_hits: tuple[ForeignHit, ...] = ()
+    # Requests whose table the drafter's lookahead writes run past.
+    missing_lookahead: tuple[MissingLookahead, ...] = ()
 
     @property
     def fed_late(self) -> bool:

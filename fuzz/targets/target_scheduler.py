@@ -64,6 +64,7 @@ from strategies.scheduler import (
     machine_configs,
     generation_lengths,
     prefix_cache_skips,
+    cache_salts,
     pressure_lengths,
     scheduler_draws,
     scheduler_layouts,
@@ -327,10 +328,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_tokens = data.draw(generation_lengths(self.block), label="max_tokens")
         # One request in eight skips the prefix cache its predecessors filled.
         skip = data.draw(prefix_cache_skips(), label="skip_reading_prefix_cache")
-        rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply, skip_reading_prefix_cache=skip)
+        salt = data.draw(cache_salts(), label="cache_salt")
+        rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply, skip_reading_prefix_cache=skip,
+                                       cache_salt=salt)
         note(
             f"add_request({rid}, shared[:{cut}] + {own} own, max_tokens={max_tokens}, ext={reply!r}"
-            + (", skip_reading_prefix_cache=True)" if skip else ")")
+            + (", skip_reading_prefix_cache=True" if skip else "")
+            + (f", cache_salt={salt!r})" if salt else ")")
         )
 
     @precondition(lambda self: self._live())

@@ -1,0 +1,88 @@
+"""What the prefix cache promises beyond what each block holds.
+
+Isolation: a prefix-cache hit stays within the namespace vLLM folds into a
+block's hash besides the tokens (the request's cache salt). This is the
+suite's security claim: a tenant that salts its requests must never be
+served, or time, another tenant's cached KV.
+
+Announcements: a KV-aware router (llm-d's KV-cache indexer, Dynamo's router
+and the like) never reads the block pool; it learns what a replica has
+cached only from the KV events the engine core publishes. They are held to
+what the index really holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fuzz.model import InvariantViolation, StepObservation
+
+__all__ = ["PROMISE_CHECKS", "check_events_replay_index", "check_hits_within_namespace", "check_lookahead_allocated"]
+
+# The vLLM code that builds the events (matched by known-bug signatures).
+EVENTS_WHERE = "BlockPool"
+EVENTS_DISAGREE = "replayed KV events disagree with the prefix-cache index"
+CROSS_NAMESPACE_HIT = "a prefix-cache hit across cache salts"
+LOOKAHEAD_UNALLOCATED = "a drafter's lookahead past the blocks allocated"
+
+
+def check_lookahead_allocated(step: StepObservation) -> None:
+    """A drafter with its own forward pass (EAGLE, a draft model) writes KV
+    ``num_lookahead_tokens`` positions past each step it drafts from: every
+    attention group's table the runner gets for that step already covers
+    them (up to max_model_len), or the drafter writes into blocks the
+    request does not own."""
+    if not step.missing_lookahead:
+        return
+    raise InvariantViolation(
+        "lookahead-allocated",
+        "\n".join(m.describe() for m in step.missing_lookahead)
+        + f"\n{step.describe()}"
+        + (f"\n  scenario: {step.context}" if step.context else ""),
+        where="KVCacheManager.allocate_slots",
+        state=LOOKAHEAD_UNALLOCATED,
+    )
+
+
+def check_hits_within_namespace(step: StepObservation) -> None:
+    """Every block a request adopts from the prefix cache as computed was
+    written for a request with the same cache salt (none counts as its own
+    namespace): vLLM folds the salt into the first block's hash, and every
+    later hash chains on it, so no lookup may cross salts."""
+    if not step.foreign_hits:
+        return
+    raise InvariantViolation(
+        "hits-within-namespace",
+        "\n".join(h.describe() for h in step.foreign_hits)
+        + f"\n{step.describe()}"
+        + (f"\n  scenario: {step.context}" if step.context else ""),
+        where="KVCacheManager.get_computed_blocks",
+        state=CROSS_NAMESPACE_HIT,
+    )
+
+
+def check_events_replay_index(step: StepObservation) -> None:
+    """After every ``update_from_output()`` that published (KV events on),
+    replaying every ``BlockStored``, ``BlockRemoved`` and
+    ``AllBlocksCleared`` event so far counts, under each (group, key), as
+    many blocks as the prefix-cache index files there: no entry a router
+    is told of that a lookup cannot hit (it routes requests to a replica
+    that recomputes), none a lookup hits that the router never heard of (a
+    hit it never routes to), and none withdrawn twice."""
+    if not step.event_gaps:
+        return
+    raise InvariantViolation(
+        "events-replay-index",
+        "\n".join(g.describe() for g in step.event_gaps)
+        + f"\n{step.describe()}"
+        + (f"\n  scenario: {step.context}" if step.context else ""),
+        where=EVENTS_WHERE,
+        state=EVENTS_DISAGREE,
+    )
+
+
+PROMISE_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
+    check_lookahead_allocated,
+    check_hits_within_namespace,
+    check_events_replay_index,
+)
