@@ -11,9 +11,7 @@ from __future__ import annotations
 import textwrap
 
 from fuzz import adapter
-from fuzz.model import SpecDraw, TruncationObservation
-from invariants._common import group_behaviour
-from invariants.classification import Behaviour
+from fuzz.model import Behaviour, SpecDraw, TruncationObservation, group_behaviour
 from invariants.truncation import loud_failure_expected
 from strategies.scenarios import TruncationScenario
 

@@ -18,8 +18,7 @@ from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
-from fuzz.model import EagleDraw, LayoutDraw
-from invariants.classification import Behaviour, classification_of_kind
+from fuzz.model import Behaviour, EagleDraw, LayoutDraw, classification_of_kind
 from strategies.specs import kv_cache_layouts
 
 __all__ = ["EndpointRule", "TruncationScenario", "eagle_draws", "endpoint_rules", "truncation_scenarios"]

@@ -33,8 +33,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
-from invariants.classification import Behaviour, classification_of_kind
+from fuzz.model import Behaviour, ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw, classification_of_kind
 from strategies.specs import drawable_kinds, kv_cache_layouts
 
 __all__ = [

@@ -8,7 +8,7 @@ from fuzz import adapter
 from fuzz.spec_guard import guard_findings
 from fuzz.spec_guard import judge_hypotheses
 from fuzz.known_bugs import unbuildable_spec_classes
-from invariants.classification import (
+from fuzz.model import (
     CLASSIFIED,
     EXEMPT,
     Behaviour,
@@ -32,7 +32,7 @@ def test_guard_fires_on_a_new_recurrent_spec_and_says_vllm_clamps_it() -> None:
     assert len(findings) == 1, findings
     message = findings[0]
     assert "NewRecurrentStateSpec" in message and "tests.planted_specs" in message
-    assert "Decide in invariants/classification.py" in message
+    assert "Decide in fuzz/model/_classification.py" in message
     # vLLM keys the clamp on isinstance(MambaSpec): a subclass is clamped.
     assert "treats it as may-be-short" in message, message
 
@@ -46,7 +46,7 @@ def test_guard_fires_on_a_new_attention_spec_and_says_vllm_asserts_for_it() -> N
 
 
 def test_an_unclassified_spec_cannot_reach_the_invariants_silently() -> None:
-    with pytest.raises(UnclassifiedSpec, match="Decide in invariants/classification.py"):
+    with pytest.raises(UnclassifiedSpec, match="Decide in fuzz/model/_classification.py"):
         behaviour_of("vllm.v1.kv_cache_interface.SomeFutureSpec")
 
 

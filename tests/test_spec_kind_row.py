@@ -17,7 +17,7 @@ from fuzz import adapter
 from fuzz.model import SchedulerDraw
 from fuzz.repro import _spec_code
 from fuzz.spec_guard import guard_findings
-from invariants.classification import CLASSIFIED, Behaviour, Classification, Param, Span, behaviour_of
+from fuzz.model import CLASSIFIED, Behaviour, Classification, Param, Span, behaviour_of
 from strategies.specs import drawable_kinds, kv_cache_layouts
 
 ROW = Classification(

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from fuzz import adapter
 from fuzz.model import LayoutDraw, SpecDraw
-from invariants.classification import Behaviour, classification_of_kind
+from fuzz.model import Behaviour, classification_of_kind
 from strategies.scenarios import EndpointRule, eagle_draws, truncation_scenarios
 from strategies.specs import kv_cache_layouts, spec_draws
 

@@ -52,9 +52,9 @@ from fuzz.model import (  # noqa: E402
     UnbackedEntry,
     UnwrittenRead,
 )
-from invariants._common import group_behaviour as _group_behaviour  # noqa: E402
-from invariants._common import group_kind as _group_kind  # noqa: E402
-from invariants.classification import classification_of_kind  # noqa: E402
+from fuzz.model import group_behaviour as _group_behaviour  # noqa: E402
+from fuzz.model import group_kind as _group_kind  # noqa: E402
+from fuzz.model import classification_of_kind  # noqa: E402
 
 __all__ = ["SchedulerHarness"]
 

@@ -5,6 +5,11 @@ what vLLM did in them, and the invariants read those observations and raise
 :class:`InvariantViolation`. Keeping vLLM out of this package is what lets the
 rest of the suite survive vLLM's moving internal API.
 
+* ``_classification``: the spec-kind table, one row per vLLM spec class
+  (:data:`CLASSIFIED`, :data:`EXEMPT`, :class:`Behaviour`): how each kind
+  must truncate and the facts needed to draw, build and judge its groups;
+* ``_groups``: what every room says about one group (its behaviour, kind
+  and name, :func:`cdiv`) and the connector answer the scheduler acts on;
 * ``_kv``: KV-cache layouts (:class:`SpecDraw`, :class:`LayoutDraw`), an
   EAGLE-style drafter's settings (:class:`EagleDraw`) and one
   ``truncate_computed_blocks`` call (:class:`TruncationObservation`);
@@ -26,6 +31,21 @@ rest of the suite survive vLLM's moving internal API.
 """
 
 from fuzz.model._catalog import Installed, installed, register_installed
+from fuzz.model._classification import (
+    CLASSIFIED,
+    EXEMPT,
+    Behaviour,
+    Classification,
+    Exemption,
+    Param,
+    Span,
+    UnclassifiedSpec,
+    behaviour_of,
+    classification_of_kind,
+    provisional,
+    question_for,
+)
+from fuzz.model._groups import answer_acted_on, cdiv, group_behaviour, group_kind, group_name
 from fuzz.model._ownership import AllocationRecord, HeldTable, LookupRecord, OwnershipObservation
 from fuzz.model._engine import ENGINE_REACHABLE, SCHEDULER_API, EngineDraw, reach_label
 from fuzz.model._kv import BlockRef, EagleDraw, GroupInfo, GroupTruncation, LayoutDraw, SpecDraw, TruncationObservation
@@ -61,6 +81,23 @@ from fuzz.model._scheduler import (
 from fuzz.model._violations import HarnessError, InvariantViolation
 
 __all__ = [
+    "CLASSIFIED",
+    "EXEMPT",
+    "Behaviour",
+    "Classification",
+    "Exemption",
+    "Param",
+    "Span",
+    "UnclassifiedSpec",
+    "behaviour_of",
+    "classification_of_kind",
+    "provisional",
+    "question_for",
+    "answer_acted_on",
+    "cdiv",
+    "group_behaviour",
+    "group_kind",
+    "group_name",
     "ENGINE_REACHABLE",
     "SCHEDULER_API",
     "EngineDraw",

@@ -27,9 +27,7 @@ from hypothesis.control import currently_in_test_context
 
 from fuzz import adapter, known_bugs, telemetry
 from fuzz.adapter import SchedulerHarness
-from fuzz.model import AdmissionObservation, InvariantViolation, SchedulerDraw, StepObservation
-from invariants._common import group_behaviour
-from invariants.classification import Behaviour
+from fuzz.model import AdmissionObservation, Behaviour, InvariantViolation, SchedulerDraw, StepObservation, group_behaviour
 from invariants.scheduler import (
     ADMISSION_CHECKS,
     STEP_CHECKS,

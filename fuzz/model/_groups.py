@@ -1,9 +1,12 @@
-"""What every check module shares: a group's expected behaviour and name."""
+"""Facts about one group every room reads: its expected behaviour (from the
+spec-kind table), its kind and name for messages, and the connector answer
+the scheduler acts on."""
 
 from __future__ import annotations
 
-from fuzz.model import AdmissionObservation, GroupInfo
-from invariants.classification import Behaviour, behaviour_of
+from fuzz.model._classification import Behaviour, behaviour_of
+from fuzz.model._kv import GroupInfo
+from fuzz.model._scheduler import AdmissionObservation
 
 __all__ = ["answer_acted_on", "cdiv", "group_behaviour", "group_kind", "group_name"]
 

@@ -209,7 +209,7 @@ def question_for(qualname: str, facts: object | None = None) -> str:
     hint = f" vLLM says: {facts}." if facts is not None else ""
     return (
         f"{qualname} is a KVCacheSpec subclass this suite does not classify.{hint} "
-        "Decide in invariants/classification.py: must truncate_computed_blocks "
+        "Decide in fuzz/model/_classification.py: must truncate_computed_blocks "
         "cover the aligned endpoint for it (MUST_COVER, token-proportional like "
         "attention), may it be shorter because one block is a whole recurrent "
         "state an external hit can supply (MAY_BE_SHORT, like Mamba), is it "
