@@ -13,7 +13,7 @@ import textwrap
 from fuzz import adapter
 from fuzz.model import Behaviour, SpecDraw, TruncationObservation, group_behaviour
 from invariants.truncation import loud_failure_expected
-from strategies.scenarios import TruncationScenario
+from fuzz.model import TruncationScenario
 
 __all__ = ["repro_header", "truncation_repro", "truncation_repro_from_last_run"]
 

@@ -17,7 +17,8 @@ from fuzz.adapter import SchedulerHarness, last_oplog, replay_oplog
 from fuzz.model import Abort, AddRequest, ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw, Step
 from fuzz.runners.scheduler import run_single_shot
 from fuzz.targets.target_scheduler import UNSUPPORTED
-from strategies.scheduler import SingleShotScenario, single_shot_scenarios
+from fuzz.model import SingleShotScenario
+from strategies.scheduler import single_shot_scenarios
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 

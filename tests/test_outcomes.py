@@ -17,7 +17,7 @@ from fuzz.model import ExternalReply, HarnessError, InvariantViolation, LayoutDr
 from fuzz.outcomes import REFUSALS, ConfigRejected, Outcome, classify, started, vllm_calls
 from fuzz.runners.scheduler import build_harness
 from fuzz.runners.truncation import run_truncation_scenario
-from strategies.scenarios import EndpointRule, TruncationScenario
+from fuzz.model import EndpointRule, TruncationScenario
 
 import vllm.v1.core.single_type_kv_cache_manager as stkm
 import vllm.v1.kv_cache_interface as ki

@@ -31,7 +31,7 @@ from fuzz.targets import target_scheduler
 from fuzz.targets.target_scheduler import any_layout_strategy, single_shot_strategy
 from invariants import ownership as own
 from invariants.scheduler import STEP_CHECKS
-from strategies.scheduler import SingleShotScenario
+from fuzz.model import SingleShotScenario
 
 # (check, invariant name, planted bug, strategy factory)
 CASES: list[tuple[Callable[..., None], str, str, Callable[[], object]]] = [

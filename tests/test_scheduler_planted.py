@@ -29,7 +29,8 @@ from invariants import connector as conn
 from invariants import scheduler as inv
 from invariants.ownership import OWNERSHIP_CHECKS
 from fuzz.model import InvariantViolation
-from strategies.scheduler import SingleShotScenario, single_shot_scenarios
+from fuzz.model import SingleShotScenario
+from strategies.scheduler import single_shot_scenarios
 
 # (check, invariant name, planted bug, search uses the evict shortcut)
 CASES: list[tuple[Callable[..., None], str, str, bool]] = [

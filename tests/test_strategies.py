@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from fuzz import adapter
 from fuzz.model import LayoutDraw, SpecDraw
 from fuzz.model import Behaviour, classification_of_kind
-from strategies.scenarios import EndpointRule, eagle_draws, truncation_scenarios
+from fuzz.model import EndpointRule
+from strategies.scenarios import eagle_draws, truncation_scenarios
 from strategies.specs import kv_cache_layouts, spec_draws
 
 

@@ -19,6 +19,8 @@ rest of the suite survive vLLM's moving internal API.
   :class:`ConnectorFinish`), one step
   (:class:`StepObservation`, :class:`AdmissionObservation`) and the idle
   pool (:class:`PoolObservation`);
+* ``_scenarios``: the scenarios the runners play (:class:`TruncationScenario`,
+  :class:`SingleShotScenario` and their parts), drawn by :mod:`strategies`;
 * ``_oplog``: the operation log of a scheduler run (:class:`OpLog`), a
   repro's source of truth;
 * ``_ownership``: the shadow model of block ownership after one
@@ -78,9 +80,14 @@ from fuzz.model._scheduler import (
     StepObservation,
     StrandedRequest,
 )
+from fuzz.model._scenarios import EndpointRule, PromptDraw, SingleShotScenario, TruncationScenario
 from fuzz.model._violations import HarnessError, InvariantViolation
 
 __all__ = [
+    "EndpointRule",
+    "PromptDraw",
+    "SingleShotScenario",
+    "TruncationScenario",
     "CLASSIFIED",
     "EXEMPT",
     "Behaviour",

@@ -58,7 +58,7 @@ from fuzz import known_bugs
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.runners.scheduler import run_single_shot
 from invariants.ownership import check_no_same_step_hazard, check_read_blocks_held
-from strategies.scheduler import PromptDraw, SingleShotScenario
+from fuzz.model import PromptDraw, SingleShotScenario
 
 _ZERO = ExternalReply(kind="zero", store_len=0, undecided=0, extra=0, load_async=False)
 
