@@ -15,7 +15,7 @@ defines must be listed here, by fully qualified name, as one of:
   spec before the scheduler sees it; the inner spec's class decides.
 
 or listed in :data:`EXEMPT` with the reason it can never sit in a scheduler's
-prefix-cached KV-cache group. ``tests/test_spec_guard.py`` fails, naming the
+prefix-cached KV-cache group. ``tests/strategies/test_spec_guard.py`` fails, naming the
 class, for anything reachable in the installed vLLM that is in neither table,
 and checks every entry here against what vLLM itself declares
 (``prefix_cacheable``, ``get_kv_cache_spec_kind``, its manager registry).

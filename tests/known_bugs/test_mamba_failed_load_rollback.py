@@ -139,7 +139,7 @@ def _failed_sync_load_under_an_async_load() -> list[StepObservation]:
     block: vLLM rolls r2 back to 0 and r3, whose table holds the failed block
     2 at index 1, to 4, whose window needs the dropped block.
 
-    Found by a 6 s campaign of the state machine (tests/test_bench.py,
+    Found by a 6 s campaign of the state machine (tests/tooling/test_bench.py,
     seed 7), shrunk to these two requests."""
     layout = LayoutDraw((SpecDraw("SlidingWindowMLASpec", 4, (("sliding_window", 8),)),), hash_block_size=4,
                         num_blocks=13)
@@ -191,7 +191,7 @@ def _failed_sync_load_under_a_running_hit() -> list[StepObservation]:
     load fails block by block: vLLM rolls the running r1, whose table holds
     the failed block, back to 8, whose window needs a nulled block.
 
-    Found by a 20 s default campaign (tests/test_cli.py, seed 1), shrunk to
+    Found by a 20 s default campaign (tests/tooling/test_cli.py, seed 1), shrunk to
     these two requests."""
     layout = LayoutDraw((SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 4),)),), hash_block_size=4,
                         num_blocks=13)

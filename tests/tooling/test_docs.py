@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Words about how or where the suite was built, and paths a user does not have.
 FORBIDDEN = re.compile(r"\.\./shared|/work/|this session|workplace|session\(s\) that wrote", re.IGNORECASE)

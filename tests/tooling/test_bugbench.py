@@ -16,7 +16,7 @@ from fuzz.known_bugs import KNOWN_BUGS
 from fuzz.matrix.envs import DEFAULT_ROOT, MARKER
 from fuzz.registry import TARGETS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _root(tmp_path: Path, *releases: str) -> Path:
@@ -72,7 +72,7 @@ def test_with_suppression_off_the_scheduler_tier_reports_a_known_bug(monkeypatch
     switch off (what the bench relies on to time the scheduler-tier bugs)."""
     from fuzz import adapter
     from fuzz.runners.scheduler import triage
-    from tests.test_known_vllm_bugs_scheduler import _shared_partial_hit_step
+    from tests.known_bugs.test_known_vllm_bugs_scheduler import _shared_partial_hit_step
 
     if not known_bugs.known_bug("same-step-cow-chain").affects(adapter.VLLM_VERSION):
         pytest.skip(f"vLLM {adapter.VLLM_VERSION} has no same-step copy-on-write chain")

@@ -11,7 +11,7 @@
   of it, later groups first (the lagging second attention group).
 
 Each is measured over derandomized programs of a subclass that always
-builds the state (per run, as ``tests/test_scheduler_reach.py`` measures the
+builds the state (per run, as ``tests/strategies/test_scheduler_reach.py`` measures the
 whole machine). The known bugs these states show
 (``mamba-failed-load-rollback``,
 ``abort-during-failed-sync-load-keeps-invalid-blocks-cached``, ...) are set

@@ -10,7 +10,7 @@ import pytest
 
 from fuzz.known_bugs import KNOWN_BUGS, REACHES, Failure, known_bug, match, unbuildable_spec_classes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("bug", KNOWN_BUGS, ids=lambda b: b.id)

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(
     REDIS_SERVER is None, reason="redis-server is not installed (scripts/ensure-redis.sh could not install it)"
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PLANT = ("--plant", "pre_fix_assert_all", "--target", "truncate-hybrid")
 # Campaign seed 16 hits the planted bug in its first round of 100 examples.
 FINDING_SEED = "16"

@@ -135,7 +135,7 @@ def test_guard_names_the_environment_it_lacks():
 # The KV budget, and so how much eviction happens, must be the same on every
 # machine: a fixed byte count, never a fraction of what the host reports.
 HOST_FRACTIONS = ("gpu_memory_utilization",)  # on CPU: a fraction of the NUMA node's memory
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _engine_arguments() -> dict[str, dict]:
@@ -298,7 +298,7 @@ def test_cpu_align_mode_with_default_prefill_checkpoint_runs():
     proc = subprocess.run(
         [sys.executable, "-m", "engine.repro_cpu_checkpoint"],
         capture_output=True, text=True, timeout=600,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        cwd=str(REPO),
     )
     tail = (proc.stdout + proc.stderr)[-3000:]
     # Only the pinned crash is the expected failure: exit 3 with the chunk

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # (pattern, what it is). Comments count too: a fresh machine has none of these.
 MACHINE_SPECIFIC = [

@@ -20,7 +20,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS, last_oplog, planted_scheduler_bug
 from fuzz.repro_scheduler import _replay_checked
 from fuzz.known_bugs import KNOWN_BUGS
-from tests.test_draws_pinned import _no_local_constants
+from tests.strategies.test_draws_pinned import _no_local_constants
 from fuzz.targets import target_scheduler
 from fuzz.adapter import SchedulerHarness
 from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
@@ -235,15 +235,15 @@ def test_a_planted_spec_decode_bug_is_caught(
 def test_every_planted_bug_is_used() -> None:
     used = {bug for *_, bug, _ in CASES} | {bug for *_, bug in MACHINE_CASES}
     used |= {bug for _, _, bug, *_ in FIXED_CASES} | {bug for *_, bug in SPEC_DECODE_CASES}
-    # The ownership edits have their cases in tests/test_ownership_planted.py;
-    # drafts_never_cut (a triage case) in tests/test_triage_planted.py.
+    # The ownership edits have their cases in tests/invariants/test_ownership_planted.py;
+    # drafts_never_cut (a triage case) in tests/findings/test_triage_planted.py.
     expected = set(PLANTED_SCHEDULER_BUGS) - set(PLANTED_OWNERSHIP_BUGS) - {"drafts_never_cut"}
     assert used == expected, expected ^ used
 
 
 # Checks shown catching a real vLLM bug instead of a planted one: unmodified
 # vLLM already fails them (strict xfails and a passing control in
-# tests/test_known_vllm_bugs_scheduler.py).
+# tests/known_bugs/test_known_vllm_bugs_scheduler.py).
 CAUGHT_REAL_BUG: dict[Callable[..., None], str] = {
     inv.check_copy_sources_ready: "same-step-cow-chain",
     # The failed-load placeholder's second consequence, pinned with a
@@ -255,7 +255,7 @@ CAUGHT_REAL_BUG: dict[Callable[..., None], str] = {
 def test_every_scheduler_check_has_a_planted_case() -> None:
     checks = {c for c, *_ in CASES} | {c for c, *_ in MACHINE_CASES} | {c for c, *_ in FIXED_CASES}
     checks |= {c for c, *_ in SPEC_DECODE_CASES} | set(CAUGHT_REAL_BUG)
-    # The ownership checks have their cases in tests/test_ownership_planted.py.
+    # The ownership checks have their cases in tests/invariants/test_ownership_planted.py.
     expected = {*inv.STEP_CHECKS, *inv.ADMISSION_CHECKS, inv.check_no_leaked_blocks} - set(OWNERSHIP_CHECKS)
     assert checks == expected, expected ^ checks
     assert set(CAUGHT_REAL_BUG.values()) <= {b.id for b in KNOWN_BUGS if b.fixed_in is None}

@@ -2,7 +2,7 @@
 hand-written scenarios: each rule holds on unmodified vLLM, sees the calls it
 judges (a check that saw nothing proves nothing), and fails on its planted
 connector-path bug. The searches that find the same bugs from drawn scenarios
-are in tests/test_scheduler_planted.py.
+are in tests/invariants/test_scheduler_planted.py.
 
 Block arithmetic of the scenarios (full attention + Mamba, both block 4,
 hash block 1, so sub-block "partial" hits exist): a 10-token fill caches

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from fuzz.cli import main
 from fuzz.campaign import Shard, Totals, merge_campaigns, parse_shard, shard_items
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 target_lists = st.lists(st.text("abcdefgh-", min_size=1, max_size=6), min_size=1, max_size=7, unique=True)
 

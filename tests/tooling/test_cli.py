@@ -14,7 +14,7 @@ from fuzz.campaign import CampaignConfig
 from fuzz.campaign.config import ENV
 from fuzz.cli import UsageError, main, parse_duration
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _fuzz(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

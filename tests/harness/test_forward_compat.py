@@ -2,7 +2,7 @@
 
 Each test builds an overlay of the installed vLLM with a few source lines
 changed (what a contributor's branch or the next release looks like, see
-``tests/overlays.py``) and runs ``python -m fuzz run --vllm-src`` on it:
+``tests/harness/overlays.py``) and runs ``python -m fuzz run --vllm-src`` on it:
 
 * a private API the adapter relies on, renamed: exit 2 and one line naming
   it (a harness that does not fit this vLLM), never a violation; the same
@@ -18,9 +18,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.overlays import make_overlay
+from tests.harness.overlays import make_overlay
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(tmp_path: Path, overlay: Path, *targets: str, budget: str = "8s") -> subprocess.CompletedProcess:

@@ -1,7 +1,7 @@
 """vLLM's own planning for named model configurations, with the model built.
 
-Run as a script (``python tests/_engine_reference.py NAME...``) by
-tests/test_engine_plan.py, in a process of its own: it initialises torch
+Run as a script (``python tests/strategies/_engine_reference.py NAME...``) by
+tests/strategies/test_engine_plan.py, in a process of its own: it initialises torch
 distributed and replaces the GPU attention-backend selection, neither of
 which may leak into the suite's test process.
 

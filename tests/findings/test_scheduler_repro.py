@@ -27,7 +27,7 @@ from fuzz.repro_scheduler import WRITABLE, repro_size, scheduler_repro, schedule
 from fuzz.runners.scheduler import run_single_shot
 from fuzz.targets import target_scheduler
 from fuzz.targets.target_scheduler import UNSUPPORTED
-from tests import test_draws_pinned
+from tests.strategies import test_draws_pinned
 from strategies.scheduler import single_shot_scenarios
 from invariants import connector as conn
 from invariants import scheduler as inv
@@ -323,13 +323,13 @@ def test_accepted_drafts_recorded_as_other_tokens_become_a_standalone_repro(
     async_scheduling: bool, tmp_path: Path
 ) -> None:
     """vLLM recording the step's first sampled token for every accepted
-    draft: from the fixed speculating run of tests/test_scheduler_planted.py
+    draft: from the fixed speculating run of tests/invariants/test_scheduler_planted.py
     (requests decoding 8 tokens: the short single-shot generations finish
     before a position past an accepted draft is settled), the file carries
     the worker's own record and states kv-matches-tokens at the step vLLM's
     tokens and the runner's part."""
     from invariants.scheduler import check_kv_matches_tokens
-    from tests.test_scheduler_planted import speculating_harness
+    from tests.invariants.test_scheduler_planted import speculating_harness
 
     bug = "records_first_sampled_token"
     with planted_scheduler_bug(bug):
@@ -356,7 +356,7 @@ def test_the_state_machine_shrunk_program_becomes_a_repro(tmp_path: Path) -> Non
 
 # Planted bugs on the failed-load paths only the state machine reaches (its
 # fail_next_*_loads rules): searched with their check alone (as
-# tests/test_scheduler_planted.py does), shrunk, written. Budget 0: a fixed
+# tests/invariants/test_scheduler_planted.py does), shrunk, written. Budget 0: a fixed
 # run instead (_FIXED_LOGS), as for a preempted request's stale output.
 MACHINE_BUGS = {
     "resumes_past_invalid_block": (conn.check_failed_load_recomputed, 1500),
@@ -368,10 +368,10 @@ MACHINE_BUGS = {
 
 
 def _failed_async_load_log(bug: str):  # type: ignore[no-untyped-def]
-    """tests/test_connector_protocol.py's async-load-fails-recompute run,
+    """tests/invariants/test_connector_protocol.py's async-load-fails-recompute run,
     planted: a derandomized machine search for it moved with unrelated
     edits, so this case starts from the fixed scenario."""
-    from tests.test_connector_protocol import FAILURE_RUNS
+    from tests.invariants.test_connector_protocol import FAILURE_RUNS
 
     with planted_scheduler_bug(bug):
         FAILURE_RUNS["async-load-fails-recompute"]()
@@ -379,9 +379,9 @@ def _failed_async_load_log(bug: str):  # type: ignore[no-untyped-def]
 
 
 def _fixed_case_log(bug: str):  # type: ignore[no-untyped-def]
-    """The fixed run tests/test_scheduler_planted.py shows ``bug`` caught on
+    """The fixed run tests/invariants/test_scheduler_planted.py shows ``bug`` caught on
     (its FIXED_CASES), planted: its log and the invariant it breaks."""
-    from tests.test_scheduler_planted import FIXED_CASES
+    from tests.invariants.test_scheduler_planted import FIXED_CASES
 
     check, invariant, run = next((c, i, r) for c, i, b, r, _ in FIXED_CASES if b == bug)
     with planted_scheduler_bug(bug), contextlib.suppress(InvariantViolation):
@@ -430,7 +430,7 @@ def test_every_planted_scheduler_bug_has_a_repro_case() -> None:
     cases = set(BUGS) | set(MACHINE_BUGS) | {bug for _, bug in CHECK_ALONE} | set(OWNERSHIP_BUGS)
     cases.add("rejected_drafts_stay_computed")  # test_a_planted_spec_decode_bug_becomes_a_standalone_repro
     cases.add("records_first_sampled_token")  # test_accepted_drafts_recorded_as_other_tokens_...
-    cases.add("drafts_never_cut")  # tests/test_triage_planted.py: a new assert beside a known one
+    cases.add("drafts_never_cut")  # tests/findings/test_triage_planted.py: a new assert beside a known one
     assert cases == set(PLANTED_SCHEDULER_BUGS), cases ^ set(PLANTED_SCHEDULER_BUGS)
     assert set(OWNERSHIP_BUGS) == set(PLANTED_OWNERSHIP_BUGS)
     assert set(BUGS.values()) | set(OWNERSHIP_BUGS.values()) <= WRITABLE
@@ -471,7 +471,7 @@ def test_groups_the_failure_does_not_need_shrink_away() -> None:
     assert repro_size(shrunk) == {"groups": 2, "blocks": 19, "requests": 2, "steps": 2}, shrunk.config.draw
 
 
-# The real vLLM bugs of tests/test_known_vllm_bugs_scheduler.py, through the
+# The real vLLM bugs of tests/known_bugs/test_known_vllm_bugs_scheduler.py, through the
 # writer: the generated files fail on the installed vLLM while it has the bug.
 # (The hand-written pins stay: the Mamba undercount's is one allocate_slots
 # call on a bare manager, clearer than any scheduler program.)
@@ -479,7 +479,7 @@ def test_groups_the_failure_does_not_need_shrink_away() -> None:
 def test_a_real_vllm_bug_regenerates_as_a_failing_repro(bug_id: str, tmp_path: Path) -> None:
     from fuzz.adapter import VLLM_VERSION
     from fuzz.known_bugs import known_bug
-    from tests.test_known_vllm_bugs_scheduler import _pool_nearly_full_scenario, _shared_partial_hit_step
+    from tests.known_bugs.test_known_vllm_bugs_scheduler import _pool_nearly_full_scenario, _shared_partial_hit_step
 
     if not known_bug(bug_id).affects(VLLM_VERSION):
         pytest.skip(f"{bug_id} does not affect vLLM {VLLM_VERSION}")
@@ -490,7 +490,7 @@ def test_a_real_vllm_bug_regenerates_as_a_failing_repro(bug_id: str, tmp_path: P
         _shared_partial_hit_step(2)
         log, invariant = last_oplog(), "copy-source-ready"
     assert log is not None
-    source = scheduler_repro(log, invariant=invariant, target="tests/test_known_vllm_bugs_scheduler.py", seed=None,
+    source = scheduler_repro(log, invariant=invariant, target="tests/known_bugs/test_known_vllm_bugs_scheduler.py", seed=None,
                              violation=bug_id)
     assert source and _imports(source) <= ALLOWED_IMPORTS
     path = tmp_path / f"test_{bug_id.replace('-', '_')}.py"
@@ -503,7 +503,7 @@ def test_a_real_vllm_bug_regenerates_as_a_failing_repro(bug_id: str, tmp_path: P
 
 # The connector checks a planted bug never reaches first with every check on
 # (the scheduler raises soon after): searched, shrunk and written with that
-# check alone, as tests/test_scheduler_planted.py searches them.
+# check alone, as tests/invariants/test_scheduler_planted.py searches them.
 CHECK_ALONE = [
     (conn.check_dropped_answer_loads_nothing, "keeps_tail_and_loads"),
     (conn.check_meta_names_scheduled, "async_load_counted_scheduled"),
@@ -560,7 +560,7 @@ def test_an_engine_reachable_finding_becomes_a_repro(tmp_path: Path) -> None:
 
 
 # The block-ownership planted bugs (invariants/ownership.py): found as
-# tests/test_ownership_planted.py finds them (its strategy per bug, the
+# tests/invariants/test_ownership_planted.py finds them (its strategy per bug, the
 # invariant's check alone), shrunk with that check, written.
 OWNERSHIP_BUGS = {
     "mamba_frees_resume_state": "read-blocks-held",
@@ -587,8 +587,8 @@ LIMITS.update({
 
 @pytest.mark.parametrize("bug", sorted(OWNERSHIP_BUGS))
 def test_a_planted_ownership_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
-    from tests.test_ownership_planted import CASES
-    from tests.test_ownership_planted import _find as find_alone
+    from tests.invariants.test_ownership_planted import CASES
+    from tests.invariants.test_ownership_planted import _find as find_alone
 
     ((check, invariant, strategy),) = [(c, i, st) for c, i, b, st in CASES if b == bug]
     assert invariant == OWNERSHIP_BUGS[bug]

@@ -12,7 +12,7 @@ from fuzz.registry import get_target
 def test_a_campaigns_slices_rerun_bare_draw_the_same_examples(name: str) -> None:
     # The first slice (10 examples) can take seconds: before the machine
     # kept max_model_len within its pool, the first slice after
-    # tests/test_draws_pinned.py met a lone request too big for the pool,
+    # tests/strategies/test_draws_pinned.py met a lone request too big for the pool,
     # preempted and readmitted ~10,000 times (6 s alone, over 6 s beside
     # another pytest worker).
     rate, examples, seconds, steps, slices = bench._campaign_run(name, 10.0, seed=7)

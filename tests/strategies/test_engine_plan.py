@@ -3,7 +3,7 @@
 * For named real model configurations, the planner
   (``fuzz.adapter.plan_engine``, no model built) gives the same scheduler
   KV-cache config as vLLM's planning run over the model's real layers built
-  on the meta device (tests/_engine_reference.py, in its own process).
+  on the meta device (tests/strategies/_engine_reference.py, in its own process).
 * What the strategy draws is what the planner plans, and the scheduler the
   harness builds holds that same config.
 * ``strategies.scheduler.engine_layout`` (the hand-written model the
@@ -37,8 +37,8 @@ pytestmark = pytest.mark.skipif(
     bool(missing_capabilities(("engine-planning",))), reason="; ".join(missing_capabilities(("engine-planning",)))
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "strategies"))
 from _engine_reference import MAX_MODEL_LEN, NUM_BLOCKS, summary  # noqa: E402
 
 # The named configurations whose real layers build on the meta device here
@@ -57,7 +57,7 @@ BUILT = (
 def reference() -> dict[str, dict[str, object]]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "_engine_reference.py"), *BUILT],
+        [sys.executable, str(ROOT / "tests" / "strategies" / "_engine_reference.py"), *BUILT],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("REFERENCE ")]

@@ -21,7 +21,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase, MultiplexedDataba
 from fuzz.cli import main
 from fuzz.campaign.databases import DatabaseError, check_database, describe, open_database
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KEY, VALUE = b"truncate-hybrid", b"\x01\x02choices"
 
 

@@ -337,7 +337,7 @@ def test_requests_sharing_a_partial_hit_in_one_step_copy_from_ready_blocks():
 
 def test_every_known_scheduler_bug_pinned_here_has_its_analysis_here():
     text = Path(__file__).read_text()
-    here = [b for b in KNOWN_BUGS if b.pinned_by.startswith("tests/test_known_vllm_bugs_scheduler.py")]
+    here = [b for b in KNOWN_BUGS if b.pinned_by.startswith("tests/known_bugs/test_known_vllm_bugs_scheduler.py")]
     assert here
     for bug in here:
         assert f"\n{bug.id}\n" in text, f"{bug.id} is pinned here but has no analysis here"
