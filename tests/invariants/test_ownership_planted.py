@@ -121,8 +121,8 @@ def _tokens(seed: int, n: int) -> list[int]:
 
 
 def _shared_partial_hit_step(*, second_root: bool = False) -> object:
-    """The known same-step copy-on-write chain (tests/test_known_vllm_bugs_
-    scheduler.py): a 9-token prompt alone, then two 130-token prompts sharing
+    """The known same-step copy-on-write chain
+    (tests/known_bugs/test_known_vllm_bugs_scheduler.py): a 9-token prompt alone, then two 130-token prompts sharing
     its first 8 tokens admitted in one step; returns that step. With
     ``second_root``, two more 130-token prompts on another root, sharing 129
     tokens, arrive in the same step: the second could adopt the first's
