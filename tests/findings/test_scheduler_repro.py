@@ -31,6 +31,7 @@ from tests.strategies import test_draws_pinned
 from strategies.scheduler import single_shot_scenarios
 from invariants import connector as conn
 from invariants import scheduler as inv
+from tests.known_bugs._pin import known_vllm_bug
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -614,8 +615,7 @@ class _ReproStillFails(Exception):
 # (tests/known_bugs/test_ownership_findings.py), through the writer: the
 # generated file fails on the installed vLLM while it has the bug (a strict
 # xfail, as the pins are: it turns red the day vLLM fixes the bug).
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(strict=True, raises=_ReproStillFails, reason="vLLM 0.33.0 has the bug: the written repro fails")
+@known_vllm_bug("vLLM 0.33.0 has the bug: the written repro fails", raises=_ReproStillFails)
 @pytest.mark.parametrize(
     "bug_id",
     [

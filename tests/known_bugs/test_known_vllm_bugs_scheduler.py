@@ -85,17 +85,15 @@ from invariants.scheduler import (
     check_copy_sources_ready,
     check_no_exception_escapes,
 )
-from fuzz.model import InvariantViolation
+from tests.known_bugs._pin import known_vllm_bug
 
 
 # --------------------------------------------------------------------------
 # Standalone repro (vLLM only).
 # --------------------------------------------------------------------------
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
+@known_vllm_bug(
+    "vLLM 0.33.0: MambaManager.get_num_blocks_to_allocate omits the external-state block",
     raises=ValueError,
-    reason="vLLM 0.33.0: MambaManager.get_num_blocks_to_allocate omits the external-state block",
 )
 def test_mamba_external_load_admission_never_overdraws_the_pool():
     from vllm.sampling_params import SamplingParams
@@ -177,12 +175,7 @@ def test_real_path_is_recognised_as_the_known_bug():
     assert triage(step) == ([], ["mamba-external-block-undercount"]), step.describe()
 
 
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="vLLM 0.33.0: schedule() raises ValueError (Mamba external-state block not reserved)",
-)
+@known_vllm_bug("vLLM 0.33.0: schedule() raises ValueError (Mamba external-state block not reserved)")
 def test_schedule_survives_a_sync_external_load_into_a_nearly_full_pool():
     _, step = _pool_nearly_full_scenario()
     check_no_exception_escapes(step)
@@ -191,11 +184,9 @@ def test_schedule_survives_a_sync_external_load_into_a_nearly_full_pool():
 # --------------------------------------------------------------------------
 # same-step-cow-chain: standalone repro (vLLM only).
 # --------------------------------------------------------------------------
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
+@known_vllm_bug(
+    "vLLM 0.33.0: a same-step partial-hit copy-on-write reads another copy's destination",
     raises=AssertionError,
-    reason="vLLM 0.33.0: a same-step partial-hit copy-on-write reads another copy's destination",
 )
 def test_standalone_same_step_partial_hits_never_chain_block_copies(tmp_path):
     import json
@@ -324,12 +315,7 @@ def test_real_path_cow_chain_is_recognised_as_the_known_bug():
     assert triage(step) == ([], ["same-step-cow-chain"]), step.describe()
 
 
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="vLLM 0.33.0: a same-step partial-hit copy-on-write reads another copy's destination",
-)
+@known_vllm_bug("vLLM 0.33.0: a same-step partial-hit copy-on-write reads another copy's destination")
 def test_requests_sharing_a_partial_hit_in_one_step_copy_from_ready_blocks():
     step = _shared_partial_hit_step(2)
     check_copy_sources_ready(step)
