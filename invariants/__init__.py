@@ -8,7 +8,9 @@ and lives in :mod:`fuzz.model`.
 * :mod:`invariants.connector`: the scheduler's side of the KV-connector
   protocol (what it told the connector against what it accounted for);
 * :mod:`invariants.ownership`: block ownership after every ``schedule()``
-  (held blocks, same-step hazards, reservations, lookup limits).
+  (held blocks, same-step hazards, reservations, lookup limits);
+* :mod:`invariants.table`: every invariant in one table (name, check, planted
+  bugs, whether a repro can state it).
 """
 
 from fuzz.model import InvariantViolation
