@@ -8,8 +8,9 @@ rest of the suite survive vLLM's moving internal API.
 * ``_classification``: the spec-kind table, one row per vLLM spec class
   (:data:`CLASSIFIED`, :data:`EXEMPT`, :class:`Behaviour`): how each kind
   must truncate and the facts needed to draw, build and judge its groups;
-* ``_groups``: what every room says about one group (its behaviour, kind
-  and name, :func:`cdiv`) and the connector answer the scheduler acts on;
+* ``_groups``: what the checks, runners and repro writers say about one
+  group (its behaviour, kind and name, :func:`cdiv`) and the connector
+  answer the scheduler acts on;
 * ``_kv``: KV-cache layouts (:class:`SpecDraw`, :class:`LayoutDraw`), an
   EAGLE-style drafter's settings (:class:`EagleDraw`) and one
   ``truncate_computed_blocks`` call (:class:`TruncationObservation`);
