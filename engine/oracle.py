@@ -10,7 +10,7 @@ honest differences are float32 rounding in the chunked SSD scan and in
 attention over split chunks: at most 2.1e-5 over a 200-example CPU run
 (docs/engine-tier.md). A wrong Mamba state or KV block, with the tiny
 model's std-0.5 weights, moves logprobs by 1e-1 and more and usually flips
-the greedy token (the planted defects in tests/test_engine_tier.py). 1e-4
+the greedy token (the planted defects in tests/engine/test_engine_tier.py). 1e-4
 sits 5x above the largest honest difference seen and three orders below the
 planted defects' effect.
 

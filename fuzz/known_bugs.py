@@ -78,7 +78,7 @@ class Signature:
     innermost: str | None = None
     # The vLLM statement that raised (whitespace collapsed): a function has
     # many asserts, and a new one in it is a new bug. Every signature naming
-    # an exception names its statement (tests/test_known_bug_registry.py).
+    # an exception names its statement (tests/known_bugs/test_known_bug_registry.py).
     statement: str | None = None
     # The check's own name for the failing condition (a liveness failure has
     # many causes: a signature names the one it is).
@@ -250,7 +250,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             for claim in ("reads-written", "index-written")
         ),
         reach="engine",
-        pinned_by="tests/test_known_vllm_bugs_scheduler.py::test_standalone_same_step_partial_hits_never_chain_block_copies",
+        pinned_by="tests/known_bugs/test_known_vllm_bugs_scheduler.py::test_standalone_same_step_partial_hits_never_chain_block_copies",
         targets=("scheduler-machine", "scheduler-single-shot", "scheduler-any-layout"),
         analysis=(
             "Two requests take the same sub-block (partial) prefix hit in one step. The "
@@ -287,7 +287,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             ),
         ),
         reach="engine",
-        pinned_by="tests/test_known_vllm_bugs_scheduler.py::test_mamba_external_load_admission_never_overdraws_the_pool",
+        pinned_by="tests/known_bugs/test_known_vllm_bugs_scheduler.py::test_mamba_external_load_admission_never_overdraws_the_pool",
         targets=("scheduler-single-shot", "scheduler-any-layout", "scheduler-machine"),
         analysis=(
             "In align mode the estimate caps a new request's Mamba blocks at 1 (+ partial "

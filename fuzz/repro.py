@@ -11,11 +11,9 @@ from __future__ import annotations
 import textwrap
 
 from fuzz import adapter
-from fuzz.model import SpecDraw, TruncationObservation
-from invariants._common import group_behaviour
-from invariants.classification import Behaviour
+from fuzz.model import Behaviour, SpecDraw, TruncationObservation, group_behaviour
 from invariants.truncation import loud_failure_expected
-from strategies.scenarios import TruncationScenario
+from fuzz.model import TruncationScenario
 
 __all__ = ["repro_header", "truncation_repro", "truncation_repro_from_last_run"]
 

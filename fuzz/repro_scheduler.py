@@ -39,8 +39,8 @@ from collections.abc import Callable, Iterable
 
 from fuzz import adapter
 from fuzz.model import Abort, AddRequest, Evict, InvariantViolation, OpLog, SpecDraw, Step
-from invariants._common import group_behaviour
-from invariants.classification import Behaviour, classification_of_kind
+from fuzz.model import group_behaviour
+from fuzz.model import Behaviour, classification_of_kind
 
 __all__ = ["WRITABLE", "repro_size", "scheduler_repro", "scheduler_repro_from_last_run", "shrink_oplog"]
 

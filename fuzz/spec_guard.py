@@ -3,7 +3,7 @@
 ``guard_findings()`` walks every ``KVCacheSpec`` subclass reachable in the
 installed vLLM (imported modules and vLLM's spec registry) and returns one
 message per class that is neither classified nor exempted in
-:mod:`invariants.classification`, naming the class, its module, what vLLM
+:mod:`fuzz.model._classification`, naming the class, its module, what vLLM
 says about it, the question to decide, and (optionally) how vLLM's current
 ``truncate_computed_blocks`` behaves for it under both hypotheses
 (:func:`judge_hypotheses`): the truncation target runs on full attention +
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from fuzz import adapter
 from fuzz.hunting import hunt, without_module_constants
 from fuzz.targets.target_truncate import check_truncation_scenario
-from invariants.classification import CLASSIFIED, EXEMPT, Behaviour, provisional, question_for
+from fuzz.model import CLASSIFIED, EXEMPT, Behaviour, provisional, question_for
 from strategies.scenarios import truncation_scenarios
 from strategies.specs import kv_cache_layouts
 

@@ -40,11 +40,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fuzz.model import AdmissionObservation, FailedLoad, GroupInfo, InvariantViolation, StepObservation
-from invariants._common import answer_acted_on
-from invariants._common import cdiv as _cdiv
-from invariants._common import group_behaviour as _behaviour
-from invariants._common import group_kind, group_name as _name
-from invariants.classification import Behaviour, classification_of_kind
+from fuzz.model import answer_acted_on
+from fuzz.model import cdiv as _cdiv
+from fuzz.model import group_behaviour as _behaviour
+from fuzz.model import group_kind, group_name as _name
+from fuzz.model import Behaviour, classification_of_kind
 
 __all__ = [
     "CONNECTOR_ADMISSION_CHECKS",

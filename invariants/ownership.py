@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 from fuzz.model import InvariantViolation, OwnershipObservation, StepObservation
-from invariants._common import cdiv, group_kind, group_name
+from fuzz.model import cdiv, group_kind, group_name
 
 __all__ = [
     "OWNERSHIP_CHECKS",

@@ -4,7 +4,7 @@ Each ``check_*`` makes one claim about one observation (a
 :class:`fuzz.model.StepObservation` and its admissions) and raises
 :class:`fuzz.model.InvariantViolation`
 naming the request, the groups, the block ids and the numbers that disagree.
-Expected per-group behaviour comes from :mod:`invariants.classification`.
+Expected per-group behaviour comes from :mod:`fuzz.model._classification`.
 Step checks (:data:`STEP_CHECKS`) see a whole ``schedule()`` +
 ``update_from_output()``; admission checks (:data:`ADMISSION_CHECKS`) one
 waiting request's trip through the prefix-cache branch; the pool check runs
@@ -42,11 +42,11 @@ from fuzz.model import (
     StepObservation,
     StrandedRequest,
 )
-from invariants._common import answer_acted_on
-from invariants._common import cdiv as _cdiv
-from invariants._common import group_behaviour as _behaviour
-from invariants._common import group_kind, group_name as _name
-from invariants.classification import Behaviour, classification_of_kind
+from fuzz.model import answer_acted_on
+from fuzz.model import cdiv as _cdiv
+from fuzz.model import group_behaviour as _behaviour
+from fuzz.model import group_kind, group_name as _name
+from fuzz.model import Behaviour, classification_of_kind
 from invariants.connector import CONNECTOR_ADMISSION_CHECKS, CONNECTOR_STEP_CHECKS
 from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import PROMISE_CHECKS

@@ -3,7 +3,7 @@
 Each ``check_*`` makes one claim about one observed call and raises
 :class:`InvariantViolation` naming the group, spec type, block size, endpoint
 and the numbers that disagree. Expected behaviour per group comes from
-:mod:`invariants.classification`, never from isinstance checks here.
+:mod:`fuzz.model._classification`, never from isinstance checks here.
 
 Block arithmetic: a prefix-cacheable group with block size ``b`` needs
 ``n // b`` blocks to cover endpoint ``n`` (``n`` is a multiple of ``b`` when
@@ -23,9 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from fuzz.model import GroupTruncation, InvariantViolation, TruncationObservation
-from invariants._common import group_behaviour, group_kind, group_name
-from invariants.classification import Behaviour
+from fuzz.model import Behaviour, GroupTruncation, InvariantViolation, TruncationObservation
+from fuzz.model import group_behaviour, group_kind, group_name
 
 __all__ = [
     "TRUNCATION_CHECKS",

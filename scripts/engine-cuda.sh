@@ -63,7 +63,7 @@ remaining=$(left)
 (( remaining > 60 )) || skip "only ${remaining}s of the budget left after set-up"
 rc=0
 timeout "$remaining" "$py" -m pytest -p no:xdist -q --hypothesis-show-statistics \
-  fuzz/targets/target_engine.py tests/test_engine_tier.py 2>&1 | tee "$out/engine-cuda-pytest.log" | tail -40
+  fuzz/targets/target_engine.py tests/engine/test_engine_tier.py 2>&1 | tee "$out/engine-cuda-pytest.log" | tail -40
 rc=${PIPESTATUS[0]}
 [[ -f "$KVTRUNC_ENGINE_REPORT" ]] && cat "$KVTRUNC_ENGINE_REPORT"
 echo "engine-cuda: pytest rc=$rc after $(( $(date +%s) - t0 ))s in all"

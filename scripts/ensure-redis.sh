@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent: make sure Debian's redis-server is installed, for the tests that
-# share a Hypothesis example database over Redis (tests/test_redis_campaign.py).
+# share a Hypothesis example database over Redis (tests/tooling/test_redis_campaign.py).
 # Never fatal: if it cannot be installed those tests skip with the reason.
 set -uo pipefail
 command -v redis-server >/dev/null 2>&1 && exit 0

@@ -17,7 +17,7 @@ mkdir -p "$(dirname "$KVTRUNC_ENGINE_REPORT")"
 rm -f "$KVTRUNC_ENGINE_REPORT"  # an earlier run's figures must never pass for this one's
 # One process: the engine and its cold reference are built once per session.
 rc=0
-"$py" -m pytest -p no:xdist fuzz/targets/target_engine.py tests/test_engine_tier.py "$@" || rc=$?
+"$py" -m pytest -p no:xdist fuzz/targets/target_engine.py tests/engine/test_engine_tier.py "$@" || rc=$?
 if [[ -f "$KVTRUNC_ENGINE_REPORT" ]]; then
   cat "$KVTRUNC_ENGINE_REPORT"; echo
   "$py" - "$KVTRUNC_ENGINE_REPORT" <<'PY'

@@ -35,7 +35,7 @@ if [[ -z "$skip" ]]; then
 fi
 
 bash "$root/scripts/bootstrap.sh"
-bash "$root/scripts/ensure-redis.sh"  # for tests/test_redis_campaign.py; never fatal
+bash "$root/scripts/ensure-redis.sh"  # for tests/tooling/test_redis_campaign.py; never fatal
 cd "$root"
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 rc=0

@@ -4,7 +4,7 @@
 # ran before it fails here (docs/stress.md).
 #   STRESS_SEED   the order seed (default: drawn, printed first; rerun with it)
 #   STRESS_BUSY   busy processes beside the tests (default: the core count)
-# Arguments go to pytest (e.g. tests/test_cli.py).
+# Arguments go to pytest (e.g. tests/tooling/test_cli.py).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/bootstrap.sh"

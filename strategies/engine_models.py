@@ -28,7 +28,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from fuzz.model import EngineDraw, LayoutDraw, SchedulerDraw, SpecDraw, installed
-from strategies.scheduler import SingleShotScenario, scheduler_draws, single_shot_scenarios
+from fuzz.model import SingleShotScenario
+from strategies.scheduler import scheduler_draws, single_shot_scenarios
 
 __all__ = [
     "ARCHITECTURES",

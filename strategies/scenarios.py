@@ -14,75 +14,20 @@ no evictions, a joint lookup, an endpoint at the hit and no drafter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from fuzz.model import EagleDraw, LayoutDraw
-from invariants.classification import Behaviour, classification_of_kind
+from fuzz.model import Behaviour, EagleDraw, EndpointRule, LayoutDraw, TruncationScenario, classification_of_kind
 from strategies.specs import kv_cache_layouts
 
-__all__ = ["EndpointRule", "TruncationScenario", "eagle_draws", "endpoint_rules", "truncation_scenarios"]
+__all__ = ["eagle_draws", "endpoint_rules", "truncation_scenarios"]
 
 LOOKUP_MODES = ("joint", "per_group", "connector")
 _EAGLE_CHOICES = ("never", "sometimes", "always")
 # "cover_hit" is the shortest hit among must-cover (attention-like) groups:
 # the boundary the scheduler's full-attention-driven lookup reports.
 ANCHORS = ("cover_hit", "min_hit", "max_hit", "zero")
-
-
-@dataclass(frozen=True)
-class EndpointRule:
-    """How to pick ``n`` once the lookup's hits are known.
-
-    ``n = floor(anchor / S) * S + steps * S + remainder`` (clamped at 0), where
-    ``S`` is the scheduler block size (LCM of the group block sizes). A
-    non-zero ``remainder`` makes the endpoint misaligned on purpose, like the
-    scheduler's ``partial_tail`` before it rounds down.
-    """
-
-    anchor: str
-    steps: int
-    remainder: int
-
-    def resolve(self, anchors: dict[str, int], scheduler_block_size: int) -> int:
-        """``anchors`` maps every name in ``ANCHORS`` to a token count."""
-        s = scheduler_block_size
-        base = anchors[self.anchor]
-        aligned = max(0, (base // s + self.steps) * s)
-        return aligned + self.remainder % s
-
-
-@dataclass(frozen=True)
-class TruncationScenario:
-    layout: LayoutDraw
-    shared: tuple[int, ...]
-    prompts: tuple[tuple[int, int], ...]  # (shared prefix length, suffix length)
-    prefill_chunk: int | None
-    evict_from: tuple[int | None, ...]  # per group: evict blocks from this index on
-    replay: tuple[int, int]  # (shared prefix length, tail length >= 1)
-    lookup_mode: str
-    endpoint: EndpointRule
-    eagle: EagleDraw | None = None  # an EAGLE-style drafter, or no speculative decoding
-
-    def prompt_tokens(self, i: int) -> list[int]:
-        keep, suffix = self.prompts[i]
-        # Suffix tokens live above the shared vocabulary, so a suffix never
-        # matches the replay by accident and each prompt's suffix is its own.
-        return list(self.shared[:keep]) + [10_000 + 100 * i + j for j in range(suffix)]
-
-    def replay_tokens(self) -> list[int]:
-        keep, tail = self.replay
-        return list(self.shared[:keep]) + [9_000 + j for j in range(tail)]
-
-    def __repr__(self) -> str:
-        return (
-            f"TruncationScenario({self.layout!r}, prompts={list(self.prompts)}, "
-            f"chunk={self.prefill_chunk}, evict_from={list(self.evict_from)}, "
-            f"replay={self.replay}, lookup={self.lookup_mode!r}, endpoint={self.endpoint}"
-            + ("" if self.eagle is None else f", {self.eagle!r}")
-            + ")"
-        )
 
 
 def endpoint_rules(*, max_steps: int = 2) -> st.SearchStrategy[EndpointRule]:

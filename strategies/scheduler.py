@@ -28,18 +28,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import strategies as st
 
-from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
-from invariants.classification import Behaviour, classification_of_kind
+from fuzz.model import (
+    Behaviour,
+    ExternalReply,
+    LayoutDraw,
+    PromptDraw,
+    SchedulerDraw,
+    SingleShotScenario,
+    SpecDraw,
+    classification_of_kind,
+)
 from strategies.specs import drawable_kinds, kv_cache_layouts
 
 __all__ = [
-    "PromptDraw",
-    "SingleShotScenario",
     "FLAVOURS",
     "engine_layout",
     "external_replies",
@@ -56,7 +61,6 @@ __all__ = [
 ]
 
 _CORE = ("FullAttentionSpec", "MambaSpec")
-_SUFFIX_BASE = 2_000  # own-suffix tokens live above the shared vocabulary
 
 
 def _is_mamba(group: SpecDraw) -> bool:
@@ -388,26 +392,6 @@ def cache_salts() -> st.SearchStrategy[str | None]:
     return st.integers(0, 3).map(lambda k: _SALTS[k - 2] if k >= 2 else None)
 
 
-@dataclass(frozen=True)
-class PromptDraw:
-    """``shared[:prefix]`` followed by ``suffix`` tokens of its own."""
-
-    prefix: int
-    suffix: int
-    max_tokens: int = 1
-    reply: ExternalReply = ExternalReply()
-    # SamplingParams(skip_reading_prefix_cache=True).
-    skip_reading_prefix_cache: bool = False
-
-    def tokens(self, shared: tuple[int, ...], salt: int) -> list[int]:
-        own = [_SUFFIX_BASE + 64 * salt + j for j in range(self.suffix)]
-        return list(shared[: self.prefix]) + own
-
-    def __repr__(self) -> str:
-        skip = ", skip_reading_prefix_cache=True" if self.skip_reading_prefix_cache else ""
-        return f"Prompt(shared[:{self.prefix}]+{self.suffix}, max_tokens={self.max_tokens}, ext={self.reply!r}{skip})"
-
-
 @st.composite
 def _prompt_draws(
     draw: st.DrawFn,
@@ -461,55 +445,6 @@ def prompt_draws(
     if shared_len < 2 * block or block < 1 or unit < 1:
         raise ValueError(f"need shared_len >= 2 * block >= 2 and unit >= 1, got {shared_len=} {block=} {unit=}")
     return _prompt_draws(shared_len, block, unit, replies, allow_over, label)
-
-
-@dataclass(frozen=True)
-class SingleShotScenario:
-    """Fill the cache, optionally probe inside it, optionally evict by hand,
-    then replay one request."""
-
-    config: SchedulerDraw
-    shared_len: int
-    token_seed: int
-    fills: tuple[PromptDraw, ...]
-    concurrent: bool  # fills submitted together (churn, preemption) or one by one
-    evict_from: tuple[int | None, ...] | None  # per group; None: real paths only
-    replay: PromptDraw
-    flavour: str = "free"  # how the replay relates to the fills (see FLAVOURS)
-    probe: PromptDraw | None = None  # run after the fills, before the replay
-    # Identical copies of the replay submitted together: they take the same
-    # local hit in one step.
-    replay_copies: int = 1
-
-    @property
-    def shared(self) -> tuple[int, ...]:
-        # Distinct tokens below _SUFFIX_BASE; the seed varies them cheaply.
-        return tuple((i * 7 + self.token_seed) % 1_000 for i in range(self.shared_len))
-
-    def fill_tokens(self, i: int) -> list[int]:
-        return self.fills[i].tokens(self.shared, salt=i)
-
-    def replay_tokens(self) -> list[int]:
-        return self.replay.tokens(self.shared, salt=len(self.fills) + 1)
-
-    def probe_tokens(self) -> list[int]:
-        assert self.probe is not None
-        return self.probe.tokens(self.shared, salt=len(self.fills))
-
-    @property
-    def uses_shortcut(self) -> bool:
-        return self.evict_from is not None and any(e is not None for e in self.evict_from)
-
-    def __repr__(self) -> str:
-        return (
-            f"SingleShot({self.flavour}, {self.config!r}, shared_len={self.shared_len}, "
-            f"fills={list(self.fills)}, concurrent={self.concurrent}, "
-            f"evict_from={None if self.evict_from is None else list(self.evict_from)}, "
-            + (f"probe={self.probe!r}, " if self.probe is not None else "")
-            + f"replay={self.replay!r}"
-            + (f" x{self.replay_copies}" if self.replay_copies != 1 else "")
-            + ")"
-        )
 
 
 def _spare_blocks(need: int) -> st.SearchStrategy[int]:

@@ -20,8 +20,7 @@ from typing import NamedTuple
 from hypothesis import strategies as st
 
 from fuzz.known_bugs import unbuildable_spec_classes
-from fuzz.model import LayoutDraw, SpecDraw, installed
-from invariants.classification import CLASSIFIED, Behaviour, classification_of_kind
+from fuzz.model import CLASSIFIED, Behaviour, LayoutDraw, SpecDraw, classification_of_kind, installed
 
 __all__ = ["drawable_kinds", "kv_cache_layouts", "spec_draws"]
 

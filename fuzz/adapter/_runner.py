@@ -33,8 +33,8 @@ from fuzz.model import (  # noqa: E402
     UnbackedEntry,
     UnwrittenRead,
 )
-from invariants._common import group_behaviour as _group_behaviour  # noqa: E402
-from invariants._common import group_kind as _group_kind  # noqa: E402
+from fuzz.model import group_behaviour as _group_behaviour  # noqa: E402
+from fuzz.model import group_kind as _group_kind  # noqa: E402
 
 __all__ = ["ScriptedRunner", "runner_output"]
 

@@ -55,8 +55,8 @@ from fuzz.model import (  # noqa: E402
     StepObservation,
     UnbackedEntry,
 )
-from invariants._common import group_behaviour as _group_behaviour  # noqa: E402
-from invariants.classification import classification_of_kind  # noqa: E402
+from fuzz.model import group_behaviour as _group_behaviour  # noqa: E402
+from fuzz.model import classification_of_kind  # noqa: E402
 
 __all__ = ["SchedulerHarness"]
 

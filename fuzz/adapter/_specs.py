@@ -1,7 +1,7 @@
 """KV-cache spec classes and layouts: discovery, construction, vLLM's verdicts.
 
 Which arguments a spec class takes beyond its family's defaults is a column
-of the classification table (:mod:`invariants.classification`); the family
+of the classification table (:mod:`fuzz.model._classification`); the family
 (attention, Mamba, other) is vLLM's class hierarchy. :func:`spec_constructor`
 is the one place that turns a :class:`fuzz.model.SpecDraw` into constructor
 arguments: :func:`build_spec` calls it, and the repro writer prints it.
@@ -23,7 +23,7 @@ from vllm.v1.core import kv_cache_utils as _kcu  # noqa: E402
 
 from fuzz.model import Installed, LayoutDraw, SpecDraw, register_installed  # noqa: E402
 from fuzz.outcomes import ConfigRejected, construction_failure  # noqa: E402
-from invariants.classification import CLASSIFIED, EXEMPT  # noqa: E402
+from fuzz.model import CLASSIFIED, EXEMPT  # noqa: E402
 
 __all__ = [
     "InvalidLayout",

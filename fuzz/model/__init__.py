@@ -5,6 +5,12 @@ what vLLM did in them, and the invariants read those observations and raise
 :class:`InvariantViolation`. Keeping vLLM out of this package is what lets the
 rest of the suite survive vLLM's moving internal API.
 
+* ``_classification``: the spec-kind table, one row per vLLM spec class
+  (:data:`CLASSIFIED`, :data:`EXEMPT`, :class:`Behaviour`): how each kind
+  must truncate and the facts needed to draw, build and judge its groups;
+* ``_groups``: what the checks, runners and repro writers say about one
+  group (its behaviour, kind and name, :func:`cdiv`) and the connector
+  answer the scheduler acts on;
 * ``_kv``: KV-cache layouts (:class:`SpecDraw`, :class:`LayoutDraw`), an
   EAGLE-style drafter's settings (:class:`EagleDraw`) and one
   ``truncate_computed_blocks`` call (:class:`TruncationObservation`);
@@ -14,6 +20,8 @@ rest of the suite survive vLLM's moving internal API.
   :class:`ConnectorFinish`), one step
   (:class:`StepObservation`, :class:`AdmissionObservation`) and the idle
   pool (:class:`PoolObservation`);
+* ``_scenarios``: the scenarios the runners play (:class:`TruncationScenario`,
+  :class:`SingleShotScenario` and their parts), drawn by :mod:`strategies`;
 * ``_oplog``: the operation log of a scheduler run (:class:`OpLog`), a
   repro's source of truth;
 * ``_ownership``: the shadow model of block ownership after one
@@ -26,6 +34,21 @@ rest of the suite survive vLLM's moving internal API.
 """
 
 from fuzz.model._catalog import Installed, installed, register_installed
+from fuzz.model._classification import (
+    CLASSIFIED,
+    EXEMPT,
+    Behaviour,
+    Classification,
+    Exemption,
+    Param,
+    Span,
+    UnclassifiedSpec,
+    behaviour_of,
+    classification_of_kind,
+    provisional,
+    question_for,
+)
+from fuzz.model._groups import answer_acted_on, cdiv, group_behaviour, group_kind, group_name
 from fuzz.model._ownership import AllocationRecord, HeldTable, LookupRecord, OwnershipObservation
 from fuzz.model._engine import ENGINE_REACHABLE, SCHEDULER_API, EngineDraw, reach_label
 from fuzz.model._kv import BlockRef, EagleDraw, GroupInfo, GroupTruncation, LayoutDraw, SpecDraw, TruncationObservation
@@ -61,9 +84,31 @@ from fuzz.model._scheduler import (
     StepObservation,
     StrandedRequest,
 )
+from fuzz.model._scenarios import EndpointRule, PromptDraw, SingleShotScenario, TruncationScenario
 from fuzz.model._violations import HarnessError, InvariantViolation
 
 __all__ = [
+    "EndpointRule",
+    "PromptDraw",
+    "SingleShotScenario",
+    "TruncationScenario",
+    "CLASSIFIED",
+    "EXEMPT",
+    "Behaviour",
+    "Classification",
+    "Exemption",
+    "Param",
+    "Span",
+    "UnclassifiedSpec",
+    "behaviour_of",
+    "classification_of_kind",
+    "provisional",
+    "question_for",
+    "answer_acted_on",
+    "cdiv",
+    "group_behaviour",
+    "group_kind",
+    "group_name",
     "ENGINE_REACHABLE",
     "SCHEDULER_API",
     "EngineDraw",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from fuzz.model._classification import Behaviour, classification_of_kind
 from fuzz.model._engine import EngineDraw, reach_label
 from fuzz.model._kv import GroupInfo, LayoutDraw
 from fuzz.model._ownership import OwnershipObservation
@@ -106,8 +107,6 @@ class SchedulerDraw:
     def model(self) -> str:
         """The engine draw's architecture family; else a hybrid model for
         layouts with a whole-state (Mamba-like) group, else a plain decoder."""
-        from invariants.classification import Behaviour, classification_of_kind
-
         if self.engine is not None:
             return self.engine.name
 

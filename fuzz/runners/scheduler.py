@@ -27,16 +27,21 @@ from hypothesis.control import currently_in_test_context
 
 from fuzz import adapter, known_bugs, telemetry
 from fuzz.adapter import SchedulerHarness
-from fuzz.model import AdmissionObservation, InvariantViolation, SchedulerDraw, StepObservation
-from invariants._common import group_behaviour
-from invariants.classification import Behaviour
+from fuzz.model import (
+    AdmissionObservation,
+    Behaviour,
+    InvariantViolation,
+    SchedulerDraw,
+    SingleShotScenario,
+    StepObservation,
+    group_behaviour,
+)
 from invariants.scheduler import (
     ADMISSION_CHECKS,
     STEP_CHECKS,
     check_no_leaked_blocks,
     step_violations,
 )
-from strategies.scheduler import SingleShotScenario
 
 __all__ = [
     "ALL_CHECKS",

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 from fuzz import adapter
 from fuzz.telemetry import note, observe_gap, observe_layout, reach, reject, target
-from fuzz.model import TruncationObservation
+from fuzz.model import Behaviour, TruncationObservation, TruncationScenario, group_behaviour
 from fuzz.outcomes import ConfigRejected, vllm_calls
-from invariants._common import group_behaviour
-from invariants.classification import Behaviour
-from strategies.scenarios import TruncationScenario
 
 __all__ = ["LAST_RUN", "run_truncation_scenario"]
 

@@ -15,7 +15,7 @@ never diverge silently.
 
 ``KVTRUNC_ENGINE_EXAMPLES`` overrides the example count;
 ``KVTRUNC_ENGINE_MAX_BATCH`` caps requests per round (default 4; 1 keeps
-clear of the known vLLM bug pinned in tests/test_engine_tier.py, where two
+clear of the known vLLM bug pinned in tests/engine/test_engine_tier.py, where two
 requests sharing a sub-block Mamba hit in one step diverge);
 ``KVTRUNC_ENGINE_REPORT=PATH`` writes the session's figures as JSON.
 """

@@ -7,7 +7,7 @@ uses the evict shortcut.
 
 * ``fuzz_scheduler_single_shot``: fill, replay, check every step (the core
   full attention + Mamba layout; its reach is asserted in
-  tests/test_scheduler_reach.py).
+  tests/strategies/test_scheduler_reach.py).
 * ``fuzz_scheduler_single_shot_any_layout``: the same with other groups
   beside full attention + Mamba, and over any 1-4 group layout.
 * ``fuzz_scheduler_engine_reachable``: the same single-shot scenarios over
@@ -110,7 +110,7 @@ def check_single_shot(scenario: SingleShotScenario) -> None:
 _NO_HIT = ExternalReply(kind="zero", store_len=0, undecided=0, extra=0, load_async=False)
 
 # Shrunk on vLLM 0.29.0 (a suite defect, not a vLLM bug: see
-# tests/test_scheduler_resumed_requests.py): two concurrent fills in an
+# tests/harness/test_scheduler_resumed_requests.py): two concurrent fills in an
 # 8-block pool; with the V1 model runner the second is preempted while the
 # first decodes, then resumes with a local hit and is reported among the
 # cached requests of the SchedulerOutput.

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from fuzz.runners.truncation import run_truncation_scenario
 from invariants.truncation import check_all_truncation_invariants
 from fuzz.model import LayoutDraw, SpecDraw
-from strategies.scenarios import EndpointRule, TruncationScenario, truncation_scenarios
+from fuzz.model import EndpointRule, TruncationScenario
+from strategies.scenarios import truncation_scenarios
 from strategies.specs import kv_cache_layouts
 
 

@@ -47,6 +47,7 @@ from fuzz.known_bugs import KNOWN_BUGS, failure_of
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.connector import check_failed_load_not_cached
+from tests.known_bugs._pin import known_vllm_bug
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -75,12 +76,7 @@ def _failed_load(*, aborted: bool) -> tuple[SchedulerHarness, StepObservation]:
     return harness, step
 
 
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="vLLM: invalid blocks of a request aborted during its failing sync load stay in the prefix cache",
-)
+@known_vllm_bug("vLLM: invalid blocks of a request aborted during its failing sync load stay in the prefix cache")
 def test_invalid_blocks_of_an_aborted_request_leave_the_cache() -> None:
     _, step = _failed_load(aborted=True)
     check_failed_load_not_cached(step)

@@ -58,6 +58,7 @@ from fuzz.known_bugs import KNOWN_BUGS, failure_of
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.scheduler import check_kv_matches_tokens, check_running_requests_progress
+from tests.known_bugs._pin import known_vllm_bug
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -89,12 +90,7 @@ def _serve(
     raise AssertionError("neither finished nor stranded in 12 steps")
 
 
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="vLLM: a failed sync load's output placeholder survives the recompute (issue 45138)",
-)
+@known_vllm_bug("vLLM: a failed sync load's output placeholder survives the recompute (issue 45138)")
 def test_a_recomputed_request_is_scheduled_until_it_finishes() -> None:
     _serve(async_scheduling=True, max_tokens=1)
 
@@ -118,11 +114,8 @@ def _serve_checking_contents(*, async_scheduling: bool) -> SchedulerHarness:
     return _serve(async_scheduling=async_scheduling, max_tokens=3, check=check_kv_matches_tokens)
 
 
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="vLLM: after a failed sync load's recompute the runner computes a position from the discarded token "
+@known_vllm_bug(
+    "vLLM: after a failed sync load's recompute the runner computes a position from the discarded token "
     "(issues 45138, 49250)",
 )
 def test_a_recomputed_request_computes_each_position_from_its_own_token() -> None:

@@ -52,6 +52,7 @@ from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerD
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.connector import check_failed_load_recomputed
 from invariants.ownership import check_read_blocks_held
+from tests.known_bugs._pin import known_vllm_bug
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -73,12 +74,7 @@ def _check(steps: list[StepObservation]) -> None:
         check_failed_load_recomputed(s)
 
 
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="vLLM: a failed sync load on a Mamba layout resumes past the load's start, where no state exists",
-)
+@known_vllm_bug("vLLM: a failed sync load on a Mamba layout resumes past the load's start, where no state exists")
 def test_failed_sync_load_on_mamba_resumes_where_a_state_exists() -> None:
     _check(_failed_sync_load("MambaSpec"))
 
@@ -106,11 +102,8 @@ def _failed_sync_load_on_a_window() -> list[StepObservation]:
     return harness.drain(context="SlidingWindowSpec: sync load of [0, 17) fails")
 
 
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="vLLM: a failed sync load on a lone sliding-window group recomputes from blocks outside the kept window",
+@known_vllm_bug(
+    "vLLM: a failed sync load on a lone sliding-window group recomputes from blocks outside the kept window",
 )
 def test_failed_sync_load_on_a_lone_window_recomputes_inside_its_window() -> None:
     for step in _failed_sync_load_on_a_window():
@@ -139,7 +132,7 @@ def _failed_sync_load_under_an_async_load() -> list[StepObservation]:
     block: vLLM rolls r2 back to 0 and r3, whose table holds the failed block
     2 at index 1, to 4, whose window needs the dropped block.
 
-    Found by a 6 s campaign of the state machine (tests/test_bench.py,
+    Found by a 6 s campaign of the state machine (tests/tooling/test_bench.py,
     seed 7), shrunk to these two requests."""
     layout = LayoutDraw((SpecDraw("SlidingWindowMLASpec", 4, (("sliding_window", 8),)),), hash_block_size=4,
                         num_blocks=13)
@@ -154,11 +147,8 @@ def _failed_sync_load_under_an_async_load() -> list[StepObservation]:
     return harness.drain(context="sync load of [0, 8) fails under r3's local hit and async load")
 
 
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="vLLM: an async-loading request sharing a failed sync load's blocks is rolled back into its dropped window",
+@known_vllm_bug(
+    "vLLM: an async-loading request sharing a failed sync load's blocks is rolled back into its dropped window",
 )
 def test_an_async_load_sharing_the_failed_blocks_resumes_inside_its_window() -> None:
     for step in _failed_sync_load_under_an_async_load():
@@ -191,7 +181,7 @@ def _failed_sync_load_under_a_running_hit() -> list[StepObservation]:
     load fails block by block: vLLM rolls the running r1, whose table holds
     the failed block, back to 8, whose window needs a nulled block.
 
-    Found by a 20 s default campaign (tests/test_cli.py, seed 1), shrunk to
+    Found by a 20 s default campaign (tests/tooling/test_cli.py, seed 1), shrunk to
     these two requests."""
     layout = LayoutDraw((SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 4),)),), hash_block_size=4,
                         num_blocks=13)
@@ -207,12 +197,7 @@ def _failed_sync_load_under_a_running_hit() -> list[StepObservation]:
     return harness.drain(context="sync load of [0, 12) fails under r1's running local hit")
 
 
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="vLLM 0.33.0: a running request sharing the failed blocks is rolled back inside its window",
-)
+@known_vllm_bug("vLLM 0.33.0: a running request sharing the failed blocks is rolled back inside its window")
 def test_a_running_request_sharing_the_failed_blocks_resumes_inside_its_window() -> None:
     for step in _failed_sync_load_under_a_running_hit():
         check_read_blocks_held(step)

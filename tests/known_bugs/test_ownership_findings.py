@@ -58,7 +58,8 @@ from fuzz import known_bugs
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.runners.scheduler import run_single_shot
 from invariants.ownership import check_no_same_step_hazard, check_read_blocks_held
-from strategies.scheduler import PromptDraw, SingleShotScenario
+from fuzz.model import PromptDraw, SingleShotScenario
+from tests.known_bugs._pin import known_vllm_bug
 
 _ZERO = ExternalReply(kind="zero", store_len=0, undecided=0, extra=0, load_async=False)
 
@@ -150,23 +151,13 @@ def test_control_one_step_from_the_bug_passes(name: str, monkeypatch: pytest.Mon
     run_single_shot(scenario, (check,), record=False)
 
 
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="vLLM 0.33.0: a same-step partial hit copies a block a synchronous load fills in that step",
-)
+@known_vllm_bug("vLLM 0.33.0: a same-step partial hit copies a block a synchronous load fills in that step")
 def test_partial_hit_copy_never_reads_a_block_filled_in_the_same_step(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(known_bugs, "match", _no_known_bug)
     _run_expecting(SYNC_LOAD_THEN_SAME_STEP_PARTIAL_HIT, check_no_same_step_hazard, "same-step-hazard")
 
 
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="vLLM 0.33.0: the last-token recompute after a full-prompt async load has no Mamba state",
-)
+@known_vllm_bug("vLLM 0.33.0: the last-token recompute after a full-prompt async load has no Mamba state")
 def test_full_prompt_async_load_resumes_where_every_group_holds_state(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(known_bugs, "match", _no_known_bug)
     _run_expecting(FULL_PROMPT_ASYNC_LOAD, check_read_blocks_held, "read-blocks-held")

@@ -52,6 +52,7 @@ from fuzz.known_bugs import KNOWN_BUGS, failure_of
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.scheduler import check_no_exception_escapes
+from tests.known_bugs._pin import known_vllm_bug
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -90,12 +91,7 @@ def _readmitted_after_a_failed_load(divergent_hits: bool) -> StepObservation:
     return harness.step()
 
 
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="vLLM 0.33.0: a lagging second full-attention group reaches truncate_computed_blocks short of the hit",
-)
+@known_vllm_bug("vLLM 0.33.0: a lagging second full-attention group reaches truncate_computed_blocks short of the hit")
 def test_a_lagging_second_attention_group_is_readmitted_without_a_crash() -> None:
     check_no_exception_escapes(_readmitted_after_a_failed_load(divergent_hits=True))
 

@@ -35,6 +35,7 @@ from fuzz.known_bugs import KNOWN_BUGS, failure_of, known_bug
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.scheduler import check_skipping_request_reads_no_cache
+from tests.known_bugs._pin import known_vllm_bug
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -56,9 +57,7 @@ def _skipping_admission():  # type: ignore[no-untyped-def]
     return adm
 
 
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(AFFECTED, strict=True, raises=InvariantViolation,
-                   reason=f"vLLM {adapter.VLLM_VERSION}: a skipping request takes the connector's hit")
+@known_vllm_bug(f"vLLM {adapter.VLLM_VERSION}: a skipping request takes the connector's hit", affected=AFFECTED)
 def test_a_skipping_request_takes_no_external_hit() -> None:
     check_skipping_request_reads_no_cache(_skipping_admission())
 

@@ -46,6 +46,7 @@ from fuzz.known_bugs import failure_of, known_bug
 from fuzz.model import InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.scheduler import check_no_exception_escapes
+from tests.known_bugs._pin import known_vllm_bug
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -81,12 +82,7 @@ def test_threshold_above_the_padding_is_fine(method: str) -> None:
     check_no_exception_escapes(_second_admission(method, threshold=3))
 
 
-@pytest.mark.known_vllm_bug
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="vLLM bug spec-decode-padding-cut-by-long-prefill-threshold (fuzz/known_bugs.py)",
-)
+@known_vllm_bug("vLLM bug spec-decode-padding-cut-by-long-prefill-threshold (fuzz/known_bugs.py)")
 def test_padded_spec_decode_admission_survives_the_threshold() -> None:
     step = _second_admission("ngram", threshold=2)
     try:

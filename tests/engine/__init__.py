@@ -1,0 +1,1 @@
+"""Self-tests of the engine tier."""

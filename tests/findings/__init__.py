@@ -1,0 +1,1 @@
+"""What becomes of a failure: outcome classes, deduplication, triage, repros."""

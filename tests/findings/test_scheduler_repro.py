@@ -1,0 +1,665 @@
+"""Every planted scheduler-path bug becomes a standalone vLLM test.
+
+For each planted bug (:data:`fuzz.adapter.PLANTED_SCHEDULER_BUGS`: the
+``Scheduler.schedule`` edits and the wrong ``truncate_computed_blocks``
+variants): the single-shot fuzzer finds it with every check on, the writer
+(:mod:`fuzz.repro_scheduler`) shrinks the operation log and writes a pytest
+file importing vLLM and the standard library only, and that file fails with
+the bug planted and passes without it. The same holds for the state machine.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from fuzz.adapter import last_oplog, planted_scheduler_bug
+from fuzz.model import InvariantViolation
+from fuzz.repro_scheduler import WRITABLE, repro_size, scheduler_repro, scheduler_repro_from_last_run, shrink_oplog
+from fuzz.runners.scheduler import run_single_shot
+from fuzz.targets import target_scheduler
+from fuzz.targets.target_scheduler import UNSUPPORTED
+from tests.strategies import test_draws_pinned
+from strategies.scheduler import single_shot_scenarios
+from invariants import connector as conn
+from invariants import scheduler as inv
+from tests.known_bugs._pin import known_vllm_bug
+
+pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
+
+SEARCH = settings(max_examples=2000, derandomize=True, database=None, deadline=None,
+                  phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+
+# Planted bug -> the invariant the campaign's checks (all of them) report first.
+BUGS = {
+    "pre_fix_assert_all": "no-exception",
+    "fallback_discards_hit": "diverged-falls-back",
+    "skip_truncation": "computed-adds-up",
+    "truncation_one_block_short": "local-part-covered",
+    "reports_external_twice": "computed-below-num-tokens",
+    # The KV-connector protocol's planted bugs.
+    "asks_connector_unaligned": "external-contiguous",
+    "tells_connector_total": "told-external-accounted",
+    "hands_connector_cached_blocks": "load-blocks-cover",
+    "keeps_tail_and_loads": "no-exception",
+    "skips_meta_on_empty_step": "meta-built-once",
+    "async_load_counted_scheduled": "no-exception",
+    "no_sync_load_flag": "sync-load-announced",
+    "connector_finished_twice": "finished-once",
+    "async_load_computes_at_once": "no-exception",
+    # A request that skips the prefix cache (skip_reading_prefix_cache).
+    "skipping_request_loads_external": "skip-reads-no-cache",
+    "skipping_request_reads_local_cache": "skip-reads-no-cache",
+    # What the blocks hold (the file carries the suite's BlockContents).
+    "partial_hit_shares_its_block": "reads-written",
+    "caches_async_load_early": "index-written",
+}
+# The scheduler-tier limit for the pre-fix assert (issue 13).
+LIMITS = {"pre_fix_assert_all": {"groups": 2, "requests": 3, "steps": 6}}
+ALLOWED_IMPORTS = {"collections", "json", "pytest", "torch", "traceback", "typing", "vllm"}
+
+
+_no_local_constants = test_draws_pinned._no_local_constants  # edits elsewhere must not move the search
+
+
+def _planted_search_strategy():  # type: ignore[no-untyped-def]
+    """The single-shot scenarios without the twins and load flavours: those
+    build the open vLLM 0.33.0 bugs' states on purpose, and a repro shrunk
+    from such a scenario fails on unmodified vLLM too (the undercount's
+    ValueError), which these planted-bug repros must not."""
+    return single_shot_scenarios(shortcut=False, allow_over=False)
+
+
+def _find(bug: str) -> InvariantViolation:
+    """The first failing single-shot example, every check on (as the campaign runs it)."""
+
+    @SEARCH
+    @given(scenario=_planted_search_strategy())
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, record=False)
+
+    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
+        search()
+    return caught.value
+
+
+def _run_repro(path: Path, tmp_path: Path, bug: str | None) -> BaseException | None:
+    """Import the file under its own module name (its connector is loaded by
+    that name) and run its test, with ``bug`` planted; the failure, or None."""
+    name = f"kvtrunc_repro_{path.stem}_{bug or 'unplanted'}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        (test,) = [getattr(module, n) for n in dir(module) if n.startswith("test_")]
+        planted = planted_scheduler_bug(bug) if bug else contextlib.nullcontext()
+        with pytest.MonkeyPatch.context() as mp, planted:
+            run_dir = tmp_path / (bug or "unplanted")
+            run_dir.mkdir()
+            test(run_dir, mp)
+    except (AssertionError, pytest.fail.Exception) as exc:
+        return exc
+    finally:
+        del sys.modules[name]
+    return None
+
+
+def _imports(source: str) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names.add((node.module or "").split(".")[0])
+    return names
+
+
+def _check_repro(source: str | None, bug: str, tmp_path: Path) -> Path:
+    assert source, f"{bug}: no repro written"
+    assert _imports(source) <= ALLOWED_IMPORTS, _imports(source)
+    assert "pytestmark = pytest.mark.cpu_test" in source and "kv_connector_module_path=__name__" in source
+    path = tmp_path / f"test_repro_{bug}.py"
+    path.write_text(source)
+    failure = _run_repro(path, tmp_path, bug)
+    assert failure is not None, f"{bug}: the repro passes with the bug planted\n{source}"
+    assert _run_repro(path, tmp_path, None) is None, f"{bug}: the repro fails on unmodified vLLM\n{source}"
+    return path
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_a_planted_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
+    violation = _find(bug)
+    assert violation.invariant == BUGS[bug], str(violation)
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-single-shot", seed=0,
+                                               invariant=violation.invariant, violation=str(violation))
+        log = last_oplog()  # the shrunk run the file replays
+    assert log is not None
+    size = repro_size(log)
+    for what, limit in LIMITS.get(bug, {}).items():
+        assert size[what] <= limit, (bug, size)
+    _check_repro(source, bug, tmp_path)
+
+
+# Planted bugs found on async-scheduling configurations (AsyncScheduler, the
+# engine's batch queue feeding each output one step late): the file builds
+# the AsyncScheduler and replays the same schedule/update order.
+ASYNC_BUGS = {"skip_truncation": "computed-adds-up", "connector_finished_twice": "finished-once"}
+
+
+def _find_async(bug: str) -> InvariantViolation:
+    """As :func:`_find`, every configuration with async scheduling."""
+
+    @SEARCH
+    @given(scenario=_planted_search_strategy().map(
+        lambda s: dataclasses.replace(s, config=dataclasses.replace(s.config, async_scheduling=True))))
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, record=False)
+
+    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
+        search()
+    return caught.value
+
+
+@pytest.mark.parametrize("bug", sorted(ASYNC_BUGS))
+def test_a_planted_bug_on_async_scheduling_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
+    violation = _find_async(bug)
+    assert violation.invariant == ASYNC_BUGS[bug], str(violation)
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-engine-reachable", seed=0,
+                                               invariant=violation.invariant, violation=str(violation))
+        log = last_oplog()
+    assert log is not None and log.config.draw.async_scheduling
+    assert any(s.fed_step is not None for s in log.steps), "no output was fed one step late"
+    assert source is not None and "async_scheduling=True" in source and "get_scheduler_cls()" in source
+    _check_repro(source, bug, tmp_path)
+
+
+def test_a_planted_bug_under_a_prefill_cadence_becomes_a_standalone_repro(tmp_path: Path) -> None:
+    """Every configuration with ``prefill_schedule_interval=3`` (prefills held
+    back on two executed steps in three while requests decode): the written
+    file builds its scheduler with the same cadence."""
+    bug = "skip_truncation"
+
+    @SEARCH
+    @given(scenario=_planted_search_strategy().map(
+        lambda s: dataclasses.replace(s, config=dataclasses.replace(s.config, prefill_schedule_interval=3))))
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, record=False)
+
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+        search()
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-single-shot", seed=0,
+                                               invariant=caught.value.invariant, violation=str(caught.value))
+        log = last_oplog()
+    assert log is not None and log.config.draw.prefill_schedule_interval == 3
+    assert source is not None and "prefill_schedule_interval=PREFILL_SCHEDULE_INTERVAL" in source
+    assert "PREFILL_SCHEDULE_INTERVAL = 3" in source
+    _check_repro(source, bug, tmp_path)
+
+
+def _as_producer(scenario):  # type: ignore[no-untyped-def]
+    """``scenario`` on a P/D prefill instance: async scheduling, a
+    ``kv_producer`` connector (it holds finished requests' blocks until their
+    send is reported done) and no external hit for any request."""
+    from fuzz.model import ExternalReply
+
+    def no_hit(prompt):  # type: ignore[no-untyped-def]
+        return None if prompt is None else dataclasses.replace(prompt, reply=ExternalReply())
+
+    return dataclasses.replace(
+        scenario,
+        config=dataclasses.replace(scenario.config, async_scheduling=True, kv_role="kv_producer"),
+        fills=tuple(no_hit(f) for f in scenario.fills),
+        replay=no_hit(scenario.replay),
+        probe=no_hit(scenario.probe),
+    )
+
+
+def test_a_planted_bug_on_a_producer_becomes_a_standalone_repro(tmp_path: Path) -> None:
+    """Every configuration as a P/D prefill instance (``kv_role="kv_producer"``,
+    async scheduling, no external hit): the written file builds the same
+    connector role, whose sends hold blocks until finished_sending."""
+    bug = "connector_finished_twice"
+
+    @SEARCH
+    @given(scenario=_planted_search_strategy().map(_as_producer))
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, record=False)
+
+    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
+        search()
+    assert caught.value.invariant == "finished-once", str(caught.value)
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-machine", seed=0,
+                                               invariant=caught.value.invariant, violation=str(caught.value))
+        log = last_oplog()
+    assert log is not None and log.config.draw.kv_role == "kv_producer"
+    # The file's closing drain reports the held sends done (finished_sending):
+    # without them its requests never leave and its leak check cannot pass.
+    assert source is not None and "kv_role=KV_ROLE," in source and "KV_ROLE = 'kv_producer'" in source
+    _check_repro(source, bug, tmp_path)
+
+
+def _speculating(config, method: str, k: int = 2):  # type: ignore[no-untyped-def]
+    """``config`` with ``method`` speculative decoding of k tokens (Mamba
+    groups holding k speculative state blocks, as vLLM builds them); EAGLE
+    needs a budget above k, ngram synchronous scheduling."""
+    groups = tuple(
+        dataclasses.replace(g, params=g.params + (("num_speculative_blocks", k),)) if g.kind == "MambaSpec" else g
+        for g in config.layout.groups
+    )
+    return dataclasses.replace(
+        config,
+        layout=dataclasses.replace(config.layout, groups=groups),
+        max_num_batched_tokens=max(config.max_num_batched_tokens, k + 1),
+        async_scheduling=method == "eagle" and config.async_scheduling,
+        speculative_method=method,
+        num_speculative_tokens=k,
+        draft_acceptance=(1, 0, 2),
+    )
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle"])
+def test_a_planted_bug_on_a_speculative_config_becomes_a_standalone_repro(method: str, tmp_path: Path) -> None:
+    """Every configuration speculates (k=2, drafts accepted 1, 0, 2, ...):
+    the written file builds the same SpeculativeConfig, samples the accepted
+    drafts and hands the drafter's proposals over as the harness did."""
+    bug = "skip_truncation"
+
+    @SEARCH
+    @given(scenario=_planted_search_strategy().map(
+        lambda s: dataclasses.replace(s, config=_speculating(s.config, method))))
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, record=False)
+
+    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
+        search()
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-single-shot", seed=0,
+                                               invariant=caught.value.invariant, violation=str(caught.value))
+        log = last_oplog()
+    assert log is not None and log.config.draw.speculative_method == method
+    assert source is not None and f"SPECULATIVE_METHOD = {method!r}" in source
+    assert "**_speculative_config(tmp_path, model_config)" in source
+    _check_repro(source, bug, tmp_path)
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle"])
+def test_a_planted_spec_decode_bug_becomes_a_standalone_repro(method: str, tmp_path: Path) -> None:
+    """The rejected drafts left counted as computed: the file replays the
+    accepted and rejected drafts of the run (and, sync, the drafts handed
+    over) and states the claim after the step that verified them."""
+    bug = "rejected_drafts_stay_computed"
+
+    @SEARCH
+    @given(scenario=_planted_search_strategy().map(
+        lambda s: dataclasses.replace(s, config=_speculating(s.config, method))))
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, record=False)
+
+    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
+        search()
+    assert caught.value.invariant == "rejected-drafts-rolled-back", str(caught.value)
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-single-shot", seed=0,
+                                               invariant=caught.value.invariant, violation=str(caught.value))
+    assert source is not None and "_check_rejected_drafts_rolled_back(scheduler, out, watch" in source
+    _check_repro(source, bug, tmp_path)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["ngram-sync", "eagle-async"])
+def test_accepted_drafts_recorded_as_other_tokens_become_a_standalone_repro(
+    async_scheduling: bool, tmp_path: Path
+) -> None:
+    """vLLM recording the step's first sampled token for every accepted
+    draft: from the fixed speculating run of tests/invariants/test_scheduler_planted.py
+    (requests decoding 8 tokens: the short single-shot generations finish
+    before a position past an accepted draft is settled), the file carries
+    the worker's own record and states kv-matches-tokens at the step vLLM's
+    tokens and the runner's part."""
+    from invariants.scheduler import check_kv_matches_tokens
+    from tests.invariants.test_scheduler_planted import speculating_harness
+
+    bug = "records_first_sampled_token"
+    with planted_scheduler_bug(bug):
+        harness = speculating_harness(async_scheduling)
+        harness.drain(context="speculating")
+        log = shrink_oplog(harness.oplog, "kv-matches-tokens", checks=(check_kv_matches_tokens,))
+    source = scheduler_repro(log, invariant="kv-matches-tokens", target="scheduler-machine", seed=0, violation="")
+    assert source is not None and "_check_kv_matches_tokens(scheduler, out, watch" in source
+    assert "class WorkerRecord" in source  # the suite's own record, copied
+    _check_repro(source, bug, tmp_path)
+
+
+def test_the_state_machine_shrunk_program_becomes_a_repro(tmp_path: Path) -> None:
+    bug = "skip_truncation"
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+        run_state_machine_as_test(target_scheduler.SchedulerMachine,
+                                  settings=settings(SEARCH, max_examples=300, stateful_step_count=30))
+    violation = caught.value
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-machine", seed=0,
+                                               invariant=violation.invariant, violation=str(violation))
+    _check_repro(source, bug, tmp_path)
+
+
+# Planted bugs on the failed-load paths only the state machine reaches (its
+# fail_next_*_loads rules): searched with their check alone (as
+# tests/invariants/test_scheduler_planted.py does), shrunk, written. Budget 0: a fixed
+# run instead (_FIXED_LOGS), as for a preempted request's stale output.
+MACHINE_BUGS = {
+    "resumes_past_invalid_block": (conn.check_failed_load_recomputed, 1500),
+    "evicts_invalid_blocks_on_recompute": (conn.check_failed_load_not_cached, 1500),
+    "failed_async_load_kept": (conn.check_failed_load_recomputed, 0),  # 0: the fixed scenario below
+    "delivers_stale_output": (inv.check_stale_output_dropped, 0),
+    "max_tokens_skip_unguarded": (inv.check_running_requests_progress, 0),
+}
+
+
+def _failed_async_load_log(bug: str):  # type: ignore[no-untyped-def]
+    """tests/invariants/test_connector_protocol.py's async-load-fails-recompute run,
+    planted: a derandomized machine search for it moved with unrelated
+    edits, so this case starts from the fixed scenario."""
+    from tests.invariants.test_connector_protocol import FAILURE_RUNS
+
+    with planted_scheduler_bug(bug):
+        FAILURE_RUNS["async-load-fails-recompute"]()
+    return last_oplog()
+
+
+def _fixed_case_log(bug: str):  # type: ignore[no-untyped-def]
+    """The fixed run tests/invariants/test_scheduler_planted.py shows ``bug`` caught on
+    (its FIXED_CASES), planted: its log and the invariant it breaks."""
+    from tests.invariants.test_scheduler_planted import FIXED_CASES
+
+    check, invariant, run = next((c, i, r) for c, i, b, r, _ in FIXED_CASES if b == bug)
+    with planted_scheduler_bug(bug), contextlib.suppress(InvariantViolation):
+        run((check,))
+    return last_oplog(), invariant
+
+
+# Planted bug -> its fixed run's log and the invariant it breaks.
+_FIXED_LOGS = {
+    "failed_async_load_kept": lambda bug: (_failed_async_load_log(bug), "failed-load-recomputed"),
+    "delivers_stale_output": _fixed_case_log,
+    "max_tokens_skip_unguarded": _fixed_case_log,
+}
+
+
+@pytest.mark.parametrize("bug", sorted(MACHINE_BUGS))
+def test_a_planted_failed_load_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
+    check, budget = MACHINE_BUGS[bug]
+    if not budget:
+        log, invariant = _FIXED_LOGS[bug](bug)
+        assert log is not None
+        with planted_scheduler_bug(bug):
+            log = shrink_oplog(log, invariant, checks=(check,))
+        source = scheduler_repro(log, invariant=invariant, target="scheduler-machine", seed=0, violation="")
+        _check_repro(source, bug, tmp_path)
+        return
+    search = settings(SEARCH, max_examples=budget, stateful_step_count=30)
+    with (
+        planted_scheduler_bug(bug),
+        target_scheduler.checks_for_machine((check,)),
+        _no_local_constants(),  # what else the session imported must not move the search
+        pytest.raises(InvariantViolation) as caught,
+    ):
+        run_state_machine_as_test(target_scheduler.SchedulerMachine, settings=search)
+    invariant = caught.value.invariant
+    assert invariant in WRITABLE
+    with planted_scheduler_bug(bug):
+        log = shrink_oplog(last_oplog(), invariant, checks=(check,))
+    source = scheduler_repro(log, invariant=invariant, target="scheduler-machine", seed=0, violation="")
+    _check_repro(source, bug, tmp_path)
+
+
+def test_every_planted_scheduler_bug_has_a_repro_case() -> None:
+    from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS
+
+    cases = set(BUGS) | set(MACHINE_BUGS) | {bug for _, bug in CHECK_ALONE} | set(OWNERSHIP_BUGS)
+    cases.add("rejected_drafts_stay_computed")  # test_a_planted_spec_decode_bug_becomes_a_standalone_repro
+    cases.add("records_first_sampled_token")  # test_accepted_drafts_recorded_as_other_tokens_...
+    cases.add("drafts_never_cut")  # tests/findings/test_triage_planted.py: a new assert beside a known one
+    assert cases == set(PLANTED_SCHEDULER_BUGS), cases ^ set(PLANTED_SCHEDULER_BUGS)
+    assert set(OWNERSHIP_BUGS) == set(PLANTED_OWNERSHIP_BUGS)
+    assert set(BUGS.values()) | set(OWNERSHIP_BUGS.values()) <= WRITABLE
+
+
+def test_invariants_it_cannot_state_get_no_file() -> None:
+    from fuzz.adapter import SchedulerHarness
+    from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+
+    # A run of its own: the test must not depend on which test ran before.
+    harness = SchedulerHarness(SchedulerDraw(LayoutDraw((SpecDraw("FullAttentionSpec", 4),), 4, 16)))
+    harness.add_request(range(8), reply=ExternalReply("store", store_len=4))
+    harness.step()
+    log = harness.oplog
+    assert log.steps, "the run recorded no step"
+    assert scheduler_repro(log, invariant="no-exception", target="t", seed=0, violation="") is not None
+    assert "an-invariant-it-cannot-state" not in WRITABLE
+    assert scheduler_repro(log, invariant="an-invariant-it-cannot-state", target="t", seed=0, violation="") is None
+
+
+def test_groups_the_failure_does_not_need_shrink_away() -> None:
+    """The any-layout target's shrunk pre-fix failure, as a campaign first
+    wrote it (3 groups): replay-shrinking drops the second full-attention
+    group, the two requests and two steps stay."""
+    from fuzz.adapter import SchedulerHarness
+    from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4), SpecDraw("FullAttentionSpec", 4)),
+                        hash_block_size=1, num_blocks=19)
+    draw = SchedulerDraw(layout, max_num_batched_tokens=4, max_num_seqs=1, model_runner="v2")
+    with planted_scheduler_bug("pre_fix_assert_all"):
+        harness = SchedulerHarness(draw)
+        harness.add_request(range(0, 42, 7), reply=ExternalReply("store", store_len=6))
+        harness.step()
+        harness.add_request(range(0, 70, 7), reply=ExternalReply("store", store_len=10))
+        assert harness.step().error_type == "AssertionError"
+        shrunk = shrink_oplog(harness.oplog, "no-exception")
+    assert repro_size(shrunk) == {"groups": 2, "blocks": 19, "requests": 2, "steps": 2}, shrunk.config.draw
+
+
+# The real vLLM bugs of tests/known_bugs/test_known_vllm_bugs_scheduler.py, through the
+# writer: the generated files fail on the installed vLLM while it has the bug.
+# (The hand-written pins stay: the Mamba undercount's is one allocate_slots
+# call on a bare manager, clearer than any scheduler program.)
+@pytest.mark.parametrize("bug_id", ["mamba-external-block-undercount", "same-step-cow-chain"])
+def test_a_real_vllm_bug_regenerates_as_a_failing_repro(bug_id: str, tmp_path: Path) -> None:
+    from fuzz.adapter import VLLM_VERSION
+    from fuzz.known_bugs import known_bug
+    from tests.known_bugs.test_known_vllm_bugs_scheduler import _pool_nearly_full_scenario, _shared_partial_hit_step
+
+    if not known_bug(bug_id).affects(VLLM_VERSION):
+        pytest.skip(f"{bug_id} does not affect vLLM {VLLM_VERSION}")
+    if bug_id == "mamba-external-block-undercount":
+        harness, step = _pool_nearly_full_scenario()
+        log, invariant = harness.oplog, "no-exception"
+    else:
+        _shared_partial_hit_step(2)
+        log, invariant = last_oplog(), "copy-source-ready"
+    assert log is not None
+    source = scheduler_repro(log, invariant=invariant, target="tests/known_bugs/test_known_vllm_bugs_scheduler.py", seed=None,
+                             violation=bug_id)
+    assert source and _imports(source) <= ALLOWED_IMPORTS
+    path = tmp_path / f"test_{bug_id.replace('-', '_')}.py"
+    path.write_text(source)
+    failure = _run_repro(path, tmp_path, None)
+    assert failure is not None, f"the generated repro of {bug_id} passes on vLLM {VLLM_VERSION}"
+    expected = "ValueError" if invariant == "no-exception" else "read blocks written by copies of the same step"
+    assert expected in str(failure), str(failure)
+
+
+# The connector checks a planted bug never reaches first with every check on
+# (the scheduler raises soon after): searched, shrunk and written with that
+# check alone, as tests/invariants/test_scheduler_planted.py searches them.
+CHECK_ALONE = [
+    (conn.check_dropped_answer_loads_nothing, "keeps_tail_and_loads"),
+    (conn.check_meta_names_scheduled, "async_load_counted_scheduled"),
+    (conn.check_async_load_lands_first, "async_load_computes_at_once"),
+    # With every check on, the block-ownership model sees the untouched
+    # refcounts first (read-blocks-held): this case is about the leak.
+    (inv.check_no_leaked_blocks, "truncate_touches_refcounts"),
+    # With every check on, the block-ownership model may see the missing
+    # Mamba state first (read-blocks-held: it did once replays drew
+    # skip_reading_prefix_cache and the search moved); this case is about
+    # the state at the resume boundary.
+    (inv.check_mamba_state_at_resume_boundary, "no_divergent_fallback"),
+]
+
+
+@pytest.mark.parametrize(("check", "bug"), CHECK_ALONE, ids=lambda v: v if isinstance(v, str) else v.__name__)
+def test_a_check_alone_becomes_a_repro(check, bug: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    @SEARCH
+    @given(scenario=_planted_search_strategy())
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, (check,), record=False)
+
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+        search()
+    invariant = caught.value.invariant
+    assert invariant in WRITABLE
+    with planted_scheduler_bug(bug):
+        log = shrink_oplog(last_oplog(), invariant, checks=(check,))
+    source = scheduler_repro(log, invariant=invariant, target="scheduler-single-shot", seed=0, violation="")
+    _check_repro(source, bug, tmp_path)
+
+
+def test_an_engine_reachable_finding_becomes_a_repro(tmp_path: Path) -> None:
+    """The engine-reachable target's configurations come from vLLM's own
+    planning: the writer keeps the planned groups (no group shrinking) and
+    the file still fails planted and passes unplanted."""
+    from fuzz.targets.target_scheduler import engine_reachable_strategy
+
+    bug = "pre_fix_assert_all"
+
+    @settings(SEARCH, max_examples=600)
+    @given(scenario=engine_reachable_strategy())
+    def search(scenario) -> None:  # type: ignore[no-untyped-def]
+        run_single_shot(scenario, record=False)
+
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+        search()
+    with planted_scheduler_bug(bug):
+        source = scheduler_repro_from_last_run(target="scheduler-engine-reachable", seed=0,
+                                               invariant=caught.value.invariant, violation=str(caught.value))
+        log = last_oplog()
+    assert log is not None and log.config.draw.engine is not None
+    _check_repro(source, bug, tmp_path)
+
+
+# The block-ownership planted bugs (invariants/ownership.py): found as
+# tests/invariants/test_ownership_planted.py finds them (its strategy per bug, the
+# invariant's check alone), shrunk with that check, written.
+OWNERSHIP_BUGS = {
+    "mamba_frees_resume_state": "read-blocks-held",
+    "mamba_adopts_same_step_state": "same-step-hazard",
+    "cow_block_not_reserved": "reservation-covers-allocation",
+    "mamba_count_goes_negative": "reservation-covers-allocation",
+    "lookup_rounds_limit_up": "lookup-within-limit",
+}
+# Their repros, as measured here (groups / pool blocks / requests / steps, in
+# the README): 1/11/1/2, 1/34/2/6, 2/43/2/4, 2/39/1/6, 1/24/2/1 in the order
+# above. (The negative count's was 2/251/1/4 until the any-layout mix drew
+# skip_reading_prefix_cache: the search now meets it with a 4-token budget,
+# so its one 50-token request reaches the -1 at its sixth step.) The pool is the drawn one; the rest may not grow. The negative
+# Mamba count needs a second group taking a block beside it: a lone -1
+# hides nothing (no violation), so its repro keeps two groups.
+LIMITS.update({
+    "mamba_frees_resume_state": {"groups": 1, "requests": 1, "steps": 2},
+    "mamba_adopts_same_step_state": {"groups": 1, "requests": 2, "steps": 6},
+    "cow_block_not_reserved": {"groups": 2, "requests": 2, "steps": 4},
+    "mamba_count_goes_negative": {"groups": 2, "requests": 1, "steps": 6},
+    "lookup_rounds_limit_up": {"groups": 1, "requests": 2, "steps": 1},
+})
+
+
+@pytest.mark.parametrize("bug", sorted(OWNERSHIP_BUGS))
+def test_a_planted_ownership_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
+    from tests.invariants.test_ownership_planted import CASES
+    from tests.invariants.test_ownership_planted import _find as find_alone
+
+    ((check, invariant, strategy),) = [(c, i, st) for c, i, b, st in CASES if b == bug]
+    assert invariant == OWNERSHIP_BUGS[bug]
+    with _no_local_constants():  # what else the session imported must not move the search
+        violation, scenario = find_alone(check, bug, strategy)
+    assert violation.invariant == invariant, str(violation)
+    with planted_scheduler_bug(bug):
+        with pytest.raises(InvariantViolation):
+            run_single_shot(scenario, (check,), record=False)
+        log = shrink_oplog(last_oplog(), invariant, checks=(check,))
+    size = repro_size(log)
+    for what, limit in LIMITS[bug].items():
+        assert size[what] <= limit, (bug, size)
+    source = scheduler_repro(log, invariant=invariant, target="scheduler-single-shot", seed=0, violation=str(violation))
+    _check_repro(source, bug, tmp_path)
+
+
+class _ReproStillFails(Exception):
+    """The generated repro fails on the installed vLLM: the bug is still there."""
+
+
+# The real vLLM 0.33.0 bugs the ownership model found
+# (tests/known_bugs/test_ownership_findings.py), through the writer: the
+# generated file fails on the installed vLLM while it has the bug (a strict
+# xfail, as the pins are: it turns red the day vLLM fixes the bug).
+@known_vllm_bug("vLLM 0.33.0 has the bug: the written repro fails", raises=_ReproStillFails)
+@pytest.mark.parametrize(
+    "bug_id",
+    [
+        "same-step-partial-hit-reads-unwritten-block",
+        "full-prompt-async-load-replays-outside-window",
+        "mamba-failed-load-rollback",
+    ],
+)
+def test_a_real_ownership_bug_regenerates_as_a_failing_repro(
+    bug_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fuzz import known_bugs
+    from fuzz.adapter import VLLM_VERSION
+    from invariants import ownership as own
+    from tests.known_bugs import test_ownership_findings as pins
+
+    if not known_bugs.known_bug(bug_id).affects(VLLM_VERSION):
+        pytest.skip(f"{bug_id} does not affect vLLM {VLLM_VERSION}")
+    from tests.known_bugs.test_mamba_failed_load_rollback import _failed_sync_load
+
+    monkeypatch.setattr(known_bugs, "match", lambda failure, version: None)  # the pin must see its own bug
+    if bug_id == "mamba-failed-load-rollback":
+        # Its pin states failed-load-recomputed; the ownership model sees the
+        # rolled-back request read the null block where its state should be.
+        check, invariant = own.check_read_blocks_held, "read-blocks-held"
+        _failed_sync_load("MambaSpec")
+    else:
+        scenario, check = {
+            "same-step-partial-hit-reads-unwritten-block": (
+                pins.SYNC_LOAD_THEN_SAME_STEP_PARTIAL_HIT, own.check_no_same_step_hazard
+            ),
+            "full-prompt-async-load-replays-outside-window": (pins.FULL_PROMPT_ASYNC_LOAD, own.check_read_blocks_held),
+        }[bug_id]
+        with pytest.raises(InvariantViolation) as caught:
+            run_single_shot(scenario, (check,), record=False)
+        invariant = caught.value.invariant
+    log = shrink_oplog(last_oplog(), invariant, checks=(check,))
+    source = scheduler_repro(log, invariant=invariant, target="tests/known_bugs/test_ownership_findings.py",
+                             seed=None, violation=bug_id)
+    assert source and _imports(source) <= ALLOWED_IMPORTS
+    path = tmp_path / f"test_{bug_id.replace('-', '_')}.py"
+    path.write_text(source)
+    failure = _run_repro(path, tmp_path, None)
+    if failure is not None:
+        # The file's own check fails, at the step the harness saw break.
+        assert str(failure).startswith(f"step {log.steps[-1].index}:"), str(failure)
+        raise _ReproStillFails(str(failure))

@@ -1,0 +1,1 @@
+"""The adapter driving and observing vLLM."""

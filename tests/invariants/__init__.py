@@ -1,0 +1,1 @@
+"""Each invariant fails on a planted bug, and only that invariant does."""

@@ -1,0 +1,398 @@
+"""Every scheduler invariant catches a planted bug on the scheduler path.
+
+Each case plants one bug (:func:`fuzz.adapter.planted_scheduler_bug`:
+``Scheduler.schedule`` recompiled with one small edit, or a wrong
+``truncate_computed_blocks``), runs the single-shot fuzzer with only the
+invariant under test enabled, and expects that invariant to fail. The
+failing scenario is then replayed on unmodified vLLM, where it must pass:
+the failure is the planted bug's, not something else the search ran into.
+The unplanted runs of the same targets pass in fuzz/targets/target_scheduler.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS, last_oplog, planted_scheduler_bug
+from fuzz.repro_scheduler import _replay_checked
+from fuzz.known_bugs import KNOWN_BUGS
+from tests.strategies.test_draws_pinned import _no_local_constants
+from fuzz.targets import target_scheduler
+from fuzz.adapter import SchedulerHarness
+from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.runners.scheduler import STALE_OUTPUT, Stepper, run_single_shot
+from invariants import connector as conn
+from invariants import scheduler as inv
+from invariants.ownership import OWNERSHIP_CHECKS
+from invariants.promises import check_events_replay_index, check_hits_within_namespace, check_lookahead_allocated
+from fuzz.model import InvariantViolation
+from fuzz.model import SingleShotScenario
+from strategies.scheduler import single_shot_scenarios
+
+# (check, invariant name, planted bug, search uses the evict shortcut)
+CASES: list[tuple[Callable[..., None], str, str, bool]] = [
+    (inv.check_no_exception_escapes, "no-exception", "pre_fix_assert_all", False),
+    (inv.check_computed_tokens_add_up, "computed-adds-up", "skip_truncation", False),
+    (inv.check_local_part_covered, "local-part-covered", "truncation_one_block_short", False),
+    (inv.check_computed_below_num_tokens, "computed-below-num-tokens", "reports_external_twice", False),
+    (inv.check_truncated_view, "truncated-view", "skip_truncation", False),
+    (inv.check_mamba_state_at_resume_boundary, "mamba-state-at-boundary", "no_divergent_fallback", False),
+    (inv.check_diverged_hit_falls_back, "diverged-falls-back", "fallback_discards_hit", False),
+    (inv.check_no_leaked_blocks, "no-leaked-blocks", "truncate_touches_refcounts", False),
+    # A request with skip_reading_prefix_cache: the scheduler's override of
+    # the connector's answer, and the manager's lookup gate.
+    (inv.check_skipping_request_reads_no_cache, "skip-reads-no-cache", "skipping_request_loads_external", False),
+    (inv.check_skipping_request_reads_no_cache, "skip-reads-no-cache", "skipping_request_reads_local_cache", False),
+    # The KV-connector protocol (invariants/connector.py).
+    (conn.check_external_range_contiguous, "external-contiguous", "asks_connector_unaligned", False),
+    (conn.check_told_external_accounted, "told-external-accounted", "tells_connector_total", False),
+    (conn.check_load_blocks_cover_range, "load-blocks-cover", "hands_connector_cached_blocks", False),
+    (conn.check_dropped_answer_loads_nothing, "dropped-answer-loads-nothing", "keeps_tail_and_loads", False),
+    (conn.check_meta_built_once, "meta-built-once", "skips_meta_on_empty_step", False),
+    (conn.check_meta_names_scheduled, "meta-names-scheduled", "async_load_counted_scheduled", False),
+    (conn.check_sync_load_announced, "sync-load-announced", "no_sync_load_flag", False),
+    (conn.check_async_load_lands_first, "async-load-lands-first", "async_load_computes_at_once", False),
+    (conn.check_finished_once, "finished-once", "connector_finished_twice", False),
+    # What the blocks hold (fuzz/adapter/_contents.py).
+    (inv.check_reads_written, "reads-written", "partial_hit_shares_its_block", False),
+    (inv.check_index_written, "index-written", "caches_async_load_early", False),
+]
+
+SEARCH = settings(
+    max_examples=400,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=[Phase.generate],  # the first failure is enough; no shrinking
+    suppress_health_check=list(HealthCheck),
+)
+
+
+# Planted bugs whose trigger the single-shot scenarios draw rarely: an async
+# load that leaves prompt tokens to compute (one async reply in four, and
+# mostly the store holds the whole prompt); a connector answer no longer
+# than the local sub-block tail ('partial tail kept': about 1% of examples;
+# the first 400 derandomized ones stopped holding one when replays began
+# drawing skip_reading_prefix_cache, whose answer vLLM drops).
+BUDGET = {"async_load_computes_at_once": 2000, "keeps_tail_and_loads": 2000}
+
+
+def _find(check: Callable[..., None], bug: str, shortcut: bool) -> tuple[InvariantViolation, SingleShotScenario]:
+    found: list[SingleShotScenario] = []
+
+    @settings(SEARCH, max_examples=BUDGET.get(bug, SEARCH.max_examples))
+    @given(scenario=single_shot_scenarios(shortcut=shortcut, allow_over=False))
+    def search(scenario: SingleShotScenario) -> None:
+        try:
+            run_single_shot(scenario, (check,), record=False)
+        except InvariantViolation:
+            found.append(scenario)
+            raise
+
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+        search()
+    return caught.value, found[-1]
+
+
+@pytest.mark.parametrize(
+    ("check", "invariant", "bug", "shortcut"),
+    CASES,
+    ids=[f"{name}<-{bug}" for _, name, bug, _ in CASES],
+)
+def test_invariant_catches_planted_bug(
+    check: Callable[..., None], invariant: str, bug: str, shortcut: bool
+) -> None:
+    violation, scenario = _find(check, bug, shortcut)
+    assert violation.invariant == invariant, str(violation)
+    # The same scenario on unmodified vLLM satisfies the invariant.
+    run_single_shot(scenario, (check,), record=False)
+
+
+# Planted bugs only the state machine can reach: the single-shot scenarios
+# never fail a load. (check, invariant, planted bug)
+MACHINE_CASES: list[tuple[Callable[..., None], str, str]] = [
+    (conn.check_failed_load_recomputed, "failed-load-recomputed", "resumes_past_invalid_block"),
+    (conn.check_failed_load_not_cached, "failed-load-not-cached", "evicts_invalid_blocks_on_recompute"),
+    (conn.check_failed_load_recomputed, "failed-load-recomputed", "failed_async_load_kept"),
+]
+
+
+def preempting_producer_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """Three 10-token requests decoding 12 tokens each on a producer's
+    (``kv_role="kv_producer"``) 8-block pool under async scheduling: vLLM
+    defers no frees for a producer, so it preempts requests whose step is
+    still running (4-token blocks: each needs 3 blocks to start and a fourth
+    at token 13, which only a preemption frees)."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=9)
+    harness = SchedulerHarness(
+        SchedulerDraw(layout, max_num_batched_tokens=16, max_num_seqs=3, async_scheduling=True,
+                      kv_role="kv_producer")
+    )
+    for i in range(3):
+        harness.add_request(range(100 * i, 100 * i + 10), max_tokens=12)
+    run = Stepper(harness, checks)
+    run.drain()
+    return run
+
+
+def decoding_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """Two requests decoding 3 tokens each on one FullAttention group,
+    synchronous scheduling, run until idle (or stalled)."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=12)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=16, max_num_seqs=2))
+    for i in range(2):
+        harness.add_request(range(100 * i, 100 * i + 10), max_tokens=3)
+    run = Stepper(harness, checks)
+    run.drain()
+    return run
+
+
+def evicting_events_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """KV events on; four 13-token prompts with no common prefix, one after
+    another, decoding 2 tokens each on an 8-block pool of 4-token blocks:
+    each prompt caches 3 blocks, and from the third on the new prompt's
+    blocks are taken from cached ones (eviction announced by BlockRemoved)."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=9)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2, kv_events=True))
+    run = Stepper(harness, checks)
+    for i in range(4):
+        harness.add_request(range(100 * i, 100 * i + 13), max_tokens=2)
+        run.drain()
+    assert harness.observer.events is not None and harness.observer.events.events_seen["BlockRemoved"] >= 2, harness.observer.events.events_seen
+    return run
+
+
+def tenants_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """One 13-token prompt sent by tenant a, tenant b, an unsalted client
+    and tenant a again, one after another: only the last may hit (3 blocks
+    of 4 tokens), and does."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2))
+    run = Stepper(harness, checks)
+    hits = []
+    for salt in ("tenant-a", "tenant-b", None, "tenant-a"):
+        rid = harness.add_request(range(13), max_tokens=2, cache_salt=salt)
+        hits += [a.local_hit for a in [*(run.step().admissions)] if a.request_id == rid]
+        run.drain()
+    assert hits[-1] == 12, hits
+    return run
+
+
+def eagle_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """:func:`speculating_harness`'s async EAGLE run (k = 3: the drafter
+    writes 3 positions ahead of every step it drafts from), stepped with
+    ``checks``."""
+    harness = speculating_harness(True)
+    assert harness.runner.lookahead == 3, harness.runner.lookahead
+    run = Stepper(harness, checks)
+    run.drain()
+    return run
+
+
+# Planted bugs on paths a fixed run reaches (the machine's derandomized
+# search meets few preemptions during a step): (check, invariant, bug, run,
+# the label the unmodified run shows, to prove it meets the case; None: the
+# run always does).
+FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], str | None]] = [
+    (inv.check_stale_output_dropped, "stale-output-dropped", "delivers_stale_output", preempting_producer_run,
+     STALE_OUTPUT),
+    (inv.check_running_requests_progress, "running-request-progresses", "max_tokens_skip_unguarded", decoding_run,
+     None),
+    # What the cache announces (invariants/promises.py).
+    (check_events_replay_index, "events-replay-index", "eviction_announces_nothing", evicting_events_run, None),
+    (check_hits_within_namespace, "hits-within-namespace", "cache_salt_not_hashed", tenants_run, None),
+    (check_lookahead_allocated, "lookahead-allocated", "lookahead_not_allocated", eagle_run, None),
+]
+
+
+@pytest.mark.parametrize(("check", "invariant", "bug", "run", "label"), FIXED_CASES,
+                         ids=[f"{name}<-{bug}" for _, name, bug, *_ in FIXED_CASES])
+def test_invariant_catches_planted_bug_in_a_fixed_run(
+    check: Callable[..., None], invariant: str, bug: str, run: Callable[..., Stepper], label: str | None
+) -> None:
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+        run((check,))
+    assert caught.value.invariant == invariant, str(caught.value)
+    # Unmodified vLLM satisfies it, on a run that meets the case.
+    unmodified = run((check,))
+    assert label is None or label in unmodified.labels
+    assert not unmodified.harness.live_request_ids
+
+
+# Planted bugs in speculative decoding's bookkeeping, shown on a fixed run
+# that speculates (check, invariant, planted bug).
+SPEC_DECODE_CASES: list[tuple[Callable[..., None], str, str]] = [
+    (inv.check_rejected_drafts_rolled_back, "rejected-drafts-rolled-back", "rejected_drafts_stay_computed"),
+    (inv.check_kv_matches_tokens, "kv-matches-tokens", "records_first_sampled_token"),
+]
+
+
+def _speculating_run(async_scheduling: bool):  # type: ignore[no-untyped-def]
+    """:func:`speculating_harness` run to the end."""
+    return speculating_harness(async_scheduling).drain(context="speculating")
+
+
+def speculating_harness(async_scheduling: bool):  # type: ignore[no-untyped-def]
+    """Full attention + Mamba (block 4, Mamba with 3 speculative state
+    blocks), k = 3 drafts (ngram sync, EAGLE async), accepted 1, 0, 3, 2, ...
+    in turn; two 10-token requests decoding 8 tokens each, added."""
+    from fuzz.adapter import SchedulerHarness
+    from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+
+    layout = LayoutDraw(
+        (SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4, (("num_speculative_blocks", 3),))),
+        hash_block_size=4,
+        num_blocks=41,
+    )
+    harness = SchedulerHarness(
+        SchedulerDraw(
+            layout=layout,
+            max_num_batched_tokens=16,
+            max_num_seqs=2,
+            model_runner="v1",
+            async_scheduling=async_scheduling,
+            speculative_method="eagle" if async_scheduling else "ngram",
+            num_speculative_tokens=3,
+            draft_acceptance=(1, 0, 3, 2),
+        )
+    )
+    harness.add_request(tuple(range(10)), max_tokens=8)
+    harness.add_request(tuple(range(50, 60)), max_tokens=8)
+    return harness
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize(("check", "invariant", "bug"), SPEC_DECODE_CASES)
+def test_a_planted_spec_decode_bug_is_caught(
+    check: Callable[..., None], invariant: str, bug: str, async_scheduling: bool
+) -> None:
+    steps = _speculating_run(async_scheduling)
+    assert any(v.num_rejected for s in steps for v in s.draft_verifications), "no draft was rejected"
+    assert not [v for s in steps for v in inv.step_violations(s, (check,))]
+    with planted_scheduler_bug(bug):
+        steps = _speculating_run(async_scheduling)
+    found = [v for s in steps for v in inv.step_violations(s, (check,))]
+    assert found and {v.invariant for v in found} == {invariant}, found
+
+
+def test_every_planted_bug_is_used() -> None:
+    used = {bug for *_, bug, _ in CASES} | {bug for *_, bug in MACHINE_CASES}
+    used |= {bug for _, _, bug, *_ in FIXED_CASES} | {bug for *_, bug in SPEC_DECODE_CASES}
+    # The ownership edits have their cases in tests/invariants/test_ownership_planted.py;
+    # drafts_never_cut (a triage case) in tests/findings/test_triage_planted.py.
+    expected = set(PLANTED_SCHEDULER_BUGS) - set(PLANTED_OWNERSHIP_BUGS) - {"drafts_never_cut"}
+    assert used == expected, expected ^ used
+
+
+# Checks shown catching a real vLLM bug instead of a planted one: unmodified
+# vLLM already fails them (strict xfails and a passing control in
+# tests/known_bugs/test_known_vllm_bugs_scheduler.py).
+CAUGHT_REAL_BUG: dict[Callable[..., None], str] = {
+    inv.check_copy_sources_ready: "same-step-cow-chain",
+    # The failed-load placeholder's second consequence, pinned with a
+    # synchronous control in tests/known_bugs/test_failed_load_output_placeholder.py.
+    inv.check_kv_matches_tokens: "failed-sync-load-recompute-keeps-output-placeholder",
+}
+
+
+def test_every_scheduler_check_has_a_planted_case() -> None:
+    checks = {c for c, *_ in CASES} | {c for c, *_ in MACHINE_CASES} | {c for c, *_ in FIXED_CASES}
+    checks |= {c for c, *_ in SPEC_DECODE_CASES} | set(CAUGHT_REAL_BUG)
+    # The ownership checks have their cases in tests/invariants/test_ownership_planted.py.
+    expected = {*inv.STEP_CHECKS, *inv.ADMISSION_CHECKS, inv.check_no_leaked_blocks} - set(OWNERSHIP_CHECKS)
+    assert checks == expected, expected ^ checks
+    assert set(CAUGHT_REAL_BUG.values()) <= {b.id for b in KNOWN_BUGS if b.fixed_in is None}
+
+
+@pytest.mark.parametrize(
+    ("bug", "invariants"),
+    [
+        # Keeping a diverged hit without the fallback leaves the Mamba state
+        # missing at the resume point, or, on a layout whose lagging group is
+        # another must-cover one (sliding window), that group's blocks, or
+        # (a Mamba group with no hit at all) makes allocate_slots assert
+        # inside schedule(): with every check on, whichever the machine meets
+        # first reports it.
+        # (The ownership model sees the same missing state as a read of blocks
+        # the request does not hold.) When the Mamba group's own hit is a
+        # sub-block one in the block at the boundary's index (hit 18 of a
+        # 24-token local part, 12-token blocks), that index holds a real
+        # block and only diverged-falls-back, the claim about this very
+        # fallback, sees it (met first once replays drew
+        # skip_reading_prefix_cache and the mined constants changed).
+        (
+            "no_divergent_fallback",
+            {"mamba-state-at-boundary", "local-part-covered", "no-exception", "read-blocks-held", "diverged-falls-back"},
+        ),
+        # Skipping the truncation keeps the sub-block tail's cached block in
+        # the adopted blocks: the local part is miscounted, or, when the
+        # external load past it fails, that block is inside the failed range
+        # and keeps its hash (met first once the search ran without the
+        # mined constants; the same op log on unmodified vLLM passes).
+        ("skip_truncation", {"computed-adds-up", "failed-load-not-cached"}),
+    ],
+)
+def test_state_machine_catches_planted_bug(bug: str, invariants: set[str]) -> None:
+    """The stateful machine checks every invariant after every step too.
+    (Without the constants Hypothesis mines from the loaded modules: with
+    them, which example it meets first moved with any literal added to the
+    suite.)"""
+    machine_search = settings(SEARCH, max_examples=300, stateful_step_count=30)
+    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
+        run_state_machine_as_test(target_scheduler.SchedulerMachine, settings=machine_search)
+    assert caught.value.invariant in invariants, str(caught.value)
+    # The planted edit is what breaks it: the same operations on unmodified
+    # vLLM keep the claim.
+    log = last_oplog()
+    assert log is not None and _replay_checked(log, caught.value.invariant) is None, str(caught.value)
+
+
+def test_the_machine_reports_the_first_violation_of_a_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a step raises, teardown steps no further: it used to serve what
+    was queued and could raise a later, different violation in place of the
+    first (seen: failed-load-not-cached at step 32 reported for a run whose
+    step 31 broke computed-adds-up; that program then replayed to the other
+    one and wrote no repro)."""
+    from fuzz.runners import scheduler as runner
+
+    steps: list[tuple[int, list[str]]] = []
+    triage = runner.triage
+
+    def recording(step, checks=None):  # type: ignore[no-untyped-def]
+        unknown, known = triage(step, checks)
+        steps.append((step.step, [v.invariant for v in unknown]))
+        return unknown, known
+
+    monkeypatch.setattr(runner, "triage", recording)
+    machine_search = settings(SEARCH, max_examples=300, stateful_step_count=30)
+    with planted_scheduler_bug("skip_truncation"), pytest.raises(InvariantViolation) as caught:
+        run_state_machine_as_test(target_scheduler.SchedulerMachine, settings=machine_search)
+    last_run = steps[max(i for i, (n, _) in enumerate(steps) if n == 1):]
+    broken = [(n, found) for n, found in last_run if found]
+    assert len(broken) == 1, f"the last run stepped on after its first violation: {broken}"
+    assert caught.value.invariant == broken[0][1][0], (broken, str(caught.value))
+
+
+@pytest.mark.parametrize(
+    ("check", "invariant", "bug"), MACHINE_CASES, ids=[f"{name}<-{bug}" for _, name, bug in MACHINE_CASES]
+)
+def test_state_machine_catches_planted_load_failure_bug(check: Callable[..., None], invariant: str, bug: str) -> None:
+    """Failed loads come from the machine's fail_next_async_loads /
+    fail_next_sync_loads rules; the check alone is run, so another claim
+    the bug also breaks cannot hide it."""
+    # A failed sync load needs a single-group layout (vLLM maps invalid block
+    # ids back to requests only then) and the policy the bug is on: rarer.
+    budget = 1500
+    machine_search = settings(SEARCH, max_examples=budget, stateful_step_count=30)
+    with (
+        planted_scheduler_bug(bug),
+        target_scheduler.checks_for_machine((check,)),
+        _no_local_constants(),  # what else the session imported must not move the search
+        pytest.raises(InvariantViolation) as caught,
+    ):
+        run_state_machine_as_test(target_scheduler.SchedulerMachine, settings=machine_search)
+    assert caught.value.invariant == invariant, str(caught.value)

@@ -1,0 +1,1 @@
+"""What the strategies and the spec-kind table draw, and what the targets reach."""

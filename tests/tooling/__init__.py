@@ -1,0 +1,1 @@
+"""``python -m fuzz`` and its campaigns, and the repository's docs and set-up files."""

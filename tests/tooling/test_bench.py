@@ -1,0 +1,40 @@
+"""The benchmark compares the campaign with a bare run of the same examples."""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz import bench
+from fuzz.registry import get_target
+
+
+@pytest.mark.parametrize("name", ["scheduler-single-shot", "scheduler-machine", "truncate-hybrid"])
+def test_a_campaigns_slices_rerun_bare_draw_the_same_examples(name: str) -> None:
+    # The first slice (10 examples) can take seconds: before the machine
+    # kept max_model_len within its pool, the first slice after
+    # tests/strategies/test_draws_pinned.py met a lone request too big for the pool,
+    # preempted and readmitted ~10,000 times (6 s alone, over 6 s beside
+    # another pytest worker).
+    rate, examples, seconds, steps, slices = bench._campaign_run(name, 10.0, seed=7)
+    assert examples > 0 and seconds > 0 and slices, (rate, examples, seconds, slices)
+    assert examples == sum(s[3] for s in slices)
+    same = bench._same_examples_run(get_target(name), slices)
+    assert same["campaign_n"] > 0, f"no steady slice of {name}: {slices}"
+    # Same runs (examples asked, seed, phases): the same examples, so the same
+    # count and, on the scheduler tier, the same schedule() steps.
+    assert (same["bare_n"], same["bare_steps"]) == (same["campaign_n"], same["campaign_steps"]), same
+    if name.startswith("scheduler-"):
+        assert same["bare_steps"] >= same["bare_n"], same  # every example admits in at least one step
+    else:
+        assert same["bare_steps"] == 0, same
+
+
+def test_the_step_counter_is_removed_after_a_run() -> None:
+    from fuzz.runners.scheduler import Stepper
+
+    step = Stepper.step
+    run = bench._raw_run(get_target("scheduler-single-shot"), 5, seed=3)
+    assert Stepper.step is step and run[3] >= run[1]
+    before = bench._Work.steps
+    bench._raw_run(get_target("truncate-any-layout"), 5, seed=3)
+    assert bench._Work.steps == before
