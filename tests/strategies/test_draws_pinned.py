@@ -55,9 +55,10 @@ PINNED = {
     "truncation_scenarios": "3ae70fe4a5f276de9d48d780f9016e4f65242b81da43a5057ec8e9a003647005",
     "single_shot_scenarios": "da3ac659d5d725b665504b4270147c068d5ef949bb841061ef00af744d23273e",
     "single_shot_any_layout": "80b9bac78bd684436edef793d6e7dba11f3ba516ccb53e375eaf86ea10fd7f3e",
-    # Moved when machine_configs began drawing kv_role (async configs), speculative decoding and prefill_schedule_interval (last).
-    "machine_configs": "8be91322e9428c3b8f7b218c4dd4643093aa6cd11e4296a7baade68447377c30",
-    "failing_load_configs": "28ca696b29d7b1da7e18c6620ad734dced07103ca2552ce43a9eeeff8047bed4",
+    # Moved when machine_configs began drawing kv_role (async configs), speculative decoding,
+    # prefill_schedule_interval, and KV events (last).
+    "machine_configs": "9bac6e22e5676f3f06ce72864550600c3990b4edb0ea064fa2761abf52a9e7b0",
+    "failing_load_configs": "24625c599295dad0658f2b7acf705bbf2da527c6302f56cb6a3a7e8dad769c4f",
 }
 
 
