@@ -23,11 +23,12 @@ import re
 from dataclasses import dataclass
 
 from fuzz.model import InvariantViolation
-from invariants.scheduler import LOST_TO_COPY_BEFORE_FILL as _LOST_TO_COPY_BEFORE_FILL
-from invariants.scheduler import LOST_TO_COPY_OF_COPY as _LOST_TO_COPY_OF_COPY
-from invariants.scheduler import OTHER_TOKENS_AFTER_FAILED_LOAD, STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
-from invariants.scheduler import UNWRITTEN_READ_AFTER_ROLLBACK as _READ_AFTER_ROLLBACK
-from invariants.scheduler import UNWRITTEN_READ_AFTER_WHOLE_LOAD as _READ_AFTER_WHOLE_LOAD
+from invariants.contents import LOST_TO_COPY_BEFORE_FILL as _LOST_TO_COPY_BEFORE_FILL
+from invariants.contents import LOST_TO_COPY_OF_COPY as _LOST_TO_COPY_OF_COPY
+from invariants.contents import OTHER_TOKENS_AFTER_FAILED_LOAD
+from invariants.scheduler import STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
+from invariants.contents import UNWRITTEN_READ_AFTER_ROLLBACK as _READ_AFTER_ROLLBACK
+from invariants.contents import UNWRITTEN_READ_AFTER_WHOLE_LOAD as _READ_AFTER_WHOLE_LOAD
 
 __all__ = [
     "KNOWN_BUGS",

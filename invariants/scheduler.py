@@ -32,7 +32,6 @@ hit); a Mamba group may hold fewer, as its blocks are whole recurrent states.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from fuzz.model import (
     AdmissionObservation,
@@ -48,6 +47,13 @@ from fuzz.model import group_behaviour as _behaviour
 from fuzz.model import group_kind, group_name as _name
 from fuzz.model import Behaviour, classification_of_kind
 from invariants.connector import CONNECTOR_ADMISSION_CHECKS, CONNECTOR_STEP_CHECKS
+from invariants.contents import (
+    chained_copies,
+    check_copy_sources_ready,
+    check_index_written,
+    check_kv_matches_tokens,
+    check_reads_written,
+)
 from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import PROMISE_CHECKS
 
@@ -393,29 +399,6 @@ def check_skipping_request_reads_no_cache(adm: AdmissionObservation, context: st
         )
 
 
-def chained_copies(step: StepObservation) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    """Pairs (copy A, copy B) of the step where B reads what A writes."""
-    writers = {dst: (src, dst) for src, dst in step.copies}
-    return [(writers[src], (src, dst)) for src, dst in step.copies if src in writers]
-
-
-def check_copy_sources_ready(step: StepObservation) -> None:
-    """Every copy-on-write block copy of a step reads a block whose contents
-    exist before the step: no copy's source is the destination of another
-    copy in the same step. The copies run together before the step's forward
-    pass; a request whose copy reads another copy's destination starts from
-    whatever that block held before (stale or zeroed KV / state)."""
-    chains = chained_copies(step)
-    if not chains:
-        return
-    text = "; ".join(f"copy {b[0]}->{b[1]} reads block {b[0]}, which copy {a[0]}->{a[1]} writes in the same step" for a, b in chains)
-    raise InvariantViolation(
-        "copy-source-ready",
-        f"{text}\n{step.describe()}" + (f"\n  scenario: {step.context}" if step.context else ""),
-        where=WHERE,
-    )
-
-
 def check_stale_output_dropped(step: StepObservation) -> None:
     """A request preempted while a step that scheduled it was still running
     (async scheduling) gets none of that step's sampled tokens when the
@@ -492,118 +475,6 @@ def check_running_requests_progress(step: StepObservation) -> None:
             where=_PLACEHOLDERS if waits_for_placeholders else WHERE,
             state=_stranded_state(step.stranded),
         )
-
-
-def check_kv_matches_tokens(step: StepObservation) -> None:
-    """What a block holds: every position of a request's KV that the model
-    runner computed was computed from the token vLLM records at that
-    position (``Request.all_token_ids``). The runner feeds each scheduled
-    position the token it has there (the prompt, and the tokens it sampled:
-    under async scheduling those of steps still in flight too); when vLLM's
-    token list and the runner's disagree, the request's later tokens are
-    sampled from a context that is not its sequence, and a block hashed
-    from vLLM's tokens holds KV of others.
-
-    Blamed on the async scheduler's output placeholders when the request
-    had a failed synchronous load rolled back under the recompute policy:
-    ``Scheduler._update_requests_with_invalid_blocks`` resets
-    ``num_computed_tokens`` but leaves the placeholders the failed step
-    reserved, and vLLM sends them to the runner in ``num_output_tokens``,
-    so the runner keeps the token vLLM discarded."""
-    if not step.kv_from_other_tokens:
-        return
-    after_failed_load = any(w.recomputed_failed_load for w in step.kv_from_other_tokens)
-    raise InvariantViolation(
-        "kv-matches-tokens",
-        "\n".join(w.describe() for w in step.kv_from_other_tokens)
-        + f"\n{step.describe()}"
-        + (f"\n  scenario: {step.context}" if step.context else ""),
-        where=_PLACEHOLDERS if after_failed_load else WHERE,
-        state=OTHER_TOKENS_AFTER_FAILED_LOAD if after_failed_load else OTHER_TOKENS,
-    )
-
-
-def check_reads_written(step: StepObservation) -> None:
-    """What a hit adopts: every position below a scheduled request's start
-    that its step reads (all of them under full attention, the window or
-    chunk under sliding-window or chunked attention, the prompt and the
-    window under R-SWA) is held, in the block the runner's table names for
-    it, as KV of that position: computed by an earlier step, copied there,
-    loaded by a synchronous load that did not fail, or by an async load
-    reported landed (fuzz/adapter/_contents.py). A position it lacks is
-    read as whatever the block holds: a local or external hit adopted a
-    block that was never filled, or whose load is still in flight."""
-    if not step.unwritten_reads:
-        return
-    reads = step.unwritten_reads
-    state, where = _contents_blame(reads, UNWRITTEN_READ)
-    # The request's recompute after a whole-prompt async load landed, or
-    # after a failed synchronous load rolled it back (the ownership model
-    # blames the same two places for what the request reads).
-    if state == UNWRITTEN_READ and all(r.after_whole_prompt_load for r in reads):
-        state, where = UNWRITTEN_READ_AFTER_WHOLE_LOAD, "Scheduler._update_waiting_for_remote_kv"
-    elif state == UNWRITTEN_READ and all(r.request_id in step.rolled_back for r in reads):
-        state, where = UNWRITTEN_READ_AFTER_ROLLBACK, "Scheduler._update_requests_with_invalid_blocks"
-    kinds = {r.group_kind for r in reads}
-    raise InvariantViolation(
-        "reads-written",
-        "\n".join(r.describe() for r in reads)
-        + f"\n{step.describe()}"
-        + (f"\n  scenario: {step.context}" if step.context else ""),
-        where=where,
-        state=state,
-        group_kind=kinds.pop() if len(kinds) == 1 else None,
-    )
-
-
-def check_index_written(step: StepObservation) -> None:
-    """What the prefix cache promises: after every step, each entry of the
-    prefix-cache index (a full block, or a partial entry for a prefix inside
-    one) names a block that holds the KV of every position its key covers
-    in that block. vLLM registers a block in the schedule() of the step
-    that fills it (that step runs before any later reader on the device);
-    an async load fills its blocks only when the worker reports it landed,
-    and a failed load fills nothing. An entry ahead of its contents serves
-    the next hit garbage."""
-    if not step.unbacked_entries:
-        return
-    state, where = _contents_blame(step.unbacked_entries, UNBACKED_ENTRY)
-    raise InvariantViolation(
-        "index-written",
-        "\n".join(e.describe() for e in step.unbacked_entries)
-        + f"\n{step.describe()}"
-        + (f"\n  scenario: {step.context}" if step.context else ""),
-        where=where,
-        state=state,
-    )
-
-
-# What a block lacks (matched by known-bug signatures): plain, or every
-# missing position lost to a copy-on-write copy made before the step filled
-# its source (blamed on the partial-hit copy-on-write).
-UNWRITTEN_READ = "a read of a position its block does not hold"
-UNBACKED_ENTRY = "a prefix-cache entry ahead of its block's contents"
-UNWRITTEN_READ_AFTER_WHOLE_LOAD = "a read by the last-token recompute after a whole-prompt async load"
-UNWRITTEN_READ_AFTER_ROLLBACK = "a read by the recompute after a failed-load rollback"
-LOST_TO_COPY_BEFORE_FILL = "lost to a same-step copy made before its source was filled"
-LOST_TO_COPY_OF_COPY = "lost to a same-step copy of another copy's destination"
-_COPY_ON_WRITE = "SingleTypeKVCacheManager._apply_cow"
-
-
-def _contents_blame(found: tuple[Any, ...], plain: str) -> tuple[str, str]:
-    """(state, where) of a contents failure: ``plain`` at the scheduler
-    unless every one was lost to a same-step copy."""
-    causes = {f.copy_cause for f in found}
-    if "" in causes:
-        return plain, WHERE
-    if "copy of a copy" in causes:
-        return LOST_TO_COPY_OF_COPY, _COPY_ON_WRITE
-    return LOST_TO_COPY_BEFORE_FILL, _COPY_ON_WRITE
-
-
-# Whose KV disagrees with vLLM's tokens (matched by known-bug signatures).
-OTHER_TOKENS_AFTER_FAILED_LOAD = "KV from other tokens after a failed-load recompute"
-OTHER_TOKENS = "KV from other tokens"
 
 
 # What a stranded request waits for (the liveness claim's failing

@@ -6,6 +6,15 @@ from __future__ import annotations
 import dataclasses
 
 from fuzz.model._classification import Behaviour, classification_of_kind
+from fuzz.model._connector import ConnectorAlloc, ConnectorFinish, ConnectorMeta, FailedLoad
+from fuzz.model._contents import (
+    EventGap,
+    ForeignHit,
+    KvFromOtherToken,
+    MissingLookahead,
+    UnbackedEntry,
+    UnwrittenRead,
+)
 from fuzz.model._engine import EngineDraw, reach_label
 from fuzz.model._kv import GroupInfo, LayoutDraw
 from fuzz.model._ownership import OwnershipObservation
@@ -306,119 +315,6 @@ class AdmissionObservation:
 
 
 @dataclasses.dataclass(frozen=True)
-class ConnectorAlloc:
-    """One ``update_state_after_alloc(request, blocks, num_external_tokens)``
-    the scheduler made in a step, beside the scheduler's own accounting for
-    that request in the same step."""
-
-    request_id: str
-    num_tokens: int
-    block_ids: tuple[tuple[int, ...], ...]  # per group, what ``blocks`` held
-    num_external_tokens: int
-    # The request's last allocate_slots call of the step (None: there was none):
-    # its num_new_computed_tokens and num_external_computed_tokens.
-    alloc_local_tokens: int | None
-    alloc_external_tokens: int | None
-    # The request's get_num_new_matched_tokens call of the step (None: not
-    # asked this step, as when an async load lands).
-    asked_with: int | None
-    reply: int | None
-    reply_async: bool
-
-    def describe(self) -> str:
-        asked = (
-            "not asked this step"
-            if self.asked_with is None
-            else f"get_num_new_matched_tokens(req, {self.asked_with}) -> ({self.reply}, async={self.reply_async})"
-        )
-        return (
-            f"request {self.request_id} (num_tokens={self.num_tokens}): {asked}; "
-            f"allocate_slots(num_new_computed_tokens={self.alloc_local_tokens}, "
-            f"num_external_computed_tokens={self.alloc_external_tokens}); "
-            f"update_state_after_alloc(req, blocks={[list(g) for g in self.block_ids]}, "
-            f"num_external_tokens={self.num_external_tokens})"
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class ConnectorMeta:
-    """One ``build_connector_meta(scheduler_output)``: the requests the output
-    it was handed names."""
-
-    # (request id, num_computed_tokens) of scheduled_new_reqs and of
-    # scheduled_cached_reqs (running and resumed).
-    new_requests: tuple[tuple[str, int], ...]
-    cached_requests: tuple[tuple[str, int], ...]
-    num_scheduled: tuple[tuple[str, int], ...]  # num_scheduled_tokens
-    has_sync_kv_loads: bool | None  # None: the release's output has no such field
-    # Named requests (new or cached) the connector had already been told had
-    # finished (request_finished / request_finished_all_groups).
-    already_finished: tuple[str, ...] = ()
-
-    @property
-    def named(self) -> frozenset[str]:
-        return frozenset(r for r, _ in self.new_requests + self.cached_requests)
-
-    def describe(self) -> str:
-        return (
-            f"build_connector_meta(scheduler_output: new={list(self.new_requests)}, "
-            f"cached={list(self.cached_requests)}, num_scheduled_tokens={dict(self.num_scheduled)}, "
-            f"has_sync_kv_loads={self.has_sync_kv_loads})"
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class ConnectorFinish:
-    """One ``request_finished`` / ``request_finished_all_groups`` call."""
-
-    request_id: str
-    method: str
-    status: str  # the request's RequestStatus name at the call
-    nth: int  # how many times the connector has been told so far, this call included
-
-
-@dataclasses.dataclass(frozen=True)
-class FailedLoad:
-    """A KV load the harness reported as failed, and what the scheduler had
-    made of it at one moment: the end of the step that reported it
-    (``stage="reported"``), or, for an async load, just after the scheduler
-    took the request out of ``WAITING_FOR_REMOTE_KVS`` (``stage="landed"``).
-
-    ``how`` is the model runner's report: ``"failed_recving"`` (a whole
-    async load) or ``"invalid_block_ids"`` (a synchronous load, block by
-    block; single-group layouts only).
-    """
-
-    request_id: str
-    how: str
-    policy: str  # kv_load_failure_policy: "fail" or "recompute"
-    stage: str  # "reported" or "landed"
-    load_start: int  # first token the load was to bring (the local part ends here)
-    first_failed_token: int  # first token of the first failed block
-    # Per group, the blocks the failed part of the load was written into.
-    failed_block_ids: tuple[tuple[int, ...], ...]
-    status_after: str  # the request's RequestStatus name at that moment
-    computed_after: int  # its num_computed_tokens at that moment
-    # Per group, those of ``failed_block_ids`` that carry a prefix-cache hash.
-    cached_after: tuple[tuple[int, ...], ...]
-    groups: tuple[GroupInfo, ...] = ()
-    # The request's RequestStatus name when the failure was reported (right
-    # before that update_from_output): FINISHED_ABORTED when an abort came
-    # while the model ran the step ("" where not recorded).
-    status_before: str = ""
-
-    def describe(self) -> str:
-        return (
-            f"request {self.request_id}: load from token {self.load_start} reported failed via "
-            f"{self.how} (kv_load_failure_policy={self.policy!r}), first failed token "
-            f"{self.first_failed_token}, failed blocks {[list(g) for g in self.failed_block_ids]}; "
-            f"{'after the report' if self.stage == 'reported' else 'after it left WAITING_FOR_REMOTE_KVS'}: "
-            f"status {self.status_after}, num_computed_tokens={self.computed_after}, "
-            f"still cached {[list(g) for g in self.cached_after]}"
-        )
-
-
-@dataclasses.dataclass(frozen=True)
 class StaleOutput:
     """A request's share of a fed-back output after it was preempted (async
     scheduling: preempted by a schedule() made while that step ran)."""
@@ -493,161 +389,6 @@ class StrandedRequest:
             f"(prompt {self.num_prompt_tokens}, max_tokens {self.max_tokens}), "
             f"num_output_placeholders={self.num_output_placeholders}"
             + (", rolled back by a failed synchronous load (recompute)" if self.recomputed_failed_load else "")
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class KvFromOtherToken:
-    """A position whose KV the worker computed from one token while vLLM
-    records another token at that position (both as of this step)."""
-
-    request_id: str
-    position: int
-    computed_from: int  # the token the worker had there when it computed it
-    recorded: int  # the token in vLLM's Request.all_token_ids there
-    written_at: int  # the step that computed it
-    recomputed_failed_load: bool = False  # a failed sync load rolled it back (recompute) earlier
-
-    def describe(self) -> str:
-        return (
-            f"request {self.request_id}: position {self.position}'s KV was computed at step {self.written_at} "
-            f"from token {self.computed_from}, but vLLM records token {self.recorded} there"
-            + (" (the request was rolled back by a failed synchronous load, recompute policy)"
-               if self.recomputed_failed_load else "")
-        )
-
-
-def _copy_cause(missing: tuple[tuple[int, tuple[int, int, int | None] | None], ...]) -> str:
-    """Why positions are missing when every one was lost to a block copy made
-    before its source was filled in the same step: "copy of a copy" (the
-    source was another copy's destination: held position -2), "copy before
-    fill" (the step's load or forward pass filled the source: -1); "" when
-    any is missing for another reason (-3: a load failed to fill it)."""
-    marks = {h[0] if h is not None and h[0] in (-1, -2) else 0 for _, h in missing}
-    if 0 in marks or not marks:
-        return ""
-    return "copy of a copy" if -2 in marks else "copy before fill"
-
-
-def _what_it_holds(missing: tuple[tuple[int, tuple[int, int, int | None] | None], ...]) -> str:
-    """What a block holds where positions are missing, for messages."""
-    return (
-        f"(it holds (position, step written, token) {[h for _, h in missing]}; position -1: lost to a block copy "
-        f"made before the step filled its source, -2: a copy of another copy's destination)"
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class UnwrittenRead:
-    """Positions below a scheduled request's start that its step reads in a
-    group, whose block in the runner's table does not hold their KV."""
-
-    request_id: str
-    group: int
-    group_kind: str  # its spec's bare class name
-    block_id: int
-    start: int  # where the step computes from
-    # The step is the last-token recompute vLLM starts when an async load of
-    # the request's whole prompt lands (see StepObservation.whole_prompt_landed).
-    after_whole_prompt_load: bool
-    # (position, what the block holds at its offset: (position, step that
-    # wrote it, token it was computed from), or None: nothing written there)
-    # per position it lacks.
-    missing: tuple[tuple[int, tuple[int, int, int | None] | None], ...]
-
-    @property
-    def copy_cause(self) -> str:
-        return _copy_cause(self.missing)
-
-    def describe(self) -> str:
-        return (
-            f"request {self.request_id}, group {self.group}: its step computing from position {self.start} reads "
-            f"block {self.block_id} at positions {[p for p, _ in self.missing]}, which does not hold their KV "
-            + _what_it_holds(self.missing)
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class UnbackedEntry:
-    """A prefix-cache entry (full or partial) whose block does not hold the
-    KV of every position its key covers inside the block."""
-
-    group: int
-    block_id: int
-    num_tokens: int  # the prefix its key covers (block_hash_num_tokens)
-    missing: tuple[tuple[int, tuple[int, int, int | None] | None], ...]
-
-    @property
-    def copy_cause(self) -> str:
-        return _copy_cause(self.missing)
-
-    def describe(self) -> str:
-        return (
-            f"group {self.group}: the prefix-cache entry for the first {self.num_tokens} tokens names block "
-            f"{self.block_id}, which does not hold the KV of positions {[p for p, _ in self.missing]} "
-            + _what_it_holds(self.missing)
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class MissingLookahead:
-    """A request whose step a drafter follows (it reaches its end: the drafter
-    proposes from it) with fewer blocks in a group's table than the positions
-    the drafter writes ahead need."""
-
-    request_id: str
-    group: int
-    start: int  # num_computed_tokens the output hands the runner
-    num_scheduled: int
-    lookahead: int  # vllm_config.num_lookahead_tokens
-    needed: int  # positions the table must cover: min(start + scheduled + lookahead, max_model_len)
-    covered: int  # positions the table covers: its blocks x the group's block size
-
-    def describe(self) -> str:
-        return (
-            f"request {self.request_id}, group {self.group}: computing [{self.start}, "
-            f"{self.start + self.num_scheduled}) with a drafter that writes {self.lookahead} position(s) ahead needs "
-            f"a table covering {self.needed} positions; the runner's table covers {self.covered}"
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class ForeignHit:
-    """A block a request adopted from the prefix cache that was written for
-    a request of another namespace (cache salt): the hit crosses tenants."""
-
-    request_id: str
-    namespace: str  # the adopting request's cache salt ("" for none)
-    group: int
-    block_id: int
-    written_under: str  # the cache salt of the request that wrote the block
-
-    def describe(self) -> str:
-        def salt(s: str) -> str:
-            return f"cache_salt={s!r}" if s else "no cache_salt"
-
-        return (
-            f"request {self.request_id} ({salt(self.namespace)}) adopts block {self.block_id} of group "
-            f"{self.group} from the prefix cache, written for a request with {salt(self.written_under)}"
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class EventGap:
-    """A prefix-cache key on which the KV events published so far disagree
-    with the index: replaying them counts ``announced`` blocks under it, the
-    index files ``block_ids`` under it."""
-
-    group: int | None
-    key: object  # the key as events spell it (vLLM's external block hash)
-    announced: int
-    block_ids: tuple[int, ...]
-
-    def describe(self) -> str:
-        held = f"blocks {list(self.block_ids)}" if self.block_ids else "no block"
-        return (
-            f"group {self.group}: key {self.key!r} is announced {self.announced} time(s) by the replayed "
-            f"BlockStored/BlockRemoved/AllBlocksCleared events, but the prefix-cache index files {held} under it"
         )
 
 

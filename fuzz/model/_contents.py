@@ -1,0 +1,173 @@
+"""What a block holds and what the cache promises, as the harness saw it
+go wrong in one step: reads of positions a block does not hold, index
+entries ahead of their blocks' contents, KV computed from other tokens,
+drafter lookahead past the blocks allocated, hits across cache salts, and
+KV events that disagree with the index."""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = [
+    "EventGap",
+    "ForeignHit",
+    "KvFromOtherToken",
+    "MissingLookahead",
+    "UnbackedEntry",
+    "UnwrittenRead",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class KvFromOtherToken:
+    """A position whose KV the worker computed from one token while vLLM
+    records another token at that position (both as of this step)."""
+
+    request_id: str
+    position: int
+    computed_from: int  # the token the worker had there when it computed it
+    recorded: int  # the token in vLLM's Request.all_token_ids there
+    written_at: int  # the step that computed it
+    recomputed_failed_load: bool = False  # a failed sync load rolled it back (recompute) earlier
+
+    def describe(self) -> str:
+        return (
+            f"request {self.request_id}: position {self.position}'s KV was computed at step {self.written_at} "
+            f"from token {self.computed_from}, but vLLM records token {self.recorded} there"
+            + (" (the request was rolled back by a failed synchronous load, recompute policy)"
+               if self.recomputed_failed_load else "")
+        )
+
+
+def _copy_cause(missing: tuple[tuple[int, tuple[int, int, int | None] | None], ...]) -> str:
+    """Why positions are missing when every one was lost to a block copy made
+    before its source was filled in the same step: "copy of a copy" (the
+    source was another copy's destination: held position -2), "copy before
+    fill" (the step's load or forward pass filled the source: -1); "" when
+    any is missing for another reason (-3: a load failed to fill it)."""
+    marks = {h[0] if h is not None and h[0] in (-1, -2) else 0 for _, h in missing}
+    if 0 in marks or not marks:
+        return ""
+    return "copy of a copy" if -2 in marks else "copy before fill"
+
+
+def _what_it_holds(missing: tuple[tuple[int, tuple[int, int, int | None] | None], ...]) -> str:
+    """What a block holds where positions are missing, for messages."""
+    return (
+        f"(it holds (position, step written, token) {[h for _, h in missing]}; position -1: lost to a block copy "
+        f"made before the step filled its source, -2: a copy of another copy's destination)"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class UnwrittenRead:
+    """Positions below a scheduled request's start that its step reads in a
+    group, whose block in the runner's table does not hold their KV."""
+
+    request_id: str
+    group: int
+    group_kind: str  # its spec's bare class name
+    block_id: int
+    start: int  # where the step computes from
+    # The step is the last-token recompute vLLM starts when an async load of
+    # the request's whole prompt lands (see StepObservation.whole_prompt_landed).
+    after_whole_prompt_load: bool
+    # (position, what the block holds at its offset: (position, step that
+    # wrote it, token it was computed from), or None: nothing written there)
+    # per position it lacks.
+    missing: tuple[tuple[int, tuple[int, int, int | None] | None], ...]
+
+    @property
+    def copy_cause(self) -> str:
+        return _copy_cause(self.missing)
+
+    def describe(self) -> str:
+        return (
+            f"request {self.request_id}, group {self.group}: its step computing from position {self.start} reads "
+            f"block {self.block_id} at positions {[p for p, _ in self.missing]}, which does not hold their KV "
+            + _what_it_holds(self.missing)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class UnbackedEntry:
+    """A prefix-cache entry (full or partial) whose block does not hold the
+    KV of every position its key covers inside the block."""
+
+    group: int
+    block_id: int
+    num_tokens: int  # the prefix its key covers (block_hash_num_tokens)
+    missing: tuple[tuple[int, tuple[int, int, int | None] | None], ...]
+
+    @property
+    def copy_cause(self) -> str:
+        return _copy_cause(self.missing)
+
+    def describe(self) -> str:
+        return (
+            f"group {self.group}: the prefix-cache entry for the first {self.num_tokens} tokens names block "
+            f"{self.block_id}, which does not hold the KV of positions {[p for p, _ in self.missing]} "
+            + _what_it_holds(self.missing)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class MissingLookahead:
+    """A request whose step a drafter follows (it reaches its end: the drafter
+    proposes from it) with fewer blocks in a group's table than the positions
+    the drafter writes ahead need."""
+
+    request_id: str
+    group: int
+    start: int  # num_computed_tokens the output hands the runner
+    num_scheduled: int
+    lookahead: int  # vllm_config.num_lookahead_tokens
+    needed: int  # positions the table must cover: min(start + scheduled + lookahead, max_model_len)
+    covered: int  # positions the table covers: its blocks x the group's block size
+
+    def describe(self) -> str:
+        return (
+            f"request {self.request_id}, group {self.group}: computing [{self.start}, "
+            f"{self.start + self.num_scheduled}) with a drafter that writes {self.lookahead} position(s) ahead needs "
+            f"a table covering {self.needed} positions; the runner's table covers {self.covered}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ForeignHit:
+    """A block a request adopted from the prefix cache that was written for
+    a request of another namespace (cache salt): the hit crosses tenants."""
+
+    request_id: str
+    namespace: str  # the adopting request's cache salt ("" for none)
+    group: int
+    block_id: int
+    written_under: str  # the cache salt of the request that wrote the block
+
+    def describe(self) -> str:
+        def salt(s: str) -> str:
+            return f"cache_salt={s!r}" if s else "no cache_salt"
+
+        return (
+            f"request {self.request_id} ({salt(self.namespace)}) adopts block {self.block_id} of group "
+            f"{self.group} from the prefix cache, written for a request with {salt(self.written_under)}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class EventGap:
+    """A prefix-cache key on which the KV events published so far disagree
+    with the index: replaying them counts ``announced`` blocks under it, the
+    index files ``block_ids`` under it."""
+
+    group: int | None
+    key: object  # the key as events spell it (vLLM's external block hash)
+    announced: int
+    block_ids: tuple[int, ...]
+
+    def describe(self) -> str:
+        held = f"blocks {list(self.block_ids)}" if self.block_ids else "no block"
+        return (
+            f"group {self.group}: key {self.key!r} is announced {self.announced} time(s) by the replayed "
+            f"BlockStored/BlockRemoved/AllBlocksCleared events, but the prefix-cache index files {held} under it"
+        )
