@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 
 from fuzz.model import EngineDraw, LayoutDraw, SchedulerDraw, SpecDraw, installed
 from fuzz.model import SingleShotScenario
-from strategies.scheduler import scheduler_draws, single_shot_scenarios
+from strategies.scheduler import scheduler_draws
+from strategies.single_shot import single_shot_scenarios
 
 __all__ = [
     "ARCHITECTURES",

@@ -107,7 +107,7 @@ class SingleShotScenario:
     concurrent: bool  # fills submitted together (churn, preemption) or one by one
     evict_from: tuple[int | None, ...] | None  # per group; None: real paths only
     replay: PromptDraw
-    flavour: str = "free"  # how the replay relates to the fills (see strategies.scheduler.FLAVOURS)
+    flavour: str = "free"  # how the replay relates to the fills (see strategies.single_shot.FLAVOURS)
     probe: PromptDraw | None = None  # run after the fills, before the replay
     # Identical copies of the replay submitted together: they take the same
     # local hit in one step.

@@ -56,20 +56,16 @@ from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.runners.scheduler import ALL_CHECKS, Stepper, build_harness, run_single_shot
 from invariants.scheduler import check_no_leaked_blocks
 from strategies.engine_models import engine_single_shot_scenarios
-from strategies.scheduler import (
-    PromptDraw,
-    SingleShotScenario,
-    external_replies,
-    failing_load_configs,
-    machine_configs,
-    generation_lengths,
-    prefix_cache_skips,
+from fuzz.model import PromptDraw, SingleShotScenario
+from strategies.machine import (
     cache_salts,
+    failing_load_configs,
+    generation_lengths,
+    machine_configs,
     pressure_lengths,
-    scheduler_draws,
-    scheduler_layouts,
-    single_shot_scenarios,
 )
+from strategies.scheduler import external_replies, prefix_cache_skips, scheduler_draws, scheduler_layouts
+from strategies.single_shot import single_shot_scenarios
 
 SHORTCUT = os.environ.get("FUZZ_SHORTCUT") == "1"
 

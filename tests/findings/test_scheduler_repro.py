@@ -28,7 +28,7 @@ from fuzz.runners.scheduler import run_single_shot
 from fuzz.targets import target_scheduler
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from tests.strategies import test_draws_pinned
-from strategies.scheduler import single_shot_scenarios
+from strategies.single_shot import single_shot_scenarios
 from invariants import connector as conn
 from invariants import scheduler as inv
 from tests.known_bugs._pin import known_vllm_bug

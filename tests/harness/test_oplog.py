@@ -18,7 +18,7 @@ from fuzz.model import Abort, AddRequest, ExternalReply, LayoutDraw, SchedulerDr
 from fuzz.runners.scheduler import run_single_shot
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from fuzz.model import SingleShotScenario
-from strategies.scheduler import single_shot_scenarios
+from strategies.single_shot import single_shot_scenarios
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 

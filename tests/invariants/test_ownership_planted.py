@@ -96,12 +96,17 @@ def test_ownership_invariant_catches_planted_bug(
     ("bug", "invariant"),
     [("mamba_frees_resume_state", "read-blocks-held"), ("cow_block_not_reserved", "reservation-covers-allocation")],
 )
-def test_state_machine_checks_ownership_every_step(monkeypatch: pytest.MonkeyPatch, bug: str, invariant: str) -> None:
+def test_state_machine_checks_ownership_every_step(bug: str, invariant: str) -> None:
     """The state machine's step loop runs the ownership checks too (here
-    alone, so the planted bug is not met first by an admission check)."""
-    monkeypatch.setattr(target_scheduler, "ALL_CHECKS", own.OWNERSHIP_CHECKS)
+    alone, so the planted bug is not met first by an admission or connector
+    check: mamba_frees_resume_state also hands the connector a null state
+    block, which load-blocks-cover reports)."""
     machine_search = settings(SEARCH, max_examples=200, stateful_step_count=30)
-    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
+    with (
+        target_scheduler.checks_for_machine(own.OWNERSHIP_CHECKS),
+        planted_scheduler_bug(bug),
+        pytest.raises(InvariantViolation) as caught,
+    ):
         run_state_machine_as_test(target_scheduler.SchedulerMachine, settings=machine_search)
     assert caught.value.invariant == invariant, str(caught.value)
 

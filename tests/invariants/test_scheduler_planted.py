@@ -31,7 +31,7 @@ from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import check_events_replay_index, check_hits_within_namespace, check_lookahead_allocated
 from fuzz.model import InvariantViolation
 from fuzz.model import SingleShotScenario
-from strategies.scheduler import single_shot_scenarios
+from strategies.single_shot import single_shot_scenarios
 
 # (check, invariant name, planted bug, search uses the evict shortcut)
 CASES: list[tuple[Callable[..., None], str, str, bool]] = [

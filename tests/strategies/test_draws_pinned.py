@@ -25,13 +25,9 @@ from hypothesis import strategies as st
 
 from fuzz.hunting import without_module_constants
 from strategies.scenarios import truncation_scenarios
-from strategies.scheduler import (
-    failing_load_configs,
-    machine_configs,
-    scheduler_draws,
-    scheduler_layouts,
-    single_shot_scenarios,
-)
+from strategies.machine import failing_load_configs, machine_configs
+from strategies.scheduler import scheduler_draws, scheduler_layouts
+from strategies.single_shot import single_shot_scenarios
 from strategies.specs import kv_cache_layouts
 
 _EXAMPLES = 40

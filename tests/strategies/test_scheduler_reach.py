@@ -91,7 +91,7 @@ def test_single_shot_reach() -> None:
     assert truncation >= MIN_TRUNCATION, (
         f"the external-hit truncation branch was reached by {truncation:.1%} of {n} "
         f"single-shot examples (need {MIN_TRUNCATION:.0%}); the strategies in "
-        "strategies/scheduler.py no longer steer replays onto sub-block hits"
+        "strategies/single_shot.py no longer steers replays onto sub-block hits"
     )
     assert fallback >= MIN_FALLBACK, (
         f"the divergent-hit fallback was reached by {fallback:.1%} of {n} single-shot "
@@ -127,7 +127,7 @@ def test_state_machine_reach() -> None:
     held = shares.get(runner.PREFILL_HELD, 0.0)
     assert held >= MACHINE_MIN_PREFILL_HELD, (
         f"a prefill was held back (prefill_schedule_interval) in {held:.1%} of {n} state-machine runs "
-        f"(need {MACHINE_MIN_PREFILL_HELD:.0%}); strategies/scheduler.py machine_configs no longer draws a cadence"
+        f"(need {MACHINE_MIN_PREFILL_HELD:.0%}); strategies/machine.py machine_configs no longer draws a cadence"
     )
     _assert_async_reach(shares, n, "state-machine runs")
 

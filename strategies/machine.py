@@ -1,0 +1,176 @@
+"""Hypothesis strategies for the scheduler state machine
+(``fuzz/targets/target_scheduler.py``): its configurations (pools sized for
+several requests at once, prefill cadence, context length, KV events), the
+failing-load runs' one-group configurations, and the per-request draws its
+rules make (generation lengths, cache salts, pool pressure)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from hypothesis import strategies as st
+
+from fuzz.model import LayoutDraw, SchedulerDraw
+from strategies.scheduler import _blocks_needed, _is_mamba, _spare_blocks, scheduler_draws, scheduler_layouts
+from strategies.specs import drawable_kinds, kv_cache_layouts
+
+__all__ = [
+    "cache_salts",
+    "failing_load_configs",
+    "generation_lengths",
+    "machine_configs",
+    "pressure_lengths",
+]
+
+
+def generation_lengths(block_size: int) -> st.SearchStrategy[int]:
+    """How many tokens a request generates (``max_tokens``): one request in
+    four decodes up to two scheduler blocks past its prompt (at least 4, at
+    most 32 tokens), so windows slide during decode, a prompt's partial tail
+    block fills and is promoted, tables grow, and preemption and speculation
+    meet long decodes; the others 1-4 (the prefill paths). Shrinks toward 1."""
+    longest = max(4, min(2 * block_size, 32))
+    short = st.integers(1, 4)
+    return st.one_of(short, short, short, st.integers(1, longest))
+
+
+# Two tenants, so that salted requests share prompts with each other and
+# with unsalted ones.
+_SALTS = ("tenant-a", "tenant-b")
+
+
+def cache_salts() -> st.SearchStrategy[str | None]:
+    """A request's ``cache_salt``: none in half the requests, else one of
+    two tenants' (requests draw prompts from shared prefixes, so tenants
+    send the same tokens). Drawn inside the range; shrinks to None."""
+    return st.integers(0, 3).map(lambda k: _SALTS[k - 2] if k >= 2 else None)
+
+
+def pressure_lengths(layout: LayoutDraw, free_ahead: int, cached: int) -> st.SearchStrategy[int]:
+    """Lengths of a request on tokens nobody shares that presses an idle pool
+    until it evicts some of a cached prefix: ``free_ahead`` free blocks sit
+    before the prefix's ``cached`` blocks in the pool's eviction order, and
+    the request needs (by :func:`_blocks_needed`) ``free_ahead + 1`` to
+    ``free_ahead + cached`` blocks, so LRU eviction takes 1 to all of the
+    prefix's blocks. Never more than the pool frees (``free_ahead +
+    cached``): vLLM would hold such a request back for good. Shrinks to the
+    shortest (one evicted block)."""
+    if free_ahead < 0 or cached < 1:
+        raise ValueError(f"free_ahead={free_ahead}, cached={cached}: need free_ahead >= 0 and cached >= 1")
+    # _blocks_needed never falls as tokens grow: scan up from one token (a
+    # request of n prompt tokens and one output token holds n + 1).
+    lo = hi = None
+    n = 1
+    while n < 64 * layout.scheduler_block_size and _blocks_needed(layout, n + 1) <= free_ahead + cached:
+        if _blocks_needed(layout, n + 1) > free_ahead:
+            lo = n if lo is None else lo
+            hi = n
+        n += 1
+    return st.just(1) if lo is None or hi is None else st.integers(lo, hi)
+
+
+def _longest_request(layout: LayoutDraw, free_blocks: int, lookahead: int) -> int:
+    """The most tokens one request can hold in ``free_blocks`` blocks, with
+    ``lookahead`` speculative slots past them: a block per ``block_size``
+    tokens of every token-proportional group (windowed ones counted whole),
+    and per whole-state group its running state, the state kept at the last
+    block boundary and one per speculative token."""
+    whole_state = sum(2 + lookahead for g in layout.groups if _is_mamba(g))
+    per_token = [g.block_size for g in layout.groups if not _is_mamba(g)]
+    room = free_blocks - whole_state
+    if not per_token:
+        return 1 << 20 if room >= 0 else 0
+    # The largest n + lookahead with sum(ceil(.. / b)) <= room.
+    n = max(0, room * min(per_token) // len(per_token))
+    while n > 0 and sum(-(-(n + lookahead) // b) for b in per_token) > room:
+        n -= 1
+    while sum(-(-(n + 1 + lookahead) // b) for b in per_token) <= room:
+        n += 1
+    return n
+
+
+@st.composite
+def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw]) -> SchedulerDraw:
+    config = draw(configs, label="config")
+    layout = config.layout
+    # Room for about one long request, plus some: requests from the machine
+    # are up to ~8 scheduler blocks, so several at once mean real pressure.
+    need = _blocks_needed(layout, 6 * layout.scheduler_block_size)
+    # A producer's pool is always tight: vLLM preempts a request whose step
+    # is in flight only for one (it defers no frees), so its runs need the
+    # pressure that makes preemptions.
+    spare = st.integers(0, need // 2) if config.kv_role == "kv_producer" else _spare_blocks(need)
+    num_blocks = 1 + need + draw(spare, label="spare blocks")
+    # Three configurations in eight hold local prefills back to every 2nd-4th
+    # executed step while requests decode (the engine's
+    # --prefill-schedule-interval); drawn last, inside the range (Hypothesis
+    # favours its ends), so the other fields shrink as before. Shrinks to 1.
+    interval = draw(st.sampled_from((1, 1, 2, 1, 3, 1, 4, 1)), label="prefill_schedule_interval")
+    # One configuration in four serves a context (max_model_len) of 2-8
+    # scheduler blocks, about as long as its requests: prompts are then
+    # trimmed to fit (the machine's clients trim to the context, as the
+    # engine refuses longer prompts), outputs stop at the limit, and vLLM
+    # clips speculative steps there and pads none past it. Never below the
+    # long-prefill threshold (vLLM refuses that). Drawn last, inside the
+    # range; shrinks to the roomy default.
+    limit = layout.max_model_len
+    if draw(st.integers(0, 3), label="context near the requests (2: yes)") == 2:
+        s = layout.scheduler_block_size
+        low = max(2 * s + 1, config.long_prefill_token_threshold)
+        limit = draw(st.integers(low, max(low, 8 * s)), label="max_model_len")
+    # The engine starts only if one request of max_model_len tokens fits the
+    # pool (vLLM's KV-cache memory check); an operator with a small pool
+    # lowers max_model_len. So does the machine: a request that can never
+    # fit would be admitted, preempt itself and be admitted again forever.
+    # (The long-prefill threshold stays within it: vLLM refuses less.)
+    fits = _longest_request(layout, num_blocks - 1, config.num_speculative_tokens or 0)
+    limit = max(min(limit, fits), config.long_prefill_token_threshold, 2)
+    # Half the configurations publish KV events (--kv-events-config), which
+    # the harness replays as a router would; drawn last, shrinks to off.
+    kv_events = draw(st.booleans(), label="kv events")
+    return dataclasses.replace(
+        config,
+        layout=dataclasses.replace(layout, num_blocks=num_blocks, max_model_len=limit),
+        prefill_schedule_interval=interval,
+        kv_events=kv_events,
+    )
+
+
+def machine_configs(
+    *, configs: st.SearchStrategy[SchedulerDraw] | None = None
+) -> st.SearchStrategy[SchedulerDraw]:
+    """Scheduler configurations for the state machine (default: every layout
+    family, the core case first) with a pool sized from one ~6-block
+    request up to three times that, in three configurations in eight a
+    prefill cadence (``prefill_schedule_interval`` 2-4), in one in four a
+    context (``max_model_len``) of 2-8 scheduler blocks, and in half KV
+    events on. Shrinks towards the smallest pool, no cadence, a roomy context
+    and no events."""
+    if configs is None:
+        configs = scheduler_draws(
+            layouts=scheduler_layouts(weights=(6, 2, 2, 1, 2)), asynchronous=True, producers=True, speculative=True
+        )
+    return _machine_configs(configs)
+
+
+# Lone groups that a failed synchronous load rolls back to a point they keep
+# no state for: a whole-state group (one state per load) and windowed groups
+# (blocks below the window are freed).
+_ROLLBACK_KINDS = ("MambaSpec", "SlidingWindowSpec", "SlidingWindowMLASpec", "ChunkedLocalAttentionSpec")
+
+
+@functools.cache
+def failing_load_configs() -> st.SearchStrategy[SchedulerDraw]:
+    """State-machine configurations (:func:`machine_configs`' pools, budgets,
+    policies, runners, async scheduling) on one KV-cache group: the only
+    layout whose connector may report failed loads block by block (vLLM maps
+    ``invalid_block_ids`` to requests for one group only). Half the layouts
+    are a lone whole-state or windowed group (where a rollback can land on a
+    point with no state), half any one group. Either failure policy, half
+    each. Never a producer (``kv_producer`` loads nothing, so it has no load
+    to fail). Shrinks to a lone group of the first kind."""
+    kinds = tuple(k for k in _ROLLBACK_KINDS if k in drawable_kinds())
+    lone = kv_cache_layouts(min_groups=1, max_groups=1)
+    layouts = st.one_of(kv_cache_layouts(kinds=kinds, min_groups=1, max_groups=1), lone) if kinds else lone
+    return _machine_configs(scheduler_draws(layouts=layouts, asynchronous=True))
