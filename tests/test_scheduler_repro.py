@@ -180,7 +180,7 @@ def test_a_planted_bug_on_async_scheduling_becomes_a_standalone_repro(bug: str, 
         log = last_oplog()
     assert log is not None and log.config.draw.async_scheduling
     assert any(s.fed_step is not None for s in log.steps), "no output was fed one step late"
-    assert source is not None and "async_scheduling=True" in source and "get_scheduler_cls()" in source
+    assert source is not None and "ASYNC_SCHEDULING = True" in source and "get_scheduler_cls()" in source
     _check_repro(source, bug, tmp_path)
 
 
@@ -291,7 +291,7 @@ def test_a_planted_bug_on_a_speculative_config_becomes_a_standalone_repro(method
         log = last_oplog()
     assert log is not None and log.config.draw.speculative_method == method
     assert source is not None and f"SPECULATIVE_METHOD = {method!r}" in source
-    assert "**_speculative_config(tmp_path, model_config)" in source
+    assert "speculation = _speculative_config(tmp_path, model_config)" in source
     _check_repro(source, bug, tmp_path)
 
 
