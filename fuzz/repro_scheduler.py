@@ -478,7 +478,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
     c: dict[str, tuple[object, list[str]]] = {
         "MODEL_CONFIG": (None, [
             "# A tiny local model: vLLM reads its config.json only (no weights, no hub).",
-            "MODEL_CONFIG = " + _wrap_dict(json.loads(cfg.model_json)),
+            "MODEL_CONFIG = " + _compact_dict(json.loads(cfg.model_json)),
         ]),
         "SPECS": (None, ["SPECS = [", *[f"    {_spec_code(g)}," for g in draw.layout.groups], "]"]),
         "ROLES": (None, [
@@ -565,6 +565,10 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         "WATCH_POOL": (invariant in _WATCH_POOL, []),
         "WATCH_TABLES": (invariant in _WATCH_TABLES, []),
         "WATCH_CONTENTS": (invariant in _CONTENTS, []),
+        "WATCH_TOKENS": (invariant == "kv-matches-tokens", []),
+        "FAILING_LOADS": (any(op.fed is not None and (op.fed.failed_recving or op.fed.invalid_block_ids)
+                              for op in log.until_step(_broken_step(log)).steps), []),
+        "SAVED_STORE": (any(r.reply is not None and r.reply.kind == "saved" for r in requests), []),
     }
     return c
 
@@ -596,6 +600,13 @@ def _test_function(log: OpLog, broken: int, invariant: str) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _compact_dict(d: dict) -> str:
+    """``d`` as a literal, its items filled into lines of at most 100 characters."""
+    body = textwrap.fill(", ".join(f"{k!r}: {v!r}" for k, v in d.items()), 96, initial_indent="    ",
+                         subsequent_indent="    ", break_on_hyphens=False)
+    return "{\n" + body + ",\n}"
 
 
 def _wrap_dict(d: dict) -> str:

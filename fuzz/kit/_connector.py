@@ -13,7 +13,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from fuzz.kit._params import DIVERGENT_HITS, SCHEDULER_BLOCK_SIZE, STORE
+from fuzz.kit._params import DIVERGENT_HITS, KV_ROLE, SAVED_STORE, SCHEDULER_BLOCK_SIZE, STORE
 
 
 def saved_prefix(saved, tokens, unit):
@@ -50,9 +50,8 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         self.loads_in_flight = set()
         self.saved = []  # token prefixes finished requests computed, in whole scheduler blocks
         self.whole_prompt_sent = set()  # requests handed an async load of their whole prompt
-        # A producer (P/D prefill instance) holds a finished request's blocks
-        # for its decode instance until the send is reported done.
-        self.producer = vllm_config.kv_transfer_config.kv_role == "kv_producer"
+        # A producer (P/D prefill instance, KV_ROLE) holds a finished request's
+        # blocks for its decode instance until the send is reported done.
         self.sends_in_flight = set()
 
     @property
@@ -74,8 +73,9 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
             return request.num_tokens - num_computed_tokens + extra, False
         if kind == "undecided" and asked < undecided:
             return None, False
-        if kind == "saved":  # the connector's own store: what finished requests computed
-            held = saved_prefix(self.saved, request.prompt_token_ids, SCHEDULER_BLOCK_SIZE)
+        if SAVED_STORE:
+            if kind == "saved":  # the connector's own store: what finished requests computed
+                held = saved_prefix(self.saved, request.prompt_token_ids, SCHEDULER_BLOCK_SIZE)
         # A sync load leaves the last token to compute; an async one may bring
         # all, once per request (a P/D decode side's remote prefill).
         whole = load_async and request.request_id not in self.whole_prompt_sent
@@ -112,20 +112,20 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         rid = request.request_id
         self.finished[rid] = self.finished.get(rid, 0) + 1
         self.finish_calls.append((rid, self.finished[rid], request.status.name))
-        if request.status.name != "FINISHED_ERROR":  # save what it computed, in whole blocks
-            computed = list(request.all_token_ids[: request.num_computed_tokens])
-            whole = len(computed) // SCHEDULER_BLOCK_SIZE * SCHEDULER_BLOCK_SIZE
-            if whole:
-                self.saved.append(computed[:whole])
-        # As NIXL's P side: a request that finished normally is sent, its
-        # blocks held until finished_sending; an aborted one is freed at once.
-        if (
-            self.producer
-            and request.status.name in ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED")
-            and any(len(g) > 0 for g in block_ids)
-        ):
-            self.sends_in_flight.add(rid)
-            return True, None
+        if SAVED_STORE:
+            if request.status.name != "FINISHED_ERROR":  # save what it computed, in whole blocks
+                computed = list(request.all_token_ids[: request.num_computed_tokens])
+                whole = len(computed) // SCHEDULER_BLOCK_SIZE * SCHEDULER_BLOCK_SIZE
+                if whole:
+                    self.saved.append(computed[:whole])
+        if KV_ROLE == "kv_producer":
+            # As NIXL's P side: a request that finished normally is sent, its
+            # blocks held until finished_sending; an aborted one is freed at once.
+            if request.status.name in ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED") and any(
+                len(g) > 0 for g in block_ids
+            ):
+                self.sends_in_flight.add(rid)
+                return True, None
         return False, None
 
     def request_finished_all_groups(self, request, block_ids):

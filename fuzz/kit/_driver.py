@@ -16,12 +16,15 @@ from fuzz.kit._build import _describe_groups
 from fuzz.kit._contents import _contents_issue
 from fuzz.kit._params import (
     ASYNC_SCHEDULING,
+    FAILING_LOADS,
+    KV_ROLE,
     NUM_BLOCKS,
     NUM_SPECULATIVE_TOKENS,
     SPECULATIVE_METHOD,
     WATCH_CONTENTS,
     WATCH_POOL,
     WATCH_TABLES,
+    WATCH_TOKENS,
 )
 from fuzz.kit._watch import _failed_facts
 from fuzz.kit._worker import _propose_drafts, _sampled, _verified, _worker_done, _worker_sampled
@@ -40,8 +43,9 @@ def _begin_step(scheduler, watch):
     watch.seen |= set(scheduler.requests)
     watch.loads_in_flight = set(connector.loads_in_flight)
     watch.stale = {}
-    for rid in connector.sends_in_flight:
-        watch.send_started.setdefault(rid, watch.step)
+    if KV_ROLE == "kv_producer":
+        for rid in connector.sends_in_flight:
+            watch.send_started.setdefault(rid, watch.step)
     watch.landed.clear()
     if WATCH_POOL:
         for record in (watch.fresh, watch.allocations, watch.lookups, watch.local_hits):
@@ -55,7 +59,7 @@ def _scheduled(scheduler, watch):
         watch.hold(scheduler, out)
     watch.preempted_at.update(dict.fromkeys(out.preempted_req_ids or (), watch.step))
     watch.async_answers_seen = dict(scheduler.connector.async_answers)
-    watch.settle(scheduler, out)
+    watch.take_admissions(scheduler, out)
     return out
 
 
@@ -106,14 +110,18 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failing_block
         if WATCH_CONTENTS:
             for rid in recving:
                 watch.contents.land_async_load(rid, watch.step, rid in set(failed_loads))
-        sending = _sends_done(scheduler, watch, watch.step)
-        watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
-        watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
+        sending = set()
+        if KV_ROLE == "kv_producer":
+            sending = _sends_done(scheduler, watch, watch.step)
+        if FAILING_LOADS:
+            watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
+            watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
         watch.worker.fed(watch.step)
         _feed(scheduler, watch, out, sampled, recving, failed_loads, invalid_block_ids, sending)
         if SPECULATIVE_METHOD is not None:
             _propose_drafts(scheduler, out)
-        _settle_tokens(scheduler, out, watch)
+        if WATCH_TOKENS:
+            _settle_tokens(scheduler, out, watch)
         return out
 
 
@@ -141,7 +149,8 @@ def _queued_step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failin
         watch.queue.insert(0, (watch.step, out, sampled, dict(watch.admissions)))
         if len(watch.queue) < 2 and (out.total_num_scheduled_tokens > 0 or scheduler.has_requests()):
             _abort_during_step(scheduler, watch)  # nothing fed back: they come after the step
-            _settle_tokens(scheduler, out, watch)
+            if WATCH_TOKENS:
+                _settle_tokens(scheduler, out, watch)
             return out
     index, fed, sampled, admissions = watch.queue.pop()
     watch.worker.fed(index)
@@ -153,14 +162,18 @@ def _queued_step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failin
             watch.contents.land_async_load(rid, index, rid in set(failed_loads))
     for rid in recving:
         watch.load_started.pop(rid, None)
-    sending = _sends_done(scheduler, watch, index)
-    this_step, watch.admissions = watch.admissions, admissions  # the fed step's admissions
-    watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
-    watch.admissions = this_step
-    watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
+    sending = set()
+    if KV_ROLE == "kv_producer":
+        sending = _sends_done(scheduler, watch, index)
+    if FAILING_LOADS:
+        this_step, watch.admissions = watch.admissions, admissions  # the fed step's admissions
+        watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
+        watch.admissions = this_step
+        watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
     _note_stale(scheduler, watch, list(fed.num_scheduled_tokens), index)
     _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_ids, sending)
-    _settle_tokens(scheduler, out, watch)
+    if WATCH_TOKENS:
+        _settle_tokens(scheduler, out, watch)
     return out
 def _abort_during_step(scheduler, watch):
     """Aborts that arrived while the model ran the step: the engine core

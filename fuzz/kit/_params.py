@@ -51,3 +51,8 @@ STORE: dict[str, Any] = {}
 WATCH_POOL = True  # fresh blocks, counts against takes, lookups (_Watch._watch_blocks)
 WATCH_TABLES = True  # block tables and pool state right after schedule() (_Watch.hold)
 WATCH_CONTENTS = False  # what each block holds (BlockContents)
+WATCH_TOKENS = False  # the token each computed position's KV came from (WorkerRecord.settle)
+# What the run did that most runs do not: loads reported failed, and the
+# connector's own store of what finished requests computed.
+FAILING_LOADS = False
+SAVED_STORE = False

@@ -11,7 +11,7 @@ from __future__ import annotations
 from fuzz.adapter._reports import WorkerRecord
 from fuzz.kit._build import _cdiv, _ids
 from fuzz.kit._contents import _make_contents
-from fuzz.kit._params import ASYNC_SCHEDULING, NULL_BLOCK, SPECS, WATCH_CONTENTS, WATCH_POOL
+from fuzz.kit._params import ASYNC_SCHEDULING, FAILING_LOADS, NULL_BLOCK, SPECS, WATCH_CONTENTS, WATCH_POOL
 
 
 class _Watch:
@@ -89,18 +89,26 @@ class _Watch:
         self.async_answers_seen = {}
         self.failed_waiting = {}
         self.landed = {}  # request id -> failed blocks still cached as it left
-        waiting_done = getattr(sched, "_update_waiting_for_remote_kv", None)
-        if waiting_done is not None:
-            def update_waiting_for_remote_kv(request):
-                result = waiting_done(request)
-                facts = self.failed_waiting.pop(request.request_id, None)
-                if facts is not None:
-                    self.landed[request.request_id] = (facts, _still_cached(mgr, facts["blocks"]))
-                return result
-
-            sched._update_waiting_for_remote_kv = update_waiting_for_remote_kv
+        if FAILING_LOADS:
+            self._watch_waiting_for_remote_kvs(sched, mgr)
         if WATCH_CONTENTS:
             self.contents = _make_contents(scheduler)
+
+    def _watch_waiting_for_remote_kvs(self, sched, mgr):
+        """As a failed async load's request leaves WAITING_FOR_REMOTE_KVS: the
+        failed blocks still cached (landed)."""
+        waiting_done = getattr(sched, "_update_waiting_for_remote_kv", None)
+        if waiting_done is None:
+            return
+
+        def update_waiting_for_remote_kv(request):
+            result = waiting_done(request)
+            facts = self.failed_waiting.pop(request.request_id, None)
+            if facts is not None:
+                self.landed[request.request_id] = (facts, _still_cached(mgr, facts["blocks"]))
+            return result
+
+        sched._update_waiting_for_remote_kv = update_waiting_for_remote_kv
 
     def _counted(self, allocate, mgr, request, num_new_tokens, *args, **kwargs):
         """allocate_slots, with what it counts per group and takes from the
@@ -213,7 +221,7 @@ class _Watch:
             for b in scheduler.kv_cache_manager.block_pool.blocks
         }
 
-    def settle(self, scheduler, out):
+    def take_admissions(self, scheduler, out):
         """After schedule(): each admitted request's computed tokens, its
         block table, the external tokens the connector was told, and the
         connector's answer. Requests that were not admitted are dropped."""

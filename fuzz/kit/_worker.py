@@ -13,7 +13,13 @@ from __future__ import annotations
 from vllm.v1.outputs import DraftTokenIds
 
 from fuzz.adapter._reports import computed_before
-from fuzz.kit._params import ASYNC_SCHEDULING, DRAFT_ACCEPTANCE, NUM_SPECULATIVE_TOKENS, SPECULATIVE_METHOD
+from fuzz.kit._params import (
+    ASYNC_SCHEDULING,
+    DRAFT_ACCEPTANCE,
+    NUM_SPECULATIVE_TOKENS,
+    SPECULATIVE_METHOD,
+    WATCH_TOKENS,
+)
 
 
 def _worker_done(out, watch):
@@ -25,8 +31,9 @@ def _worker_done(out, watch):
     watch.worker.resync(out)
     before = computed_before(out)
     watch.starts = {rid: watch.worker.start(rid, before) for rid in out.num_scheduled_tokens if rid in before}
-    for rid in out.num_scheduled_tokens:
-        watch.worker.write(out, rid, before, watch.step)
+    if WATCH_TOKENS:
+        for rid in out.num_scheduled_tokens:
+            watch.worker.write(out, rid, before, watch.step)
     return [watch.worker.reaches_end(out, rid, before) for rid in out.num_scheduled_tokens]
 
 
