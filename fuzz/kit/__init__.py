@@ -9,11 +9,13 @@ and no Python lives in string templates:
 * :mod:`fuzz.kit._params`: the constants the file defines at its top (the
   drawn configuration; async scheduling, speculation, the connector's role
   and the prefill cadence are data here, not variants of the code);
-* :mod:`fuzz.kit._connector`: the scripted KV connector;
+* :mod:`fuzz.kit._connector`: the scripted KV connector (its store's
+  :func:`saved_prefix` is the harness's too);
 * :mod:`fuzz.kit._build`: the scheduler and its requests;
 * :mod:`fuzz.kit._watch`: what the file watches the scheduler do;
 * :mod:`fuzz.kit._driver`: the engine step loop and the closing drain;
-* :mod:`fuzz.kit._worker`: what the model runner knows and returns;
+* :mod:`fuzz.kit._worker`: what the model runner knows and samples;
+* :mod:`fuzz.kit._outputs`: the ModelRunnerOutput it returns (the harness's too);
 * :mod:`fuzz.kit._contents`: what each block holds (the suite's model);
 * :mod:`fuzz.kit._checks`: the claims a file can state.
 
@@ -24,7 +26,10 @@ them to it.
 
 from __future__ import annotations
 
-__all__ = ["COPIED_MODULES", "KIT_MODULES"]
+from fuzz.kit._connector import saved_prefix
+from fuzz.kit._outputs import model_runner_output
+
+__all__ = ["COPIED_MODULES", "KIT_MODULES", "model_runner_output", "saved_prefix"]
 
 # In the order a file carries their definitions.
 KIT_MODULES = (
@@ -36,6 +41,7 @@ KIT_MODULES = (
     "fuzz.kit._contents",
     "fuzz.kit._watch",
     "fuzz.kit._worker",
+    "fuzz.kit._outputs",
     "fuzz.kit._driver",
     "fuzz.kit._checks",
 )

@@ -9,11 +9,12 @@ failed; a producer's sends are reported done one step after they begin.
 
 from __future__ import annotations
 
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
 
 from fuzz.kit._build import _describe_groups
 from fuzz.kit._contents import _contents_issue
+from fuzz.kit._outputs import model_runner_output
 from fuzz.kit._params import (
     ASYNC_SCHEDULING,
     FAILING_LOADS,
@@ -63,16 +64,6 @@ def _scheduled(scheduler, watch):
     return out
 
 
-def _model_runner_output(ids, sampled, connector_output):
-    """What a model runner returns for a batch of requests ``ids``."""
-    return ModelRunnerOutput(
-        req_ids=ids,
-        req_id_to_index={r: i for i, r in enumerate(ids)},
-        sampled_token_ids=sampled,
-        kv_connector_output=connector_output,
-    )
-
-
 def _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_ids, sending):
     """update_from_output() with the model runner's output for ``fed``: what
     it sampled, and the loads and sends the connector's worker reports."""
@@ -86,7 +77,7 @@ def _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_i
         )
     if NUM_SPECULATIVE_TOKENS:
         watch.verified = _verified(scheduler, fed, sampled)
-    scheduler.update_from_output(fed, _model_runner_output(list(fed.num_scheduled_tokens), sampled, connector_output))
+    scheduler.update_from_output(fed, model_runner_output(list(fed.num_scheduled_tokens), sampled, connector_output))
 
 
 def _step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failing_blocks=()):
