@@ -284,10 +284,13 @@ def truncation_repro(
     return "\n".join(lines) + "\n" + body
 
 
-def truncation_repro_from_last_run(*, target: str, seed: object, invariant: str, violation: str) -> str | None:
+def truncation_repro_from_last_run(
+    *, target: str, seed: object, invariant: str, violation: str, failure: BaseException | None = None
+) -> str | None:
     """The repro of the last truncation scenario run in this process (the
     minimal example, since Hypothesis replays it last), if it got as far as
-    the truncation call."""
+    the truncation call. (``failure``: the registry's writers all take it;
+    a truncation run's record is still the runner's LAST_RUN.)"""
     from fuzz.runners.truncation import LAST_RUN
 
     if "observation" not in LAST_RUN:

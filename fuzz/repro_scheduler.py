@@ -41,7 +41,7 @@ from fuzz.model import Abort, AddRequest, Evict, InvariantViolation, OpLog, Spec
 from invariants._common import group_behaviour
 from invariants.classification import Behaviour, classification_of_kind
 
-__all__ = ["WRITABLE", "repro_size", "scheduler_repro", "scheduler_repro_from_last_run", "shrink_oplog"]
+__all__ = ["WRITABLE", "repro_size", "scheduler_repro", "scheduler_repro_of_failure", "shrink_oplog"]
 
 # Invariant -> the check function emitted into the file (None: the step itself
 # must not raise; the pool check is in every file).
@@ -616,11 +616,15 @@ def _wrap_dict(d: dict) -> str:
     return "{\n" + "\n".join(items) + "\n}"
 
 
-def scheduler_repro_from_last_run(*, target: str, seed: object, invariant: str, violation: str) -> str | None:
-    """The repro of the last scheduler run in this process (the minimal
-    failing example: Hypothesis runs it last), shrunk further by replay."""
-    log = adapter.last_oplog()
-    if log is None or invariant not in _CHECK_OF:
+def scheduler_repro_of_failure(
+    *, target: str, seed: object, invariant: str, violation: str, failure: BaseException | None
+) -> str | None:
+    """The repro of ``failure``, from the operation log its run attached to
+    it (:func:`fuzz.runners.scheduler.carrying_oplog`; Hypothesis raises the
+    minimal example's), shrunk further by replay. None when the failure
+    carries no log or the file cannot state ``invariant``."""
+    log = getattr(failure, "oplog", None)
+    if not isinstance(log, OpLog) or invariant not in _CHECK_OF:
         return None
     if _replay_checked(log, invariant) is None:
         return None  # the last run is not this failure (several failures replayed at once)

@@ -9,11 +9,13 @@ tests/test_scheduler_repro.py's.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,116 @@ def test_a_written_file_lints_clean(invariant: str, async_scheduling: bool, tmp_
     assert ("def _queued_step(" in source) == async_scheduling
     assert ("class BlockContents" in source) == (invariant == "reads-written")
     assert ("def _watch_blocks" in source) == (invariant == "same-step-hazard")
+
+
+# --- the failing run's log --------------------------------------------------
+
+
+@pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
+def test_the_failing_run_s_log_travels_with_the_violation() -> None:
+    """The writer reads the failing run's operation log from the violation
+    itself: a later run in the same process changes nothing."""
+    from fuzz.adapter import SchedulerHarness, planted_scheduler_bug
+    from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+    from fuzz.repro_scheduler import scheduler_repro_of_failure
+    from fuzz.runners.scheduler import ALL_CHECKS, Stepper
+
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4)), hash_block_size=1, num_blocks=19)
+    draw = SchedulerDraw(layout, max_num_batched_tokens=4, max_num_seqs=1, model_runner="v2")
+    with planted_scheduler_bug("pre_fix_assert_all"):
+        harness = SchedulerHarness(draw)
+        run = Stepper(harness, ALL_CHECKS)
+        harness.add_request(range(0, 42, 7), reply=ExternalReply("store", store_len=6))
+        run.step()
+        harness.add_request(range(0, 70, 7), reply=ExternalReply("store", store_len=10))
+        with pytest.raises(InvariantViolation) as caught:
+            run.step()
+        SchedulerHarness(draw).add_request(range(3), reply=ExternalReply())  # another run, after it
+        failure = caught.value
+        source = scheduler_repro_of_failure(target="t", seed=0, invariant=failure.invariant, violation=str(failure),
+                                            failure=failure)
+    assert failure.oplog is harness.oplog
+    assert source is not None and "PROMPT_R0 = " in source, source
+    assert scheduler_repro_of_failure(target="t", seed=0, invariant=failure.invariant, violation="",
+                                      failure=InvariantViolation(failure.invariant, "no log")) is None
+
+
+# --- one claim, two statements ------------------------------------------------
+# The suite's invariant (invariants/*.py, on the harness's observations) and
+# the kit's check (fuzz/kit/_checks.py, on vLLM's own objects in the file)
+# state one claim twice. On the same recorded runs they must agree: both
+# break with the planted bug, neither without it.
+
+
+def _planted_runs():  # type: ignore[no-untyped-def]
+    """(planted bug, the suite's check, its invariant, a run returning the
+    failing log under the plant): the fixed runs of tests/test_scheduler_planted.py."""
+    from tests.test_scheduler_planted import FIXED_CASES, SPEC_DECODE_CASES, speculating_harness
+
+    def stepped(run):  # type: ignore[no-untyped-def]
+        def log(check):  # type: ignore[no-untyped-def]
+            from fuzz.model import InvariantViolation
+
+            with pytest.raises(InvariantViolation) as caught:
+                run((check,))
+            return caught.value.oplog
+
+        return log
+
+    def speculating(check):  # type: ignore[no-untyped-def]
+        harness = speculating_harness(False)
+        harness.drain(context="speculating")
+        return harness.oplog
+
+    cases = [(bug, check, invariant, stepped(run)) for check, invariant, bug, run, _ in FIXED_CASES]
+    cases += [(bug, check, invariant, speculating) for check, invariant, bug in SPEC_DECODE_CASES]
+    return cases
+
+
+def _run_file(path: Path, bug: str | None, tmp_path: Path) -> BaseException | None:
+    """Run the written file's test under its own module name (its connector
+    is loaded by that name), with ``bug`` planted: the failure, or None."""
+    from fuzz.adapter import planted_scheduler_bug
+
+    name = f"kvtrunc_kit_{path.stem}_{bug or 'unplanted'}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    run_dir = tmp_path / (bug or "unplanted")
+    run_dir.mkdir()
+    try:
+        spec.loader.exec_module(module)
+        (test,) = [getattr(module, n) for n in dir(module) if n.startswith("test_")]
+        with pytest.MonkeyPatch.context() as mp, planted_scheduler_bug(bug) if bug else contextlib.nullcontext():
+            test(run_dir, mp)
+    except AssertionError as exc:
+        return exc
+    finally:
+        del sys.modules[name]
+    return None
+
+
+@pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
+@pytest.mark.parametrize("case", range(4), ids=["stale-output", "progress", "rolled-back", "kv-matches-tokens"])
+def test_the_suite_s_invariant_and_the_kit_s_check_agree_on_recorded_runs(case: int, tmp_path: Path) -> None:
+    from fuzz.adapter import planted_scheduler_bug
+    from fuzz.repro_scheduler import _replay_checked, shrink_oplog
+
+    bug, check, invariant, failing_log = _planted_runs()[case]
+    with planted_scheduler_bug(bug):
+        log = shrink_oplog(failing_log(check), invariant, checks=(check,))
+        suite_planted = _replay_checked(log, invariant, (check,))
+    suite_unplanted = _replay_checked(log, invariant, (check,))
+    source = scheduler_repro(log, invariant=invariant, target="t", seed=0, violation="")
+    assert source is not None
+    path = tmp_path / f"test_kit_{invariant.replace('-', '_')}.py"
+    path.write_text(source)
+    kit_planted, kit_unplanted = _run_file(path, bug, tmp_path), _run_file(path, None, tmp_path)
+    kit_check = _CHECK_OF[invariant]
+    assert suite_planted is not None, f"{bug}: the suite's {invariant} does not break on the recorded run"
+    assert kit_planted is not None and any(
+        frame.name == kit_check for frame in traceback.extract_tb(kit_planted.__traceback__)
+    ), f"{bug}: the kit's {kit_check} does not break on the recorded run: {kit_planted!r}"
+    assert suite_unplanted is None, f"{invariant} breaks on the recorded run without {bug}"
+    assert kit_unplanted is None, f"{kit_check} breaks on the recorded run without {bug}: {kit_unplanted}"
