@@ -31,9 +31,6 @@ from fuzz.kit import KIT_MODULES
 
 __all__ = ["KitSource", "kit_definitions", "kit_source"]
 
-_PARAMS = "fuzz.kit._params"
-
-
 @dataclasses.dataclass(frozen=True)
 class _Def:
     name: str
@@ -60,13 +57,15 @@ def _with_comments_above(lines: list[str], start: int) -> int:
 
 
 @functools.cache
-def _module_parts() -> tuple[dict[str, _Def], dict[str, tuple[str, str | None]]]:
-    """Every top-level definition of the kit (name -> _Def) and every name
-    the kit imports from outside it (name -> (module, attribute or None))."""
+def _module_parts(modules: tuple[str, ...] = KIT_MODULES) -> tuple[dict[str, _Def], dict[str, tuple[str, str | None]]]:
+    """Every top-level definition of the kit's ``modules`` (name -> _Def) and
+    every name they import from outside the suite (name -> (module,
+    attribute or None)). The constants modules (``*_params``) are the
+    file's to write, not to copy."""
     defs: dict[str, _Def] = {}
     imports: dict[str, tuple[str, str | None]] = {}
-    for name in KIT_MODULES:
-        if name == _PARAMS:
+    for name in modules:
+        if name.endswith("_params"):
             continue
         source = inspect.getsource(importlib.import_module(name))
         lines = source.splitlines()
@@ -98,9 +97,9 @@ def _add(defs: dict[str, _Def], d: _Def) -> None:
     defs[d.name] = d
 
 
-def kit_definitions() -> dict[str, str]:
-    """Every definition the kit can copy into a file: name -> module."""
-    return {name: d.module for name, d in _module_parts()[0].items()}
+def kit_definitions(modules: tuple[str, ...] = KIT_MODULES) -> dict[str, str]:
+    """Every definition the kit's ``modules`` can copy into a file: name -> module."""
+    return {name: d.module for name, d in _module_parts(modules)[0].items()}
 
 
 # ---------------------------------------------------------------------------
@@ -196,6 +195,7 @@ def kit_source(
     constant_names: Iterable[str] = (),
     extra: str = "",
     more_imports: Mapping[str, tuple[str, str | None]] | None = None,
+    modules: tuple[str, ...] = KIT_MODULES,
 ) -> KitSource:
     """The kit code reached from ``roots`` (names a file's own code uses;
     ``extra``: more of that code, whose names count as roots too),
@@ -203,7 +203,7 @@ def kit_source(
     ``if`` may read; ``constant_names``: the others it defines): its
     imports (the kit's, and ``more_imports`` for names the file's own code
     uses), the constants it reads, and the definitions in kit order."""
-    defs, kit_imports = _module_parts()
+    defs, kit_imports = _module_parts(modules)
     imports = {**kit_imports, **(more_imports or {})}
     names_of_constants = set(constants) | set(constant_names)
     roots = set(roots) | (_names(extra) if extra else set())

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.kit import COPIED_MODULES, KIT_MODULES
+from fuzz.kit import COPIED_MODULES, KIT_MODULES, TRUNCATION_KIT_MODULES
 from fuzz.repro_scheduler import _CHECK_OF, _constants, scheduler_repro
 from fuzz.repro_source import kit_definitions, kit_source, specialise
 from fuzz.targets.target_scheduler import UNSUPPORTED
@@ -40,7 +40,7 @@ def _imported_modules(source: str) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("name", KIT_MODULES)
+@pytest.mark.parametrize("name", KIT_MODULES + TRUNCATION_KIT_MODULES)
 def test_the_kit_imports_only_vllm_pytest_and_the_standard_library(name: str) -> None:
     source = inspect.getsource(importlib.import_module(name))
     for module in _imported_modules(source):
@@ -66,13 +66,15 @@ def _ruff(*paths: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_kit_lints_clean() -> None:
-    modules = [ROOT / (m.replace(".", "/") + ".py") for m in KIT_MODULES]
-    result = _ruff(*modules, ROOT / "fuzz" / "repro_source.py", ROOT / "fuzz" / "repro_scheduler.py")
+    modules = [ROOT / (m.replace(".", "/") + ".py") for m in KIT_MODULES + TRUNCATION_KIT_MODULES]
+    writers = [ROOT / "fuzz" / name for name in ("repro_source.py", "repro_scheduler.py", "repro.py")]
+    result = _ruff(*modules, *writers)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_every_check_a_file_states_is_a_kit_definition() -> None:
-    definitions = kit_definitions()  # raises if a name is defined twice
+    kit_definitions(TRUNCATION_KIT_MODULES)  # raises if a name is defined twice
+    definitions = kit_definitions()
     missing = {inv: check for inv, check in _CHECK_OF.items() if check is not None and check not in definitions}
     assert not missing, missing
 
@@ -266,3 +268,21 @@ def test_the_suite_s_invariant_and_the_kit_s_check_agree_on_recorded_runs(case: 
     ), f"{bug}: the kit's {kit_check} does not break on the recorded run: {kit_planted!r}"
     assert suite_unplanted is None, f"{invariant} breaks on the recorded run without {bug}"
     assert kit_unplanted is None, f"{kit_check} breaks on the recorded run without {bug}: {kit_unplanted}"
+
+
+def test_a_written_truncation_file_lints_clean(tmp_path: Path) -> None:
+    from fuzz import adapter
+    from fuzz.model import TruncationObservation
+    from fuzz.repro import truncation_repro
+    from fuzz.targets.target_truncate import SEED_PR_51468
+
+    obs = TruncationObservation(
+        endpoint=0, groups=(), error=None, tuple_obj_id_before=0, tuple_obj_id_after=0,
+        free_blocks_before=0, free_blocks_after=0, vllm_version=adapter.VLLM_VERSION,
+    )
+    source = truncation_repro(SEED_PR_51468, obs, target="t", seed=0, invariant="must-cover", violation="")
+    path = tmp_path / "test_truncation_repro.py"
+    path.write_text(source)
+    result = _ruff(path)
+    assert result.returncode == 0, result.stdout + result.stderr + source
+    assert "def _lookup(" in source and "_per_group_hit" in source

@@ -17,7 +17,9 @@ and no Python lives in string templates:
 * :mod:`fuzz.kit._worker`: what the model runner knows and samples;
 * :mod:`fuzz.kit._outputs`: the ModelRunnerOutput it returns (the harness's too);
 * :mod:`fuzz.kit._contents`: what each block holds (the suite's model);
-* :mod:`fuzz.kit._checks`: the claims a file can state.
+* :mod:`fuzz.kit._checks`: the claims a file can state;
+* :mod:`fuzz.kit._truncation` (constants in ``_truncation_params``): the
+  repro of a ``truncate_computed_blocks`` failure, at the manager level.
 
 The kit's modules may import vLLM, pytest, the standard library and
 :data:`COPIED_MODULES` (which do the same); tests/test_repro_kit.py holds
@@ -29,7 +31,7 @@ from __future__ import annotations
 from fuzz.kit._connector import saved_prefix
 from fuzz.kit._outputs import model_runner_output
 
-__all__ = ["COPIED_MODULES", "KIT_MODULES", "model_runner_output", "saved_prefix"]
+__all__ = ["COPIED_MODULES", "KIT_MODULES", "TRUNCATION_KIT_MODULES", "model_runner_output", "saved_prefix"]
 
 # In the order a file carries their definitions.
 KIT_MODULES = (
@@ -45,5 +47,7 @@ KIT_MODULES = (
     "fuzz.kit._driver",
     "fuzz.kit._checks",
 )
+# A truncation repro's (fuzz.repro): its constants, and the manager-level test.
+TRUNCATION_KIT_MODULES = ("fuzz.kit._truncation_params", "fuzz.kit._truncation")
 # The suite's own modules a file carries as they are (standard library only).
 COPIED_MODULES = ("fuzz.adapter._reports", "fuzz.adapter._contents")
