@@ -21,6 +21,13 @@ imports vLLM and the standard library only:
   again (vLLM's own leak check: every block but the null block free, no
   ``ref_cnt`` left).
 
+Everything after the constants is the repro kit's code (:mod:`fuzz.kit`,
+real modules), copied with :func:`inspect.getsource` by
+:mod:`fuzz.repro_source`: only what the test and its claim reach, each
+``if`` on a constant (async scheduling, speculation, the connector's role,
+what the claim watches) reduced to the branch the run takes. Nothing of it
+is a string template.
+
 It fails on the vLLM that produced it and passes once the bug is gone.
 :func:`shrink_oplog` first drops whatever the failure does not need (requests,
 their twins, fills and probes; trailing steps), by replaying the log through

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 
 from fuzz.kit import KIT_MODULES
 
-__all__ = ["KitSource", "kit_definitions", "kit_source"]
+__all__ = ["KitSource", "kit_definitions", "kit_source", "specialise"]
 
 @dataclasses.dataclass(frozen=True)
 class _Def:
