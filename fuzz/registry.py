@@ -21,7 +21,7 @@ __all__ = ["TARGETS", "Target", "default_targets", "get_target"]
 TRUNCATION_TIER = ("truncate", "connector-lookup", "per-group-lookup")
 SCHEDULER_TIER = ("truncate", "local-prefix-hit")
 # Scheduler targets write their repro from the run's operation log.
-SCHEDULER_REPRO = "fuzz.repro_scheduler:scheduler_repro_from_last_run"
+SCHEDULER_REPRO = "fuzz.repro_scheduler:scheduler_repro_of_failure"
 # The reach labels (fuzz.model.ENGINE_REACHABLE / SCHEDULER_API), spelled out
 # here so listing targets never imports the suite's model.
 _API = "scheduler-API"

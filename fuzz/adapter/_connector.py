@@ -39,6 +39,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 logging.getLogger(_base.__name__).setLevel(logging.ERROR)
 
 from fuzz.adapter import _compat  # noqa: E402
+from fuzz import kit  # noqa: E402
 from fuzz.model import ExternalReply  # noqa: E402
 from fuzz.model import ConnectorFinish, ConnectorMeta, HarnessError  # noqa: E402
 
@@ -140,15 +141,7 @@ class ConnectorScript:
 
     def saved_prefix(self, tokens: tuple[int, ...]) -> int:
         """The longest prefix of ``tokens``, in whole saved blocks, the store holds."""
-        best = 0
-        for entry in self.saved:
-            n = 0
-            for a, b in zip(entry, tokens):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n // self.save_unit * self.save_unit)
-        return best
+        return kit.saved_prefix(self.saved, tokens, self.save_unit)
 
 
 SCRIPT = ConnectorScript()

@@ -17,9 +17,10 @@ from typing import Any
 
 from fuzz.adapter import _compat
 from fuzz.adapter._contents import BlockContents, entries_of
+from fuzz.adapter._oplog import model_runner_output
 from fuzz.adapter._reports import WorkerRecord, computed_before
 
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 
 from fuzz.model import (  # noqa: E402
     AdmissionObservation,
@@ -263,33 +264,14 @@ def runner_output(ids: list[str], sampled: list[list[int]], recving: set[str], f
     """The ``ModelRunnerOutput`` for a step's requests ``ids`` and what they
     ``sampled``, with the connector's reports (loads landed, of which
     ``failed``; blocks a sync load failed; sends done), and the same in the
-    operation log's words."""
-    invalid_block_ids = set(invalid_block_ids)
-    # failed_recving exists from vLLM 0.30; older releases cannot be told
-    # an async load failed, so there the load simply completes.
-    failure_kw = {"failed_recving": failed} if _compat.HAS_FAILED_RECVING else {}
-    connector_output = (
-        KVConnectorOutput(
-            finished_sending=sending,
-            finished_recving=recving,
-            invalid_block_ids=set(invalid_block_ids),
-            **failure_kw,
-        )
-        if recving or invalid_block_ids or sending
-        else None
-    )
-    output = ModelRunnerOutput(
-        req_ids=ids,
-        req_id_to_index={r: i for i, r in enumerate(ids)},
-        sampled_token_ids=sampled,
-        kv_connector_output=connector_output,
-    )
+    operation log's words (the output is built from those, as a replay of
+    the log builds it)."""
     fed = FedOutput(
         req_ids=tuple(ids),
         sampled_token_ids=tuple(tuple(t) for t in sampled),
         finished_recving=tuple(sorted(recving)),
         failed_recving=tuple(sorted(failed)),
-        invalid_block_ids=tuple(sorted(invalid_block_ids)),
+        invalid_block_ids=tuple(sorted(set(invalid_block_ids))),
         finished_sending=tuple(sorted(sending)),
     )
-    return output, fed
+    return model_runner_output(fed), fed

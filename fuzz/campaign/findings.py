@@ -167,7 +167,7 @@ class Findings:
         repro_file = None
         writer = get_target(target_name).repro_writer()
         if writer is not None:
-            source = writer(target=target_name, seed=seed, invariant=invariant, violation=message)
+            source = writer(target=target_name, seed=seed, invariant=invariant, violation=message, failure=exc)
             if source:
                 repro_file = self.repro_dir / f"test_{stem.replace('-', '_')}.py"
                 repro_file.write_text(source)

@@ -41,6 +41,9 @@ class InvariantViolation(AssertionError):
         # The check's name for the failing condition, from the check's own
         # small vocabulary (e.g. what a stranded request waits for).
         self.state = state
+        # The failing run's operation log (fuzz.model.OpLog), set by the
+        # runner that raised it: the standalone repro is written from it.
+        self.oplog: object | None = None
 
 
 class HarnessError(RuntimeError):

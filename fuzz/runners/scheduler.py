@@ -18,8 +18,9 @@ and the pool once everything has finished.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from hypothesis import event, target
 from hypothesis import note as _hypothesis_note
@@ -47,6 +48,7 @@ __all__ = [
     "ALL_CHECKS",
     "REACH",
     "Stepper",
+    "carrying_oplog",
     "build_harness",
     "note",
     "reach_labels",
@@ -192,6 +194,18 @@ def triage(
     return unknown, known
 
 
+@contextlib.contextmanager
+def carrying_oplog(harness: SchedulerHarness) -> Iterator[None]:
+    """A violation raised inside carries ``harness``'s operation log, the
+    failing run's (the repro writer's input), unless it carries one already."""
+    try:
+        yield
+    except InvariantViolation as exc:
+        if exc.oplog is None:
+            exc.oplog = harness.oplog
+        raise
+
+
 class Stepper:
     """Steps a harness: labels each step, runs ``checks`` on it, and raises
     the first violation that is not a known vLLM bug of this release. A
@@ -222,6 +236,7 @@ class Stepper:
         self.last_labels = labels
         if unknown:
             self.failed = True
+            unknown[0].oplog = self.harness.oplog
             raise unknown[0]
         return obs
 
@@ -268,6 +283,27 @@ def run_single_shot(
             REACH["config rejected"] += 1
         return None
     run = Stepper(harness, checks, context)
+    with carrying_oplog(harness):
+        _run_scenario(scenario, harness, run, checks, context)
+    if harness.partial_hits_enabled:
+        run.labels.add("partial hits enabled")
+    if record:
+        REACH["examples"] += 1
+        for label in sorted(run.labels):
+            REACH[label] += 1
+            event(label)
+        target(float(run.max_gap), label="FA-Mamba hit gap")
+    return run.labels
+
+
+def _run_scenario(
+    scenario: SingleShotScenario,
+    harness: SchedulerHarness,
+    run: Stepper,
+    checks: tuple[Callable[..., None], ...],
+    context: str,
+) -> None:
+    """The scenario's requests, eviction and replays, stepped by ``run``."""
     for i, fill in enumerate(scenario.fills):
         harness.add_request(
             scenario.fill_tokens(i),
@@ -309,12 +345,3 @@ def run_single_shot(
         run.drain()
     if check_no_leaked_blocks in checks and not harness.broken:
         check_no_leaked_blocks(harness.pool_observation(context))
-    if harness.partial_hits_enabled:
-        run.labels.add("partial hits enabled")
-    if record:
-        REACH["examples"] += 1
-        for label in sorted(run.labels):
-            REACH[label] += 1
-            event(label)
-        target(float(run.max_gap), label="FA-Mamba hit gap")
-    return run.labels

@@ -53,7 +53,7 @@ from hypothesis.stateful import (
 from fuzz.adapter import missing_capabilities
 from fuzz.registry import SCHEDULER_TIER
 from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
-from fuzz.runners.scheduler import ALL_CHECKS, Stepper, build_harness, run_single_shot
+from fuzz.runners.scheduler import ALL_CHECKS, Stepper, build_harness, carrying_oplog, run_single_shot
 from invariants.scheduler import check_no_leaked_blocks
 from strategies.engine_models import engine_single_shot_scenarios
 from fuzz.model import PromptDraw, SingleShotScenario
@@ -498,7 +498,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     def no_leaked_blocks_when_idle(self) -> None:
         if self._live() and self.harness is not None and self.harness.is_idle():
             if check_no_leaked_blocks in _machine_checks:
-                check_no_leaked_blocks(self.harness.pool_observation())
+                with carrying_oplog(self.harness):
+                    check_no_leaked_blocks(self.harness.pool_observation())
 
     def teardown(self) -> None:
         """Serve what is still queued (checking every step; a run whose
@@ -513,7 +514,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.run_until_idle()
             MACHINE_REACH.update(self.labels)
             if self._live() and check_no_leaked_blocks in _machine_checks:
-                check_no_leaked_blocks(self.harness.pool_observation())
+                with carrying_oplog(self.harness):
+                    check_no_leaked_blocks(self.harness.pool_observation())
 
 
 TestSchedulerMachine = SchedulerMachine.TestCase

@@ -23,7 +23,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from fuzz.adapter import last_oplog, planted_scheduler_bug
 from fuzz.model import InvariantViolation
-from fuzz.repro_scheduler import WRITABLE, repro_size, scheduler_repro, scheduler_repro_from_last_run, shrink_oplog
+from fuzz.repro_scheduler import WRITABLE, repro_size, scheduler_repro, scheduler_repro_of_failure, shrink_oplog
 from fuzz.runners.scheduler import run_single_shot
 from fuzz.targets import target_scheduler
 from fuzz.targets.target_scheduler import UNSUPPORTED
@@ -141,8 +141,9 @@ def test_a_planted_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> N
     violation = _find(bug)
     assert violation.invariant == BUGS[bug], str(violation)
     with planted_scheduler_bug(bug):
-        source = scheduler_repro_from_last_run(target="scheduler-single-shot", seed=0,
-                                               invariant=violation.invariant, violation=str(violation))
+        source = scheduler_repro_of_failure(target="scheduler-single-shot", seed=0,
+                                            invariant=violation.invariant, violation=str(violation),
+                                            failure=violation)
         log = last_oplog()  # the shrunk run the file replays
     assert log is not None
     size = repro_size(log)
@@ -176,12 +177,13 @@ def test_a_planted_bug_on_async_scheduling_becomes_a_standalone_repro(bug: str, 
     violation = _find_async(bug)
     assert violation.invariant == ASYNC_BUGS[bug], str(violation)
     with planted_scheduler_bug(bug):
-        source = scheduler_repro_from_last_run(target="scheduler-engine-reachable", seed=0,
-                                               invariant=violation.invariant, violation=str(violation))
+        source = scheduler_repro_of_failure(target="scheduler-engine-reachable", seed=0,
+                                            invariant=violation.invariant, violation=str(violation),
+                                            failure=violation)
         log = last_oplog()
     assert log is not None and log.config.draw.async_scheduling
     assert any(s.fed_step is not None for s in log.steps), "no output was fed one step late"
-    assert source is not None and "async_scheduling=True" in source and "get_scheduler_cls()" in source
+    assert source is not None and "ASYNC_SCHEDULING = True" in source and "get_scheduler_cls()" in source
     _check_repro(source, bug, tmp_path)
 
 
@@ -200,8 +202,9 @@ def test_a_planted_bug_under_a_prefill_cadence_becomes_a_standalone_repro(tmp_pa
     with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
         search()
     with planted_scheduler_bug(bug):
-        source = scheduler_repro_from_last_run(target="scheduler-single-shot", seed=0,
-                                               invariant=caught.value.invariant, violation=str(caught.value))
+        source = scheduler_repro_of_failure(target="scheduler-single-shot", seed=0,
+                                            invariant=caught.value.invariant, violation=str(caught.value),
+                                            failure=caught.value)
         log = last_oplog()
     assert log is not None and log.config.draw.prefill_schedule_interval == 3
     assert source is not None and "prefill_schedule_interval=PREFILL_SCHEDULE_INTERVAL" in source
@@ -242,8 +245,9 @@ def test_a_planted_bug_on_a_producer_becomes_a_standalone_repro(tmp_path: Path) 
         search()
     assert caught.value.invariant == "finished-once", str(caught.value)
     with planted_scheduler_bug(bug):
-        source = scheduler_repro_from_last_run(target="scheduler-machine", seed=0,
-                                               invariant=caught.value.invariant, violation=str(caught.value))
+        source = scheduler_repro_of_failure(target="scheduler-machine", seed=0,
+                                            invariant=caught.value.invariant, violation=str(caught.value),
+                                            failure=caught.value)
         log = last_oplog()
     assert log is not None and log.config.draw.kv_role == "kv_producer"
     # The file's closing drain reports the held sends done (finished_sending):
@@ -287,12 +291,13 @@ def test_a_planted_bug_on_a_speculative_config_becomes_a_standalone_repro(method
     with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
         search()
     with planted_scheduler_bug(bug):
-        source = scheduler_repro_from_last_run(target="scheduler-single-shot", seed=0,
-                                               invariant=caught.value.invariant, violation=str(caught.value))
+        source = scheduler_repro_of_failure(target="scheduler-single-shot", seed=0,
+                                            invariant=caught.value.invariant, violation=str(caught.value),
+                                            failure=caught.value)
         log = last_oplog()
     assert log is not None and log.config.draw.speculative_method == method
     assert source is not None and f"SPECULATIVE_METHOD = {method!r}" in source
-    assert "**_speculative_config(tmp_path, model_config)" in source
+    assert "speculation = _speculative_config(tmp_path, model_config)" in source
     _check_repro(source, bug, tmp_path)
 
 
@@ -313,8 +318,9 @@ def test_a_planted_spec_decode_bug_becomes_a_standalone_repro(method: str, tmp_p
         search()
     assert caught.value.invariant == "rejected-drafts-rolled-back", str(caught.value)
     with planted_scheduler_bug(bug):
-        source = scheduler_repro_from_last_run(target="scheduler-single-shot", seed=0,
-                                               invariant=caught.value.invariant, violation=str(caught.value))
+        source = scheduler_repro_of_failure(target="scheduler-single-shot", seed=0,
+                                            invariant=caught.value.invariant, violation=str(caught.value),
+                                            failure=caught.value)
     assert source is not None and "_check_rejected_drafts_rolled_back(scheduler, out, watch" in source
     _check_repro(source, bug, tmp_path)
 
@@ -350,8 +356,9 @@ def test_the_state_machine_shrunk_program_becomes_a_repro(tmp_path: Path) -> Non
                                   settings=settings(SEARCH, max_examples=300, stateful_step_count=30))
     violation = caught.value
     with planted_scheduler_bug(bug):
-        source = scheduler_repro_from_last_run(target="scheduler-machine", seed=0,
-                                               invariant=violation.invariant, violation=str(violation))
+        source = scheduler_repro_of_failure(target="scheduler-machine", seed=0,
+                                            invariant=violation.invariant, violation=str(violation),
+                                            failure=violation)
     _check_repro(source, bug, tmp_path)
 
 
@@ -553,8 +560,9 @@ def test_an_engine_reachable_finding_becomes_a_repro(tmp_path: Path) -> None:
     with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
         search()
     with planted_scheduler_bug(bug):
-        source = scheduler_repro_from_last_run(target="scheduler-engine-reachable", seed=0,
-                                               invariant=caught.value.invariant, violation=str(caught.value))
+        source = scheduler_repro_of_failure(target="scheduler-engine-reachable", seed=0,
+                                            invariant=caught.value.invariant, violation=str(caught.value),
+                                            failure=caught.value)
         log = last_oplog()
     assert log is not None and log.config.draw.engine is not None
     _check_repro(source, bug, tmp_path)

@@ -1,0 +1,53 @@
+"""The standalone repro kit: real modules whose source a repro file carries.
+
+A repro of a scheduler-tier failure (:mod:`fuzz.repro_scheduler`) is one
+pytest file that imports vLLM, pytest and the standard library only. Its
+code is copied out of these modules with :func:`inspect.getsource`, only the
+definitions its failing claim needs, so the kit is linted and tested as code
+and no Python lives in string templates:
+
+* :mod:`fuzz.kit._params`: the constants the file defines at its top (the
+  drawn configuration; async scheduling, speculation, the connector's role
+  and the prefill cadence are data here, not variants of the code);
+* :mod:`fuzz.kit._connector`: the scripted KV connector (its store's
+  :func:`saved_prefix` is the harness's too);
+* :mod:`fuzz.kit._build`: the scheduler and its requests;
+* :mod:`fuzz.kit._watch`: what the file watches the scheduler do;
+* :mod:`fuzz.kit._driver`: the engine step loop and the closing drain;
+* :mod:`fuzz.kit._worker`: what the model runner knows and samples;
+* :mod:`fuzz.kit._outputs`: the ModelRunnerOutput it returns (the harness's too);
+* :mod:`fuzz.kit._contents`: what each block holds (the suite's model);
+* :mod:`fuzz.kit._checks`: the claims a file can state;
+* :mod:`fuzz.kit._truncation` (constants in ``_truncation_params``): the
+  repro of a ``truncate_computed_blocks`` failure, at the manager level.
+
+The kit's modules may import vLLM, pytest, the standard library and
+:data:`COPIED_MODULES` (which do the same); tests/test_repro_kit.py holds
+them to it.
+"""
+
+from __future__ import annotations
+
+from fuzz.kit._connector import saved_prefix
+from fuzz.kit._outputs import model_runner_output
+
+__all__ = ["COPIED_MODULES", "KIT_MODULES", "TRUNCATION_KIT_MODULES", "model_runner_output", "saved_prefix"]
+
+# In the order a file carries their definitions.
+KIT_MODULES = (
+    "fuzz.kit._params",
+    "fuzz.kit._connector",
+    "fuzz.kit._build",
+    "fuzz.adapter._reports",
+    "fuzz.adapter._contents",
+    "fuzz.kit._contents",
+    "fuzz.kit._watch",
+    "fuzz.kit._worker",
+    "fuzz.kit._outputs",
+    "fuzz.kit._driver",
+    "fuzz.kit._checks",
+)
+# A truncation repro's (fuzz.repro): its constants, and the manager-level test.
+TRUNCATION_KIT_MODULES = ("fuzz.kit._truncation_params", "fuzz.kit._truncation")
+# The suite's own modules a file carries as they are (standard library only).
+COPIED_MODULES = ("fuzz.adapter._reports", "fuzz.adapter._contents")

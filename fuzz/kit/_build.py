@@ -1,0 +1,167 @@
+"""The scheduler a standalone repro drives, built in vLLM's tests/v1/core idiom.
+
+Everything drawn is data (:mod:`fuzz.kit._params`): the groups, the pool,
+the scheduler's budgets and prefill cadence, async scheduling, speculative
+decoding and the connector's role.
+"""
+
+from __future__ import annotations
+
+import json
+
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    VllmConfig,
+)
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config, get_request_block_hasher
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+from fuzz.kit._params import (
+    ASYNC_SCHEDULING,
+    BLOCK_SIZE,
+    DRAFT_MODEL_CONFIG,
+    HASH_BLOCK_SIZE,
+    KV_CONFIG_FIELDS,
+    KV_LOAD_FAILURE_POLICY,
+    KV_ROLE,
+    LONG_PREFILL_TOKEN_THRESHOLD,
+    MAX_MODEL_LEN,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    MODEL_CONFIG,
+    NUM_BLOCKS,
+    NUM_SPECULATIVE_TOKENS,
+    PREFILL_SCHEDULE_INTERVAL,
+    PREFIX_MATCH_UNIT,
+    ROLES,
+    SCHEDULER_BLOCK_SIZE,
+    SPECS,
+    SPECULATIVE_METHOD,
+)
+
+
+def _make_model_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    return ModelConfig(
+        model=str(tmp_path),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        seed=0,
+        max_model_len=MAX_MODEL_LEN,
+    )
+
+
+def _make_kv_cache_config():
+    config = KVCacheConfig(
+        num_blocks=NUM_BLOCKS,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec([f"g{i}.layer"], spec) for i, spec in enumerate(SPECS)],
+    )
+    config = generate_scheduler_kv_cache_config([config])
+    for name, value in KV_CONFIG_FIELDS.items():
+        setattr(config, name, value)
+    return config
+
+
+def _speculative_config(tmp_path, model_config):
+    """SpeculativeConfig as EngineArgs.create_speculative_config builds it."""
+    parallel_config = ParallelConfig()
+    draft = {}
+    if SPECULATIVE_METHOD == "eagle":
+        (tmp_path / "draft").mkdir()
+        (tmp_path / "draft" / "config.json").write_text(json.dumps(DRAFT_MODEL_CONFIG))
+        draft["model"] = str(tmp_path / "draft")
+    return {
+        "parallel_config": parallel_config,
+        "speculative_config": SpeculativeConfig(
+            method=SPECULATIVE_METHOD,
+            num_speculative_tokens=NUM_SPECULATIVE_TOKENS,
+            target_model_config=model_config,
+            target_parallel_config=parallel_config,
+            **draft,
+        ),
+    }
+
+
+def _make_scheduler(tmp_path):
+    model_config = _make_model_config(tmp_path)
+    speculation = {}
+    if SPECULATIVE_METHOD is not None:
+        speculation = _speculative_config(tmp_path, model_config)
+    vllm_config = VllmConfig(
+        model_config=model_config,
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=MAX_NUM_SEQS,
+            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+            max_model_len=MAX_MODEL_LEN,
+            long_prefill_token_threshold=LONG_PREFILL_TOKEN_THRESHOLD,
+            prefill_schedule_interval=PREFILL_SCHEDULE_INTERVAL,
+            enable_chunked_prefill=True,
+            is_encoder_decoder=False,
+            async_scheduling=ASYNC_SCHEDULING,  # False: --no-async-scheduling, one batch in flight
+        ),
+        cache_config=CacheConfig(
+            block_size=BLOCK_SIZE,
+            enable_prefix_caching=True,
+            mamba_cache_mode="align",
+            prefix_match_unit=PREFIX_MATCH_UNIT,
+            cache_dtype="auto",
+        ),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="ScriptedConnector",
+            kv_connector_module_path=__name__,  # this file
+            kv_role=KV_ROLE,
+            kv_load_failure_policy=KV_LOAD_FAILURE_POLICY,
+        ),
+        device_config=DeviceConfig(device="cpu"),
+        **speculation,
+    )
+    # As on GPU: the hybrid KV-cache manager is on (a CPU-only install turns it off).
+    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    vllm_config.cache_config.num_gpu_blocks = NUM_BLOCKS
+    # The class the engine core builds (EngineCore: get_scheduler_cls()): with
+    # async scheduling, AsyncScheduler.
+    return vllm_config.scheduler_config.get_scheduler_cls()(
+        vllm_config=vllm_config,
+        kv_cache_config=_make_kv_cache_config(),
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=SCHEDULER_BLOCK_SIZE,
+        hash_block_size=HASH_BLOCK_SIZE,
+        log_stats=False,
+    )
+
+
+def _make_request(request_id, token_ids, max_tokens, skip_reading_prefix_cache=None):
+    # skip_reading_prefix_cache=True: the request must read no cached tokens.
+    skip = {} if skip_reading_prefix_cache is None else {"skip_reading_prefix_cache": skip_reading_prefix_cache}
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=list(token_ids),
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **skip),
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256),
+    )
+
+
+def _ids(blocks):
+    return [[b.block_id for b in group] for group in blocks.blocks]
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _describe_groups():
+    return ", ".join(
+        f"group {i} {type(s).__name__} (block_size={s.block_size}, {r})" for i, (s, r) in enumerate(zip(SPECS, ROLES))
+    )

@@ -1,0 +1,229 @@
+"""The step loop of a standalone repro: schedule(), what the model runner
+returns, update_from_output(), as the engine core takes a step.
+
+Sync scheduling feeds each output back at once; async scheduling
+(ASYNC_SCHEDULING) queues it as EngineCore.step_with_batch_queue does and
+feeds it one step late. Each async load in flight is reported done, or
+failed; a producer's sends are reported done one step after they begin.
+"""
+
+from __future__ import annotations
+
+from vllm.v1.outputs import KVConnectorOutput
+from vllm.v1.request import RequestStatus
+
+from fuzz.kit._build import _describe_groups
+from fuzz.kit._contents import _contents_issue
+from fuzz.kit._outputs import model_runner_output
+from fuzz.kit._params import (
+    ASYNC_SCHEDULING,
+    FAILING_LOADS,
+    KV_ROLE,
+    NUM_BLOCKS,
+    NUM_SPECULATIVE_TOKENS,
+    SPECULATIVE_METHOD,
+    WATCH_CONTENTS,
+    WATCH_POOL,
+    WATCH_TABLES,
+    WATCH_TOKENS,
+)
+from fuzz.kit._watch import _failed_facts
+from fuzz.kit._worker import _propose_drafts, _sampled, _verified, _worker_done, _worker_sampled
+
+
+def _begin_step(scheduler, watch):
+    """A new engine step: forget the last step's connector calls and watch records."""
+    watch.step += 1
+    watch.admissions.clear()
+    if NUM_SPECULATIVE_TOKENS:
+        watch.verified = {}  # (drafts, accepted, computed before) per request
+    connector = scheduler.connector
+    for record in (connector.told, connector.answers, connector.asked_with, connector.async_answers,
+                   connector.told_blocks, connector.events, connector.metas):
+        record.clear()
+    watch.seen |= set(scheduler.requests)
+    watch.loads_in_flight = set(connector.loads_in_flight)
+    watch.stale = {}
+    if KV_ROLE == "kv_producer":
+        for rid in connector.sends_in_flight:
+            watch.send_started.setdefault(rid, watch.step)
+    watch.landed.clear()
+    if WATCH_POOL:
+        for record in (watch.fresh, watch.allocations, watch.lookups, watch.local_hits):
+            record.clear()
+
+
+def _scheduled(scheduler, watch):
+    """schedule(), and what the watch takes from it right after."""
+    out = scheduler.schedule()
+    if WATCH_TABLES:
+        watch.hold(scheduler, out)
+    watch.preempted_at.update(dict.fromkeys(out.preempted_req_ids or (), watch.step))
+    watch.async_answers_seen = dict(scheduler.connector.async_answers)
+    watch.take_admissions(scheduler, out)
+    return out
+
+
+def _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_ids, sending):
+    """update_from_output() with the model runner's output for ``fed``: what
+    it sampled, and the loads and sends the connector's worker reports."""
+    connector_output = None
+    if recving or invalid_block_ids or sending:
+        connector_output = KVConnectorOutput(
+            finished_sending=sending,
+            finished_recving=recving,
+            failed_recving=recving & set(failed_loads),
+            invalid_block_ids=set(invalid_block_ids),
+        )
+    if NUM_SPECULATIVE_TOKENS:
+        watch.verified = _verified(scheduler, fed, sampled)
+    scheduler.update_from_output(fed, model_runner_output(list(fed.num_scheduled_tokens), sampled, connector_output))
+
+
+def _step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failing_blocks=()):
+    """One engine step: schedule(), then what a model runner returns (a
+    sampled token for each request whose prefill completes, none for a
+    partial chunk; each async load in flight reported done, or failed)."""
+    if ASYNC_SCHEDULING:
+        return _queued_step(scheduler, watch, failed_loads, invalid_block_ids, failing_blocks)
+    else:
+        connector = scheduler.connector
+        _begin_step(scheduler, watch)
+        out = _scheduled(scheduler, watch)
+        sampled = _sampled(out, _worker_done(out, watch), watch.step)
+        _worker_sampled(watch, out, sampled)
+        if WATCH_CONTENTS:
+            _contents_issue(scheduler, watch, out, sampled, invalid_block_ids)
+        _abort_during_step(scheduler, watch)
+        # Every load in flight, whether or not the scheduler still lists its request.
+        recving = set(connector.loads_in_flight)
+        connector.loads_in_flight -= recving
+        if WATCH_CONTENTS:
+            for rid in recving:
+                watch.contents.land_async_load(rid, watch.step, rid in set(failed_loads))
+        sending = set()
+        if KV_ROLE == "kv_producer":
+            sending = _sends_done(scheduler, watch, watch.step)
+        if FAILING_LOADS:
+            watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
+            watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
+        watch.worker.fed(watch.step)
+        _feed(scheduler, watch, out, sampled, recving, failed_loads, invalid_block_ids, sending)
+        if SPECULATIVE_METHOD is not None:
+            _propose_drafts(scheduler, out)
+        if WATCH_TOKENS:
+            _settle_tokens(scheduler, out, watch)
+        return out
+
+
+def _queued_step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failing_blocks=()):
+    """One engine step as EngineCore.step_with_batch_queue takes it (a queue of
+    max_concurrent_batches = 2): schedule() if the scheduler has requests (or
+    nothing is queued); the output joins the queue with what the model runner
+    samples for it (decided now: a token unless it is a partial prefill
+    chunk); if the queue is not full and the step ran tokens or requests are
+    left, nothing is fed back; otherwise the oldest output is, with each async
+    load in flight that it may carry (started in that step or earlier)
+    reported done, or failed. Returns this step's SchedulerOutput (None: no
+    schedule())."""
+    connector = scheduler.connector
+    _begin_step(scheduler, watch)
+    out = None
+    if not watch.queue or scheduler.has_requests():
+        out = _scheduled(scheduler, watch)
+        for rid in connector.loads_in_flight:
+            watch.load_started.setdefault(rid, watch.step)
+        sampled = _sampled(out, _worker_done(out, watch), watch.step)
+        _worker_sampled(watch, out, sampled)
+        if WATCH_CONTENTS:  # failing_blocks: those this step's sync loads fail
+            _contents_issue(scheduler, watch, out, sampled, failing_blocks)
+        watch.queue.insert(0, (watch.step, out, sampled, dict(watch.admissions)))
+        if len(watch.queue) < 2 and (out.total_num_scheduled_tokens > 0 or scheduler.has_requests()):
+            _abort_during_step(scheduler, watch)  # nothing fed back: they come after the step
+            if WATCH_TOKENS:
+                _settle_tokens(scheduler, out, watch)
+            return out
+    index, fed, sampled, admissions = watch.queue.pop()
+    watch.worker.fed(index)
+    _abort_during_step(scheduler, watch)
+    recving = {r for r in connector.loads_in_flight if watch.load_started.get(r, 0) <= index}
+    connector.loads_in_flight -= recving
+    if WATCH_CONTENTS:
+        for rid in recving:
+            watch.contents.land_async_load(rid, index, rid in set(failed_loads))
+    for rid in recving:
+        watch.load_started.pop(rid, None)
+    sending = set()
+    if KV_ROLE == "kv_producer":
+        sending = _sends_done(scheduler, watch, index)
+    if FAILING_LOADS:
+        this_step, watch.admissions = watch.admissions, admissions  # the fed step's admissions
+        watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
+        watch.admissions = this_step
+        watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
+    _note_stale(scheduler, watch, list(fed.num_scheduled_tokens), index)
+    _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_ids, sending)
+    if WATCH_TOKENS:
+        _settle_tokens(scheduler, out, watch)
+    return out
+def _abort_during_step(scheduler, watch):
+    """Aborts that arrived while the model ran the step: the engine core
+    applies them right before update_from_output (_process_aborts_queue)."""
+    if watch.aborts:
+        scheduler.finish_requests(list(watch.aborts), RequestStatus.FINISHED_ABORTED)
+        watch.aborts.clear()
+
+
+def _note_stale(scheduler, watch, ids, index):
+    """The requests of step ``index``'s output preempted by a later
+    schedule() (their share of it is stale), with their num_tokens now."""
+    for rid in ids:
+        if watch.preempted_at.get(rid, 0) > index and rid in scheduler.requests:
+            watch.stale[rid] = (scheduler.requests[rid], scheduler.requests[rid].num_tokens)
+
+
+def _sends_done(scheduler, watch, index):
+    """A producer's sends reported done in the output of step ``index``: those
+    begun before it (the worker learns a request finished from the next
+    schedule() and reports the send in that step's output), whether or not
+    the scheduler still lists the request."""
+    connector = scheduler.connector
+    sending = {r for r in connector.sends_in_flight if watch.send_started.get(r, index + 1) <= index}
+    connector.sends_in_flight -= sending
+    for rid in sending:
+        watch.send_started.pop(rid, None)
+    return sending
+
+
+def _settle_tokens(scheduler, out, watch):
+    """After the step: the positions the worker computed for a live request,
+    below its num_computed_tokens, whose token vLLM records differently."""
+    preempted = (out.preempted_req_ids or ()) if out is not None else ()
+    watch.kv_wrong = watch.worker.settle(scheduler.requests, preempted)
+
+
+def _busy(scheduler, watch):
+    """Requests left, or reports the worker still owes (loads, sends in flight)."""
+    connector = scheduler.connector
+    return bool(scheduler.requests or connector.loads_in_flight or connector.sends_in_flight or watch.queue)
+
+
+def _drain(scheduler, watch, max_steps=400):
+    for _ in range(max_steps):
+        if not _busy(scheduler, watch):
+            return
+        _step(scheduler, watch)
+    for rid in list(scheduler.requests):  # stalled: end them
+        scheduler.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+    while _busy(scheduler, watch):
+        _step(scheduler, watch)
+
+
+def _assert_no_leaked_blocks(scheduler):
+    pool = scheduler.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == NUM_BLOCKS - 1, (
+        f"{pool.get_num_free_blocks()} free blocks after every request finished, "
+        f"expected {NUM_BLOCKS - 1} (all but the null block); groups: {_describe_groups()}"
+    )
+    held = [(b.block_id, b.ref_cnt) for b in pool.blocks if b.ref_cnt and not b.is_null]
+    assert not held, f"blocks still referenced (block_id, ref_cnt): {held}"

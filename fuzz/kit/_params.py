@@ -1,0 +1,58 @@
+"""The data a standalone repro's kit reads: module-level constants.
+
+A generated file defines each of these at its top with the failing run's
+values (:mod:`fuzz.repro_scheduler` writes them); the kit's functions read
+them as globals, so one definition serves every configuration. The values
+here are a small sync configuration, so that the kit imports and lints as a
+module of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The model's config.json (a tiny local model: no weights, no hub).
+MODEL_CONFIG: dict[str, Any] = {}
+# The KV-cache spec of each group (vLLM's *Spec objects).
+SPECS: list[Any] = []
+# Per group: must-cover, windowed, whole-state or scratch (see the writer).
+ROLES: list[str] = []
+# Per group, which block indices a request computing [s, e) reads.
+READ_RULES: list[tuple[str, int]] = []
+NUM_BLOCKS = 16
+NULL_BLOCK = 0
+BLOCK_SIZE = 4
+PREFIX_MATCH_UNIT = 4
+SCHEDULER_BLOCK_SIZE = 4
+HASH_BLOCK_SIZE = 4
+MAX_MODEL_LEN = 64
+MAX_NUM_SEQS = 4
+MAX_NUM_BATCHED_TOKENS = 64
+LONG_PREFILL_TOKEN_THRESHOLD = 0
+PREFILL_SCHEDULE_INTERVAL = 1
+# Async scheduling: an AsyncScheduler driven as the engine core's batch
+# queue drives it (each output fed back one step late).
+ASYNC_SCHEDULING = False
+# --speculative-config: None, "ngram" or "eagle"; k; the drafts accepted.
+SPECULATIVE_METHOD: str | None = None
+NUM_SPECULATIVE_TOKENS = 0
+DRAFT_ACCEPTANCE: tuple[int, ...] = (0,)
+DRAFT_MODEL_CONFIG: dict[str, Any] = {}
+KV_LOAD_FAILURE_POLICY = "recompute"
+KV_ROLE = "kv_both"
+KV_CONFIG_FIELDS: dict[str, Any] = {}
+DIVERGENT_HITS = False
+# The external store, per request (see ScriptedConnector).
+STORE: dict[str, Any] = {}
+
+# What the file records as it drives the scheduler, beyond what every claim
+# needs: the writer turns on only what the failing claim reads, and leaves
+# the rest out of the file.
+WATCH_POOL = True  # fresh blocks, counts against takes, lookups (_Watch._watch_blocks)
+WATCH_TABLES = True  # block tables and pool state right after schedule() (_Watch.hold)
+WATCH_CONTENTS = False  # what each block holds (BlockContents)
+WATCH_TOKENS = False  # the token each computed position's KV came from (WorkerRecord.settle)
+# What the run did that most runs do not: loads reported failed, and the
+# connector's own store of what finished requests computed.
+FAILING_LOADS = False
+SAVED_STORE = False

@@ -1,0 +1,285 @@
+"""What a standalone repro watches the scheduler do, beside vLLM's own objects.
+
+The watch wraps a few of the scheduler's and KV-cache manager's calls to see
+what they were handed and returned; it changes nothing they do. What it
+records beyond what every claim needs is switched by WATCH_POOL,
+WATCH_TABLES and WATCH_CONTENTS (:mod:`fuzz.kit._params`).
+"""
+
+from __future__ import annotations
+
+from fuzz.adapter._reports import WorkerRecord
+from fuzz.kit._build import _cdiv, _ids
+from fuzz.kit._contents import _make_contents
+from fuzz.kit._params import ASYNC_SCHEDULING, FAILING_LOADS, NULL_BLOCK, SPECS, WATCH_CONTENTS, WATCH_POOL
+
+
+class _Watch:
+    """What the scheduler's prefix-cache branch saw and did for each request
+    it admitted in the current step: its local lookup (and, beside it, the
+    joint hit every group agrees on and each group's own hit) and the
+    arguments of its allocate_slots call; and, for every request, which
+    blocks it holds right after schedule() (see _watch_blocks for what the
+    block pool and the single-type managers did). Nothing the scheduler does
+    changes."""
+
+    def __init__(self, scheduler):
+        self.step = 0
+        self.admissions = {}
+        self.num_tokens = {}
+        self.seen = set()  # every request seen in the scheduler
+        self.queue = []  # (step, SchedulerOutput, sampled, admissions) not fed back yet, newest first
+        self.load_started = {}  # request id -> the step whose schedule() started its async load
+        self.aborts = []  # aborts that arrive while the model runs the next step
+        self.send_started = {}  # request id -> the first step begun after its send started
+        self.worker = WorkerRecord(async_scheduling=ASYNC_SCHEDULING)  # what the model runner knows (see _worker_done)
+        self.kv_wrong = []  # this step's positions computed from a token vLLM does not record (see _settle_tokens)
+        self.contents = None  # what each block holds, where the file states it (see _make_contents)
+        self.starts = {}  # request id -> where this step's tokens start (see _worker_done)
+        self.preempted_at = {}  # request id -> the step whose schedule() last preempted it
+        self.stale = {}  # this step's fed output: preempted request id -> (request, num_tokens before)
+        sched, mgr = scheduler, scheduler.kv_cache_manager
+        lookup = type(sched)._get_local_prefix_cache_hit
+        allocate = type(mgr).allocate_slots
+        coordinator = mgr.coordinator
+
+        def local_hit(request, max_cache_hit_length=None):
+            limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
+            self._own_lookup = True  # the watch's lookups are not the scheduler's
+            joint_blocks, joint_hit, _ = type(mgr).get_computed_blocks(mgr, request, max_cache_hit_length)
+            if hasattr(coordinator, "find_longest_cache_hit_per_group"):
+                per_group = list(coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)[1])
+            else:
+                per_group = [joint_hit] * len(SPECS)
+            self._own_lookup = False
+            result = lookup(sched, request, max_cache_hit_length)
+            blocks, num_local = result[0], result[1]
+            if WATCH_POOL:
+                self.local_hits.append((request.request_id, num_local, request.num_tokens))
+            self.admissions[request.request_id] = dict(
+                local_hit=num_local, lookup=_ids(blocks), joint_hit=joint_hit, joint=_ids(joint_blocks),
+                per_group=per_group, skips=bool(getattr(request.sampling_params, "skip_reading_prefix_cache", None)),
+                diverged=bool(result[3]) if len(result) > 3 else False,
+            )
+            return result
+
+        def allocate_slots(request, num_new_tokens, *args, **kwargs):
+            adm = self.admissions.get(request.request_id)
+            if adm is not None and "alloc_external" not in adm:
+                adm["alloc_external"] = kwargs.get("num_external_computed_tokens", 0)
+            sched.connector.events.append((
+                "alloc", request.request_id, kwargs.get("num_new_computed_tokens", 0),
+                kwargs.get("num_external_computed_tokens", 0),
+            ))
+            if adm is not None and "local" not in adm:
+                blocks = kwargs.get("new_computed_blocks")
+                adm["local"] = kwargs.get("num_new_computed_tokens", 0)
+                adm["adopted"] = [[] for _ in SPECS] if blocks is None else _ids(blocks)
+            if WATCH_POOL:
+                return self._counted(allocate, mgr, request, num_new_tokens, *args, **kwargs)
+            return allocate(mgr, request, num_new_tokens, *args, **kwargs)
+
+        sched._get_local_prefix_cache_hit = local_hit
+        mgr.allocate_slots = allocate_slots
+        if WATCH_POOL:
+            self._watch_blocks(mgr)
+        # Failed loads: reported this step (request id -> facts), and failed
+        # async loads waiting to leave WAITING_FOR_REMOTE_KVS.
+        self.failed = {}
+        self.async_answers_seen = {}
+        self.failed_waiting = {}
+        self.landed = {}  # request id -> failed blocks still cached as it left
+        if FAILING_LOADS:
+            self._watch_waiting_for_remote_kvs(sched, mgr)
+        if WATCH_CONTENTS:
+            self.contents = _make_contents(scheduler)
+
+    def _watch_waiting_for_remote_kvs(self, sched, mgr):
+        """As a failed async load's request leaves WAITING_FOR_REMOTE_KVS: the
+        failed blocks still cached (landed)."""
+        waiting_done = getattr(sched, "_update_waiting_for_remote_kv", None)
+        if waiting_done is None:
+            return
+
+        def update_waiting_for_remote_kv(request):
+            result = waiting_done(request)
+            facts = self.failed_waiting.pop(request.request_id, None)
+            if facts is not None:
+                self.landed[request.request_id] = (facts, _still_cached(mgr, facts["blocks"]))
+            return result
+
+        sched._update_waiting_for_remote_kv = update_waiting_for_remote_kv
+
+    def _counted(self, allocate, mgr, request, num_new_tokens, *args, **kwargs):
+        """allocate_slots, with what it counts per group and takes from the
+        pool (_watch_blocks)."""
+        outer, self._alloc = self._alloc, dict(
+            request=request.request_id, num_new_tokens=num_new_tokens, kwargs=kwargs,
+            counted=[None] * len(SPECS), taken=[0] * len(SPECS), takers=[set() for _ in SPECS],
+        )
+        result, raised = None, True
+        try:
+            result = allocate(mgr, request, num_new_tokens, *args, **kwargs)
+            raised = False
+        finally:
+            if raised or result is not None:  # None: it refused, taking nothing
+                self.allocations.append(dict(self._alloc, raised=raised))
+            self._alloc = outer
+        return result
+
+    def _watch_blocks(self, mgr):
+        """Per step: the blocks the pool hands out (get_new_blocks, for which
+        request); per allocate_slots, what each group's
+        get_num_blocks_to_allocate counted against what the group then took
+        from the pool (new blocks, and cached blocks nobody references that
+        it touched: they leave the free queue); each prefix-cache lookup's
+        max_cache_hit_length and hit, per group where the call gives one."""
+        self.fresh = []  # (block id, request id)
+        self.allocations = []
+        self.lookups = []  # (call, max_cache_hit_length, hits)
+        self.local_hits = []  # (request id, local hit, num_tokens) per scheduler lookup
+        self.held = {}
+        self._alloc = None  # the allocate_slots call running
+        self._group = None  # (group, method) of the allocation call running
+        self._own_lookup = False
+        pool, coordinator = mgr.block_pool, mgr.coordinator
+        get_new_blocks, touch = pool.get_new_blocks, pool.touch
+
+        def take(n):
+            if n and self._alloc is not None and self._group is not None:
+                g, method = self._group
+                self._alloc["taken"][g] += n
+                self._alloc["takers"][g].add(method)
+
+        def new_blocks(num_blocks):
+            blocks = get_new_blocks(num_blocks)
+            rid = "?" if self._alloc is None else self._alloc["request"]
+            self.fresh += [(b.block_id, rid) for b in blocks]
+            take(len(blocks))
+            return blocks
+
+        def touch_blocks(blocks):
+            take(sum(1 for b in blocks if b.ref_cnt == 0 and not b.is_null))
+            return touch(blocks)
+
+        pool.get_new_blocks, pool.touch = new_blocks, touch_blocks
+        for g, manager in enumerate(coordinator.single_type_managers):
+            self._watch_group(g, manager)
+        for name in ("find_longest_cache_hit", "find_longest_cache_hit_per_group"):
+            if hasattr(coordinator, name):
+                setattr(coordinator, name, self._watched_lookup(name, getattr(coordinator, name)))
+
+    def _watch_group(self, g, manager):
+        count = manager.get_num_blocks_to_allocate
+
+        def get_num_blocks_to_allocate(*args, **kwargs):
+            n = count(*args, **kwargs)
+            if self._alloc is not None:
+                self._alloc["counted"][g] = n  # the last count is the one allocate_slots compares
+            return n
+
+        def in_group(method, call):
+            def run(*args, **kwargs):
+                outer, self._group = self._group, (g, method)
+                try:
+                    return call(*args, **kwargs)
+                finally:
+                    self._group = outer
+            return run
+
+        manager.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+        for method in ("add_local_computed_blocks", "allocate_external_computed_blocks", "allocate_new_blocks"):
+            if hasattr(manager, method):
+                setattr(manager, method, in_group(method, getattr(manager, method)))
+
+    def _watched_lookup(self, name, lookup):
+        def call(block_hashes, max_cache_hit_length, *args, **kwargs):
+            result = lookup(block_hashes, max_cache_hit_length, *args, **kwargs)
+            if not self._own_lookup:
+                hits = [result[1]] if name == "find_longest_cache_hit" else list(result[1])
+                self.lookups.append((name, max_cache_hit_length, hits))
+            return result
+        return call
+
+    def hold(self, scheduler, out):
+        """Right after schedule(): per request, its block table in every
+        group, the tokens it had computed before the step and the tokens
+        scheduled now; per block, (ref_cnt, in the free queue, cached)."""
+        managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+        self.held = {}
+        for g, manager in enumerate(managers):
+            for rid, blocks in manager.req_to_blocks.items():
+                row = self.held.setdefault(rid, dict(tables=[[] for _ in managers]))
+                row["tables"][g] = [b.block_id for b in blocks]
+        for rid, row in self.held.items():
+            request, n = scheduler.requests.get(rid), out.num_scheduled_tokens.get(rid, 0)
+            row["scheduled"] = n
+            row["computed_before"] = 0 if request is None else request.num_computed_tokens - n
+            row["num_prompt_tokens"] = 0 if request is None else request.num_prompt_tokens
+        self.blocks = {
+            b.block_id: (b.ref_cnt, b.prev_free_block is not None, b.block_hash is not None)
+            for b in scheduler.kv_cache_manager.block_pool.blocks
+        }
+
+    def take_admissions(self, scheduler, out):
+        """After schedule(): each admitted request's computed tokens, its
+        block table, the external tokens the connector was told, and the
+        connector's answer. Requests that were not admitted are dropped."""
+        computed = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            computed.setdefault(rid, cached.num_computed_tokens[i])
+        told = scheduler.connector.told
+        self.seen |= set(scheduler.requests)
+        self.num_tokens = {rid: scheduler.requests[rid].num_tokens for rid in computed}
+        for rid in list(self.admissions):
+            adm = self.admissions[rid]
+            if rid not in told or rid not in scheduler.requests or "local" not in adm:
+                del self.admissions[rid]
+                continue
+            # An async load's request waits for its KV outside the output.
+            adm["num_computed_tokens"] = computed.get(rid, scheduler.requests[rid].num_computed_tokens)
+            adm["external"] = told[rid]
+            adm["num_tokens"] = scheduler.requests[rid].num_tokens
+            adm["answer"] = scheduler.connector.answers.get(rid)
+            adm["table"] = [list(g) for g in scheduler.kv_cache_manager.get_block_ids(rid)]
+
+
+def _still_cached(manager, blocks):
+    pool = manager.block_pool
+    return [[b for b in group if pool.blocks[b].block_hash is not None] for group in blocks]
+
+
+def _finished(scheduler, rid):
+    """Finished (aborted while the model ran the step) when its load's failure
+    is reported: vLLM then leaves it as it is."""
+    request = scheduler.requests.get(rid)
+    return request is None or request.is_finished()
+
+
+def _failed_facts(scheduler, watch, failed_loads, invalid_block_ids):
+    """Per request whose load this step reports failed: how, the load's start,
+    the first failed token, the blocks the failed part was written into."""
+    facts = {}
+    for rid in failed_loads:
+        adm = watch.admissions.get(rid, {})
+        start = adm.get("local", 0)
+        table = scheduler.kv_cache_manager.get_block_ids(rid)
+        blocks = [[b for b in g[start // s.block_size:] if b != NULL_BLOCK] for g, s in zip(table, SPECS)]
+        facts[rid] = dict(how="failed_recving", start=start, first=start, blocks=blocks,
+                          request=scheduler.requests.get(rid),
+                          finished_before=_finished(scheduler, rid))
+    for rid, adm in watch.admissions.items():
+        if not invalid_block_ids or not adm.get("external") or watch.async_answers_seen.get(rid):
+            continue
+        (table,) = adm["table"]
+        start = adm["num_computed_tokens"] - adm["external"]
+        end = min(_cdiv(adm["num_computed_tokens"], SPECS[0].block_size), len(table))
+        bad = [k for k in range(start // SPECS[0].block_size, end) if table[k] in invalid_block_ids]
+        if bad:
+            facts[rid] = dict(how="invalid_block_ids", start=start, first=bad[0] * SPECS[0].block_size,
+                              blocks=[[table[k] for k in range(start // SPECS[0].block_size, end)
+                                       if table[k] != NULL_BLOCK]],
+                              request=scheduler.requests.get(rid),
+                          finished_before=_finished(scheduler, rid))
+    return facts

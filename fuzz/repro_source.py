@@ -1,0 +1,264 @@
+"""The source a standalone repro carries: the repro kit's definitions its
+program and failing claim need, specialised to the run's configuration.
+
+The kit (:mod:`fuzz.kit`) is real modules; this module reads their source
+(:func:`inspect.getsource`) and selects from it, never edits it as text:
+
+* **specialising**: an ``if`` whose test reads only the file's constants
+  (``if ASYNC_SCHEDULING:``, ``if WATCH_POOL:``) keeps the branch those
+  values take, so a sync file carries no batch queue and a file whose claim
+  reads no pool records keeps none;
+* **selecting**: from the names the test function uses, the kit
+  definitions they reach (and the ones those reach), the constants they
+  read and the imports they need; of a kit class without bases (the
+  watch, the worker's record), only the methods something calls.
+
+Definitions keep the kit's order: the constants, then the connector, the
+builders, the models, the watch, the step loop, the checks.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import importlib
+import inspect
+import sys
+from collections.abc import Iterable, Mapping
+
+from fuzz.kit import KIT_MODULES
+
+__all__ = ["KitSource", "kit_definitions", "kit_source", "specialise"]
+
+@dataclasses.dataclass(frozen=True)
+class _Def:
+    name: str
+    module: str
+    source: str
+    is_plain_class: bool  # a class without bases: its unused methods may go
+
+
+@dataclasses.dataclass(frozen=True)
+class KitSource:
+    """What a file carries of the kit: its imports, the constants its code
+    reads (names), and the code itself."""
+
+    imports: tuple[str, ...]
+    constants: frozenset[str]
+    code: str
+
+
+def _with_comments_above(lines: list[str], start: int) -> int:
+    """The first line of the comment block right above line ``start`` (0-based)."""
+    while start > 0 and lines[start - 1].lstrip().startswith("#"):
+        start -= 1
+    return start
+
+
+@functools.cache
+def _module_parts(modules: tuple[str, ...] = KIT_MODULES) -> tuple[dict[str, _Def], dict[str, tuple[str, str | None]]]:
+    """Every top-level definition of the kit's ``modules`` (name -> _Def) and
+    every name they import from outside the suite (name -> (module,
+    attribute or None)). The constants modules (``*_params``) are the
+    file's to write, not to copy."""
+    defs: dict[str, _Def] = {}
+    imports: dict[str, tuple[str, str | None]] = {}
+    for name in modules:
+        if name.endswith("_params"):
+            continue
+        source = inspect.getsource(importlib.import_module(name))
+        lines = source.splitlines()
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.ImportFrom):
+                if node.module == "__future__" or (node.module or "").startswith("fuzz"):
+                    continue
+                for alias in node.names:
+                    imports[alias.asname or alias.name] = (node.module or "", alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    imports[alias.asname or alias.name] = (alias.name, None)
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+                text = "\n".join(lines[_with_comments_above(lines, first) : node.end_lineno])
+                plain = isinstance(node, ast.ClassDef) and not node.bases
+                _add(defs, _Def(node.name, name, text, plain))
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                if node.targets[0].id.startswith("__"):
+                    continue  # __all__: the module's, not the file's
+                text = "\n".join(lines[_with_comments_above(lines, node.lineno - 1) : node.end_lineno])
+                _add(defs, _Def(node.targets[0].id, name, text, False))
+    return defs, imports
+
+
+def _add(defs: dict[str, _Def], d: _Def) -> None:
+    if d.name in defs:
+        raise ValueError(f"the kit defines {d.name} twice: in {defs[d.name].module} and {d.module}")
+    defs[d.name] = d
+
+
+def kit_definitions(modules: tuple[str, ...] = KIT_MODULES) -> dict[str, str]:
+    """Every definition the kit's ``modules`` can copy into a file: name -> module."""
+    return {name: d.module for name, d in _module_parts(modules)[0].items()}
+
+
+# ---------------------------------------------------------------------------
+# Specialising on the file's constants
+# ---------------------------------------------------------------------------
+
+_STATIC = (ast.Name, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Load, ast.cmpop, ast.boolop, ast.Not)
+
+
+def _static_value(test: ast.expr, constants: Mapping[str, object]) -> tuple[bool, bool]:
+    """(known, value) of an ``if`` test that reads only ``constants``."""
+    for node in ast.walk(test):
+        if not isinstance(node, _STATIC) or (isinstance(node, ast.Name) and node.id not in constants):
+            return False, False
+    code = compile(ast.Expression(test), "<kit>", "eval")
+    return True, bool(eval(code, {"__builtins__": {}}, dict(constants)))  # noqa: S307 - names and literals only
+
+
+def _dedent(lines: list[str], by: int) -> list[str]:
+    return [line[by:] if line[:by].strip() == "" else line for line in lines]
+
+
+def _first_static_if(tree: ast.AST, constants: Mapping[str, object]) -> tuple[ast.If, bool] | None:
+    for node in ast.walk(tree):  # breadth-first: an outer if before the ones inside it
+        if isinstance(node, ast.If):
+            known, value = _static_value(node.test, constants)
+            if known:
+                return node, value
+    return None
+
+
+def specialise(source: str, constants: Mapping[str, object]) -> str:
+    """``source`` with every ``if`` on the constants reduced to the branch
+    they take (the branch's lines moved out one level; an ``elif`` on a
+    constant is refused: the kit writes ``else: if``)."""
+    while True:
+        found = _first_static_if(ast.parse(source), constants)
+        if found is None:
+            return source
+        node, value = found
+        lines = source.splitlines()
+        indent = len(lines[node.lineno - 1]) - len(lines[node.lineno - 1].lstrip())
+        if node.orelse and isinstance(node.orelse[0], ast.If) and node.orelse[0].col_offset == node.col_offset:
+            raise ValueError(f"elif on a constant at line {node.lineno}: write else: if")
+        if value:
+            kept = lines[node.test.end_lineno : node.body[-1].end_lineno]  # type: ignore[misc]
+            by = node.body[0].col_offset - indent
+        elif node.orelse:
+            else_line = next(i for i in range(node.body[-1].end_lineno, node.orelse[0].lineno)  # type: ignore[arg-type]
+                             if lines[i].strip().startswith("else"))
+            kept = lines[else_line + 1 : node.orelse[-1].end_lineno]
+            by = node.orelse[0].col_offset - indent
+        else:
+            kept = []
+        source = "\n".join(lines[: node.lineno - 1] + _dedent(kept, by if kept else 0) + lines[node.end_lineno :])
+
+
+# ---------------------------------------------------------------------------
+# Selecting what the file needs
+# ---------------------------------------------------------------------------
+
+
+def _names(source: str) -> set[str]:
+    return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+
+
+def _attributes(source: str) -> set[str]:
+    return {n.attr for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Attribute)}
+
+
+def _without_methods(source: str, keep: set[str]) -> str:
+    """A plain class's source without the methods not in ``keep`` (dunders stay)."""
+    cls = ast.parse(source).body[0]
+    assert isinstance(cls, ast.ClassDef)
+    lines = source.splitlines()
+    drop = [
+        m for m in cls.body
+        if isinstance(m, ast.FunctionDef) and m.name not in keep and not m.name.startswith("__")
+    ]
+    for m in reversed(drop):
+        first = min([m.lineno] + [d.lineno for d in m.decorator_list]) - 1
+        first = _with_comments_above(lines, first)
+        if first > 0 and not lines[first - 1].strip():
+            first -= 1  # the blank line before it
+        del lines[first : m.end_lineno]
+    return "\n".join(lines)
+
+
+def kit_source(
+    roots: Iterable[str],
+    constants: Mapping[str, object],
+    *,
+    constant_names: Iterable[str] = (),
+    extra: str = "",
+    more_imports: Mapping[str, tuple[str, str | None]] | None = None,
+    modules: tuple[str, ...] = KIT_MODULES,
+) -> KitSource:
+    """The kit code reached from ``roots`` (names a file's own code uses;
+    ``extra``: more of that code, whose names count as roots too),
+    specialised to ``constants`` (the file's constants whose values an
+    ``if`` may read; ``constant_names``: the others it defines): its
+    imports (the kit's, and ``more_imports`` for names the file's own code
+    uses), the constants it reads, and the definitions in kit order."""
+    defs, kit_imports = _module_parts(modules)
+    imports = {**kit_imports, **(more_imports or {})}
+    names_of_constants = set(constants) | set(constant_names)
+    roots = set(roots) | (_names(extra) if extra else set())
+    sources = {name: specialise(d.source, constants) for name, d in defs.items()}
+    kept_methods: dict[str, set[str] | None] = {name: None for name, d in defs.items() if d.is_plain_class}
+    while True:
+        selected: set[str] = set()
+        todo = [n for n in roots if n in defs]
+        while todo:
+            name = todo.pop()
+            if name in selected:
+                continue
+            selected.add(name)
+            todo += [n for n in _names(sources[name]) if n in defs and n not in selected]
+        attrs = _attributes(extra) if extra else set()
+        for name in selected:
+            attrs |= _attributes(sources[name])
+        changed = False
+        for name in selected & set(kept_methods):
+            if kept_methods[name] != attrs:
+                kept_methods[name] = attrs
+                pruned = _without_methods(specialise(defs[name].source, constants), attrs)
+                changed |= pruned != sources[name]
+                sources[name] = pruned
+        if not changed:
+            break
+    used: set[str] = set(roots)
+    for name in selected:
+        used |= _names(sources[name])
+    ordered = [name for name in defs if name in selected]  # definition order, module by module
+    return KitSource(
+        imports=_render_imports({n: imports[n] for n in used if n in imports and n not in defs}),
+        constants=frozenset(n for n in used if n in names_of_constants and n not in defs),
+        code="\n\n\n".join(sources[name] for name in ordered),
+    )
+
+
+def _render_imports(names: Mapping[str, tuple[str, str | None]]) -> tuple[str, ...]:
+    """``import x`` lines then ``from m import (...)`` blocks: standard library first, then the rest."""
+    plain = sorted({m for m, attr in names.values() if attr is None})
+    froms: dict[str, list[str]] = {}
+    for name, (module, attr) in names.items():
+        if attr is not None:
+            froms.setdefault(module, []).append(attr if attr == name else f"{attr} as {name}")
+
+    def stdlib(module: str) -> bool:
+        return module.split(".")[0] in sys.stdlib_module_names
+
+    out: list[str] = []
+    for group in (True, False):
+        block = [f"import {m}" for m in plain if stdlib(m) == group]
+        for module in sorted(m for m in froms if stdlib(m) == group):
+            attrs = sorted(froms[module])
+            one = f"from {module} import {', '.join(attrs)}"
+            block.append(one if len(one) <= 100 else f"from {module} import (\n" + "".join(f"    {a},\n" for a in attrs) + ")")
+        if block:
+            out += [*block, ""]
+    return tuple(out[:-1])

@@ -1,0 +1,290 @@
+"""The standalone repro kit (:mod:`fuzz.kit`) is code: it imports only what a
+file in vLLM's test tree may import, lints clean, and the writer copies it
+out by selection and specialisation, never by editing text.
+
+The repros themselves (fail planted, pass unplanted) are
+tests/findings/test_scheduler_repro.py's.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+
+from fuzz.kit import COPIED_MODULES, KIT_MODULES, TRUNCATION_KIT_MODULES
+from fuzz.repro_scheduler import _CHECK_OF, _constants, scheduler_repro
+from fuzz.repro_source import kit_definitions, kit_source, specialise
+from fuzz.targets.target_scheduler import UNSUPPORTED
+
+ROOT = Path(__file__).resolve().parents[2]
+# What a file in vLLM's test tree may import.
+THIRD_PARTY = {"vllm", "pytest", "torch"}
+
+
+def _imported_modules(source: str) -> set[str]:
+    out = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            out.add(node.module or "")
+    return out
+
+
+@pytest.mark.parametrize("name", KIT_MODULES + TRUNCATION_KIT_MODULES)
+def test_the_kit_imports_only_vllm_pytest_and_the_standard_library(name: str) -> None:
+    source = inspect.getsource(importlib.import_module(name))
+    for module in _imported_modules(source):
+        top = module.split(".")[0]
+        allowed = (
+            module == "__future__"
+            or top in sys.stdlib_module_names
+            or top in THIRD_PARTY
+            or module.startswith("fuzz.kit.")
+            or module in COPIED_MODULES
+        )
+        assert allowed, f"{name} imports {module}: a repro file may import vLLM, pytest and the standard library only"
+
+
+def _ruff(*paths: Path) -> subprocess.CompletedProcess[str]:
+    if importlib.util.find_spec("ruff") is None:
+        pytest.skip("ruff is not installed (pip install ruff)")
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "--select", "F,E9", "--line-length", "120",
+         *map(str, paths)],
+        capture_output=True, text=True, cwd=ROOT, check=False,
+    )
+
+
+def test_the_kit_lints_clean() -> None:
+    modules = [ROOT / (m.replace(".", "/") + ".py") for m in KIT_MODULES + TRUNCATION_KIT_MODULES]
+    writers = [ROOT / "fuzz" / name for name in ("repro_source.py", "repro_scheduler.py", "repro.py")]
+    result = _ruff(*modules, *writers)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_check_a_file_states_is_a_kit_definition() -> None:
+    kit_definitions(TRUNCATION_KIT_MODULES)  # raises if a name is defined twice
+    definitions = kit_definitions()
+    missing = {inv: check for inv, check in _CHECK_OF.items() if check is not None and check not in definitions}
+    assert not missing, missing
+
+
+# --- specialising ------------------------------------------------------------
+
+_SOURCE = '''def f(x):
+    if ASYNC:
+        # queued
+        return g(x)
+    else:
+        y = x
+        if POOL:
+            y += 1
+        return y
+'''
+
+
+def test_an_if_on_the_constants_keeps_the_branch_they_take() -> None:
+    assert specialise(_SOURCE, {"ASYNC": True, "POOL": True}) == "def f(x):\n    # queued\n    return g(x)"
+    assert specialise(_SOURCE, {"ASYNC": False, "POOL": False}) == "def f(x):\n    y = x\n    return y"
+    assert specialise(_SOURCE, {"ASYNC": False, "POOL": True}) == "def f(x):\n    y = x\n    y += 1\n    return y"
+
+
+def test_an_if_on_anything_else_stays() -> None:
+    source = "def f(x):\n    if x and ASYNC:\n        return 1\n    return 2"
+    assert specialise(source, {"ASYNC": True}) == source
+    assert specialise(_SOURCE, {}) == _SOURCE
+
+
+def test_an_elif_on_a_constant_is_refused() -> None:
+    with pytest.raises(ValueError, match="elif"):
+        specialise("def f():\n    if A:\n        return 1\n    elif B:\n        return 2\n", {"A": False, "B": True})
+
+
+def test_selection_keeps_what_the_roots_reach_and_the_methods_called() -> None:
+    sync = kit_source({"_step", "_Watch"}, {"ASYNC_SCHEDULING": False, "WATCH_POOL": False, "WATCH_TABLES": False})
+    assert "def _step(" in sync.code and "_queued_step" not in sync.code
+    assert "def _watch_blocks" not in sync.code and "def hold(" not in sync.code
+    assert "WATCH_POOL" not in sync.constants  # every if on it is gone
+    queued = kit_source({"_step", "_Watch"}, {"ASYNC_SCHEDULING": True, "WATCH_POOL": True, "WATCH_TABLES": True})
+    assert "def _queued_step(" in queued.code and "def _watch_blocks" in queued.code and "def hold(" in queued.code
+
+
+# --- the files --------------------------------------------------------------
+
+
+def _tiny_log(**draw):  # type: ignore[no-untyped-def]
+    from fuzz.adapter import SchedulerHarness
+    from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+
+    harness = SchedulerHarness(SchedulerDraw(LayoutDraw((SpecDraw("FullAttentionSpec", 4),), 4, 16), **draw))
+    harness.add_request(range(8), reply=ExternalReply("store", store_len=4))
+    harness.step()
+    harness.step()
+    return harness.oplog
+
+
+def test_the_writer_knows_every_constant_the_kit_reads() -> None:
+    from fuzz.kit import _params
+
+    names = {n for n in vars(_params) if n.isupper()}
+    log = _tiny_log()
+    assert set(_constants(log, "computed-adds-up", list(log.requests))) == names
+
+
+@pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("invariant", ["computed-adds-up", "same-step-hazard", "reads-written", "kv-matches-tokens"])
+def test_a_written_file_lints_clean(invariant: str, async_scheduling: bool, tmp_path: Path) -> None:
+    source = scheduler_repro(_tiny_log(async_scheduling=async_scheduling), invariant=invariant, target="t", seed=0,
+                             violation="")
+    assert source is not None
+    path = tmp_path / "test_repro.py"
+    path.write_text(source)
+    result = _ruff(path)
+    assert result.returncode == 0, result.stdout + result.stderr + source
+    assert ("def _queued_step(" in source) == async_scheduling
+    assert ("class BlockContents" in source) == (invariant == "reads-written")
+    assert ("def _watch_blocks" in source) == (invariant == "same-step-hazard")
+
+
+# --- the failing run's log --------------------------------------------------
+
+
+@pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
+def test_the_failing_run_s_log_travels_with_the_violation() -> None:
+    """The writer reads the failing run's operation log from the violation
+    itself: a later run in the same process changes nothing."""
+    from fuzz.adapter import SchedulerHarness, planted_scheduler_bug
+    from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+    from fuzz.repro_scheduler import scheduler_repro_of_failure
+    from fuzz.runners.scheduler import ALL_CHECKS, Stepper
+
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4)), hash_block_size=1, num_blocks=19)
+    draw = SchedulerDraw(layout, max_num_batched_tokens=4, max_num_seqs=1, model_runner="v2")
+    with planted_scheduler_bug("pre_fix_assert_all"):
+        harness = SchedulerHarness(draw)
+        run = Stepper(harness, ALL_CHECKS)
+        harness.add_request(range(0, 42, 7), reply=ExternalReply("store", store_len=6))
+        run.step()
+        harness.add_request(range(0, 70, 7), reply=ExternalReply("store", store_len=10))
+        with pytest.raises(InvariantViolation) as caught:
+            run.step()
+        SchedulerHarness(draw).add_request(range(3), reply=ExternalReply())  # another run, after it
+        failure = caught.value
+        source = scheduler_repro_of_failure(target="t", seed=0, invariant=failure.invariant, violation=str(failure),
+                                            failure=failure)
+    assert failure.oplog is harness.oplog
+    assert source is not None and "PROMPT_R0 = " in source, source
+    assert scheduler_repro_of_failure(target="t", seed=0, invariant=failure.invariant, violation="",
+                                      failure=InvariantViolation(failure.invariant, "no log")) is None
+
+
+# --- one claim, two statements ------------------------------------------------
+# The suite's invariant (invariants/*.py, on the harness's observations) and
+# the kit's check (fuzz/kit/_checks.py, on vLLM's own objects in the file)
+# state one claim twice. On the same recorded runs they must agree: both
+# break with the planted bug, neither without it.
+
+
+def _planted_runs():  # type: ignore[no-untyped-def]
+    """(planted bug, the suite's check, its invariant, a run returning the
+    failing log under the plant): the fixed runs of tests/invariants/test_scheduler_planted.py."""
+    from tests.invariants.test_scheduler_planted import FIXED_CASES, SPEC_DECODE_CASES, speculating_harness
+
+    def stepped(run):  # type: ignore[no-untyped-def]
+        def log(check):  # type: ignore[no-untyped-def]
+            from fuzz.model import InvariantViolation
+
+            with pytest.raises(InvariantViolation) as caught:
+                run((check,))
+            return caught.value.oplog
+
+        return log
+
+    def speculating(check):  # type: ignore[no-untyped-def]
+        harness = speculating_harness(False)
+        harness.drain(context="speculating")
+        return harness.oplog
+
+    cases = [(bug, check, invariant, stepped(run)) for check, invariant, bug, run, _ in FIXED_CASES]
+    cases += [(bug, check, invariant, speculating) for check, invariant, bug in SPEC_DECODE_CASES]
+    return cases
+
+
+def _run_file(path: Path, bug: str | None, tmp_path: Path) -> BaseException | None:
+    """Run the written file's test under its own module name (its connector
+    is loaded by that name), with ``bug`` planted: the failure, or None."""
+    from fuzz.adapter import planted_scheduler_bug
+
+    name = f"kvtrunc_kit_{path.stem}_{bug or 'unplanted'}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    run_dir = tmp_path / (bug or "unplanted")
+    run_dir.mkdir()
+    try:
+        spec.loader.exec_module(module)
+        (test,) = [getattr(module, n) for n in dir(module) if n.startswith("test_")]
+        with pytest.MonkeyPatch.context() as mp, planted_scheduler_bug(bug) if bug else contextlib.nullcontext():
+            test(run_dir, mp)
+    except AssertionError as exc:
+        return exc
+    finally:
+        del sys.modules[name]
+    return None
+
+
+@pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
+@pytest.mark.parametrize(
+    "invariant", ["stale-output-dropped", "running-request-progresses", "rejected-drafts-rolled-back", "kv-matches-tokens"]
+)
+def test_the_suite_s_invariant_and_the_kit_s_check_agree_on_recorded_runs(invariant: str, tmp_path: Path) -> None:
+    from fuzz.adapter import planted_scheduler_bug
+    from fuzz.repro_scheduler import _replay_checked, shrink_oplog
+
+    (bug, check, _, failing_log), *_ = [c for c in _planted_runs() if c[2] == invariant]
+    with planted_scheduler_bug(bug):
+        log = shrink_oplog(failing_log(check), invariant, checks=(check,))
+        suite_planted = _replay_checked(log, invariant, (check,))
+    suite_unplanted = _replay_checked(log, invariant, (check,))
+    source = scheduler_repro(log, invariant=invariant, target="t", seed=0, violation="")
+    assert source is not None
+    path = tmp_path / f"test_kit_{invariant.replace('-', '_')}.py"
+    path.write_text(source)
+    kit_planted, kit_unplanted = _run_file(path, bug, tmp_path), _run_file(path, None, tmp_path)
+    kit_check = _CHECK_OF[invariant]
+    assert suite_planted is not None, f"{bug}: the suite's {invariant} does not break on the recorded run"
+    assert kit_planted is not None and any(
+        frame.name == kit_check for frame in traceback.extract_tb(kit_planted.__traceback__)
+    ), f"{bug}: the kit's {kit_check} does not break on the recorded run: {kit_planted!r}"
+    assert suite_unplanted is None, f"{invariant} breaks on the recorded run without {bug}"
+    assert kit_unplanted is None, f"{kit_check} breaks on the recorded run without {bug}: {kit_unplanted}"
+
+
+def test_a_written_truncation_file_lints_clean(tmp_path: Path) -> None:
+    from fuzz import adapter
+    from fuzz.model import TruncationObservation
+    from fuzz.repro import truncation_repro
+    from fuzz.targets.target_truncate import SEED_PR_51468
+
+    obs = TruncationObservation(
+        endpoint=0, groups=(), error=None, tuple_obj_id_before=0, tuple_obj_id_after=0,
+        free_blocks_before=0, free_blocks_after=0, vllm_version=adapter.VLLM_VERSION,
+    )
+    source = truncation_repro(SEED_PR_51468, obs, target="t", seed=0, invariant="must-cover", violation="")
+    path = tmp_path / "test_truncation_repro.py"
+    path.write_text(source)
+    result = _ruff(path)
+    assert result.returncode == 0, result.stdout + result.stderr + source
+    assert "def _lookup(" in source and "_per_group_hit" in source
