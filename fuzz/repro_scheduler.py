@@ -582,6 +582,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         "WATCH_TABLES": (invariant in _WATCH_TABLES, []),
         "WATCH_CONTENTS": (invariant in _KEEPS_CONTENTS, []),
         "WATCH_TOKENS": (invariant == "kv-matches-tokens", []),
+        "WATCH_UNWRITTEN": (invariant in _CONTENTS, []),
         "WATCH_NAMESPACES": (invariant == "hits-within-namespace", []),
         "WATCH_LOOKAHEAD": (invariant == "lookahead-allocated", []),
         "WATCH_EVENTS": (invariant == "events-replay-index", []),

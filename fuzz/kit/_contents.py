@@ -11,7 +11,7 @@ from vllm.v1.core.kv_cache_utils import get_group_id
 
 from fuzz.adapter._contents import BlockContents, entries_of
 from fuzz.adapter._reports import computed_before
-from fuzz.kit._params import READ_RULES, ROLES, WATCH_LOOKAHEAD, WATCH_NAMESPACES
+from fuzz.kit._params import READ_RULES, ROLES, WATCH_LOOKAHEAD, WATCH_NAMESPACES, WATCH_UNWRITTEN
 
 
 def _make_contents(scheduler):
@@ -71,15 +71,16 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
             if adm.get("adopted") is not None
             for hit in contents.foreign_blocks(rid, adm["adopted"])
         ]
-    watch.unwritten_reads = [
-        (rid, *missing)
-        for rid, start in watch.starts.items()
-        for missing in contents.unread(
-            rid, start, watch.worker.prompt.get(rid, 0), READ_RULES, tokens.get(rid, []), failing
-        )
-    ]
-    cached = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
-    watch.unbacked = contents.unbacked_entries(entries_of(cached, get_group_id))
+    if WATCH_UNWRITTEN:
+        watch.unwritten_reads = [
+            (rid, *missing)
+            for rid, start in watch.starts.items()
+            for missing in contents.unread(
+                rid, start, watch.worker.prompt.get(rid, 0), READ_RULES, tokens.get(rid, []), failing
+            )
+        ]
+        cached = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
+        watch.unbacked = contents.unbacked_entries(entries_of(cached, get_group_id))
 
 
 def _short_tables(scheduler, out, sampled, contents):

@@ -55,6 +55,7 @@ WATCH_POOL = True  # fresh blocks, counts against takes, lookups (_Watch._watch_
 WATCH_TABLES = True  # block tables and pool state right after schedule() (_Watch.hold)
 WATCH_CONTENTS = False  # what each block holds (BlockContents)
 WATCH_TOKENS = False  # the token each computed position's KV came from (WorkerRecord.settle)
+WATCH_UNWRITTEN = True  # reads a step's blocks lack, index entries ahead of them (needs WATCH_CONTENTS)
 WATCH_NAMESPACES = False  # each adopted block's last writer's cache salt (needs WATCH_CONTENTS)
 WATCH_LOOKAHEAD = False  # the tables handed to the runner against the drafter's lookahead (needs WATCH_CONTENTS)
 WATCH_EVENTS = False  # the published KV events replayed against the index (EventLog)
