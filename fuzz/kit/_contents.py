@@ -31,10 +31,10 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
     worker fails; an async one when it is reported landed; a divergent
     hybrid hit's lagging group is filled from the blocks it adopted). Then
     the positions each request computes (its drafts only as far as they
-    were accepted); then what each reads below where it starts that its
-    blocks do not hold, and the prefix-cache entries ahead of their blocks'
-    contents (and, where the file states them, the blocks adopted across
-    cache salts and the tables short of the drafter's lookahead)."""
+    were accepted). Then, as far as the claim needs them: the tables short
+    of the drafter's lookahead; the blocks adopted across cache salts; what
+    each request reads below where it starts that its blocks do not hold,
+    and the prefix-cache entries ahead of their blocks' contents."""
     contents, tokens = watch.contents, watch.worker.tokens
     if WATCH_NAMESPACES:  # each request's namespace: its cache salt ("" for none)
         for rid, request in scheduler.requests.items():
