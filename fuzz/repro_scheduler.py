@@ -89,12 +89,19 @@ _CHECK_OF = {
     "kv-matches-tokens": "_check_kv_matches_tokens",
     "reads-written": "_check_reads_written",
     "index-written": "_check_index_written",
+    # What the prefix cache promises (invariants/promises.py).
+    "hits-within-namespace": "_check_hits_within_namespace",
+    "events-replay-index": "_check_events_replay_index",
+    "lookahead-allocated": "_check_lookahead_allocated",
 }
 WRITABLE = frozenset(_CHECK_OF)
 
 # The invariants stated on the model of block contents (the file carries
 # fuzz/adapter/_contents.py and keeps it as it drives the scheduler).
 _CONTENTS = frozenset({"reads-written", "index-written"})
+# ... and those stated on what the model keeps beside: each block's last
+# writer's cache salt, the block tables handed to the runner.
+_KEEPS_CONTENTS = _CONTENTS | {"hits-within-namespace", "lookahead-allocated"}
 
 # The invariants whose checks need READ_RULES (which blocks a step reads).
 _READS = frozenset({"read-blocks-held", "same-step-hazard"}) | _CONTENTS
@@ -289,7 +296,7 @@ def _program(log: OpLog, broken: int, invariant: str) -> list[str]:
     failing_at = {
         op.fed_step: set(op.fed.invalid_block_ids)
         for op in log.steps
-        if invariant in _CONTENTS and op.fed is not None and op.fed.invalid_block_ids and op.fed_step is not None
+        if invariant in _KEEPS_CONTENTS and op.fed is not None and op.fed.invalid_block_ids and op.fed_step is not None
     }
 
     def flush() -> None:
@@ -325,9 +332,10 @@ def _program(log: OpLog, broken: int, invariant: str) -> list[str]:
         flush()
         if isinstance(op, AddRequest):
             skip = ", skip_reading_prefix_cache=True" if op.skip_reading_prefix_cache else ""
+            salt = f", cache_salt={op.cache_salt!r}" if op.cache_salt else ""
             lines.append(
                 f'    scheduler.add_request(_make_request("{op.request_id}", {_const(op.request_id)}, '
-                f"max_tokens={op.max_tokens}{skip}))"
+                f"max_tokens={op.max_tokens}{skip}{salt}))"
             )
         elif isinstance(op, Abort) and op.during_step:
             lines.append(f'    watch.aborts.append("{op.request_id}")  # arrives while the model runs the next step')
@@ -556,6 +564,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
             "# The connector's supports_divergent_local_hybrid_hits.",
             f"DIVERGENT_HITS = {draw.divergent_hits!r}",
         ]),
+        "KV_EVENTS": (draw.kv_events, [f"KV_EVENTS = {draw.kv_events!r}"]),
         "STORE": (None, [
             "",
             "# The external store, per request: (kind, tokens held, first answers",
@@ -571,8 +580,12 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         # if-branches on them are kept or dropped as the file is written).
         "WATCH_POOL": (invariant in _WATCH_POOL, []),
         "WATCH_TABLES": (invariant in _WATCH_TABLES, []),
-        "WATCH_CONTENTS": (invariant in _CONTENTS, []),
+        "WATCH_CONTENTS": (invariant in _KEEPS_CONTENTS, []),
         "WATCH_TOKENS": (invariant == "kv-matches-tokens", []),
+        "WATCH_UNWRITTEN": (invariant in _CONTENTS, []),
+        "WATCH_NAMESPACES": (invariant == "hits-within-namespace", []),
+        "WATCH_LOOKAHEAD": (invariant == "lookahead-allocated", []),
+        "WATCH_EVENTS": (invariant == "events-replay-index", []),
         "FAILING_LOADS": (any(op.fed is not None and (op.fed.failed_recving or op.fed.invalid_block_ids)
                               for op in log.until_step(_broken_step(log)).steps), []),
         "SAVED_STORE": (any(r.reply is not None and r.reply.kind == "saved" for r in requests), []),

@@ -132,9 +132,9 @@ INVARIANTS: tuple[Invariant, ...] = (
     _s("reads-written", sched.check_reads_written, "partial_hit_shares_its_block"),
     _s("index-written", sched.check_index_written, "caches_async_load_early"),
     # What the cache promises (invariants/promises.py).
-    _s("lookahead-allocated", prom.check_lookahead_allocated, "lookahead_not_allocated", repro=False),
-    _s("hits-within-namespace", prom.check_hits_within_namespace, "cache_salt_not_hashed", repro=False),
-    _s("events-replay-index", prom.check_events_replay_index, "eviction_announces_nothing", repro=False),
+    _s("lookahead-allocated", prom.check_lookahead_allocated, "lookahead_not_allocated"),
+    _s("hits-within-namespace", prom.check_hits_within_namespace, "cache_salt_not_hashed"),
+    _s("events-replay-index", prom.check_events_replay_index, "eviction_announces_nothing"),
 )
 
 

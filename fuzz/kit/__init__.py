@@ -17,6 +17,7 @@ and no Python lives in string templates:
 * :mod:`fuzz.kit._worker`: what the model runner knows and samples;
 * :mod:`fuzz.kit._outputs`: the ModelRunnerOutput it returns (the harness's too);
 * :mod:`fuzz.kit._contents`: what each block holds (the suite's model);
+* ``fuzz.adapter._events``: the KV events a router replays (the suite's own);
 * :mod:`fuzz.kit._checks`: the claims a file can state;
 * :mod:`fuzz.kit._truncation` (constants in ``_truncation_params``): the
   repro of a ``truncate_computed_blocks`` failure, at the manager level.
@@ -40,6 +41,7 @@ KIT_MODULES = (
     "fuzz.kit._build",
     "fuzz.adapter._reports",
     "fuzz.adapter._contents",
+    "fuzz.adapter._events",
     "fuzz.kit._contents",
     "fuzz.kit._watch",
     "fuzz.kit._worker",
@@ -50,4 +52,4 @@ KIT_MODULES = (
 # A truncation repro's (fuzz.repro): its constants, and the manager-level test.
 TRUNCATION_KIT_MODULES = ("fuzz.kit._truncation_params", "fuzz.kit._truncation")
 # The suite's own modules a file carries as they are (standard library only).
-COPIED_MODULES = ("fuzz.adapter._reports", "fuzz.adapter._contents")
+COPIED_MODULES = ("fuzz.adapter._reports", "fuzz.adapter._contents", "fuzz.adapter._events")

@@ -12,6 +12,7 @@ import json
 from vllm.config import (
     CacheConfig,
     DeviceConfig,
+    KVEventsConfig,
     KVTransferConfig,
     ModelConfig,
     ParallelConfig,
@@ -32,6 +33,7 @@ from fuzz.kit._params import (
     DRAFT_MODEL_CONFIG,
     HASH_BLOCK_SIZE,
     KV_CONFIG_FIELDS,
+    KV_EVENTS,
     KV_LOAD_FAILURE_POLICY,
     KV_ROLE,
     LONG_PREFILL_TOKEN_THRESHOLD,
@@ -129,6 +131,10 @@ def _make_scheduler(tmp_path):
     # As on GPU: the hybrid KV-cache manager is on (a CPU-only install turns it off).
     vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
     vllm_config.cache_config.num_gpu_blocks = NUM_BLOCKS
+    if KV_EVENTS:
+        # --kv-events-config: the block pool queues KV events and
+        # update_from_output() hands each step's batch to the publisher.
+        vllm_config.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
     # The class the engine core builds (EngineCore: get_scheduler_cls()): with
     # async scheduling, AsyncScheduler.
     return vllm_config.scheduler_config.get_scheduler_cls()(
@@ -141,8 +147,9 @@ def _make_scheduler(tmp_path):
     )
 
 
-def _make_request(request_id, token_ids, max_tokens, skip_reading_prefix_cache=None):
+def _make_request(request_id, token_ids, max_tokens, skip_reading_prefix_cache=None, cache_salt=None):
     # skip_reading_prefix_cache=True: the request must read no cached tokens.
+    # cache_salt: its tenant's; vLLM folds it into the first block's hash.
     skip = {} if skip_reading_prefix_cache is None else {"skip_reading_prefix_cache": skip_reading_prefix_cache}
     return Request(
         request_id=request_id,
@@ -150,6 +157,7 @@ def _make_request(request_id, token_ids, max_tokens, skip_reading_prefix_cache=N
         sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **skip),
         pooling_params=None,
         block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256),
+        cache_salt=cache_salt,
     )
 
 

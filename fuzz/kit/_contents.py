@@ -10,7 +10,8 @@ from __future__ import annotations
 from vllm.v1.core.kv_cache_utils import get_group_id
 
 from fuzz.adapter._contents import BlockContents, entries_of
-from fuzz.kit._params import READ_RULES, ROLES
+from fuzz.adapter._reports import computed_before
+from fuzz.kit._params import READ_RULES, ROLES, WATCH_LOOKAHEAD, WATCH_NAMESPACES, WATCH_UNWRITTEN
 
 
 def _make_contents(scheduler):
@@ -30,12 +31,18 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
     worker fails; an async one when it is reported landed; a divergent
     hybrid hit's lagging group is filled from the blocks it adopted). Then
     the positions each request computes (its drafts only as far as they
-    were accepted); then what each reads below where it starts that its
-    blocks do not hold, and the prefix-cache entries ahead of their blocks'
-    contents."""
+    were accepted). Then, as far as the claim needs them: the tables short
+    of the drafter's lookahead; the blocks adopted across cache salts; what
+    each request reads below where it starts that its blocks do not hold,
+    and the prefix-cache entries ahead of their blocks' contents."""
     contents, tokens = watch.contents, watch.worker.tokens
+    if WATCH_NAMESPACES:  # each request's namespace: its cache salt ("" for none)
+        for rid, request in scheduler.requests.items():
+            contents.namespaces.setdefault(rid, request.cache_salt or "")
     contents.forget(out.finished_req_ids or ())
     contents.take_tables(out)
+    if WATCH_LOOKAHEAD:
+        watch.short_tables = _short_tables(scheduler, out, sampled, contents)
     for rid, adm in watch.admissions.items():
         if not adm.get("external"):
             continue
@@ -47,7 +54,7 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
         if rid in scheduler.connector.loads_in_flight:
             contents.start_async_load(rid, blocks, starts, end, tokens.get(rid, []))
         else:
-            contents.load(blocks, starts, end, watch.step, tokens.get(rid, []), failed=set(failing))
+            contents.load(blocks, starts, end, watch.step, tokens.get(rid, []), failed=set(failing), request_id=rid)
     for rid, new in zip(out.num_scheduled_tokens, sampled):
         if rid not in watch.starts:
             continue
@@ -57,12 +64,45 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
         known = tokens.get(rid, [])[: len(tokens.get(rid, [])) - len(new)]
         contents.write(rid, watch.starts[rid], end, watch.step, known)
     contents.settle_copies(watch.step)
-    watch.unwritten_reads = [
-        (rid, *missing)
-        for rid, start in watch.starts.items()
-        for missing in contents.unread(
-            rid, start, watch.worker.prompt.get(rid, 0), READ_RULES, tokens.get(rid, []), failing
-        )
-    ]
-    cached = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
-    watch.unbacked = contents.unbacked_entries(entries_of(cached, get_group_id))
+    if WATCH_NAMESPACES:  # after the step's loads and forward pass: a block filled in it may be adopted in it
+        watch.foreign = [
+            (rid, contents.namespaces.get(rid, ""), *hit)
+            for rid, adm in watch.admissions.items()
+            if adm.get("adopted") is not None
+            for hit in contents.foreign_blocks(rid, adm["adopted"])
+        ]
+    if WATCH_UNWRITTEN:
+        watch.unwritten_reads = [
+            (rid, *missing)
+            for rid, start in watch.starts.items()
+            for missing in contents.unread(
+                rid, start, watch.worker.prompt.get(rid, 0), READ_RULES, tokens.get(rid, []), failing
+            )
+        ]
+        cached = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
+        watch.unbacked = contents.unbacked_entries(entries_of(cached, get_group_id))
+
+
+def _short_tables(scheduler, out, sampled, contents):
+    """A drafter with its own forward pass (EAGLE) writes KV
+    num_lookahead_tokens positions past each step it drafts from: per
+    request whose step reaches its end (the worker samples for it), each
+    per-position group's table handed to the runner that covers fewer than
+    min(num_computed_tokens + scheduled + lookahead, max_model_len)
+    positions, as (request, group, num_computed_tokens, scheduled, needed,
+    covered). A step that skips drafting (V2 runner: skip_drafts) writes none."""
+    lookahead = scheduler.num_lookahead_tokens
+    if not lookahead or getattr(out, "skip_drafts", False):
+        return []
+    before = computed_before(out)
+    short = []
+    for rid, new in zip(out.num_scheduled_tokens, sampled):
+        tables = contents.tables.get(rid)
+        if not new or rid not in before or tables is None:
+            continue
+        n = out.num_scheduled_tokens[rid]
+        needed = min(before[rid] + n + lookahead, scheduler.max_model_len)
+        for g, (table, size, recorded) in enumerate(zip(tables, contents.block_sizes, contents.per_position)):
+            if recorded and len(table) * size < needed:
+                short.append((rid, g, before[rid], n, needed, len(table) * size))
+    return short

@@ -23,11 +23,14 @@ from fuzz.kit._params import (
     NUM_SPECULATIVE_TOKENS,
     SPECULATIVE_METHOD,
     WATCH_CONTENTS,
+    WATCH_EVENTS,
+    WATCH_LOOKAHEAD,
+    WATCH_NAMESPACES,
     WATCH_POOL,
     WATCH_TABLES,
     WATCH_TOKENS,
 )
-from fuzz.kit._watch import _failed_facts
+from fuzz.kit._watch import _event_gaps, _failed_facts
 from fuzz.kit._worker import _propose_drafts, _sampled, _verified, _worker_done, _worker_sampled
 
 
@@ -51,6 +54,12 @@ def _begin_step(scheduler, watch):
     if WATCH_POOL:
         for record in (watch.fresh, watch.allocations, watch.lookups, watch.local_hits):
             record.clear()
+    if WATCH_NAMESPACES:
+        watch.foreign = []  # (request, its salt, group, block, its last writer's salt) adopted this step
+    if WATCH_LOOKAHEAD:
+        watch.short_tables = []  # tables this step hands the runner short of the drafter's lookahead
+    if WATCH_EVENTS:
+        watch.event_gaps = []
 
 
 def _scheduled(scheduler, watch):
@@ -78,6 +87,8 @@ def _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_i
     if NUM_SPECULATIVE_TOKENS:
         watch.verified = _verified(scheduler, fed, sampled)
     scheduler.update_from_output(fed, model_runner_output(list(fed.num_scheduled_tokens), sampled, connector_output))
+    if WATCH_EVENTS:
+        watch.event_gaps = _event_gaps(scheduler, watch)
 
 
 def _step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failing_blocks=()):

@@ -42,6 +42,9 @@ KV_LOAD_FAILURE_POLICY = "recompute"
 KV_ROLE = "kv_both"
 KV_CONFIG_FIELDS: dict[str, Any] = {}
 DIVERGENT_HITS = False
+# --kv-events-config: the block pool queues KV events and update_from_output()
+# publishes each step's batch (a null publisher, or the file's EventLog).
+KV_EVENTS = False
 # The external store, per request (see ScriptedConnector).
 STORE: dict[str, Any] = {}
 
@@ -52,6 +55,10 @@ WATCH_POOL = True  # fresh blocks, counts against takes, lookups (_Watch._watch_
 WATCH_TABLES = True  # block tables and pool state right after schedule() (_Watch.hold)
 WATCH_CONTENTS = False  # what each block holds (BlockContents)
 WATCH_TOKENS = False  # the token each computed position's KV came from (WorkerRecord.settle)
+WATCH_UNWRITTEN = True  # reads a step's blocks lack, index entries ahead of them (needs WATCH_CONTENTS)
+WATCH_NAMESPACES = False  # each adopted block's last writer's cache salt (needs WATCH_CONTENTS)
+WATCH_LOOKAHEAD = False  # the tables handed to the runner against the drafter's lookahead (needs WATCH_CONTENTS)
+WATCH_EVENTS = False  # the published KV events replayed against the index (EventLog)
 # What the run did that most runs do not: loads reported failed, and the
 # connector's own store of what finished requests computed.
 FAILING_LOADS = False

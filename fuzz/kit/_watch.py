@@ -3,15 +3,26 @@
 The watch wraps a few of the scheduler's and KV-cache manager's calls to see
 what they were handed and returned; it changes nothing they do. What it
 records beyond what every claim needs is switched by WATCH_POOL,
-WATCH_TABLES and WATCH_CONTENTS (:mod:`fuzz.kit._params`).
+WATCH_TABLES, WATCH_CONTENTS and WATCH_EVENTS (:mod:`fuzz.kit._params`).
 """
 
 from __future__ import annotations
 
+from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, maybe_convert_block_hash
+
+from fuzz.adapter._events import EventLog, event_gaps, index_counts
 from fuzz.adapter._reports import WorkerRecord
 from fuzz.kit._build import _cdiv, _ids
 from fuzz.kit._contents import _make_contents
-from fuzz.kit._params import ASYNC_SCHEDULING, FAILING_LOADS, NULL_BLOCK, SPECS, WATCH_CONTENTS, WATCH_POOL
+from fuzz.kit._params import (
+    ASYNC_SCHEDULING,
+    FAILING_LOADS,
+    NULL_BLOCK,
+    SPECS,
+    WATCH_CONTENTS,
+    WATCH_EVENTS,
+    WATCH_POOL,
+)
 
 
 class _Watch:
@@ -93,6 +104,12 @@ class _Watch:
             self._watch_waiting_for_remote_kvs(sched, mgr)
         if WATCH_CONTENTS:
             self.contents = _make_contents(scheduler)
+        if WATCH_EVENTS:
+            # Every batch update_from_output() publishes is replayed, as a
+            # KV-aware router replays it (the null publisher hands it over).
+            self.events = EventLog()
+            self.event_gaps = []  # (group, key, announcements, block ids) after the last update_from_output()
+            scheduler.kv_event_publisher.publish = self.events.publish
 
     def _watch_waiting_for_remote_kvs(self, sched, mgr):
         """As a failed async load's request leaves WAITING_FOR_REMOTE_KVS: the
@@ -243,6 +260,21 @@ class _Watch:
             adm["num_tokens"] = scheduler.requests[rid].num_tokens
             adm["answer"] = scheduler.connector.answers.get(rid)
             adm["table"] = [list(g) for g in scheduler.kv_cache_manager.get_block_ids(rid)]
+
+
+def _event_key(key):
+    """A prefix-cache key as KV events spell it: (group, the hash BlockStored
+    and BlockRemoved carry)."""
+    return get_group_id(key), maybe_convert_block_hash(get_block_hash(key))
+
+
+def _event_gaps(scheduler, watch):
+    """Right after update_from_output() published the step's events (the
+    block pool's queue is empty then): each (group, key, announcements,
+    block ids) where the replay of every batch so far differs from the
+    number of blocks the prefix-cache index files under that key."""
+    cached = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
+    return event_gaps(watch.events.counts, index_counts(cached, _event_key))
 
 
 def _still_cached(manager, blocks):

@@ -143,7 +143,11 @@ def test_the_writer_knows_every_constant_the_kit_reads() -> None:
 
 @pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-@pytest.mark.parametrize("invariant", ["computed-adds-up", "same-step-hazard", "reads-written", "kv-matches-tokens"])
+@pytest.mark.parametrize(
+    "invariant",
+    ["computed-adds-up", "same-step-hazard", "reads-written", "kv-matches-tokens", "hits-within-namespace",
+     "events-replay-index"],
+)
 def test_a_written_file_lints_clean(invariant: str, async_scheduling: bool, tmp_path: Path) -> None:
     source = scheduler_repro(_tiny_log(async_scheduling=async_scheduling), invariant=invariant, target="t", seed=0,
                              violation="")
@@ -153,8 +157,9 @@ def test_a_written_file_lints_clean(invariant: str, async_scheduling: bool, tmp_
     result = _ruff(path)
     assert result.returncode == 0, result.stdout + result.stderr + source
     assert ("def _queued_step(" in source) == async_scheduling
-    assert ("class BlockContents" in source) == (invariant == "reads-written")
+    assert ("class BlockContents" in source) == (invariant in ("reads-written", "hits-within-namespace"))
     assert ("def _watch_blocks" in source) == (invariant == "same-step-hazard")
+    assert ("class EventLog" in source) == (invariant == "events-replay-index")
 
 
 # --- the failing run's log --------------------------------------------------
@@ -247,7 +252,17 @@ def _run_file(path: Path, bug: str | None, tmp_path: Path) -> BaseException | No
 
 @pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 @pytest.mark.parametrize(
-    "invariant", ["stale-output-dropped", "running-request-progresses", "rejected-drafts-rolled-back", "kv-matches-tokens"]
+    "invariant",
+    [
+        "stale-output-dropped",
+        "running-request-progresses",
+        "rejected-drafts-rolled-back",
+        "kv-matches-tokens",
+        # What the prefix cache promises (invariants/promises.py).
+        "hits-within-namespace",
+        "events-replay-index",
+        "lookahead-allocated",
+    ],
 )
 def test_the_suite_s_invariant_and_the_kit_s_check_agree_on_recorded_runs(invariant: str, tmp_path: Path) -> None:
     from fuzz.adapter import planted_scheduler_bug

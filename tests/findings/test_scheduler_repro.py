@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,14 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from fuzz.adapter import last_oplog, planted_scheduler_bug
 from fuzz.model import InvariantViolation
-from fuzz.repro_scheduler import WRITABLE, repro_size, scheduler_repro, scheduler_repro_of_failure, shrink_oplog
+from fuzz.repro_scheduler import (
+    _CHECK_OF,
+    WRITABLE,
+    repro_size,
+    scheduler_repro,
+    scheduler_repro_of_failure,
+    shrink_oplog,
+)
 from fuzz.runners.scheduler import run_single_shot
 from fuzz.targets import target_scheduler
 from fuzz.targets.target_scheduler import UNSUPPORTED
@@ -124,7 +132,9 @@ def _imports(source: str) -> set[str]:
     return names
 
 
-def _check_repro(source: str | None, bug: str, tmp_path: Path) -> Path:
+def _check_repro(source: str | None, bug: str, tmp_path: Path, check: str | None = None) -> Path:
+    """Write ``source``, run it with ``bug`` planted (it must fail; in the
+    kit's ``check`` where one is named) and without (it must pass)."""
     assert source, f"{bug}: no repro written"
     assert _imports(source) <= ALLOWED_IMPORTS, _imports(source)
     assert "pytestmark = pytest.mark.cpu_test" in source and "kv_connector_module_path=__name__" in source
@@ -132,6 +142,9 @@ def _check_repro(source: str | None, bug: str, tmp_path: Path) -> Path:
     path.write_text(source)
     failure = _run_repro(path, tmp_path, bug)
     assert failure is not None, f"{bug}: the repro passes with the bug planted\n{source}"
+    if check is not None:
+        frames = [frame.name for frame in traceback.extract_tb(failure.__traceback__)]
+        assert check in frames, f"{bug}: the repro fails outside {check}: {failure!r}\n{source}"
     assert _run_repro(path, tmp_path, None) is None, f"{bug}: the repro fails on unmodified vLLM\n{source}"
     return path
 
@@ -405,6 +418,39 @@ _FIXED_LOGS = {
 }
 
 
+# What the prefix cache promises (invariants/promises.py): each planted bug
+# on the fixed run tests/invariants/test_scheduler_planted.py catches it on
+# (its FIXED_CASES), shrunk with the invariant's check alone and written;
+# with the plant the file fails in the kit's own check. Beside the claim,
+# what the file must build for it (bug -> invariant, a line of the file).
+PROMISE_BUGS = {
+    # Two tenants' requests for one prompt: the second's Request carries its salt.
+    "cache_salt_not_hashed": ("hits-within-namespace", "cache_salt='tenant-b'"),
+    # KV events on: the scheduler's block pool queues them.
+    "eviction_announces_nothing": (
+        "events-replay-index", "KVEventsConfig(enable_kv_cache_events=True, publisher=\"null\")"
+    ),
+    # Async EAGLE: the drafter writes ahead of every step it drafts from.
+    "lookahead_not_allocated": ("lookahead-allocated", "SPECULATIVE_METHOD = 'eagle'"),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(PROMISE_BUGS))
+def test_a_planted_promise_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
+    from tests.invariants.test_scheduler_planted import FIXED_CASES
+
+    expected, built = PROMISE_BUGS[bug]
+    log, invariant = _fixed_case_log(bug)
+    assert log is not None and invariant == expected
+    (check,) = [c for c, _, b, *_ in FIXED_CASES if b == bug]
+    with planted_scheduler_bug(bug):
+        log = shrink_oplog(log, invariant, checks=(check,))
+    source = scheduler_repro(log, invariant=invariant, target="scheduler-machine", seed=0, violation="")
+    kit_check = _CHECK_OF[invariant]
+    assert source is not None and f"{kit_check}(scheduler, out, watch" in source and built in source, source
+    _check_repro(source, bug, tmp_path, check=kit_check)
+
+
 @pytest.mark.parametrize("bug", sorted(MACHINE_BUGS))
 def test_a_planted_failed_load_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
     check, budget = MACHINE_BUGS[bug]
@@ -435,7 +481,7 @@ def test_a_planted_failed_load_bug_becomes_a_standalone_repro(bug: str, tmp_path
 def test_every_planted_scheduler_bug_has_a_repro_case() -> None:
     from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS
 
-    cases = set(BUGS) | set(MACHINE_BUGS) | {bug for _, bug in CHECK_ALONE} | set(OWNERSHIP_BUGS)
+    cases = set(BUGS) | set(MACHINE_BUGS) | {bug for _, bug in CHECK_ALONE} | set(OWNERSHIP_BUGS) | set(PROMISE_BUGS)
     cases.add("rejected_drafts_stay_computed")  # test_a_planted_spec_decode_bug_becomes_a_standalone_repro
     cases.add("records_first_sampled_token")  # test_accepted_drafts_recorded_as_other_tokens_...
     cases.add("drafts_never_cut")  # tests/findings/test_triage_planted.py: a new assert beside a known one
