@@ -53,6 +53,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fuzz._breakdown import child_breakdown, report_breakdown
+
 __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -262,95 +264,6 @@ def _child_target(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "campaign": campaign, "same": same, "vllm_share": share, "branches": branches, "vllm": adapter.VLLM_VERSION}
 
 
-class _Clock:
-    """Exclusive wall time per (phase, part), by wrapping functions: time
-    inside a wrapped call goes to its label until a nested wrapped call (or
-    a garbage collection) takes over."""
-
-    PHASES = ("replay", "generate", "target", "shrink")
-
-    def __init__(self) -> None:
-        self.seconds: dict[tuple[str, str], float] = {}
-        self.calls: dict[str, int] = {}
-        self._stack: list[tuple[str, str]] = [("outside Hypothesis", "worker loop")]
-        self._last = time.perf_counter()
-
-    def _switch(self) -> None:
-        now = time.perf_counter()
-        top = self._stack[-1]
-        self.seconds[top] = self.seconds.get(top, 0.0) + now - self._last
-        self._last = now
-
-    def _phase(self) -> str:
-        return next((p for p, part in reversed(self._stack) if part == "Hypothesis"), "outside Hypothesis")
-
-    def wrap(self, owner: Any, name: str, part: str, *, phase: str | None = None) -> None:
-        original = getattr(owner, name)
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            self._switch()
-            label = (phase, "Hypothesis") if phase else (self._phase(), part)
-            if part == "target code":
-                self.calls[label[0]] = self.calls.get(label[0], 0) + 1
-            self._stack.append(label)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._switch()
-                self._stack.pop()
-
-        setattr(owner, name, timed)
-
-    def gc_callback(self, phase: str, info: dict[str, Any]) -> None:
-        self._switch()
-        if phase == "start":
-            self._stack.append(("any", "garbage collection"))
-        elif self._stack[-1] == ("any", "garbage collection"):
-            self._stack.pop()
-
-
-def _child_breakdown(name: str, seconds: float) -> dict[str, Any]:
-    """Where one worker's time goes, fuzzing ``name`` alone for ``seconds``."""
-    import gc
-    import importlib
-    import inspect
-
-    from hypothesis.internal.conjecture import engine, pareto
-
-    from fuzz import adapter
-    from fuzz.campaign import databases, fuzzer, progress
-    from fuzz.registry import get_target
-
-    adapter.init_hashing()
-    clock = _Clock()
-    runner = engine.ConjectureRunner
-    for method, phase in (("reuse_existing_test_cases", "replay"), ("generate_new_test_cases", "generate"),
-                          ("optimise_targets", "target"), ("shrink_interesting_test_cases", "shrink")):
-        clock.wrap(runner, method, "", phase=phase)
-    clock.wrap(pareto.ParetoFront, "add", "pareto front")
-    target = get_target(name)
-    module = importlib.import_module(target.module)
-    if target.check:
-        clock.wrap(module, target.check, "target code")
-    else:  # a state machine: its rules must stay rules, so time the harness they drive
-        harness = adapter.SchedulerHarness
-        for attr in [a for a, v in vars(harness).items() if inspect.isfunction(v) and not a.startswith("_")]:
-            clock.wrap(harness, attr, "target code")
-    clock.wrap(progress.Progress, "flush", "progress files + telemetry")
-    clock.wrap(fuzzer.TargetFuzzer, "has_new_entries", "database checks")
-    clock.wrap(databases, "check_database", "database checks")
-    clock.wrap(fuzzer, "property_test", "slice set-up")
-    gc.callbacks.append(clock.gc_callback)
-    t0 = time.perf_counter()
-    rate, examples, *_ = _campaign_run(name, seconds)
-    clock._switch()
-    gc.callbacks.remove(clock.gc_callback)
-    wall = time.perf_counter() - t0
-    rows = sorted(clock.seconds.items(), key=lambda kv: -kv[1])
-    return {"target": name, "wall": wall, "examples": examples, "calls": clock.calls,
-            "rows": [[phase, part, secs] for (phase, part), secs in rows if secs >= 0.005]}
-
-
 @contextlib.contextmanager
 def _ownership_off() -> Any:
     """The scheduler harness without the ownership model: no wrappers, no
@@ -514,15 +427,6 @@ def _report_draws(results: list[dict[str, Any]], args: argparse.Namespace) -> No
                   f"(max/min {max(st) / min(st):.2f})")
 
 
-def _report_breakdown(results: list[dict[str, Any]]) -> None:
-    for r in results:
-        print(f"\n{r['target']}: {r['wall']:.1f} s, {r['examples']} examples after the first slice "
-              f"(target code called {r['calls']})")
-        print(f"  {'phase':<20} {'part':<28} {'seconds':>8} {'share':>6}")
-        for phase, part, secs in r["rows"]:
-            print(f"  {phase:<20} {part or 'Hypothesis itself':<28} {secs:8.2f} {100 * secs / r['wall']:5.1f}%")
-
-
 def _report(results: list[dict[str, Any]], planted: dict[str, Any] | None, args: argparse.Namespace) -> None:
     print(f"vLLM {results[0]['vllm'] if results else '?'}; each target in a fresh process; "
           f"raw = in-process hunt of {args.examples} examples, campaign = the worker loop for "
@@ -595,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.child == ":planted":
             result = _child_planted(args)
         elif args.breakdown:
-            result = _child_breakdown(args.child, args.breakdown)
+            result = child_breakdown(args.child, args.breakdown, _campaign_run)
         elif args.ownership_cost:
             result = _child_ownership_cost(args.child, args)
         elif args.draws:
@@ -606,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.breakdown:
         results = [_child(["--child", name, "--breakdown", str(args.breakdown)]) for name in args.targets]
-        _report_breakdown(results)
+        report_breakdown(results)
         return 0
     if args.draws:
         names = [t for t in args.targets if t.startswith("scheduler-")]
