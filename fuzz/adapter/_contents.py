@@ -257,15 +257,22 @@ class BlockContents:
         """Of ``block_ids`` (per group) that ``request_id`` adopts, each of a
         recorded group last written for a request of another namespace:
         (group, block id, that namespace). Blocks never written here (or a
-        request added without a namespace) are taken on trust."""
+        request added without a namespace) are taken on trust. Once the
+        runner holds the request's table, only adopted blocks still in it
+        count: a window group drops blocks it adopted below its window, and
+        the pool may hand one to another request in the same step."""
         mine = self.namespaces.get(request_id)
         if mine is None:
             return []
+        tables = self.tables.get(request_id)
         found = []
         for group, ids in enumerate(block_ids):
             if group >= len(self.per_position) or not self.per_position[group]:
                 continue
+            held = set(tables[group]) if tables is not None and group < len(tables) else None
             for block_id in ids:
+                if held is not None and block_id not in held:
+                    continue
                 theirs = self.written_under.get(block_id)
                 if block_id != self.null_block_id and theirs is not None and theirs != mine:
                     found.append((group, block_id, theirs))

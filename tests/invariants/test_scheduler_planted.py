@@ -23,7 +23,7 @@ from fuzz.known_bugs import KNOWN_BUGS
 from tests.strategies.test_draws_pinned import _no_local_constants
 from fuzz.targets import target_scheduler
 from fuzz.adapter import SchedulerHarness
-from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.runners.scheduler import STALE_OUTPUT, Stepper, run_single_shot
 from invariants import connector as conn
 from invariants import scheduler as inv
@@ -396,3 +396,39 @@ def test_state_machine_catches_planted_load_failure_bug(check: Callable[..., Non
     ):
         run_state_machine_as_test(target_scheduler.SchedulerMachine, settings=machine_search)
     assert caught.value.invariant == invariant, str(caught.value)
+
+
+def test_a_window_group_dropping_an_adopted_block_is_no_cross_salt_hit() -> None:
+    """Pinned from a 600 s campaign on unmodified vLLM (the claim then judged
+    every adopted block): a lone sliding-window group (window 4, 2-token
+    blocks); r10 and r11 (no salt) adopt blocks 1 and 3 from the prefix
+    cache, then take external hits long enough that the window drops them
+    (their tables hold the null block there), and the pool hands block 1,
+    in the same step, to tenant a's r12, whose sync load fills it. No
+    request reads a block of another salt: the claim holds."""
+    layout = LayoutDraw(
+        (SpecDraw("SlidingWindowSpec", 2, (("sliding_window", 4),)),), hash_block_size=2, num_blocks=13,
+        max_model_len=24,
+    )
+    harness = SchedulerHarness(
+        SchedulerDraw(layout, max_num_batched_tokens=4, max_num_seqs=3, long_prefill_token_threshold=1,
+                      prefill_schedule_interval=4, async_scheduling=True, model_runner="v2",
+                      kv_load_failure_policy="fail", divergent_hits=True)
+    )
+    run = Stepper(harness, (check_hits_within_namespace,))
+    harness.add_request(range(131, 166, 7), max_tokens=1, reply=ExternalReply("zero"))
+    harness.add_request(range(131, 173, 7), max_tokens=1)
+    for _ in range(8):
+        run.step()
+    shared = [131, 138, 145, 152, 159]
+    r10 = harness.add_request(shared + [166, 1000, 1000, 1001, 1000, 4512], max_tokens=4,
+                              reply=ExternalReply("store", store_len=11))
+    harness.add_request(shared + [3576, 3577, 3578, 3579], max_tokens=1, reply=ExternalReply("store", store_len=9))
+    r12 = harness.add_request(shared + [166, 1000, 1000, 1001], max_tokens=1, reply=ExternalReply("saved"),
+                              cache_salt="tenant-a")
+    step = run.step()
+    (adm,) = [a for a in step.admissions if a.request_id == r10]
+    dropped = set(adm.alloc_local_blocks[0]) - set(harness.contents.tables[r10][0])
+    assert dropped, "the window kept every adopted block: the run no longer meets the case"
+    assert dropped & set(harness.contents.tables[r12][0]), "no dropped block went to tenant a's request"
+    run.drain()
