@@ -13,7 +13,8 @@ what the index really holds.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from fuzz.model import InvariantViolation, StepObservation
 
@@ -26,22 +27,28 @@ CROSS_NAMESPACE_HIT = "a prefix-cache hit across cache salts"
 LOOKAHEAD_UNALLOCATED = "a drafter's lookahead past the blocks allocated"
 
 
+def _report(invariant: str, found: Sequence[Any], step: StepObservation, *, where: str, state: str) -> None:
+    """Raise ``invariant``'s violation for what the step ``found`` (each
+    describing itself), if it found anything."""
+    if not found:
+        return
+    raise InvariantViolation(
+        invariant,
+        "\n".join(f.describe() for f in found)
+        + f"\n{step.describe()}"
+        + (f"\n  scenario: {step.context}" if step.context else ""),
+        where=where,
+        state=state,
+    )
+
+
 def check_lookahead_allocated(step: StepObservation) -> None:
     """A drafter with its own forward pass (EAGLE, a draft model) writes KV
     ``num_lookahead_tokens`` positions past each step it drafts from: every
     attention group's table the runner gets for that step already covers
     them (up to max_model_len), or the drafter writes into blocks the
     request does not own."""
-    if not step.missing_lookahead:
-        return
-    raise InvariantViolation(
-        "lookahead-allocated",
-        "\n".join(m.describe() for m in step.missing_lookahead)
-        + f"\n{step.describe()}"
-        + (f"\n  scenario: {step.context}" if step.context else ""),
-        where="KVCacheManager.allocate_slots",
-        state=LOOKAHEAD_UNALLOCATED,
-    )
+    _report("lookahead-allocated", step.missing_lookahead, step, where="KVCacheManager.allocate_slots", state=LOOKAHEAD_UNALLOCATED)
 
 
 def check_hits_within_namespace(step: StepObservation) -> None:
@@ -49,16 +56,7 @@ def check_hits_within_namespace(step: StepObservation) -> None:
     written for a request with the same cache salt (none counts as its own
     namespace): vLLM folds the salt into the first block's hash, and every
     later hash chains on it, so no lookup may cross salts."""
-    if not step.foreign_hits:
-        return
-    raise InvariantViolation(
-        "hits-within-namespace",
-        "\n".join(h.describe() for h in step.foreign_hits)
-        + f"\n{step.describe()}"
-        + (f"\n  scenario: {step.context}" if step.context else ""),
-        where="KVCacheManager.get_computed_blocks",
-        state=CROSS_NAMESPACE_HIT,
-    )
+    _report("hits-within-namespace", step.foreign_hits, step, where="KVCacheManager.get_computed_blocks", state=CROSS_NAMESPACE_HIT)
 
 
 def check_events_replay_index(step: StepObservation) -> None:
@@ -69,16 +67,7 @@ def check_events_replay_index(step: StepObservation) -> None:
     is told of that a lookup cannot hit (it routes requests to a replica
     that recomputes), none a lookup hits that the router never heard of (a
     hit it never routes to), and none withdrawn twice."""
-    if not step.event_gaps:
-        return
-    raise InvariantViolation(
-        "events-replay-index",
-        "\n".join(g.describe() for g in step.event_gaps)
-        + f"\n{step.describe()}"
-        + (f"\n  scenario: {step.context}" if step.context else ""),
-        where=EVENTS_WHERE,
-        state=EVENTS_DISAGREE,
-    )
+    _report("events-replay-index", step.event_gaps, step, where=EVENTS_WHERE, state=EVENTS_DISAGREE)
 
 
 PROMISE_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
