@@ -253,18 +253,21 @@ class BlockContents:
                 bad.append((group, block_id, num_tokens, missing))
         return bad
 
-    def foreign_blocks(self, request_id: str, block_ids: Sequence[Sequence[int]]) -> list[tuple[int, int, str]]:
+    def foreign_blocks(self, request_id: str, block_ids: Sequence[Sequence[int]],
+                       tables: Sequence[Sequence[int]] | None = None) -> list[tuple[int, int, str]]:
         """Of ``block_ids`` (per group) that ``request_id`` adopts, each of a
         recorded group last written for a request of another namespace:
         (group, block id, that namespace). Blocks never written here (or a
-        request added without a namespace) are taken on trust. Once the
-        runner holds the request's table, only adopted blocks still in it
-        count: a window group drops blocks it adopted below its window, and
-        the pool may hand one to another request in the same step."""
+        request added without a namespace) are taken on trust. Only adopted
+        blocks still in the request's block table after its allocation
+        (``tables``, per group; default: the table the runner holds) count:
+        a window group drops blocks it adopted below its window, and the
+        pool may hand one to another request in the same step."""
         mine = self.namespaces.get(request_id)
         if mine is None:
             return []
-        tables = self.tables.get(request_id)
+        if tables is None:
+            tables = self.tables.get(request_id)
         found = []
         for group, ids in enumerate(block_ids):
             if group >= len(self.per_position) or not self.per_position[group]:

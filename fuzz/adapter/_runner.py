@@ -167,7 +167,8 @@ class ScriptedRunner:
             if adm.alloc_local_blocks is None:
                 continue
             mine = self.contents.namespaces.get(adm.request_id, "")
-            for group, block_id, theirs in self.contents.foreign_blocks(adm.request_id, adm.alloc_local_blocks):
+            held = adm.block_table or None
+            for group, block_id, theirs in self.contents.foreign_blocks(adm.request_id, adm.alloc_local_blocks, held):
                 found.append(ForeignHit(adm.request_id, mine, group, block_id, theirs))
         return tuple(found)
 

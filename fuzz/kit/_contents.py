@@ -69,7 +69,7 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
             (rid, contents.namespaces.get(rid, ""), *hit)
             for rid, adm in watch.admissions.items()
             if adm.get("adopted") is not None
-            for hit in contents.foreign_blocks(rid, adm["adopted"])
+            for hit in contents.foreign_blocks(rid, adm["adopted"], adm.get("table"))
         ]
     if WATCH_UNWRITTEN:
         watch.unwritten_reads = [

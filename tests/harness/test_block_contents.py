@@ -173,3 +173,26 @@ def test_a_null_block_in_the_read_span_holds_nothing() -> None:
     c.write("a", 4, 6, step=1, tokens=TOKENS)
     assert [(b, p) for _, b, p, _ in c.unread("a", 6, 6, [("full", 0)])] == [(NULL, p) for p in range(4)]
     assert c.unread("a", 6, 6, [("window", 3)]) == []  # the window reads 4-5 only
+
+
+def test_an_adopted_block_the_request_no_longer_holds_is_not_foreign() -> None:
+    """Pinned from a 300 s machine campaign on unmodified vLLM: r4 (no salt)
+    adopts blocks 6 and 1 of a window group, waits for an async load (the
+    runner holds no table for it yet), and the window leaves it only
+    [0, 0, 0, 0, 8, 9]; block 1 goes, in the same step, to tenant a's r5,
+    whose load writes it. Judged against the table after allocation, r4
+    adopts nothing of another salt; block 6, which it keeps, would be."""
+    contents = BlockContents([4], [True], null_block_id=0)
+    contents.namespaces.update({"r4": "", "r5": "tenant-a", "r0": ""})
+    contents.tables["r0"] = [[6]]
+    contents.write("r0", 0, 4, 1, list(range(4)))
+    contents.tables["r5"] = [[0, 10, 11, 12, 1]]
+    contents.write("r5", 16, 20, 10, list(range(20)))
+    assert contents.written_under == {6: "", 1: "tenant-a"}
+    adopted = [[0, 0, 6, 1]]
+    assert contents.foreign_blocks("r4", adopted, [[0, 0, 0, 0, 8, 9]]) == []
+    # No table known: every adopted block is judged (the rule before).
+    assert contents.foreign_blocks("r4", adopted) == [(0, 1, "tenant-a")]
+    # A block the request keeps is judged.
+    contents.written_under[6] = "tenant-b"
+    assert contents.foreign_blocks("r4", adopted, [[0, 0, 6, 0, 8, 9]]) == [(0, 6, "tenant-b")]
