@@ -196,3 +196,19 @@ def test_an_adopted_block_the_request_no_longer_holds_is_not_foreign() -> None:
     # A block the request keeps is judged.
     contents.written_under[6] = "tenant-b"
     assert contents.foreign_blocks("r4", adopted, [[0, 0, 6, 0, 8, 9]]) == [(0, 6, "tenant-b")]
+
+
+def test_a_block_a_same_step_load_refills_is_judged_by_its_new_writer() -> None:
+    """Pinned from a 300 s machine campaign on unmodified vLLM: block 3,
+    last written for tenant a, is allocated to unsalted r3 whose sync load
+    fills it; vLLM caches it in that schedule(), and unsalted r4 adopts it
+    in the same step. Judged after the step's loads (as the harness does),
+    r4's hit is within its namespace; judged before, it would be blamed on
+    the block's previous tenant."""
+    contents = BlockContents([3], [True], null_block_id=0)
+    contents.namespaces.update({"r3": "", "r4": ""})
+    contents.written_under[3] = "tenant-a"
+    assert contents.foreign_blocks("r4", [[3]], [[3, 1]]) == [(0, 3, "tenant-a")]
+    contents.load([[3, 4]], [0], 3, 6, list(range(4)), request_id="r3")
+    assert contents.written_under[3] == ""
+    assert contents.foreign_blocks("r4", [[3]], [[3, 1]]) == []
