@@ -34,11 +34,9 @@ class EventLog:
     def __init__(self) -> None:
         self.counts: Counter[tuple[int | None, Any]] = Counter()
         self.events_seen: Counter[str] = Counter()
-        self.batches = 0
 
     # The publisher's interface, as Scheduler calls it.
     def publish(self, batch: Any) -> None:
-        self.batches += 1
         self.replay(batch.events)
 
     def shutdown(self) -> None:
