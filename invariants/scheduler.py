@@ -250,6 +250,19 @@ def check_local_part_covered(adm: AdmissionObservation, context: str = "") -> No
             )
 
 
+def _truncated_view(group: GroupInfo, looked_up: tuple[int, ...], aligned: int) -> tuple[int, ...]:
+    """The blocks ``group`` adopts from its lookup when the local part is
+    cut to ``aligned`` (must-cover: ``[:A/b]``; whole-state: at most what it
+    holds; scratch: none)."""
+    keep = aligned // group.block_size
+    behaviour = _behaviour(group)
+    if behaviour is Behaviour.SCRATCH:
+        return ()
+    if behaviour is Behaviour.MAY_BE_SHORT:
+        return tuple(looked_up[: min(keep, len(looked_up))])
+    return tuple(looked_up[:keep])
+
+
 def check_truncated_view(adm: AdmissionObservation, context: str = "") -> None:
     """When the external answer exceeds the sub-block tail, the local part is
     the block-aligned ``A = H - P``, each group's adopted blocks are exactly
@@ -271,16 +284,9 @@ def check_truncated_view(adm: AdmissionObservation, context: str = "") -> None:
             f"{adm.connector_external_tokens})",
             context,
         )
+    views = [_truncated_view(g, looked_up, aligned) for g, looked_up in zip(adm.groups, adm.local_blocks)]
     if adm.alloc_local_blocks is not None:
-        for g, looked_up, adopted in zip(adm.groups, adm.local_blocks, adm.alloc_local_blocks):
-            behaviour = _behaviour(g)
-            keep = aligned // g.block_size
-            if behaviour is Behaviour.SCRATCH:
-                expected: tuple[int, ...] = ()
-            elif behaviour is Behaviour.MAY_BE_SHORT:
-                expected = looked_up[: min(keep, len(looked_up))]
-            else:
-                expected = looked_up[:keep]
+        for g, looked_up, expected, adopted in zip(adm.groups, adm.local_blocks, views, adm.alloc_local_blocks):
             if tuple(adopted) != tuple(expected):
                 _fail(
                     "truncated-view",
@@ -290,8 +296,12 @@ def check_truncated_view(adm: AdmissionObservation, context: str = "") -> None:
                     context,
                     group=g,
                 )
-    table_ids = {b for group in adm.block_table for b in group}
-    adopted_tail = sorted(table_ids & adm.cow_dst_ids)
+    # A full cached block of the view may itself be another request's
+    # copy-on-write destination this step (that request's forward fills it
+    # and vLLM keys it at allocation, so a later admission of the same step
+    # hits it): only a block past the view is this request's own tail copy.
+    fresh = {b for group, view in zip(adm.block_table, views) for b in group[len(view):]}
+    adopted_tail = sorted(fresh & adm.cow_dst_ids)
     if adopted_tail:
         _fail(
             "truncated-view",
