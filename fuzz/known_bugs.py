@@ -484,7 +484,9 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "the request takes the last that many of all_token_ids): the next position's KV is "
             "computed from the discarded token while vLLM records another one there "
             "(kv-matches-tokens), and the request's later tokens are sampled from a context that "
-            "is not its sequence. Needs one KV-cache group (block-level failures), async scheduling "
+            "is not its sequence. A request admitted in the same step with a local hit on a block "
+            "the failing load fills is rolled back with it and keeps its placeholder the same way "
+            "(a scheduler-machine campaign, 2026-12-03). Needs one KV-cache group (block-level failures), async scheduling "
             "(the engine default), a connector reporting invalid_block_ids. Upstream: issue 45138 "
             "(open), PRs 45146 and 49252 (open, reset the placeholders on the rollback)."
         ),

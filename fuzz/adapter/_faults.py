@@ -52,7 +52,7 @@ class Faults:
         # Request id -> the token count a failed synchronous load had brought
         # it to before vLLM rolled it back (recompute policy).
         self.recomputing: dict[str, int] = {}
-        self.recomputed_failed_load: set[str] = set()  # ever rolled back by a failed sync load
+        self.recomputed_failed_load: set[str] = set()  # ever rolled back by a failed load's blocks (its own or shared)
         self.status_before: dict[str, str] = {}  # per failed load reported, its request's status then
         # Aborts that arrive while the model runs the next step.
         self.aborts_during_step: list[str] = []
@@ -172,6 +172,10 @@ class Faults:
             # to where it was.
             if rid in live and live[rid].num_computed_tokens < computed - rejected.get(rid, 0):
                 self.recomputing[rid] = computed
+                # Rolled back by the failed load's invalid blocks like the
+                # loader itself (output skipped, placeholders kept).
+                if self.policy == "recompute":
+                    self.recomputed_failed_load.add(rid)
         for rid in landed:
             self.async_loads.pop(rid, None)
 

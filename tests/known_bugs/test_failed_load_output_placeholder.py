@@ -133,3 +133,57 @@ def test_the_other_token_is_the_registered_known_bug() -> None:
     assert "position 16's KV was computed at step 5 from token 1001, but vLLM records token 1002" in str(caught.value)
     (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
     assert bug.id == "failed-sync-load-recompute-keeps-output-placeholder"
+
+
+def _serve_a_sharer(*, async_scheduling: bool) -> SchedulerHarness:
+    """Pinned from a 120 s scheduler-machine campaign on unmodified vLLM
+    0.33.0 (the sidecar then matched no known bug): one FullAttention group
+    (block 3), recompute, the V2 runner. r0's 9-token prompt loads 8 tokens
+    synchronously; r1, admitted in the same step, is r0's first 4 tokens and
+    takes a local hit on r0's first block, which that load fills. The load
+    fails: vLLM rolls back r1 too (it holds an invalid block) and skips its
+    output, so r1 keeps the placeholder of its last prefill step. Every step
+    is checked by ``kv-matches-tokens``."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 3),), hash_block_size=3, num_blocks=13, max_model_len=36)
+    harness = SchedulerHarness(
+        SchedulerDraw(
+            layout=layout,
+            max_num_batched_tokens=4,
+            max_num_seqs=2,
+            long_prefill_token_threshold=0,
+            kv_load_failure_policy="recompute",
+            model_runner="v2",
+            async_scheduling=async_scheduling,
+            divergent_hits=True,
+        )
+    )
+    harness.add_request(list(range(0, 63, 7)), max_tokens=1, reply=ExternalReply("store", store_len=9))
+    harness.add_request(list(range(0, 28, 7)), max_tokens=2)
+    harness.fail_next_sync_loads()
+    for _ in range(20):
+        check_kv_matches_tokens(harness.step(context="r0's sync load fails under r1's local hit, recompute"))
+        if harness.is_idle():
+            return harness
+    raise AssertionError("the requests did not finish in 20 steps")
+
+
+@known_vllm_bug(
+    "vLLM: a request rolled back for sharing a failed sync load's block keeps its output placeholder "
+    "(issue 45138)",
+)
+def test_a_request_sharing_a_failed_load_computes_each_position_from_its_own_token() -> None:
+    _serve_a_sharer(async_scheduling=True)
+
+
+def test_a_sharer_under_synchronous_scheduling_computes_each_position_from_its_own_token() -> None:
+    assert _serve_a_sharer(async_scheduling=False).is_idle()
+
+
+def test_the_sharers_other_token_is_the_registered_known_bug() -> None:
+    with pytest.raises(InvariantViolation) as caught:
+        _serve_a_sharer(async_scheduling=True)
+    assert "request r1: position 4's KV was computed at step 5 from token 1001, but vLLM records token 1002" in str(
+        caught.value
+    ), str(caught.value)
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    assert bug.id == "failed-sync-load-recompute-keeps-output-placeholder"
