@@ -12,7 +12,14 @@ import functools
 from hypothesis import strategies as st
 
 from fuzz.model import LayoutDraw, SchedulerDraw
-from strategies.scheduler import _blocks_needed, _is_mamba, _spare_blocks, scheduler_draws, scheduler_layouts
+from strategies.scheduler import (
+    _blocks_needed,
+    _is_mamba,
+    _spare_blocks,
+    generation_lengths,
+    scheduler_draws,
+    scheduler_layouts,
+)
 from strategies.specs import drawable_kinds, kv_cache_layouts
 
 __all__ = [
@@ -22,17 +29,6 @@ __all__ = [
     "machine_configs",
     "pressure_lengths",
 ]
-
-
-def generation_lengths(block_size: int) -> st.SearchStrategy[int]:
-    """How many tokens a request generates (``max_tokens``): one request in
-    four decodes up to two scheduler blocks past its prompt (at least 4, at
-    most 32 tokens), so windows slide during decode, a prompt's partial tail
-    block fills and is promoted, tables grow, and preemption and speculation
-    meet long decodes; the others 1-4 (the prefill paths). Shrinks toward 1."""
-    longest = max(4, min(2 * block_size, 32))
-    short = st.integers(1, 4)
-    return st.one_of(short, short, short, st.integers(1, longest))
 
 
 # Two tenants, so that salted requests share prompts with each other and

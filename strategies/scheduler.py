@@ -46,6 +46,7 @@ from strategies.specs import drawable_kinds, kv_cache_layouts
 __all__ = [
     "engine_layout",
     "external_replies",
+    "generation_lengths",
     "prefix_cache_skips",
     "prompt_draws",
     "scheduler_draws",
@@ -361,6 +362,17 @@ def prefix_cache_skips() -> st.SearchStrategy[bool]:
     return st.integers(0, 7).map(lambda k: k == 3)
 
 
+def generation_lengths(block_size: int) -> st.SearchStrategy[int]:
+    """How many tokens a request generates (``max_tokens``): one request in
+    four decodes up to two scheduler blocks past its prompt (at least 4, at
+    most 32 tokens), so windows slide during decode, a prompt's partial tail
+    block fills and is promoted, tables grow, and preemption and speculation
+    meet long decodes; the others 1-4 (the prefill paths). Shrinks toward 1."""
+    longest = max(4, min(2 * block_size, 32))
+    short = st.integers(1, 4)
+    return st.one_of(short, short, short, st.integers(1, longest))
+
+
 @st.composite
 def _prompt_draws(
     draw: st.DrawFn,
@@ -384,7 +396,7 @@ def _prompt_draws(
     # hit all the way to its sub-block tail.
     own = draw(st.sampled_from((False, True, False, False)), label=f"{label} has own suffix")
     suffix = draw(st.integers(1, 2 * block), label=f"{label} suffix") if own else 0
-    max_tokens = draw(st.integers(1, 3), label=f"{label} max_tokens")
+    max_tokens = draw(generation_lengths(block), label=f"{label} max_tokens")
     reply = (
         draw(external_replies(prefix + suffix, allow_over=allow_over), label=f"{label} reply")
         if replies

@@ -19,6 +19,7 @@ from strategies.scheduler import (
     _spare_blocks,
     _tail_replies,
     external_replies,
+    generation_lengths,
     prefix_cache_skips,
     prompt_draws,
     scheduler_draws,
@@ -177,7 +178,7 @@ def _single_shots(
     # store and the cache then hold what it must not read. (The twins and
     # load flavours build bug states out of the replay's hit: no skip.)
     skip = flavour in ("tail", "inside", "free") and draw(prefix_cache_skips(), label="replay skips prefix cache")
-    replay = PromptDraw(prefix, suffix, draw(st.integers(1, 3), label="replay max_tokens"), reply, skip)
+    replay = PromptDraw(prefix, suffix, draw(generation_lengths(s), label="replay max_tokens"), reply, skip)
     if flavour == "twins":
         # Two or three copies, all admitted in the step they arrive: a
         # sequence each and the token budget for all their prompts.

@@ -49,8 +49,10 @@ STRATEGIES = {
 PINNED = {
     "kv_cache_layouts": "5608e562c8e64c9efebe338c099f8e08ce76e0c9584a98d87abe75858999ea29",
     "truncation_scenarios": "3ae70fe4a5f276de9d48d780f9016e4f65242b81da43a5057ec8e9a003647005",
-    "single_shot_scenarios": "da3ac659d5d725b665504b4270147c068d5ef949bb841061ef00af744d23273e",
-    "single_shot_any_layout": "80b9bac78bd684436edef793d6e7dba11f3ba516ccb53e375eaf86ea10fd7f3e",
+    # Moved when the replay and prompt_draws began drawing generation_lengths
+    # (the decode phase), as the state machine's requests already did.
+    "single_shot_scenarios": "ca90ba661a992feb839184ad76d75cde3b36eb7cf3c380b6ce70deda3466f6c1",
+    "single_shot_any_layout": "c7babd2e71c4208fac82def85697c85688a86fefa1d0aff53f9eca4684ec30c2",
     # Moved when machine_configs began drawing kv_role (async configs), speculative decoding,
     # prefill_schedule_interval, and KV events (last).
     "machine_configs": "9bac6e22e5676f3f06ce72864550600c3990b4edb0ea064fa2761abf52a9e7b0",
