@@ -16,7 +16,7 @@ def _preempted_states(scheduler, out):
     ``out`` preempted and did not schedule again."""
     managers = scheduler.kv_cache_manager.coordinator.single_type_managers
     return [
-        (rid, r.status.name, r.num_computed_tokens, r.num_output_placeholders, len(r.spec_token_ids or ()),
+        (rid, r.status.name, r.num_computed_tokens, getattr(r, "num_output_placeholders", 0), len(r.spec_token_ids or ()),
          [len(m.req_to_blocks.get(rid, ())) for m in managers])
         for rid in sorted(out.preempted_req_ids or ())
         if rid not in out.num_scheduled_tokens and (r := scheduler.requests.get(rid)) is not None

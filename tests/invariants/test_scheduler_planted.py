@@ -239,6 +239,14 @@ def test_invariant_catches_planted_bug_in_a_fixed_run(
     assert not unmodified.harness.live_request_ids
 
 
+def test_a_request_preempted_with_its_step_in_flight_is_resumable() -> None:
+    """Async scheduling on a producer: vLLM preempts requests whose step is
+    still running (their output placeholders are counted stale instead);
+    right after each such schedule() the claim holds on unmodified vLLM."""
+    run = preempting_producer_run((check_preempted_resumable,))
+    assert STALE_OUTPUT in run.labels
+
+
 # Planted bugs in speculative decoding's bookkeeping, shown on a fixed run
 # that speculates (check, invariant, planted bug).
 SPEC_DECODE_CASES: list[tuple[Callable[..., None], str, str]] = [
