@@ -15,7 +15,6 @@ from vllm.v1.request import RequestStatus
 from fuzz.kit._build import _describe_groups
 from fuzz.kit._contents import _contents_issue
 from fuzz.kit._outputs import model_runner_output
-from fuzz.kit._preempt import _preempted_states
 from fuzz.kit._params import (
     ASYNC_SCHEDULING,
     FAILING_LOADS,
@@ -32,6 +31,7 @@ from fuzz.kit._params import (
     WATCH_TABLES,
     WATCH_TOKENS,
 )
+from fuzz.kit._preempt import _preempted_states
 from fuzz.kit._watch import _event_gaps, _failed_facts
 from fuzz.kit._worker import _propose_drafts, _sampled, _verified, _worker_done, _worker_sampled
 
