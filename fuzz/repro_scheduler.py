@@ -93,6 +93,7 @@ _CHECK_OF = {
     "hits-within-namespace": "_check_hits_within_namespace",
     "events-replay-index": "_check_events_replay_index",
     "lookahead-allocated": "_check_lookahead_allocated",
+    "preempted-resumable": "_check_preempted_resumable",
 }
 WRITABLE = frozenset(_CHECK_OF)
 
@@ -444,7 +445,8 @@ def scheduler_repro(
     requests = log.until_step(broken).requests
     constants = _constants(log, invariant, requests)
     test = _test_function(log, broken, invariant)
-    values = {name: value for name, (value, _) in constants.items() if _scalar(value)}
+    scalars = (bool, int, str, type(None))  # the constants a file may state inline
+    values = {name: value for name, (value, _) in constants.items() if isinstance(value, scalars)}
     more_imports = {
         "init_none_hash": ("vllm.v1.core.kv_cache_utils", "init_none_hash"),
         "sha256": ("vllm.utils.hashing", "sha256"),
@@ -475,10 +477,6 @@ def scheduler_repro(
         "",
         test,
     ])
-
-
-def _scalar(value: object) -> bool:
-    return value is None or isinstance(value, (bool, int, str))
 
 
 def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[str, tuple[object, list[str]]]:
@@ -586,6 +584,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         "WATCH_NAMESPACES": (invariant == "hits-within-namespace", []),
         "WATCH_LOOKAHEAD": (invariant == "lookahead-allocated", []),
         "WATCH_EVENTS": (invariant == "events-replay-index", []),
+        "WATCH_PREEMPTED": (invariant == "preempted-resumable", []),
         "FAILING_LOADS": (any(op.fed is not None and (op.fed.failed_recving or op.fed.invalid_block_ids)
                               for op in log.until_step(_broken_step(log)).steps), []),
         "SAVED_STORE": (any(r.reply is not None and r.reply.kind == "saved" for r in requests), []),

@@ -135,6 +135,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     _s("lookahead-allocated", prom.check_lookahead_allocated, "lookahead_not_allocated"),
     _s("hits-within-namespace", prom.check_hits_within_namespace, "cache_salt_not_hashed"),
     _s("events-replay-index", prom.check_events_replay_index, "eviction_announces_nothing"),
+    _s("preempted-resumable", prom.check_preempted_resumable, "preempt_keeps_computed_tokens"),
 )
 
 

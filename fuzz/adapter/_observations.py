@@ -33,6 +33,7 @@ from fuzz.model import (  # noqa: E402
     EventGap,
     GroupInfo,
     PoolObservation,
+    PreemptedRequest,
     SchedulerDraw,
     StaleOutput,
     StrandedRequest,
@@ -206,11 +207,31 @@ class Observer:
             )
         return tuple(rows)
 
-    def preemptions(self, out: Any, step: int) -> None:
+    def preemptions(self, out: Any, step: int) -> tuple[PreemptedRequest, ...]:
         """Note the requests ``out`` preempted (after its admissions are read:
-        a request resumed in a later step reads as resumed)."""
-        self.preempted.update(out.preempted_req_ids or ())
-        self.preempted_at.update(dict.fromkeys(out.preempted_req_ids or (), step))
+        a request resumed in a later step reads as resumed), and return each
+        as schedule() left it (none when it raised: ``out`` is None)."""
+        if out is None:
+            return ()
+        ids = sorted(out.preempted_req_ids or ())
+        self.preempted.update(ids)
+        self.preempted_at.update(dict.fromkeys(ids, step))
+        live = self.scheduler.requests
+        managers = self.manager.coordinator.single_type_managers
+        return tuple(
+            PreemptedRequest(
+                rid,
+                step,
+                live[rid].status.name,
+                live[rid].num_computed_tokens,
+                getattr(live[rid], "num_output_placeholders", 0),
+                len(live[rid].spec_token_ids or ()),
+                tuple(len(m.req_to_blocks.get(rid, ())) for m in managers),
+                rid in out.num_scheduled_tokens,
+            )
+            for rid in ids
+            if rid in live
+        )
 
     def newly_scheduled(self, out: Any) -> tuple[tuple[str, int, int], ...]:
         if out is None:

@@ -514,6 +514,15 @@ _SPEC_DECODE_EDITS["lookahead_not_allocated"] = (
     (("num_lookahead_tokens=self.num_lookahead_tokens,", "num_lookahead_tokens=0,"),),
 )
 
+# A preemption's reset (compiled as the connector edits are): the state a
+# preempted request resumes from (invariants/promises.py).
+_SPEC_DECODE_EDITS["preempt_keeps_computed_tokens"] = (
+    "_preempt_request frees the request's blocks but leaves its num_computed_tokens: "
+    "admitted again, it resumes past tokens whose KV it no longer holds",
+    "_preempt_request",
+    (("request.num_computed_tokens = 0", "pass"),),
+)
+
 PLANTED_SCHEDULER_BUGS: dict[str, str] = {
     **{name: desc for name, (desc, _) in _SCHEDULE_EDITS.items()},
     **{name: desc for name, (desc, _, _) in _FUNCTION_EDITS.items()},

@@ -370,8 +370,7 @@ class SchedulerHarness:
                 self.faults.load_started(a)
                 self._load_started[a.request_id] = self.step_index
         metas = tuple(self.script.metas[metas_before:])
-        if out is not None:
-            self.observer.preemptions(out, self.step_index)
+        preemptions = self.observer.preemptions(out, self.step_index)
         newly = self.observer.newly_scheduled(out)
         invalid = self.faults.invalid_blocks(admissions)
         queued = None
@@ -480,6 +479,7 @@ class SchedulerHarness:
             events_replayed=self.observer.events is not None and fed is not None and not error,
             foreign_hits=foreign,
             missing_lookahead=tuple(self.runner.missing_lookahead) if out is not None else (),
+            preemptions=preemptions,
         )
 
     QUIET_STEPS = QUIET_STEPS

@@ -18,7 +18,8 @@ and no Python lives in string templates:
 * :mod:`fuzz.kit._outputs`: the ModelRunnerOutput it returns (the harness's too);
 * :mod:`fuzz.kit._contents`: what each block holds (the suite's model);
 * ``fuzz.adapter._events``: the KV events a router replays (the suite's own);
-* :mod:`fuzz.kit._checks`: the claims a file can state;
+* :mod:`fuzz.kit._checks`: the claims a file can state (a preemption's in
+  :mod:`fuzz.kit._preempt`, with what it watches);
 * :mod:`fuzz.kit._truncation` (constants in ``_truncation_params``): the
   repro of a ``truncate_computed_blocks`` failure, at the manager level.
 
@@ -46,6 +47,7 @@ KIT_MODULES = (
     "fuzz.kit._watch",
     "fuzz.kit._worker",
     "fuzz.kit._outputs",
+    "fuzz.kit._preempt",
     "fuzz.kit._driver",
     "fuzz.kit._checks",
 )

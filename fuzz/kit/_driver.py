@@ -27,9 +27,11 @@ from fuzz.kit._params import (
     WATCH_LOOKAHEAD,
     WATCH_NAMESPACES,
     WATCH_POOL,
+    WATCH_PREEMPTED,
     WATCH_TABLES,
     WATCH_TOKENS,
 )
+from fuzz.kit._preempt import _preempted_states
 from fuzz.kit._watch import _event_gaps, _failed_facts
 from fuzz.kit._worker import _propose_drafts, _sampled, _verified, _worker_done, _worker_sampled
 
@@ -60,6 +62,8 @@ def _begin_step(scheduler, watch):
         watch.short_tables = []  # tables this step hands the runner short of the drafter's lookahead
     if WATCH_EVENTS:
         watch.event_gaps = []
+    if WATCH_PREEMPTED:
+        watch.preempted = []  # each request this step's schedule() preempted, as it left it
 
 
 def _scheduled(scheduler, watch):
@@ -68,6 +72,8 @@ def _scheduled(scheduler, watch):
     if WATCH_TABLES:
         watch.hold(scheduler, out)
     watch.preempted_at.update(dict.fromkeys(out.preempted_req_ids or (), watch.step))
+    if WATCH_PREEMPTED:
+        watch.preempted = _preempted_states(scheduler, out)
     watch.async_answers_seen = dict(scheduler.connector.async_answers)
     watch.take_admissions(scheduler, out)
     return out

@@ -29,6 +29,7 @@ __all__ = [
     "DraftVerification",
     "ExternalReply",
     "PoolObservation",
+    "PreemptedRequest",
     "SchedulerDraw",
     "StaleOutput",
     "StepObservation",
@@ -339,6 +340,32 @@ class StaleOutput:
 
 
 @dataclasses.dataclass(frozen=True)
+class PreemptedRequest:
+    """A request as the ``schedule()`` that preempted it left it: its status,
+    the counters it resumes from, and the blocks the KV-cache manager still
+    files under it (per group)."""
+
+    request_id: str
+    step: int
+    status: str  # its RequestStatus name
+    num_computed_tokens: int
+    num_output_placeholders: int
+    num_spec_tokens: int  # len(spec_token_ids)
+    blocks_held: tuple[int, ...]  # per group: blocks in the manager's req_to_blocks
+    # Scheduled again by the same schedule() (then it resumed: the admission
+    # checks judge it).
+    rescheduled: bool = False
+
+    def describe(self) -> str:
+        return (
+            f"request {self.request_id} preempted at step {self.step}: status {self.status}, "
+            f"num_computed_tokens={self.num_computed_tokens}, num_output_placeholders="
+            f"{self.num_output_placeholders}, {self.num_spec_tokens} spec_token_ids, blocks held per group "
+            f"{list(self.blocks_held)}{' (scheduled again in the same step)' if self.rescheduled else ''}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class DraftVerification:
     """One request's drafts verified by an ``update_from_output``: the drafts
     its step scheduled (``scheduled_spec_decode_tokens``, -1 padding
@@ -483,6 +510,8 @@ class StepObservation:
     foreign_hits: tuple[ForeignHit, ...] = ()
     # Requests whose table the drafter's lookahead writes run past.
     missing_lookahead: tuple[MissingLookahead, ...] = ()
+    # Each request this step's schedule() preempted, as it left it.
+    preemptions: tuple[PreemptedRequest, ...] = ()
 
     @property
     def fed_late(self) -> bool:

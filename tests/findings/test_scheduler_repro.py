@@ -439,6 +439,8 @@ PROMISE_BUGS = {
     ),
     # Async EAGLE: the drafter writes ahead of every step it drafts from.
     "lookahead_not_allocated": ("lookahead-allocated", "SPECULATIVE_METHOD = 'eagle'"),
+    # A preemption: the file watches each preempted request right after schedule().
+    "preempt_keeps_computed_tokens": ("preempted-resumable", "watch.preempted = _preempted_states(scheduler, out)"),
 }
 
 

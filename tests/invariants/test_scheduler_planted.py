@@ -29,6 +29,7 @@ from invariants import connector as conn
 from invariants import scheduler as inv
 from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import check_events_replay_index, check_hits_within_namespace, check_lookahead_allocated
+from invariants.promises import check_preempted_resumable
 from fuzz.model import InvariantViolation
 from fuzz.model import SingleShotScenario
 from strategies.single_shot import single_shot_scenarios
@@ -139,6 +140,19 @@ def preempting_producer_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def preempting_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """Three 10-token requests decoding 12 tokens each on a 9-block pool of
+    4-token blocks, synchronous scheduling: each needs 3 blocks to start and
+    a fourth at token 13, which only a preemption frees."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=9)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=16, max_num_seqs=3))
+    for i in range(3):
+        harness.add_request(range(100 * i, 100 * i + 10), max_tokens=12)
+    run = Stepper(harness, checks)
+    run.drain()
+    return run
+
+
 def decoding_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     """Two requests decoding 3 tokens each on one FullAttention group,
     synchronous scheduling, run until idle (or stalled)."""
@@ -206,6 +220,8 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
     (check_events_replay_index, "events-replay-index", "eviction_announces_nothing", evicting_events_run, None),
     (check_hits_within_namespace, "hits-within-namespace", "cache_salt_not_hashed", tenants_run, None),
     (check_lookahead_allocated, "lookahead-allocated", "lookahead_not_allocated", eagle_run, None),
+    (check_preempted_resumable, "preempted-resumable", "preempt_keeps_computed_tokens", preempting_run,
+     "preemption"),
 ]
 
 
@@ -221,6 +237,14 @@ def test_invariant_catches_planted_bug_in_a_fixed_run(
     unmodified = run((check,))
     assert label is None or label in unmodified.labels
     assert not unmodified.harness.live_request_ids
+
+
+def test_a_request_preempted_with_its_step_in_flight_is_resumable() -> None:
+    """Async scheduling on a producer: vLLM preempts requests whose step is
+    still running (their output placeholders are counted stale instead);
+    right after each such schedule() the claim holds on unmodified vLLM."""
+    run = preempting_producer_run((check_preempted_resumable,))
+    assert STALE_OUTPUT in run.labels
 
 
 # Planted bugs in speculative decoding's bookkeeping, shown on a fixed run
