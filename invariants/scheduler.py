@@ -40,8 +40,8 @@ from fuzz.model import (
     PoolObservation,
     StepObservation,
     StrandedRequest,
+    answer_acted_on,
 )
-from fuzz.model import answer_acted_on
 from fuzz.model import cdiv as _cdiv
 from fuzz.model import group_behaviour as _behaviour
 from fuzz.model import group_kind, group_name as _name
@@ -54,6 +54,7 @@ from invariants.contents import (
     check_kv_matches_tokens,
     check_reads_written,
 )
+from invariants.hits import HIT_CHECKS  # how long a hit each lookup serves
 from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import PROMISE_CHECKS
 
@@ -534,6 +535,7 @@ ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
     check_diverged_hit_falls_back,
     check_skipping_request_reads_no_cache,
     *CONNECTOR_ADMISSION_CHECKS,
+    *HIT_CHECKS,
 )
 
 

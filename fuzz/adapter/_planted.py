@@ -494,6 +494,15 @@ _MANAGER_EDITS["eviction_announces_nothing"] = (
     (("self._emit_block_removed_events(evicted_hashes)", "pass"),),
 )
 
+# How long a hit the lookup serves (invariants/hits.py): a missed hit.
+_MANAGER_EDITS["hit_stops_a_block_early"] = (
+    "FullAttentionManager.find_longest_cache_hit drops the last block of its run of "
+    "cached full blocks: every hit is a block shorter than the index holds (a missed hit)",
+    ("vllm.v1.core.single_type_kv_cache_manager", "FullAttentionManager", "find_longest_cache_hit"),
+    (("hit_length = len(computed_blocks[0]) * block_size",
+      "hit_length = max(len(computed_blocks[0]) - 1, 0) * block_size"),),
+)
+
 # name: (description, (vLLM module, function), edits): planted bugs in a
 # module-level function of vLLM's (the block hashing), compiled as the
 # method edits are and swapped into the module for the duration.
