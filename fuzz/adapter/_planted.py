@@ -496,11 +496,13 @@ _MANAGER_EDITS["eviction_announces_nothing"] = (
 
 # How long a hit the lookup serves (invariants/hits.py): a missed hit.
 _MANAGER_EDITS["hit_stops_a_block_early"] = (
-    "FullAttentionManager.find_longest_cache_hit drops the last block of its run of "
-    "cached full blocks: every hit is a block shorter than the index holds (a missed hit)",
-    ("vllm.v1.core.single_type_kv_cache_manager", "FullAttentionManager", "find_longest_cache_hit"),
-    (("hit_length = len(computed_blocks[0]) * block_size",
-      "hit_length = max(len(computed_blocks[0]) - 1, 0) * block_size"),),
+    "UnitaryKVCacheCoordinator.find_longest_cache_hit drops the last block of a "
+    "full-attention hit: every hit of a one-group full-attention model is a block "
+    "shorter than the index holds (a missed hit)",
+    ("vllm.v1.core.kv_cache_coordinator", "UnitaryKVCacheCoordinator", "find_longest_cache_hit"),
+    (("return hit_blocks, hit_length, 0",
+      "return (tuple(b[:-1] for b in hit_blocks), hit_length - self.block_size, 0) if hit_length > 0 "
+      "and type(self.kv_cache_spec).__name__ == 'FullAttentionSpec' else (hit_blocks, hit_length, 0)"),),
 )
 
 # name: (description, (vLLM module, function), edits): planted bugs in a
