@@ -10,7 +10,7 @@ lengths of the request the index has an entry for. It never calls vLLM's
 lookup: how long a hit those entries allow is the claim's own rule.
 
 The record is made only for layouts whose rules the claim states: every
-group full attention and prefix-cacheable, no EAGLE block drop, no
+group full attention or Mamba and prefix-cacheable, no EAGLE block drop, no
 context-parallel sharding (DCP/PCP), and a lookup the request does not skip.
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 from fuzz.adapter import _compat
 
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id  # noqa: E402
-from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec  # noqa: E402
 
 __all__ = ["index_hold"]
 
@@ -36,7 +36,9 @@ def _stated(manager: Any) -> bool:
         return False
     for group, single in zip(manager.kv_cache_config.kv_cache_groups, coordinator.single_type_managers):
         spec = group.kv_cache_spec
-        if not (isinstance(spec, FullAttentionSpec) and type(single) is FullAttentionManager):
+        if not (isinstance(spec, FullAttentionSpec) and type(single) is FullAttentionManager) and not (
+            type(spec) is MambaSpec and type(single) is MambaManager
+        ):
             return False
         if not getattr(spec, "prefix_cacheable", True) or max(
             int(getattr(single, "dcp_world_size", 1) or 1), int(getattr(single, "pcp_world_size", 1) or 1)
