@@ -534,8 +534,7 @@ ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
     check_mamba_state_at_resume_boundary,
     check_diverged_hit_falls_back,
     check_skipping_request_reads_no_cache,
-    *CONNECTOR_ADMISSION_CHECKS,
-    *HIT_CHECKS,
+    *CONNECTOR_ADMISSION_CHECKS, *HIT_CHECKS,
 )
 
 

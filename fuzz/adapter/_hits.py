@@ -54,7 +54,11 @@ def index_hold(manager: Any, request: Any, max_cache_hit_length: int | None) -> 
     alignment; the caller's limit. Empty (no prediction) for a layout the
     claim does not state, a request that skips the lookup, or a release that
     keeps its index otherwise."""
-    if not manager.enable_caching or getattr(request, "skip_reading_prefix_cache", False) or not _stated(manager):
+    # Whether vLLM looks at all is its own call (prompt logprobs, skip_reading_prefix_cache): not this claim's.
+    lookup_enabled = getattr(manager, "prefix_cache_lookup_enabled", None)
+    if not manager.enable_caching or (lookup_enabled is not None and not lookup_enabled(request)):
+        return {}
+    if getattr(request, "skip_reading_prefix_cache", False) or not _stated(manager):
         return {}
     cached = _compat.prefix_cache_map(manager.block_pool)
     if cached is None:
