@@ -40,8 +40,8 @@ from fuzz.model import (
     PoolObservation,
     StepObservation,
     StrandedRequest,
-    answer_acted_on,
 )
+from fuzz.model import answer_acted_on
 from fuzz.model import cdiv as _cdiv
 from fuzz.model import group_behaviour as _behaviour
 from fuzz.model import group_kind, group_name as _name
