@@ -2,7 +2,9 @@
 sharded reports, run the targets on every supported vLLM release.
 
 Exit codes, for every subcommand: 0 no violation, 1 violations found (or a
-replayed repro still fails), 2 usage or harness error (one line).
+replayed repro still fails), 2 usage or harness error (one line), 3 only
+missed hits found (lookups that served less than the index held: a
+performance bug, never a corruption; ``run`` and ``merge``).
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-__all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_VIOLATION", "UsageError", "main", "matrix_exit_code", "parse_duration"]
+__all__ = ["EXIT_ERROR", "EXIT_MISSED_HIT", "EXIT_OK", "EXIT_VIOLATION", "UsageError", "main", "matrix_exit_code", "parse_duration"]
 
 ROOT = Path(__file__).resolve().parent.parent
-EXIT_OK, EXIT_VIOLATION, EXIT_ERROR = 0, 1, 2
+EXIT_OK, EXIT_VIOLATION, EXIT_ERROR, EXIT_MISSED_HIT = 0, 1, 2, 3
 DEFAULT_BUDGET = "60s"
 
 
@@ -238,7 +240,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for name, why in sorted(total.unsupported.items()):
         print(f"target {name}: unsupported, skipped: {why}")
     if result.harness_errors:
-        kept = f"; {len(total.failures)} violation(s) found before it, repros kept in {repro_dir}"
+        kept = f"; {len(total.failures)} violation(s) or missed hit(s) found before it, repros kept in {repro_dir}"
         print(f"python -m fuzz: harness error: {result.harness_errors[0]}{kept if total.failures else ''}",
               file=sys.stderr)
         return EXIT_ERROR
@@ -257,9 +259,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         ids = sorted({f["known_bug"] for f in known})
         print(f"{len(known)} violation(s) are known vLLM bugs of {total.vllm_version} "
               f"(fuzz/known_bugs.py): {', '.join(ids)}; repros in {repro_dir}")
+    if total.missed_hits:
+        print(f"{len(total.missed_hits)} distinct missed hit(s) (performance, not corruption); repros in {repro_dir}")
     if total.new_failures:
         print(f"{len(total.new_failures)} distinct violation(s); repros in {repro_dir}")
         return EXIT_VIOLATION
+    if total.missed_hits:
+        return EXIT_MISSED_HIT
     if result.pytest_rc not in (0, 5):
         from fuzz.outcomes import HARNESS_MARK
 
@@ -324,7 +330,9 @@ def _cmd_merge(args: argparse.Namespace) -> int:
                              config=record.config, sections=sections)
     record.write(report_dir)
     print(f"merged {len(paths)} shard(s) (shards {record.config.shard}); report: {md} and {html}")
-    return EXIT_VIOLATION if record.totals.failures else EXIT_OK
+    if record.totals.violations:
+        return EXIT_VIOLATION
+    return EXIT_MISSED_HIT if record.totals.missed_hits else EXIT_OK
 
 
 _REPRO_EXPECTED = "expected a repro .py file written by `run`, or its .json sidecar"

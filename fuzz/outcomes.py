@@ -1,8 +1,12 @@
-"""Three outcomes, never confused: a vLLM bug, a configuration vLLM refuses,
-and a harness that does not fit the installed vLLM.
+"""Four outcomes, never confused: a vLLM bug, a missed hit, a configuration
+vLLM refuses, and a harness that does not fit the installed vLLM.
 
 * **violation**: an invariant failed, or vLLM raised on a configuration it
   accepted, through a path vLLM takes. It gets a repro and exit 1.
+* **missed hit**: a lookup served a shorter prefix-cache hit than the
+  index held (:class:`fuzz.model.MissedHit`): a performance bug, not a
+  corruption. Recorded, deduplicated and written up like a violation, but
+  counted and reported apart; exit 3 when it is all a run found.
 * **config rejected**: vLLM refused the drawn configuration at construction
   (a constructor or validator raised) or at first use, with a documented
   refusal (:data:`REFUSALS`). Counted per reason, never a failure.
@@ -31,7 +35,7 @@ from pathlib import Path
 
 from hypothesis.errors import HypothesisException
 
-from fuzz.model import HarnessError, InvariantViolation
+from fuzz.model import HarnessError, InvariantViolation, MissedHit
 
 __all__ = [
     "HARNESS_MARK",
@@ -69,6 +73,7 @@ class ConfigRejected(Exception):
 
 class Outcome(str, Enum):
     VIOLATION = "violation"
+    MISSED_HIT = "missed hit"
     CONFIG_REJECTED = "config rejected"
     HARNESS_ERROR = "harness error"
 
@@ -208,7 +213,9 @@ def vllm_calls(vllm_version: str, context: str = "") -> Iterator[None]:
 
 
 def classify(exc: BaseException, vllm_version: str) -> Verdict:
-    """Which of the three outcomes ``exc`` is."""
+    """Which of the four outcomes ``exc`` is."""
+    if isinstance(exc, MissedHit):
+        return Verdict(Outcome.MISSED_HIT, f"[{exc.invariant}]", "")
     if isinstance(exc, InvariantViolation):
         return Verdict(Outcome.VIOLATION, f"[{exc.invariant}]", "")
     if isinstance(exc, ConfigRejected):

@@ -54,6 +54,7 @@ from invariants.contents import (
     check_kv_matches_tokens,
     check_reads_written,
 )
+from invariants.hits import HIT_CHECKS  # how long a hit each lookup serves
 from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import PROMISE_CHECKS
 
@@ -533,7 +534,7 @@ ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
     check_mamba_state_at_resume_boundary,
     check_diverged_hit_falls_back,
     check_skipping_request_reads_no_cache,
-    *CONNECTOR_ADMISSION_CHECKS,
+    *CONNECTOR_ADMISSION_CHECKS, *HIT_CHECKS,
 )
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from invariants import connector as conn
+from invariants import hits
 from invariants import ownership as own
 from invariants import promises as prom
 from invariants import scheduler as sched
@@ -136,6 +137,8 @@ INVARIANTS: tuple[Invariant, ...] = (
     _s("hits-within-namespace", prom.check_hits_within_namespace, "cache_salt_not_hashed"),
     _s("events-replay-index", prom.check_events_replay_index, "eviction_announces_nothing"),
     _s("preempted-resumable", prom.check_preempted_resumable, "preempt_keeps_computed_tokens"),
+    # How long a hit each lookup serves (invariants/hits.py).
+    _s("hit-matches-index", hits.check_hit_matches_index, "hit_stops_a_block_early", repro=False),
 )
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from fuzz.adapter import _compat
 from fuzz.adapter._env import VLLM_ROOT
+from fuzz.adapter._hits import index_hold
 
 from vllm.v1.request import Request  # noqa: E402
 
@@ -182,6 +183,7 @@ class Spies:
         lookup = type(sched)._get_local_prefix_cache_hit
 
         def local_hit(request: Request, max_cache_hit_length: int | None = None) -> Any:
+            held = index_hold(mgr, request, max_cache_hit_length)
             per_group, joint_hit, joint_blocks = self._side_lookups(request, max_cache_hit_length)
             self._in_lookup = True
             try:
@@ -198,6 +200,7 @@ class Spies:
                 per_group_hits=per_group,
                 joint_hit=joint_hit,
                 joint_blocks=joint_blocks,
+                **held,
             )
             return result
 

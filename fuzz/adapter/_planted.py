@@ -494,6 +494,17 @@ _MANAGER_EDITS["eviction_announces_nothing"] = (
     (("self._emit_block_removed_events(evicted_hashes)", "pass"),),
 )
 
+# How long a hit the lookup serves (invariants/hits.py): a missed hit.
+_MANAGER_EDITS["hit_stops_a_block_early"] = (
+    "UnitaryKVCacheCoordinator.find_longest_cache_hit drops the last block of a "
+    "full-attention hit: every hit of a one-group full-attention model is a block "
+    "shorter than the index holds (a missed hit)",
+    ("vllm.v1.core.kv_cache_coordinator", "UnitaryKVCacheCoordinator", "find_longest_cache_hit"),
+    (("return hit_blocks, hit_length, 0",
+      "return (tuple(b[:-1] for b in hit_blocks), hit_length - self.block_size, 0) if hit_length > 0 "
+      "and type(self.kv_cache_spec).__name__ == 'FullAttentionSpec' else (hit_blocks, hit_length, 0)"),),
+)
+
 # name: (description, (vLLM module, function), edits): planted bugs in a
 # module-level function of vLLM's (the block hashing), compiled as the
 # method edits are and swapped into the module for the duration.

@@ -26,10 +26,11 @@ from hypothesis.core import decode_failure
 from hypothesis.database import choices_to_bytes
 
 from fuzz import known_bugs
-from fuzz.model import InvariantViolation
+from fuzz.model import InvariantViolation, MissedHit
+from fuzz.outcomes import Outcome
 from fuzz.registry import get_target
 
-__all__ = ["Findings", "crash_state", "failure_key", "failing_choices"]
+__all__ = ["Findings", "crash_state", "failure_key", "failing_choices", "outcome_of"]
 
 CRASH_DEPTH = 3  # frames in a crash state (ClusterFuzz uses three)
 
@@ -69,8 +70,12 @@ def crash_state(exc: BaseException) -> str:
       ``frames``, or any other exception): ``invariant|ExcType|f1 < f2 < f3``
       with vLLM's three innermost frames, innermost first;
     * an invariant broke on a result: ``invariant|where``, the vLLM function
-      whose result broke it (``Scheduler.schedule``).
+      whose result broke it (``Scheduler.schedule``);
+    * a missed hit (:class:`fuzz.model.MissedHit`) adds ``|missed hit``: never
+      one entry with a violation of the same claim.
     """
+    if isinstance(exc, MissedHit):
+        return f"{exc.invariant}|{exc.where or failing_line(exc)}|{Outcome.MISSED_HIT.value}"
     invariant = getattr(exc, "invariant", None)
     if invariant is None:  # not a checked failure: the exception itself
         return f"{type(exc).__name__}|{type(exc).__name__}|{' < '.join(_traceback_frames(exc)) or '?'}"
@@ -79,6 +84,11 @@ def crash_state(exc: BaseException) -> str:
         frames = tuple(getattr(exc, "frames", ()))[:CRASH_DEPTH]
         return f"{invariant}|{exception}|{' < '.join(frames) or '?'}"
     return f"{invariant}|{getattr(exc, 'where', '') or failing_line(exc)}"
+
+
+def outcome_of(exc: BaseException) -> str:
+    """The sidecar's ``outcome``: "missed hit" or "violation" (fuzz.outcomes)."""
+    return (Outcome.MISSED_HIT if isinstance(exc, MissedHit) else Outcome.VIOLATION).value
 
 
 def failure_key(target: str, exc: BaseException) -> str:
@@ -185,6 +195,8 @@ class Findings:
             "reach": target.reach,
             "reach_reason": target.reach_reason,
             "invariant": invariant,
+            # "violation", or "missed hit" (fuzz.outcomes): counted and reported apart.
+            "outcome": outcome_of(exc),
             # A documented bug of this vLLM release (fuzz/known_bugs.py): reported,
             # never a new violation.
             "known_bug": None if bug is None else bug.id,

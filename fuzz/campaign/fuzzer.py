@@ -160,7 +160,8 @@ class TargetFuzzer:
 
     def _found(self, exc: BaseException, seed: int | None, *, save: bool) -> None:
         """A failure, judged first (:mod:`fuzz.outcomes`): a harness misfit
-        stops the worker (exit 2), a refusal is counted, a violation recorded."""
+        stops the worker (exit 2), a refusal is counted, a violation or a
+        missed hit recorded (its sidecar says which: ``outcome``)."""
         verdict = classify(exc, self.findings.vllm_version)
         if verdict.outcome is Outcome.HARNESS_ERROR:
             raise HarnessError(f"target {self.name}: {verdict.reason}") from exc

@@ -11,25 +11,27 @@ import json
 from pathlib import Path
 
 from fuzz.campaign.config import CampaignConfig
-from fuzz.campaign.totals import Totals
+from fuzz.campaign.totals import Totals, is_missed_hit
 
 __all__ = ["startup_line", "summary_table", "write_reports"]
 
 
 def summary_table(total: Totals, elapsed: float) -> str:
     """One row per target: examples, examples per second of the time it ran,
-    when its first example ran (seconds after the run started), violations."""
-    rows = [("target", "examples", "examples/s", "first example", "violations")]
+    when its first example ran (seconds after the run started), violations,
+    missed hits (counted apart: a performance bug, not a corruption)."""
+    rows = [("target", "examples", "examples/s", "first example", "violations", "missed hits")]
     fails: dict[str, set[str]] = {}
+    missed: dict[str, set[str]] = {}
     for f in total.failures:
         for name in f.get("targets") or [f["target"]]:
-            fails.setdefault(name, set()).add(f["key"])
-    for name in sorted(set(total.examples) | set(fails)):
+            (missed if is_missed_hit(f) else fails).setdefault(name, set()).add(f["key"])
+    for name in sorted(set(total.examples) | set(fails) | set(missed)):
         n = total.examples.get(name, 0)
         secs = total.seconds.get(name) or elapsed
         first = total.first_example_s.get(name)
         rows.append((name, str(n), f"{n / max(secs, 1e-9):.1f}", "-" if first is None else f"{first:.1f}s",
-                     str(len(fails.get(name, ())))))
+                     str(len(fails.get(name, ()))), str(len(missed.get(name, ())))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -102,23 +104,25 @@ def write_reports(
         summary_table(total, elapsed),
         "```",
         "",
-        "## Violations",
-        "",
     ]
-    failures = {f["key"]: f for f in total.failures}
-    if not failures:
-        header.append("None.")
-    for f in failures.values():
-        repro = f.get("repro")
-        link = f"[{repro}]({Path(repro_dir, repro).resolve().as_uri()})" if repro else "(no standalone repro for this target)"
-        first = f["violation"].splitlines()[0] if f["violation"] else ""
-        known = f" (known vLLM bug `{f['known_bug']}`, fuzz/known_bugs.py)" if f.get("known_bug") else ""
-        targets = ", ".join(f"`{t}`" for t in f.get("targets") or [f["target"]])
-        header += [
-            f"- **{f['invariant']}**{known} in {targets} at `{f['key'].split('|', 1)[1]}` after {f['found_after_s']}s: {first}",
-            f"  - repro: {link}; replay: `python -m fuzz replay {Path(repro_dir, repro or '')}`",
-        ]
-    header += ["", "## Known vLLM bugs met and set aside", ""]
+    failures = {f["key"]: f for f in total.failures if not is_missed_hit(f)}
+    missed = {f["key"]: f for f in total.failures if is_missed_hit(f)}
+    for title, found in (("Violations", failures), ("Missed hits (performance, not corruption)", missed)):
+        header += [f"## {title}", ""]
+        if not found:
+            header.append("None.")
+        for f in found.values():
+            repro = f.get("repro")
+            link = f"[{repro}]({Path(repro_dir, repro).resolve().as_uri()})" if repro else "(no standalone repro for this target)"
+            first = f["violation"].splitlines()[0] if f["violation"] else ""
+            known = f" (known vLLM bug `{f['known_bug']}`, fuzz/known_bugs.py)" if f.get("known_bug") else ""
+            targets = ", ".join(f"`{t}`" for t in f.get("targets") or [f["target"]])
+            header += [
+                f"- **{f['invariant']}**{known} in {targets} at `{f['key'].split('|', 1)[1]}` after {f['found_after_s']}s: {first}",
+                f"  - repro: {link}; replay: `python -m fuzz replay {Path(repro_dir, repro or '')}`",
+            ]
+        header.append("")
+    header += ["## Known vLLM bugs met and set aside", ""]
     set_aside = tel.get("known_bugs", {})
     header += [f"- `{bug_id}`: {n} step(s) (fuzz/known_bugs.py)" for bug_id, n in sorted(set_aside.items())] or ["None."]
     if total.unsupported:
@@ -142,13 +146,14 @@ def write_reports(
         "<h1>Fuzz campaign report</h1>",
         "<pre>" + html.escape("\n".join(header[2:7])) + "</pre>",
         "<h2>Summary</h2><pre>" + html.escape(summary_table(total, elapsed)) + "</pre>",
-        "<h2>Violations</h2>",
     ]
-    if not failures:
-        body.append("<p>None.</p>")
-    else:
+    for title, found in (("Violations", failures), ("Missed hits (performance, not corruption)", missed)):
+        body.append(f"<h2>{html.escape(title)}</h2>")
+        if not found:
+            body.append("<p>None.</p>")
+            continue
         body.append("<ul>")
-        for f in failures.values():
+        for f in found.values():
             repro = f.get("repro")
             link = f"<a href='{html.escape(Path(repro_dir, repro).resolve().as_uri())}'>{html.escape(repro)}</a>" if repro else "no repro"
             targets = ", ".join(f.get("targets") or [f["target"]])

@@ -43,7 +43,8 @@ def progress_line(total: Totals, elapsed: float, budget: float) -> str:
     branches = len(total.telemetry.get("branches", {}))
     return (
         f"[{elapsed:6.1f}s, budget {budget:.0f}s] examples {n:>7}  {n / max(elapsed, 1e-9):7.1f}/s  "
-        f"failures {len(total.failures)}  branches {branches}  targets started {len(total.first_example_s)}"
+        f"failures {len(total.violations)}  missed hits {len(total.missed_hits)}  branches {branches}  "
+        f"targets started {len(total.first_example_s)}"
     )
 
 

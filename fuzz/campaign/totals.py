@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Totals"]
+__all__ = ["Totals", "is_missed_hit"]
 
 
 def _add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -24,6 +24,11 @@ def _add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 def _earliest(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return {k: min(v for v in (a.get(k), b.get(k)) if v is not None) for k in {**a, **b}}
+
+
+def is_missed_hit(failure: dict[str, Any]) -> bool:
+    """The sidecar is a missed hit (fuzz.outcomes), not a violation."""
+    return failure.get("outcome") == "missed hit"
 
 
 def _targets(failure: dict[str, Any]) -> list[str]:
@@ -95,8 +100,19 @@ class Totals:
 
     @property
     def new_failures(self) -> list[dict[str, Any]]:
-        """The violations that are no known vLLM bug of the installed release."""
-        return [f for f in self.failures if not f.get("known_bug")]
+        """The violations that are no known vLLM bug of the installed release
+        (missed hits are counted apart: :attr:`missed_hits`)."""
+        return [f for f in self.failures if not f.get("known_bug") and not is_missed_hit(f)]
+
+    @property
+    def violations(self) -> list[dict[str, Any]]:
+        """Every distinct violation, known vLLM bugs included (no missed hit)."""
+        return [f for f in self.failures if not is_missed_hit(f)]
+
+    @property
+    def missed_hits(self) -> list[dict[str, Any]]:
+        """The distinct missed hits: lookups that served less than the index held."""
+        return [f for f in self.failures if is_missed_hit(f)]
 
     # -- the wire format (progress files, campaign.json) -------------------------
     def to_json(self) -> dict[str, Any]:

@@ -86,7 +86,7 @@ from fuzz.model._scheduler import (
     StrandedRequest,
 )
 from fuzz.model._scenarios import EndpointRule, PromptDraw, SingleShotScenario, TruncationScenario
-from fuzz.model._violations import HarnessError, InvariantViolation
+from fuzz.model._violations import HarnessError, InvariantViolation, MissedHit
 
 __all__ = [
     "EndpointRule",
@@ -140,6 +140,7 @@ __all__ = [
     "HeldTable",
     "Installed",
     "InvariantViolation",
+    "MissedHit",
     "KvFromOtherToken",
     "UnbackedEntry",
     "EventGap",

@@ -276,6 +276,13 @@ class AdmissionObservation:
     # SamplingParams(skip_reading_prefix_cache=True) (what it asked for, not
     # what vLLM's Request says): it must read no cached tokens.
     skips_prefix_cache: bool = False
+    # The model's index at the instant of the lookup (fuzz/adapter/_hits.py):
+    # per group, the prefix lengths of the request the prefix-cache index
+    # holds an entry for; the hit alignment; the caller's limit. None: a
+    # layout or request the hit-length claim makes no prediction for.
+    index_hold: tuple[tuple[int, ...], ...] | None = None
+    hit_alignment: int = 0
+    hit_limit: int = 0
 
     @property
     def partial_tail(self) -> int:
@@ -307,6 +314,11 @@ class AdmissionObservation:
             lines.append(
                 f"  connector: update_state_after_alloc(req, blocks={[list(g) for g in self.connector_block_ids]}, "
                 f"num_external_tokens={self.connector_external_tokens})"
+            )
+        if self.index_hold is not None:
+            lines.append(
+                f"  index at the lookup: prefix lengths held per group={[list(g) for g in self.index_hold]}, "
+                f"hit alignment {self.hit_alignment}, limit {self.hit_limit}"
             )
         if self.truncated_at is not None:
             lines.append(f"  truncate_computed_blocks(blocks, {self.truncated_at}) was called")

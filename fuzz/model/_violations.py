@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["HarnessError", "InvariantViolation"]
+__all__ = ["HarnessError", "InvariantViolation", "MissedHit"]
 
 
 class InvariantViolation(AssertionError):
@@ -44,6 +44,22 @@ class InvariantViolation(AssertionError):
         # The failing run's operation log (fuzz.model.OpLog), set by the
         # runner that raised it: the standalone repro is written from it.
         self.oplog: object | None = None
+
+
+class MissedHit(InvariantViolation):
+    """A lookup served a shorter prefix-cache hit than the index held for it:
+    a performance bug (tokens recomputed that were cached), never a
+    corruption. Its own outcome (:data:`fuzz.outcomes.Outcome.MISSED_HIT`),
+    counted, reported and exited on apart from violations.
+
+    A subclass rather than a separate type, on purpose: everything that
+    carries a failing run works on it unchanged (Hypothesis shrinks it as an
+    ``AssertionError``, the runner attaches its operation log, the campaign
+    deduplicates it by invariant, call and state, and writes its repro and
+    sidecar), and only the places that tell outcomes apart
+    (:func:`fuzz.outcomes.classify`, the sidecar's ``outcome``) look at the
+    type. A check that catches ``InvariantViolation`` to collect findings
+    (``step_violations``) collects it too, which is what a run wants."""
 
 
 class HarnessError(RuntimeError):

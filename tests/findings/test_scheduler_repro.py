@@ -460,6 +460,18 @@ def test_a_planted_promise_bug_becomes_a_standalone_repro(bug: str, tmp_path: Pa
     _check_repro(source, bug, tmp_path, check=kit_check)
 
 
+# Claims the kit cannot state yet (their table row says repro=False): the
+# planted bug's fixed run, shrunk, is written as no file (bug -> invariant).
+UNSTATED_BUGS = {"hit_stops_a_block_early": "hit-matches-index"}
+
+
+@pytest.mark.parametrize("bug", sorted(UNSTATED_BUGS))
+def test_a_planted_bug_of_a_claim_the_kit_cannot_state_gets_no_file(bug: str) -> None:
+    log, invariant = _fixed_case_log(bug)
+    assert log is not None and invariant == UNSTATED_BUGS[bug] and invariant not in WRITABLE
+    assert scheduler_repro(log, invariant=invariant, target="scheduler-machine", seed=0, violation="") is None
+
+
 @pytest.mark.parametrize("bug", sorted(MACHINE_BUGS))
 def test_a_planted_failed_load_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
     check, budget = MACHINE_BUGS[bug]
@@ -491,6 +503,7 @@ def test_every_planted_scheduler_bug_has_a_repro_case() -> None:
     from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS
 
     cases = set(BUGS) | set(MACHINE_BUGS) | {bug for _, bug in CHECK_ALONE} | set(OWNERSHIP_BUGS) | set(PROMISE_BUGS)
+    cases |= set(UNSTATED_BUGS)
     cases.add("rejected_drafts_stay_computed")  # test_a_planted_spec_decode_bug_becomes_a_standalone_repro
     cases.add("records_first_sampled_token")  # test_accepted_drafts_recorded_as_other_tokens_...
     cases.add("drafts_never_cut")  # tests/findings/test_triage_planted.py: a new assert beside a known one

@@ -30,6 +30,7 @@ from invariants import scheduler as inv
 from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import check_events_replay_index, check_hits_within_namespace, check_lookahead_allocated
 from invariants.promises import check_preempted_resumable
+from invariants.hits import check_hit_matches_index
 from fuzz.model import InvariantViolation
 from fuzz.model import SingleShotScenario
 from strategies.single_shot import single_shot_scenarios
@@ -196,6 +197,22 @@ def tenants_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def repeated_prompt_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """One 13-token prompt sent twice, one after the other, on 4-token
+    blocks: the second lookup has a prediction and hits its 3 cached blocks
+    (12 tokens, under the 12-token limit)."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2))
+    run = Stepper(harness, checks)
+    seen = []
+    for _ in range(2):
+        rid = harness.add_request(range(13), max_tokens=2)
+        seen += [a for a in run.step().admissions if a.request_id == rid]
+        run.drain()
+    assert seen[-1].index_hold == ((4, 8, 12),) and seen[-1].local_hit == 12, seen[-1].describe()
+    return run
+
+
 def eagle_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     """:func:`speculating_harness`'s async EAGLE run (k = 3: the drafter
     writes 3 positions ahead of every step it drafts from), stepped with
@@ -222,6 +239,7 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
     (check_lookahead_allocated, "lookahead-allocated", "lookahead_not_allocated", eagle_run, None),
     (check_preempted_resumable, "preempted-resumable", "preempt_keeps_computed_tokens", preempting_run,
      "preemption"),
+    (check_hit_matches_index, "hit-matches-index", "hit_stops_a_block_early", repeated_prompt_run, None),
 ]
 
 

@@ -1,0 +1,75 @@
+"""What the prefix-cache index holds for one lookup, read at the instant of
+the lookup: the model side of the hit-length claim (invariants/hits.py).
+
+A request's hash at a hash-block boundary ``k * hash_block_size`` chains
+over every token (and the cache salt) before it, so it names that prefix
+alone; the index files a block under (that hash, group) when the block holds
+the prefix's last block, full or, for the last hash boundary of a prompt
+inside a larger block, partial. This module reads, per group, which prefix
+lengths of the request the index has an entry for. It never calls vLLM's
+lookup: how long a hit those entries allow is the claim's own rule.
+
+The record is made only for layouts whose rules the claim states: every
+group full attention or Mamba and prefix-cacheable, no EAGLE block drop, no
+context-parallel sharding (DCP/PCP), and a lookup the request does not skip.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fuzz.adapter import _compat
+
+from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id  # noqa: E402
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec  # noqa: E402
+
+__all__ = ["index_hold"]
+
+
+def _stated(manager: Any) -> bool:
+    """The layout is one the hit-length claim predicts for."""
+    coordinator = manager.coordinator
+    if getattr(coordinator, "drop_eagle_group_ids", None) or getattr(manager, "use_eagle", False):
+        return False
+    if int(getattr(coordinator, "pcp_world_size", 1) or 1) > 1:
+        return False
+    for group, single in zip(manager.kv_cache_config.kv_cache_groups, coordinator.single_type_managers):
+        spec = group.kv_cache_spec
+        if not (isinstance(spec, FullAttentionSpec) and type(single) is FullAttentionManager) and not (
+            type(spec) is MambaSpec and type(single) is MambaManager
+        ):
+            return False
+        if not getattr(spec, "prefix_cacheable", True) or max(
+            int(getattr(single, "dcp_world_size", 1) or 1), int(getattr(single, "pcp_world_size", 1) or 1)
+        ) > 1:
+            return False
+    return True
+
+
+def index_hold(manager: Any, request: Any, max_cache_hit_length: int | None) -> dict[str, Any]:
+    """The AdmissionObservation fields of the model's index for ``request``'s
+    lookup by ``manager`` (a KVCacheManager): per group, the prefix lengths
+    (multiples of the hash block) the index holds an entry for; the hit
+    alignment; the caller's limit. Empty (no prediction) for a layout the
+    claim does not state, a request that skips the lookup, or a release that
+    keeps its index otherwise."""
+    # Whether vLLM looks at all is its own call (prompt logprobs, skip_reading_prefix_cache): not this claim's.
+    lookup_enabled = getattr(manager, "prefix_cache_lookup_enabled", None)
+    if not manager.enable_caching or (lookup_enabled is not None and not lookup_enabled(request)):
+        return {}
+    if getattr(request, "skip_reading_prefix_cache", False) or not _stated(manager):
+        return {}
+    cached = _compat.prefix_cache_map(manager.block_pool)
+    if cached is None:
+        return {}
+    coordinator = manager.coordinator
+    hash_block = manager.block_pool.hash_block_size
+    alignment = hash_block if _compat.partial_hits_enabled(coordinator) else coordinator.scheduler_block_size
+    hashes = list(request.block_hashes)
+    held = tuple(
+        tuple((i + 1) * hash_block for i, h in enumerate(hashes) if cached.get(make_block_hash_with_group_id(h, g)))
+        for g in range(len(manager.kv_cache_config.kv_cache_groups))
+    )
+    limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
+    return {"index_hold": held, "hit_alignment": alignment, "hit_limit": limit}

@@ -1,0 +1,69 @@
+"""hit-matches-index's rules on hand-made observations: the reach of a
+full-attention group (full blocks, then one partial entry with sub-block
+hits on), Mamba states, the alignment, the limit, and the divergent-hit
+connector's local hit (invariants/hits.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, MissedHit
+from invariants.hits import check_hit_matches_index, predicted_hit
+
+FULL, MAMBA = "vllm.v1.kv_cache_interface.FullAttentionSpec", "vllm.v1.kv_cache_interface.MambaSpec"
+
+
+def _adm(groups: list[tuple[str, int]], held: list[tuple[int, ...]], *, align: int, limit: int, hit: int = 0,
+         divergent: bool = False) -> AdmissionObservation:
+    infos = tuple(GroupInfo(i, cls, (), size, True) for i, (cls, size) in enumerate(groups))
+    return AdmissionObservation(
+        request_id="r0", step=1, num_tokens=limit + 1, groups=infos, spans=tuple(None for _ in groups),
+        scheduler_block_size=max(s for _, s in groups), hash_block_size=align, null_block_id=0,
+        divergent_capable=divergent, local_hit=hit, local_blocks=(), hit_diverged=False, per_group_hits=(),
+        joint_hit=hit, joint_blocks=(), index_hold=tuple(held), hit_alignment=align, hit_limit=limit,
+    )
+
+
+@pytest.mark.parametrize(
+    ("groups", "held", "align", "limit", "expected"),
+    [
+        # Full blocks only, capped by the limit and broken by a missing block.
+        ([(FULL, 4)], [(4, 8, 12)], 4, 12, 12),
+        ([(FULL, 4)], [(4, 8, 12)], 4, 11, 8),
+        ([(FULL, 4)], [(4, 12)], 4, 12, 4),
+        # Sub-block hits: one partial entry past the full run; none without them.
+        ([(FULL, 8)], [(8, 12)], 4, 20, 12),
+        ([(FULL, 8)], [(8, 12)], 8, 20, 8),
+        # Two full-attention groups: the shorter reach, aligned.
+        ([(FULL, 4), (FULL, 8)], [(4, 8, 12, 16), (8, 12)], 4, 20, 12),
+        # Mamba: exactly a length it holds a state for, within the full-attention reach.
+        ([(FULL, 4), (MAMBA, 8)], [(4, 8, 12, 16), (8, 24)], 8, 30, 8),
+        ([(MAMBA, 8)], [(8, 24)], 8, 30, 24),
+    ],
+)
+def test_the_longest_hit_the_index_allows(groups, held, align, limit, expected) -> None:
+    predicted = predicted_hit(_adm(groups, held, align=align, limit=limit))
+    assert predicted is not None and predicted[0] == expected, predicted
+
+
+def test_a_divergent_hit_connector_gets_the_full_attention_groups_own_reach() -> None:
+    groups, held = [(FULL, 4), (MAMBA, 8)], [(4, 8, 12, 16), (8,)]
+    assert predicted_hit(_adm(groups, held, align=4, limit=20, divergent=True))[0] == 16  # type: ignore[index]
+    # A Mamba state past the full-attention reach: vLLM falls back to the joint hit.
+    assert predicted_hit(_adm(groups, [(4,), (8,)], align=4, limit=20, divergent=True))[0] == 0  # type: ignore[index]
+
+
+def test_longer_is_a_violation_shorter_a_missed_hit_equal_passes() -> None:
+    groups, held = [(FULL, 4)], [(4, 8)]
+    check_hit_matches_index(_adm(groups, held, align=4, limit=12, hit=8))
+    with pytest.raises(MissedHit) as short:
+        check_hit_matches_index(_adm(groups, held, align=4, limit=12, hit=4))
+    assert "4 cached token(s) recomputed" in str(short.value)
+    with pytest.raises(InvariantViolation) as long:
+        check_hit_matches_index(_adm(groups, held, align=4, limit=12, hit=12))
+    assert not isinstance(long.value, MissedHit) and long.value.state == "a hit longer than the index holds"
+
+
+def test_no_prediction_without_the_models_index() -> None:
+    adm = _adm([(FULL, 4)], [(4,)], align=4, limit=12, hit=12)
+    check_hit_matches_index(AdmissionObservation(**{**adm.__dict__, "index_hold": None}))
