@@ -59,28 +59,13 @@ from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import PROMISE_CHECKS
 
 __all__ = [
-    "WHERE",
-    "ADMISSION_CHECKS",
-    "STEP_CHECKS",
-    "chained_copies",
-    "check_copy_sources_ready",
-    "check_admission",
-    "check_computed_below_num_tokens",
-    "check_computed_tokens_add_up",
-    "check_diverged_hit_falls_back",
-    "check_kv_matches_tokens",
-    "check_local_part_covered",
-    "check_mamba_state_at_resume_boundary",
-    "check_no_exception_escapes",
-    "check_no_leaked_blocks",
-    "check_rejected_drafts_rolled_back",
-    "check_running_requests_progress",
-    "check_skipping_request_reads_no_cache",
-    "check_stale_output_dropped",
-    "check_step",
-    "step_violations",
-    "check_truncated_view",
-    "expects_truncation",
+    "ADMISSION_CHECKS", "STEP_CHECKS", "WHERE", "chained_copies", "check_admission",
+    "check_computed_below_num_tokens", "check_computed_tokens_add_up", "check_copy_sources_ready",
+    "check_diverged_hit_falls_back", "check_kv_matches_tokens", "check_local_part_covered",
+    "check_mamba_state_at_resume_boundary", "check_no_exception_escapes", "check_no_leaked_blocks",
+    "check_rejected_drafts_rolled_back", "check_running_requests_progress",
+    "check_skipping_request_reads_no_cache", "check_stale_output_dropped", "check_step", "check_truncated_view",
+    "expects_truncation", "step_violations",
 ]
 
 
