@@ -141,29 +141,30 @@ def preempting_producer_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
-def preempting_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
-    """Three 10-token requests decoding 12 tokens each on a 9-block pool of
-    4-token blocks, synchronous scheduling: each needs 3 blocks to start and
-    a fourth at token 13, which only a preemption frees."""
-    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=9)
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=16, max_num_seqs=3))
-    for i in range(3):
-        harness.add_request(range(100 * i, 100 * i + 10), max_tokens=12)
+def _decoding(checks: tuple[Callable[..., None], ...], *, requests: int, max_tokens: int, num_blocks: int) -> Stepper:
+    """``requests`` 10-token prompts, all admitted at once, decoding
+    ``max_tokens`` each on one FullAttention group of 4-token blocks
+    (``num_blocks`` of them), synchronous scheduling, run until idle (or
+    stalled)."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=num_blocks)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=16, max_num_seqs=requests))
+    for i in range(requests):
+        harness.add_request(range(100 * i, 100 * i + 10), max_tokens=max_tokens)
     run = Stepper(harness, checks)
     run.drain()
     return run
+
+
+def preempting_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """Three requests decoding 12 tokens each on a 9-block pool: each needs
+    3 blocks to start and a fourth at token 13, which only a preemption
+    frees."""
+    return _decoding(checks, requests=3, max_tokens=12, num_blocks=9)
 
 
 def decoding_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
-    """Two requests decoding 3 tokens each on one FullAttention group,
-    synchronous scheduling, run until idle (or stalled)."""
-    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=12)
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=16, max_num_seqs=2))
-    for i in range(2):
-        harness.add_request(range(100 * i, 100 * i + 10), max_tokens=3)
-    run = Stepper(harness, checks)
-    run.drain()
-    return run
+    """Two requests decoding 3 tokens each on a 12-block pool."""
+    return _decoding(checks, requests=2, max_tokens=3, num_blocks=12)
 
 
 def evicting_events_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
