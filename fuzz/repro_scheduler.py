@@ -94,6 +94,8 @@ _CHECK_OF = {
     "events-replay-index": "_check_events_replay_index",
     "lookahead-allocated": "_check_lookahead_allocated",
     "preempted-resumable": "_check_preempted_resumable",
+    # What the index names (invariants/contents.py).
+    "index-names-its-prefix": "_check_index_names_its_prefix",
 }
 WRITABLE = frozenset(_CHECK_OF)
 
@@ -102,7 +104,7 @@ WRITABLE = frozenset(_CHECK_OF)
 _CONTENTS = frozenset({"reads-written", "index-written"})
 # ... and those stated on what the model keeps beside: each block's last
 # writer's cache salt, the block tables handed to the runner.
-_KEEPS_CONTENTS = _CONTENTS | {"hits-within-namespace", "lookahead-allocated"}
+_KEEPS_CONTENTS = _CONTENTS | {"hits-within-namespace", "lookahead-allocated", "index-names-its-prefix"}
 
 # The invariants whose checks need READ_RULES (which blocks a step reads).
 _READS = frozenset({"read-blocks-held", "same-step-hazard"}) | _CONTENTS
@@ -585,6 +587,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         "WATCH_LOOKAHEAD": (invariant == "lookahead-allocated", []),
         "WATCH_EVENTS": (invariant == "events-replay-index", []),
         "WATCH_PREEMPTED": (invariant == "preempted-resumable", []),
+        "WATCH_INDEX": (invariant == "index-names-its-prefix", []),
         "FAILING_LOADS": (any(op.fed is not None and (op.fed.failed_recving or op.fed.invalid_block_ids)
                               for op in log.until_step(_broken_step(log)).steps), []),
         "SAVED_STORE": (any(r.reply is not None and r.reply.kind == "saved" for r in requests), []),

@@ -16,6 +16,7 @@ from fuzz.model import InvariantViolation, StepObservation
 __all__ = [
     "LOST_TO_COPY_BEFORE_FILL",
     "LOST_TO_COPY_OF_COPY",
+    "MISNAMED_ENTRY",
     "OTHER_TOKENS",
     "OTHER_TOKENS_AFTER_FAILED_LOAD",
     "UNBACKED_ENTRY",
@@ -24,6 +25,7 @@ __all__ = [
     "UNWRITTEN_READ_AFTER_WHOLE_LOAD",
     "chained_copies",
     "check_copy_sources_ready",
+    "check_index_names_its_prefix",
     "check_index_written",
     "check_kv_matches_tokens",
     "check_reads_written",
@@ -142,11 +144,35 @@ def check_index_written(step: StepObservation) -> None:
     )
 
 
+def check_index_names_its_prefix(step: StepObservation) -> None:
+    """The index mirrored: after every step, each entry of the prefix-cache
+    index (full or partial, a block's own key or one it carries beside it)
+    names a block whose contents, at every position its key covers inside
+    the block that the block holds anything at, are the KV of exactly the
+    key's prefix: that position, computed from the token the key hashed
+    there. A key is a hash over a request's tokens; what it stands for is
+    learnt from the requests that carried it, never from the cache. A
+    block that is freed and reused, evicted or overwritten must leave no
+    key of its old prefix behind: the next lookup of that prefix adopts the
+    new owner's KV."""
+    if not step.misnamed_entries:
+        return
+    raise InvariantViolation(
+        "index-names-its-prefix",
+        "\n".join(e.describe() for e in step.misnamed_entries)
+        + f"\n{step.describe()}"
+        + (f"\n  scenario: {step.context}" if step.context else ""),
+        where="BlockPool",
+        state=MISNAMED_ENTRY,
+    )
+
+
 # What a block lacks (matched by known-bug signatures): plain, or every
 # missing position lost to a copy-on-write copy made before the step filled
 # its source (blamed on the partial-hit copy-on-write).
 UNWRITTEN_READ = "a read of a position its block does not hold"
 UNBACKED_ENTRY = "a prefix-cache entry ahead of its block's contents"
+MISNAMED_ENTRY = "a prefix-cache key naming a block that holds other KV"
 UNWRITTEN_READ_AFTER_WHOLE_LOAD = "a read by the last-token recompute after a whole-prompt async load"
 UNWRITTEN_READ_AFTER_ROLLBACK = "a read by the recompute after a failed-load rollback"
 LOST_TO_COPY_BEFORE_FILL = "lost to a same-step copy made before its source was filled"

@@ -50,6 +50,7 @@ from invariants.connector import CONNECTOR_ADMISSION_CHECKS, CONNECTOR_STEP_CHEC
 from invariants.contents import (
     chained_copies,
     check_copy_sources_ready,
+    check_index_names_its_prefix,
     check_index_written,
     check_kv_matches_tokens,
     check_reads_written,
@@ -505,12 +506,15 @@ STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     # What the blocks hold (fuzz/adapter/_contents.py).
     check_reads_written,
     check_index_written,
+    check_index_names_its_prefix,
 )
 
 # Reported after every other step and admission check of the step: a bug a
 # narrower claim names (a wrong count, a block not held, a load not covered)
 # also leaves blocks without their contents, and is reported by that claim.
-CONTENTS_CHECKS: tuple[Callable[[StepObservation], None], ...] = (check_reads_written, check_index_written)
+CONTENTS_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
+    check_reads_written, check_index_written, check_index_names_its_prefix,
+)
 
 ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
     check_computed_tokens_add_up,

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from invariants import connector as conn
+from invariants import contents
 from invariants import hits
 from invariants import ownership as own
 from invariants import promises as prom
@@ -132,6 +133,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     # What the blocks hold (fuzz/adapter/_contents.py).
     _s("reads-written", sched.check_reads_written, "partial_hit_shares_its_block"),
     _s("index-written", sched.check_index_written, "caches_async_load_early"),
+    _s("index-names-its-prefix", contents.check_index_names_its_prefix, "evicted_key_stays_indexed"),
     # What the cache promises (invariants/promises.py).
     _s("lookahead-allocated", prom.check_lookahead_allocated, "lookahead_not_allocated"),
     _s("hits-within-namespace", prom.check_hits_within_namespace, "cache_salt_not_hashed"),

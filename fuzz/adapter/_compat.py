@@ -292,6 +292,11 @@ def group_of_key(key: Any) -> int:
 from vllm.v1.core.kv_cache_utils import get_group_id as _get_group_id  # noqa: E402
 
 
+def hash_of_key(key: Any) -> Any:
+    """A prefix-cache key's block hash (its group id stripped)."""
+    return _kcu.get_block_hash(key)
+
+
 def event_key(key: Any) -> tuple[int, Any]:
     """A prefix-cache key as KV events spell it: (group, the external form of
     its hash that ``BlockStored`` / ``BlockRemoved`` carry)."""

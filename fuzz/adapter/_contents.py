@@ -37,7 +37,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["COPIED_BEFORE_FILL", "COPIED_FROM_COPY", "FAILED_LOAD", "BlockContents", "entries_of", "read_positions"]
+__all__ = [
+    "COPIED_BEFORE_FILL", "COPIED_FROM_COPY", "FAILED_LOAD", "BlockContents", "KeyPrefixes", "all_entries_of",
+    "entries_of", "read_positions",
+]
 
 # What a block copy's destination holds where its source was filled only
 # later in the same step (the runner copies before the step's loads and
@@ -253,6 +256,30 @@ class BlockContents:
                 bad.append((group, block_id, num_tokens, missing))
         return bad
 
+    def misnamed(self, group: int, block_id: int, tokens: Sequence[int]
+                 ) -> list[tuple[int, int, tuple[int, int, int | None]]]:
+        """Of the positions a key for the prefix ``tokens`` covers inside
+        ``block_id`` (a group-``group`` block: the key's last block, from
+        the block's first position to the prefix's end), each the block
+        holds the KV of another position or another token at: (position,
+        the key's token there, what the block holds). Positions it holds
+        nothing at, or what a load failed or a same-step copy lost, are the
+        other contents claims' (index-written's, the failed-load claims')."""
+        n = len(tokens)
+        if not self.per_position[group] or n <= 0:
+            return []
+        size = self.block_sizes[group]
+        first = (n - 1) // size * size
+        held = self.held.get(block_id, {})
+        wrong = []
+        for p in range(first, n):
+            h = held.get(p % size)
+            if h is None or h[0] < 0:
+                continue
+            if h[0] != p or (h[2] is not None and h[2] != tokens[p]):
+                wrong.append((p, tokens[p], h))
+        return wrong
+
     def foreign_blocks(self, request_id: str, block_ids: Sequence[Sequence[int]],
                        tables: Sequence[Sequence[int]] | None = None) -> list[tuple[int, int, str]]:
         """Of ``block_ids`` (per group) that ``request_id`` adopts, each of a
@@ -300,3 +327,38 @@ def entries_of(cached: Mapping[Any, Any], group_of: Any) -> list[tuple[int, int,
             if block.block_hash == key and num_tokens is not None:
                 found.append((group_of(key), block.block_id, num_tokens))
     return sorted(found)
+
+
+def all_entries_of(cached: Mapping[Any, Any], hash_of: Any, group_of: Any) -> list[tuple[int, int, Any]]:
+    """(group, block id, hash) of every entry of vLLM's prefix-cache map
+    ``cached`` (key -> block, or block id -> block): full and partial,
+    whether or not the block carries the key as its own; ``hash_of(key)``
+    and ``group_of(key)`` split a key."""
+    found = []
+    for key, blocks in cached.items():
+        for block in blocks.values() if isinstance(blocks, dict) else (blocks,):
+            found.append((group_of(key), block.block_id, hash_of(key)))
+    return sorted(found, key=lambda e: (e[0], e[1], repr(e[2])))
+
+
+class KeyPrefixes:
+    """What each prefix-cache key stands for: the hash of a request's first
+    ``j * hash_block_size`` tokens (its cache salt and extra keys folded
+    in) -> (that request, those tokens). A key of any group block size is
+    the hash at the prefix's last hash-block boundary, so every key vLLM
+    files is one of the hashes a request it holds carried when it filed it.
+    The tokens are those vLLM hashed (the request's ``all_token_ids``); a
+    key met first is kept (two requests carrying one hash share its prefix)."""
+
+    def __init__(self, hash_block_size: int) -> None:
+        self.hash_block_size = hash_block_size
+        self.prefix: dict[Any, tuple[str, tuple[int, ...]]] = {}
+        self._seen: dict[str, int] = {}
+
+    def learn(self, request_id: str, block_hashes: Sequence[Any], token_ids: Sequence[int]) -> None:
+        """``request_id`` carries ``block_hashes`` over ``token_ids``."""
+        start = self._seen.get(request_id, 0)
+        for j in range(start, len(block_hashes)):
+            end = (j + 1) * self.hash_block_size
+            self.prefix.setdefault(block_hashes[j], (request_id, tuple(token_ids[:end])))
+        self._seen[request_id] = max(start, len(block_hashes))

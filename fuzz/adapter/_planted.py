@@ -494,6 +494,15 @@ _MANAGER_EDITS["eviction_announces_nothing"] = (
     (("self._emit_block_removed_events(evicted_hashes)", "pass"),),
 )
 
+# What the index names (invariants/contents.py): a key outliving its block's contents.
+_MANAGER_EDITS["evicted_key_stays_indexed"] = (
+    "BlockPool._remove_cached_block_hashes clears a reused block's own key but leaves "
+    "every key in the prefix-cache index (reporting none removed): the old prefix's "
+    "next lookup adopts the block the pool gave a new owner, who overwrites it",
+    ("vllm.v1.core.block_pool", "BlockPool", "_remove_cached_block_hashes"),
+    (("self.cached_block_hash_to_block.pop(block_hash, block.block_id)", "None"),),
+)
+
 # How long a hit the lookup serves (invariants/hits.py): a missed hit.
 _MANAGER_EDITS["hit_stops_a_block_early"] = (
     "UnitaryKVCacheCoordinator.find_longest_cache_hit drops the last block of a "

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fuzz.adapter import _compat
-from fuzz.adapter._contents import BlockContents, entries_of
+from fuzz.adapter._contents import BlockContents, KeyPrefixes, all_entries_of, entries_of
 from fuzz.adapter._oplog import model_runner_output
 from fuzz.adapter._reports import WorkerRecord, computed_before
 
@@ -29,6 +29,7 @@ from fuzz.model import (  # noqa: E402
     GroupInfo,
     ForeignHit,
     KvFromOtherToken,
+    MisnamedEntry,
     MissingLookahead,
     SchedulerDraw,
     UnbackedEntry,
@@ -68,6 +69,7 @@ class ScriptedRunner:
         self.max_model_len = max_model_len
         self.missing_lookahead: list[MissingLookahead] = []
         self._failing_now: frozenset[int] = frozenset()  # the blocks the worker fails in this step's sync loads
+        self.keys: KeyPrefixes | None = None  # what each prefix-cache key stands for (made with the pool)
 
     def hand_over(self, out: Any, allocs: tuple[ConnectorAlloc, ...], admissions: Sequence[AdmissionObservation],
                   invalid: set[int], step: int) -> None:
@@ -214,17 +216,32 @@ class ScriptedRunner:
             ]
         return reads
 
-    def unbacked_entries(self, pool: Any) -> tuple[UnbackedEntry, ...]:
+    def index_entries(self, pool: Any, requests: Mapping[str, Any]
+                      ) -> tuple[tuple[UnbackedEntry, ...], tuple[MisnamedEntry, ...]]:
         """After the step: each prefix-cache entry whose block does not hold
-        what its key covers (see BlockContents.unbacked_entries)."""
+        what its key covers (see BlockContents.unbacked_entries), and each
+        whose block holds the KV of something else there (see
+        BlockContents.misnamed). What a key stands for is learnt from the
+        hashes vLLM's ``requests`` carry (its hash function's, not its cache's
+        word): every key the index files is one of them."""
         cached = _compat.prefix_cache_map(pool)
         if cached is None:
-            return ()
-        entries = entries_of(cached, _compat.group_of_key)
-        return tuple(
+            return (), ()
+        if self.keys is None:
+            self.keys = KeyPrefixes(pool.hash_block_size)
+        for rid, request in requests.items():
+            self.keys.learn(rid, request.block_hashes, request.all_token_ids)
+        unbacked = tuple(
             UnbackedEntry(group, block_id, n, tuple(missing))
-            for group, block_id, n, missing in self.contents.unbacked_entries(entries)
+            for group, block_id, n, missing in self.contents.unbacked_entries(entries_of(cached, _compat.group_of_key))
         )
+        misnamed = []
+        for group, block_id, block_hash in all_entries_of(cached, _compat.hash_of_key, _compat.group_of_key):
+            rid, tokens = self.keys.prefix.get(block_hash, ("", ()))
+            wrong = self.contents.misnamed(group, block_id, tokens)
+            if wrong:
+                misnamed.append(MisnamedEntry(group, block_id, bytes(block_hash).hex()[:12], rid, len(tokens), tuple(wrong)))
+        return unbacked, tuple(misnamed)
 
     def kv_from_other_tokens(self, out: Any, requests: Mapping[str, Any],
                              recomputed: set[str]) -> tuple[KvFromOtherToken, ...]:

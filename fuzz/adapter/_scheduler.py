@@ -42,18 +42,8 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 from fuzz.model import Abort, AddRequest, ConnectorAnswer, Evict, FedOutput, OpLog, Step  # noqa: E402
 from fuzz.model import (  # noqa: E402
-    DraftVerification,
-    ExternalReply,
-    GroupInfo,
-    HarnessError,
-    PoolObservation,
-    SchedulerDraw,
-    SpecDraw,
-    StaleOutput,
-    EventGap,
-    ForeignHit,
-    StepObservation,
-    UnbackedEntry,
+    DraftVerification, EventGap, ExternalReply, ForeignHit, GroupInfo, HarnessError, MisnamedEntry, PoolObservation,
+    SchedulerDraw, SpecDraw, StaleOutput, StepObservation, UnbackedEntry,
 )
 from fuzz.model import group_behaviour as _group_behaviour  # noqa: E402
 from fuzz.model import classification_of_kind  # noqa: E402
@@ -375,6 +365,7 @@ class SchedulerHarness:
         invalid = self.faults.invalid_blocks(admissions)
         queued = None
         unbacked: tuple[UnbackedEntry, ...] = ()
+        misnamed: tuple[MisnamedEntry, ...] = ()
         foreign: tuple[ForeignHit, ...] = ()
         if out is not None:
             self.runner.hand_over(out, connector_allocs, admissions, invalid, self.step_index)
@@ -385,7 +376,7 @@ class SchedulerHarness:
             # The index as the step runs: what schedule() cached, against
             # what the step's forward pass and loads have written by then
             # (an async load's blocks only once it is reported landed).
-            unbacked = self.runner.unbacked_entries(self.pool)
+            unbacked, misnamed = self.runner.index_entries(self.pool, self.scheduler.requests)
             foreign = self.runner.foreign_hits(admissions)
         finished: frozenset[str] = frozenset()
         fed = None if error else self._take_output(queued)
@@ -475,6 +466,7 @@ class SchedulerHarness:
             kv_from_other_tokens=kv_wrong,
             unwritten_reads=tuple(self.runner.unwritten_reads) if out is not None else (),
             unbacked_entries=unbacked,
+            misnamed_entries=misnamed,
             event_gaps=gaps,
             events_replayed=self.observer.events is not None and fed is not None and not error,
             foreign_hits=foreign,

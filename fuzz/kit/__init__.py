@@ -43,6 +43,7 @@ KIT_MODULES = (
     "fuzz.adapter._reports",
     "fuzz.adapter._contents",
     "fuzz.adapter._events",
+    "fuzz.kit._index",
     "fuzz.kit._contents",
     "fuzz.kit._watch",
     "fuzz.kit._worker",

@@ -11,7 +11,8 @@ from vllm.v1.core.kv_cache_utils import get_group_id
 
 from fuzz.adapter._contents import BlockContents, entries_of
 from fuzz.adapter._reports import computed_before
-from fuzz.kit._params import READ_RULES, ROLES, WATCH_LOOKAHEAD, WATCH_NAMESPACES, WATCH_UNWRITTEN
+from fuzz.kit._index import _misnamed_entries
+from fuzz.kit._params import READ_RULES, ROLES, WATCH_INDEX, WATCH_LOOKAHEAD, WATCH_NAMESPACES, WATCH_UNWRITTEN
 
 
 def _make_contents(scheduler):
@@ -34,7 +35,8 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
     were accepted). Then, as far as the claim needs them: the tables short
     of the drafter's lookahead; the blocks adopted across cache salts; what
     each request reads below where it starts that its blocks do not hold,
-    and the prefix-cache entries ahead of their blocks' contents."""
+    the prefix-cache entries ahead of their blocks' contents, and those
+    naming blocks that hold other KV."""
     contents, tokens = watch.contents, watch.worker.tokens
     if WATCH_NAMESPACES:  # each request's namespace: its cache salt ("" for none)
         for rid, request in scheduler.requests.items():
@@ -81,6 +83,8 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
         ]
         cached = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
         watch.unbacked = contents.unbacked_entries(entries_of(cached, get_group_id))
+    if WATCH_INDEX:  # what each key names, against what the key stands for
+        watch.misnamed = _misnamed_entries(scheduler, contents, watch.keys)
 
 
 def _short_tables(scheduler, out, sampled, contents):

@@ -11,16 +11,19 @@ from __future__ import annotations
 from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, maybe_convert_block_hash
 
 from fuzz.adapter._events import EventLog, event_gaps, index_counts
+from fuzz.adapter._contents import KeyPrefixes
 from fuzz.adapter._reports import WorkerRecord
 from fuzz.kit._build import _cdiv, _ids
 from fuzz.kit._contents import _make_contents
 from fuzz.kit._params import (
     ASYNC_SCHEDULING,
     FAILING_LOADS,
+    HASH_BLOCK_SIZE,
     NULL_BLOCK,
     SPECS,
     WATCH_CONTENTS,
     WATCH_EVENTS,
+    WATCH_INDEX,
     WATCH_POOL,
 )
 
@@ -104,6 +107,8 @@ class _Watch:
             self._watch_waiting_for_remote_kvs(sched, mgr)
         if WATCH_CONTENTS:
             self.contents = _make_contents(scheduler)
+        if WATCH_INDEX:
+            self.keys = KeyPrefixes(HASH_BLOCK_SIZE)  # what each prefix-cache key stands for
         if WATCH_EVENTS:
             # Every batch update_from_output() publishes is replayed, as a
             # KV-aware router replays it (the null publisher hands it over).

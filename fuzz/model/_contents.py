@@ -12,6 +12,7 @@ __all__ = [
     "EventGap",
     "ForeignHit",
     "KvFromOtherToken",
+    "MisnamedEntry",
     "MissingLookahead",
     "UnbackedEntry",
     "UnwrittenRead",
@@ -108,6 +109,30 @@ class UnbackedEntry:
             f"group {self.group}: the prefix-cache entry for the first {self.num_tokens} tokens names block "
             f"{self.block_id}, which does not hold the KV of positions {[p for p, _ in self.missing]} "
             + _what_it_holds(self.missing)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class MisnamedEntry:
+    """A prefix-cache entry (full or partial) whose block holds, at positions
+    its key covers inside the block, the KV of other positions or tokens than
+    the key's prefix: a lookup of that prefix adopts KV of something else."""
+
+    group: int
+    block_id: int
+    key: str  # the key's hash, short hex
+    request_id: str  # the request whose prefix the key is (the first met carrying it)
+    num_tokens: int  # the prefix the key covers
+    # (position, the key's token there, what the block holds there:
+    # (position, step written, token computed from)) per position it misnames.
+    wrong: tuple[tuple[int, int, tuple[int, int, int | None]], ...]
+
+    def describe(self) -> str:
+        return (
+            f"group {self.group}: the prefix-cache key {self.key} (the first {self.num_tokens} tokens of request "
+            f"{self.request_id}) names block {self.block_id}, which holds other KV at positions "
+            f"{[p for p, *_ in self.wrong]}: (position, the key's token, what the block holds there as (position, "
+            f"step written, token)) {list(self.wrong)}"
         )
 
 

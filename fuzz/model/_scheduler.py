@@ -11,6 +11,7 @@ from fuzz.model._contents import (
     EventGap,
     ForeignHit,
     KvFromOtherToken,
+    MisnamedEntry,
     MissingLookahead,
     UnbackedEntry,
     UnwrittenRead,
@@ -509,9 +510,11 @@ class StepObservation:
     kv_from_other_tokens: tuple[KvFromOtherToken, ...] = ()
     # What the blocks hold (fuzz/adapter/_contents.py): positions a step read
     # that its blocks do not hold, and prefix-cache entries, after the step,
-    # whose blocks do not hold what their keys cover.
+    # whose blocks do not hold what their keys cover, or hold the KV of
+    # something else there.
     unwritten_reads: tuple[UnwrittenRead, ...] = ()
     unbacked_entries: tuple[UnbackedEntry, ...] = ()
+    misnamed_entries: tuple[MisnamedEntry, ...] = ()
     # KV events on (SchedulerDraw.kv_events), after an update_from_output()
     # that published: each key where the replayed events and the index
     # disagree. Empty where no update ran, or events are off.

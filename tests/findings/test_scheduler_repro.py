@@ -441,6 +441,8 @@ PROMISE_BUGS = {
     "lookahead_not_allocated": ("lookahead-allocated", "SPECULATIVE_METHOD = 'eagle'"),
     # A preemption: the file watches each preempted request right after schedule().
     "preempt_keeps_computed_tokens": ("preempted-resumable", "watch.preempted = _preempted_states(scheduler, out)"),
+    # An eviction: the file learns what each key stands for from the requests' hashes.
+    "evicted_key_stays_indexed": ("index-names-its-prefix", "keys.learn(rid, request.block_hashes"),
 }
 
 

@@ -31,6 +31,7 @@ from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import check_events_replay_index, check_hits_within_namespace, check_lookahead_allocated
 from invariants.promises import check_preempted_resumable
 from invariants.hits import check_hit_matches_index
+from invariants.contents import check_index_names_its_prefix
 from fuzz.model import InvariantViolation
 from fuzz.model import SingleShotScenario
 from strategies.single_shot import single_shot_scenarios
@@ -167,19 +168,31 @@ def decoding_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return _decoding(checks, requests=2, max_tokens=3, num_blocks=12)
 
 
-def evicting_events_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
-    """KV events on; four 13-token prompts with no common prefix, one after
-    another, decoding 2 tokens each on an 8-block pool of 4-token blocks:
-    each prompt caches 3 blocks, and from the third on the new prompt's
-    blocks are taken from cached ones (eviction announced by BlockRemoved)."""
+def _evicting(checks: tuple[Callable[..., None], ...], *, kv_events: bool) -> Stepper:
+    """Four 13-token prompts with no common prefix, one after another,
+    decoding 2 tokens each on an 8-block pool of 4-token blocks: each prompt
+    caches 3 blocks, and from the third on the new prompt's blocks are taken
+    from cached ones (an eviction)."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=9)
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2, kv_events=True))
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2, kv_events=kv_events))
     run = Stepper(harness, checks)
     for i in range(4):
         harness.add_request(range(100 * i, 100 * i + 13), max_tokens=2)
         run.drain()
-    assert harness.observer.events is not None and harness.observer.events.events_seen["BlockRemoved"] >= 2, harness.observer.events.events_seen
     return run
+
+
+def evicting_events_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """:func:`_evicting` with KV events on: each eviction is announced by BlockRemoved."""
+    run = _evicting(checks, kv_events=True)
+    events = run.harness.observer.events
+    assert events is not None and events.events_seen["BlockRemoved"] >= 2, events.events_seen
+    return run
+
+
+def evicting_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """:func:`_evicting` with KV events off."""
+    return _evicting(checks, kv_events=False)
 
 
 def tenants_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
@@ -241,6 +254,8 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
     (check_preempted_resumable, "preempted-resumable", "preempt_keeps_computed_tokens", preempting_run,
      "preemption"),
     (check_hit_matches_index, "hit-matches-index", "hit_stops_a_block_early", repeated_prompt_run, None),
+    # What the index names (invariants/contents.py).
+    (check_index_names_its_prefix, "index-names-its-prefix", "evicted_key_stays_indexed", evicting_run, None),
 ]
 
 
