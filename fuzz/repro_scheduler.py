@@ -147,7 +147,8 @@ def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None
         for op in log.ops:
             if isinstance(op, AddRequest):
                 harness.add_request(op.token_ids, max_tokens=op.max_tokens, reply=op.reply, request_id=op.request_id,
-                                    skip_reading_prefix_cache=op.skip_reading_prefix_cache, cache_salt=op.cache_salt)
+                                    skip_reading_prefix_cache=op.skip_reading_prefix_cache, cache_salt=op.cache_salt,
+                                    lora=op.lora)
             elif isinstance(op, Abort):
                 if op.during_step or op.request_id in harness.live_request_ids:
                     harness.abort(op.request_id, during_step=op.during_step)
@@ -336,9 +337,10 @@ def _program(log: OpLog, broken: int, invariant: str) -> list[str]:
         if isinstance(op, AddRequest):
             skip = ", skip_reading_prefix_cache=True" if op.skip_reading_prefix_cache else ""
             salt = f", cache_salt={op.cache_salt!r}" if op.cache_salt else ""
+            lora = f", lora={op.lora!r}" if op.lora else ""
             lines.append(
                 f'    scheduler.add_request(_make_request("{op.request_id}", {_const(op.request_id)}, '
-                f"max_tokens={op.max_tokens}{skip}{salt}))"
+                f"max_tokens={op.max_tokens}{skip}{salt}{lora}))"
             )
         elif isinstance(op, Abort) and op.during_step:
             lines.append(f'    watch.aborts.append("{op.request_id}")  # arrives while the model runs the next step')
@@ -565,6 +567,8 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
             f"DIVERGENT_HITS = {draw.divergent_hits!r}",
         ]),
         "KV_EVENTS": (draw.kv_events, [f"KV_EVENTS = {draw.kv_events!r}"]),
+        # --enable-lora, stated only where a request runs under an adapter.
+        "MAX_LORAS": (loras := draw.max_loras if any(r.lora for r in requests) else 0, [f"MAX_LORAS = {loras!r}"]),
         "STORE": (None, [
             "",
             "# The external store, per request: (kind, tokens held, first answers",

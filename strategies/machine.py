@@ -23,24 +23,30 @@ from strategies.scheduler import (
 from strategies.specs import drawable_kinds, kv_cache_layouts
 
 __all__ = [
-    "cache_salts",
+    "MACHINE_MAX_LORAS",
     "failing_load_configs",
     "generation_lengths",
     "machine_configs",
+    "namespaces",
     "pressure_lengths",
 ]
 
 
-# Two tenants, so that salted requests share prompts with each other and
-# with unsalted ones.
-_SALTS = ("tenant-a", "tenant-b")
+# What a request's blocks are hashed under besides its tokens: nothing, a
+# tenant's cache salt, or a LoRA adapter (requests draw prompts from shared
+# prefixes, so every namespace sends the same tokens).
+_NAMESPACES: tuple[tuple[str | None, str | None], ...] = (
+    (None, None), (None, None), ("tenant-a", None), (None, "adapter-b")
+)
+# The LoRA adapters the machine's requests run under (--max-loras).
+MACHINE_MAX_LORAS = 1
 
 
-def cache_salts() -> st.SearchStrategy[str | None]:
-    """A request's ``cache_salt``: none in half the requests, else one of
-    two tenants' (requests draw prompts from shared prefixes, so tenants
-    send the same tokens). Drawn inside the range; shrinks to None."""
-    return st.integers(0, 3).map(lambda k: _SALTS[k - 2] if k >= 2 else None)
+def namespaces() -> st.SearchStrategy[tuple[str | None, str | None]]:
+    """A request's (``cache_salt``, LoRA adapter): neither in half the
+    requests, a tenant's salt in a quarter, the adapter in a quarter. Drawn
+    inside the range; shrinks to neither."""
+    return st.integers(0, 3).map(lambda k: _NAMESPACES[k])
 
 
 def pressure_lengths(layout: LayoutDraw, free_ahead: int, cached: int) -> st.SearchStrategy[int]:
@@ -130,6 +136,7 @@ def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw])
         layout=dataclasses.replace(layout, num_blocks=num_blocks, max_model_len=limit),
         prefill_schedule_interval=interval,
         kv_events=kv_events,
+        max_loras=MACHINE_MAX_LORAS,  # LoRA on: a quarter of the requests run under an adapter (namespaces)
     )
 
 

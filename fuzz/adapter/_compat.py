@@ -33,6 +33,8 @@ __all__ = [
     "missing_capabilities",
     "HAS_SPEC_REGISTRY",
     "cache_hit_limit",
+    "lora_kw",
+    "request_lora_kw",
     "eagle_drop_group_ids",
     "eagle_manager_kwargs",
     "flag_draft_groups",
@@ -301,6 +303,26 @@ def event_key(key: Any) -> tuple[int, Any]:
     """A prefix-cache key as KV events spell it: (group, the external form of
     its hash that ``BlockStored`` / ``BlockRemoved`` carry)."""
     return int(_get_group_id(key)), _kcu.maybe_convert_block_hash(_kcu.get_block_hash(key))
+
+
+def lora_kw(max_loras: int) -> dict[str, Any]:
+    """``VllmConfig`` keywords of ``--enable-lora --max-loras N`` (0: none)."""
+    if not max_loras:
+        return {}
+    from vllm.config import LoRAConfig
+
+    return {"lora_config": LoRAConfig(max_loras=max_loras)}
+
+
+def request_lora_kw(name: str | None) -> dict[str, Any]:
+    """``Request`` keywords for a request under the LoRA adapter ``name``
+    (None: none): its ``LoRARequest``, with an id and a path of its own
+    (vLLM hashes both name and path into every block)."""
+    if name is None:
+        return {}
+    from vllm.lora.request import LoRARequest
+
+    return {"lora_request": LoRARequest(name, 1 + sum(map(ord, name)) % 1000, f"adapters/{name}")}
 
 
 def kv_events_kw(enabled: bool) -> dict[str, Any]:

@@ -187,6 +187,7 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
         draw.num_speculative_tokens,
         draw.layout.max_model_len,
         draw.kv_events,
+        draw.max_loras,
     )
     config = _VLLM_CONFIGS.get(key)
     if config is None:
@@ -237,6 +238,7 @@ def _new_vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: in
         kv_transfer_config=_connector.transfer_config(draw.kv_load_failure_policy, draw.kv_role),
         device_config=DeviceConfig(device="cpu"),
         **_compat.kv_events_kw(draw.kv_events),
+        **_compat.lora_kw(draw.max_loras),
     )
 
 

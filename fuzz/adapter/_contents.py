@@ -39,7 +39,7 @@ from typing import Any
 
 __all__ = [
     "COPIED_BEFORE_FILL", "COPIED_FROM_COPY", "FAILED_LOAD", "BlockContents", "KeyPrefixes", "all_entries_of",
-    "entries_of", "read_positions",
+    "entries_of", "namespace_of", "read_positions",
 ]
 
 # What a block copy's destination holds where its source was filled only
@@ -50,6 +50,12 @@ COPIED_BEFORE_FILL = -1  # the source was filled by the step's load or forward p
 COPIED_FROM_COPY = -2  # the source was itself another copy's destination in the step
 # What a block holds where the connector's worker failed to load into it.
 FAILED_LOAD = -3
+
+
+def namespace_of(cache_salt: str | None, lora: str | None) -> str:
+    """A request's namespace: what vLLM folds into its blocks' hashes besides
+    the tokens (its cache salt, its LoRA adapter); "" for none."""
+    return "+".join([*([cache_salt] if cache_salt else []), *([f"lora:{lora}"] if lora else [])])
 
 
 def read_positions(rule: tuple[str, int], start: int, prompt: int) -> range | list[int]:

@@ -131,6 +131,7 @@ def replay_oplog(log: OpLog) -> list[ScheduledOutput | None]:
                     pooling_params=None,
                     block_hasher=get_request_block_hasher(built.hash_block_size, sha256),
                     **({"cache_salt": op.cache_salt} if op.cache_salt else {}),
+                    **_compat.request_lora_kw(op.lora),
                 )
             )
         elif isinstance(op, Abort) and op.during_step:  # applied inside the next step

@@ -524,6 +524,12 @@ _FUNCTION_EDITS: dict[str, tuple[str, tuple[str, str], tuple[tuple[str, str], ..
         ("vllm.v1.core.kv_cache_utils", "generate_block_hash_extra_keys"),
         (("if (start_token_idx == 0 and request.cache_salt)", "if (False and request.cache_salt)"),),
     ),
+    "lora_not_hashed": (
+        "_gen_lora_extra_hash_keys gives no extra keys for a request's LoRA adapter: requests "
+        "under an adapter share prefix-cache entries with the base model's and other adapters'",
+        ("vllm.v1.core.kv_cache_utils", "_gen_lora_extra_hash_keys"),
+        (("if not lora_request:", "if True:"),),
+    ),
 }
 
 # A drafter's lookahead slots (compiled as the connector edits are).

@@ -26,6 +26,7 @@ from typing import Any
 from fuzz import outcomes
 from fuzz.adapter import _compat, _connector, _oplog, _planted
 from fuzz.adapter._build import build_scheduler
+from fuzz.adapter._contents import namespace_of
 from fuzz.adapter._env import VLLM_VERSION, sha256
 from fuzz.adapter._faults import Faults
 from fuzz.adapter._observations import QUIET_STEPS, Observer
@@ -221,10 +222,12 @@ class SchedulerHarness:
         request_id: str | None = None,
         skip_reading_prefix_cache: bool = False,
         cache_salt: str | None = None,
+        lora: str | None = None,
     ) -> str:
         """Add a request; ``skip_reading_prefix_cache`` sets that
         ``SamplingParams`` field (a release without it gets a plain request,
-        recorded as such); ``cache_salt`` is the request's (a tenant's)."""
+        recorded as such); ``cache_salt`` is the request's (a tenant's);
+        ``lora`` the LoRA adapter it runs under."""
         limit = self.max_model_len
         if not 0 < len(tokens) < limit:
             # EngineCore never sees such a prompt: vLLM's input processor
@@ -243,17 +246,18 @@ class SchedulerHarness:
             pooling_params=None,
             block_hasher=get_request_block_hasher(self.hash_block_size, sha256),
             **({"cache_salt": cache_salt} if cache_salt else {}),
+            **_compat.request_lora_kw(lora),
         )
         if reply is not None:
             self.script.replies[rid] = reply
         self._requests[rid] = req
         self.worker.add(rid, tokens)
-        self.contents.namespaces[rid] = cache_salt or ""
+        self.contents.namespaces[rid] = namespace_of(cache_salt, lora)
         if skip:
             self.observer.skips.add(rid)
         self.oplog.ops.append(
             AddRequest(rid, tuple(tokens), max_tokens, reply, self.step_index, skip_reading_prefix_cache=skip,
-                       cache_salt=cache_salt or None)
+                       cache_salt=cache_salt or None, lora=lora)
         )
         self.scheduler.add_request(req)
         return rid

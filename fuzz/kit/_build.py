@@ -14,12 +14,14 @@ from vllm.config import (
     DeviceConfig,
     KVEventsConfig,
     KVTransferConfig,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
     SpeculativeConfig,
     VllmConfig,
 )
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config, get_request_block_hasher
@@ -37,6 +39,7 @@ from fuzz.kit._params import (
     KV_LOAD_FAILURE_POLICY,
     KV_ROLE,
     LONG_PREFILL_TOKEN_THRESHOLD,
+    MAX_LORAS,
     MAX_MODEL_LEN,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
@@ -131,6 +134,9 @@ def _make_scheduler(tmp_path):
     # As on GPU: the hybrid KV-cache manager is on (a CPU-only install turns it off).
     vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
     vllm_config.cache_config.num_gpu_blocks = NUM_BLOCKS
+    if MAX_LORAS:
+        # --enable-lora: the scheduler batches requests of at most MAX_LORAS adapters.
+        vllm_config.lora_config = LoRAConfig(max_loras=MAX_LORAS)
     if KV_EVENTS:
         # --kv-events-config: the block pool queues KV events and
         # update_from_output() hands each step's batch to the publisher.
@@ -147,10 +153,12 @@ def _make_scheduler(tmp_path):
     )
 
 
-def _make_request(request_id, token_ids, max_tokens, skip_reading_prefix_cache=None, cache_salt=None):
+def _make_request(request_id, token_ids, max_tokens, skip_reading_prefix_cache=None, cache_salt=None, lora=None):
     # skip_reading_prefix_cache=True: the request must read no cached tokens.
     # cache_salt: its tenant's; vLLM folds it into the first block's hash.
+    # lora: the adapter it runs under; vLLM folds its name and path into every block's hash.
     skip = {} if skip_reading_prefix_cache is None else {"skip_reading_prefix_cache": skip_reading_prefix_cache}
+    adapter = {} if lora is None else {"lora_request": LoRARequest(lora, 1 + sum(map(ord, lora)) % 1000, f"adapters/{lora}")}
     return Request(
         request_id=request_id,
         prompt_token_ids=list(token_ids),
@@ -158,6 +166,7 @@ def _make_request(request_id, token_ids, max_tokens, skip_reading_prefix_cache=N
         pooling_params=None,
         block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256),
         cache_salt=cache_salt,
+        **adapter,
     )
 
 

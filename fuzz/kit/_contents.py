@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from vllm.v1.core.kv_cache_utils import get_group_id
 
-from fuzz.adapter._contents import BlockContents, entries_of
+from fuzz.adapter._contents import BlockContents, entries_of, namespace_of
 from fuzz.adapter._reports import computed_before
 from fuzz.kit._index import _misnamed_entries
 from fuzz.kit._params import READ_RULES, ROLES, WATCH_INDEX, WATCH_LOOKAHEAD, WATCH_NAMESPACES, WATCH_UNWRITTEN
@@ -38,9 +38,10 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
     the prefix-cache entries ahead of their blocks' contents, and those
     naming blocks that hold other KV."""
     contents, tokens = watch.contents, watch.worker.tokens
-    if WATCH_NAMESPACES:  # each request's namespace: its cache salt ("" for none)
+    if WATCH_NAMESPACES:  # each request's namespace: its cache salt and LoRA adapter ("" for none)
         for rid, request in scheduler.requests.items():
-            contents.namespaces.setdefault(rid, request.cache_salt or "")
+            lora = request.lora_request.lora_name if request.lora_request else None
+            contents.namespaces.setdefault(rid, namespace_of(request.cache_salt, lora))
     contents.forget(out.finished_req_ids or ())
     contents.take_tables(out)
     if WATCH_LOOKAHEAD:

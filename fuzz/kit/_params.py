@@ -45,6 +45,8 @@ DIVERGENT_HITS = False
 # --kv-events-config: the block pool queues KV events and update_from_output()
 # publishes each step's batch (a null publisher, or the file's EventLog).
 KV_EVENTS = False
+# --enable-lora --max-loras N (0: LoRA off); a request's adapter is _make_request's lora.
+MAX_LORAS = 0
 # The external store, per request (see ScriptedConnector).
 STORE: dict[str, Any] = {}
 

@@ -161,17 +161,24 @@ class MissingLookahead:
 @dataclasses.dataclass(frozen=True)
 class ForeignHit:
     """A block a request adopted from the prefix cache that was written for
-    a request of another namespace (cache salt): the hit crosses tenants."""
+    a request of another namespace (cache salt, LoRA adapter): the hit
+    crosses tenants or adapters."""
 
     request_id: str
-    namespace: str  # the adopting request's cache salt ("" for none)
+    namespace: str  # the adopting request's ("" for none; see fuzz.adapter._contents.namespace_of)
     group: int
     block_id: int
-    written_under: str  # the cache salt of the request that wrote the block
+    written_under: str  # the namespace of the request that wrote the block
 
     def describe(self) -> str:
         def salt(s: str) -> str:
-            return f"cache_salt={s!r}" if s else "no cache_salt"
+            parts = s.split("+") if s else []
+            salts = [p for p in parts if not p.startswith("lora:")]
+            loras = [p.removeprefix("lora:") for p in parts if p.startswith("lora:")]
+            return ", ".join(
+                [f"cache_salt={salts[0]!r}" if salts else "no cache_salt"]
+                + [f"LoRA adapter {name!r}" for name in loras]
+            )
 
         return (
             f"request {self.request_id} ({salt(self.namespace)}) adopts block {self.block_id} of group "

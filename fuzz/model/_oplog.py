@@ -73,6 +73,9 @@ class AddRequest:
     # The request's cache_salt (vLLM folds it into its first block's hash,
     # so that its prefix-cache entries are its tenant's alone); None: none.
     cache_salt: str | None = None
+    # The LoRA adapter it runs under (by name: fuzz.adapter's lora_request
+    # builds it; vLLM folds its name and path into every block's hash); None: none.
+    lora: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -88,6 +88,9 @@ class SchedulerDraw:
     speculative_method: str | None = None
     num_speculative_tokens: int = 0
     draft_acceptance: tuple[int, ...] = ()
+    # ``--enable-lora --max-loras N`` (0: LoRA off): the scheduler batches
+    # requests of at most N adapters (a request's adapter is in AddRequest.lora).
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         if self.kv_role not in KV_ROLES:

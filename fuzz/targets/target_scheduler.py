@@ -58,7 +58,7 @@ from invariants.scheduler import check_no_leaked_blocks
 from strategies.engine_models import engine_single_shot_scenarios
 from fuzz.model import PromptDraw, SingleShotScenario
 from strategies.machine import (
-    cache_salts,
+    namespaces,
     failing_load_configs,
     generation_lengths,
     machine_configs,
@@ -324,13 +324,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_tokens = data.draw(generation_lengths(self.block), label="max_tokens")
         # One request in eight skips the prefix cache its predecessors filled.
         skip = data.draw(prefix_cache_skips(), label="skip_reading_prefix_cache")
-        salt = data.draw(cache_salts(), label="cache_salt")
+        salt, lora = data.draw(namespaces(), label="cache_salt, lora")
         rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply, skip_reading_prefix_cache=skip,
-                                       cache_salt=salt)
+                                       cache_salt=salt, lora=lora)
         note(
             f"add_request({rid}, shared[:{cut}] + {own} own, max_tokens={max_tokens}, ext={reply!r}"
             + (", skip_reading_prefix_cache=True" if skip else "")
-            + (f", cache_salt={salt!r})" if salt else ")")
+            + (f", cache_salt={salt!r}" if salt else "")
+            + (f", lora={lora!r}" if lora else "")
+            + ")"
         )
 
     @precondition(lambda self: self._live())

@@ -433,6 +433,8 @@ _FIXED_LOGS = {
 PROMISE_BUGS = {
     # Two tenants' requests for one prompt: the second's Request carries its salt.
     "cache_salt_not_hashed": ("hits-within-namespace", "cache_salt='tenant-b'"),
+    # Requests under a LoRA adapter: the file turns LoRA on and names the adapter.
+    "lora_not_hashed": ("hits-within-namespace", "lora='adapter-b'"),
     # KV events on: the scheduler's block pool queues them.
     "eviction_announces_nothing": (
         "events-replay-index", "KVEventsConfig(enable_kv_cache_events=True, publisher=\"null\")"

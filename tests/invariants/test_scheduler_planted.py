@@ -211,6 +211,22 @@ def tenants_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def adapters_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """LoRA on (one adapter): one 13-token prompt sent by the base model, under
+    adapter b, and under adapter b again, one after another: only the last
+    may hit (3 blocks of 4 tokens), and does."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2, max_loras=1))
+    run = Stepper(harness, checks)
+    hits = []
+    for lora in (None, "adapter-b", "adapter-b"):
+        rid = harness.add_request(range(13), max_tokens=2, lora=lora)
+        hits += [a.local_hit for a in [*(run.step().admissions)] if a.request_id == rid]
+        run.drain()
+    assert hits[-1] == 12, hits
+    return run
+
+
 def repeated_prompt_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     """One 13-token prompt sent twice, one after the other, on 4-token
     blocks: the second lookup has a prediction and hits its 3 cached blocks
@@ -250,6 +266,7 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
     # What the cache announces (invariants/promises.py).
     (check_events_replay_index, "events-replay-index", "eviction_announces_nothing", evicting_events_run, None),
     (check_hits_within_namespace, "hits-within-namespace", "cache_salt_not_hashed", tenants_run, None),
+    (check_hits_within_namespace, "hits-within-namespace", "lora_not_hashed", adapters_run, None),
     (check_lookahead_allocated, "lookahead-allocated", "lookahead_not_allocated", eagle_run, None),
     (check_preempted_resumable, "preempted-resumable", "preempt_keeps_computed_tokens", preempting_run,
      "preemption"),
