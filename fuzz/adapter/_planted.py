@@ -548,6 +548,12 @@ _SPEC_DECODE_EDITS["preempt_keeps_computed_tokens"] = (
     "_preempt_request",
     (("request.num_computed_tokens = 0", "pass"),),
 )
+_SPEC_DECODE_EDITS["preempt_keeps_drafts"] = (
+    "_preempt_request leaves a speculating request's spec_token_ids: admitted again, "
+    "it is scheduled drafts proposed from a state it no longer holds",
+    "_preempt_request",
+    (("request.spec_token_ids = []", "pass"),),
+)
 
 PLANTED_SCHEDULER_BUGS: dict[str, str] = {
     **{name: desc for name, (desc, _) in _SCHEDULE_EDITS.items()},

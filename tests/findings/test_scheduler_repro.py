@@ -443,6 +443,8 @@ PROMISE_BUGS = {
     "lookahead_not_allocated": ("lookahead-allocated", "SPECULATIVE_METHOD = 'eagle'"),
     # A preemption: the file watches each preempted request right after schedule().
     "preempt_keeps_computed_tokens": ("preempted-resumable", "watch.preempted = _preempted_states(scheduler, out)"),
+    # ... of a speculating request: the file speculates (ngram) and watches its drafts.
+    "preempt_keeps_drafts": ("preempted-resumable", "SPECULATIVE_METHOD = 'ngram'"),
     # An eviction: the file learns what each key stands for from the requests' hashes.
     "evicted_key_stays_indexed": ("index-names-its-prefix", "keys.learn(rid, request.block_hashes"),
 }

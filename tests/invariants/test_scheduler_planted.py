@@ -142,13 +142,16 @@ def preempting_producer_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
-def _decoding(checks: tuple[Callable[..., None], ...], *, requests: int, max_tokens: int, num_blocks: int) -> Stepper:
+def _decoding(checks: tuple[Callable[..., None], ...], *, requests: int, max_tokens: int, num_blocks: int,
+              drafts: int = 0) -> Stepper:
     """``requests`` 10-token prompts, all admitted at once, decoding
     ``max_tokens`` each on one FullAttention group of 4-token blocks
-    (``num_blocks`` of them), synchronous scheduling, run until idle (or
-    stalled)."""
+    (``num_blocks`` of them), synchronous scheduling (with ``drafts``: ngram
+    speculation of that many drafts, one accepted per step), run until idle
+    (or stalled)."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=num_blocks)
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=16, max_num_seqs=requests))
+    spec = {"speculative_method": "ngram", "num_speculative_tokens": drafts, "draft_acceptance": (1,)} if drafts else {}
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=16, max_num_seqs=requests, **spec))
     for i in range(requests):
         harness.add_request(range(100 * i, 100 * i + 10), max_tokens=max_tokens)
     run = Stepper(harness, checks)
@@ -161,6 +164,12 @@ def preempting_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     3 blocks to start and a fourth at token 13, which only a preemption
     frees."""
     return _decoding(checks, requests=3, max_tokens=12, num_blocks=9)
+
+
+def speculating_preempting_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """:func:`preempting_run` with ngram speculation (2 drafts): a request is
+    preempted with the drafts proposed after its last step."""
+    return _decoding(checks, requests=3, max_tokens=12, num_blocks=9, drafts=2)
 
 
 def decoding_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
@@ -269,6 +278,8 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
     (check_hits_within_namespace, "hits-within-namespace", "lora_not_hashed", adapters_run, None),
     (check_lookahead_allocated, "lookahead-allocated", "lookahead_not_allocated", eagle_run, None),
     (check_preempted_resumable, "preempted-resumable", "preempt_keeps_computed_tokens", preempting_run,
+     "preemption"),
+    (check_preempted_resumable, "preempted-resumable", "preempt_keeps_drafts", speculating_preempting_run,
      "preemption"),
     (check_hit_matches_index, "hit-matches-index", "hit_stops_a_block_early", repeated_prompt_run, None),
     # What the index names (invariants/contents.py).
