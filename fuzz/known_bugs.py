@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from fuzz.model import InvariantViolation
 from invariants.contents import LOST_TO_COPY_BEFORE_FILL as _LOST_TO_COPY_BEFORE_FILL
 from invariants.contents import LOST_TO_COPY_OF_COPY as _LOST_TO_COPY_OF_COPY
-from invariants.contents import OTHER_TOKENS_AFTER_FAILED_LOAD
+from invariants.contents import MISNAMED_AFTER_FAILED_LOAD, OTHER_TOKENS_AFTER_FAILED_LOAD
 from invariants.scheduler import STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
 from invariants.contents import UNWRITTEN_READ_AFTER_ROLLBACK as _READ_AFTER_ROLLBACK
 from invariants.contents import UNWRITTEN_READ_AFTER_WHOLE_LOAD as _READ_AFTER_WHOLE_LOAD
@@ -460,6 +460,14 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 "kv-matches-tokens",
                 where="AsyncScheduler._update_after_schedule",
                 state=OTHER_TOKENS_AFTER_FAILED_LOAD,
+            ),
+            # ... and the block holding it enters the prefix-cache index under
+            # the key of vLLM's tokens (index-names-its-prefix): a later request
+            # with the recorded prefix would adopt KV of the discarded token.
+            Signature(
+                "index-names-its-prefix",
+                where="AsyncScheduler._update_after_schedule",
+                state=MISNAMED_AFTER_FAILED_LOAD,
             ),
         ),
         reach=ENGINE_IN_PRINCIPLE,

@@ -216,14 +216,15 @@ class ScriptedRunner:
             ]
         return reads
 
-    def index_entries(self, pool: Any, requests: Mapping[str, Any]
+    def index_entries(self, pool: Any, requests: Mapping[str, Any], recomputed: set[str]
                       ) -> tuple[tuple[UnbackedEntry, ...], tuple[MisnamedEntry, ...]]:
         """After the step: each prefix-cache entry whose block does not hold
         what its key covers (see BlockContents.unbacked_entries), and each
         whose block holds the KV of something else there (see
         BlockContents.misnamed). What a key stands for is learnt from the
         hashes vLLM's ``requests`` carry (its hash function's, not its cache's
-        word): every key the index files is one of them."""
+        word): every key the index files is one of them. ``recomputed``: the
+        requests a failed sync load ever rolled back."""
         cached = _compat.prefix_cache_map(pool)
         if cached is None:
             return (), ()
@@ -240,7 +241,8 @@ class ScriptedRunner:
             rid, tokens = self.keys.prefix.get(block_hash, ("", ()))
             wrong = self.contents.misnamed(group, block_id, tokens)
             if wrong:
-                misnamed.append(MisnamedEntry(group, block_id, bytes(block_hash).hex()[:12], rid, len(tokens), tuple(wrong)))
+                misnamed.append(MisnamedEntry(group, block_id, bytes(block_hash).hex()[:12], rid, len(tokens), tuple(wrong),
+                                              rid in recomputed))
         return unbacked, tuple(misnamed)
 
     def kv_from_other_tokens(self, out: Any, requests: Mapping[str, Any],

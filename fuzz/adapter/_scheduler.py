@@ -380,7 +380,8 @@ class SchedulerHarness:
             # The index as the step runs: what schedule() cached, against
             # what the step's forward pass and loads have written by then
             # (an async load's blocks only once it is reported landed).
-            unbacked, misnamed = self.runner.index_entries(self.pool, self.scheduler.requests)
+            unbacked, misnamed = self.runner.index_entries(
+                self.pool, self.scheduler.requests, self.faults.recomputed_failed_load)
             foreign = self.runner.foreign_hits(admissions)
         finished: frozenset[str] = frozenset()
         fed = None if error else self._take_output(queued)

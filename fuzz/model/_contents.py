@@ -126,6 +126,8 @@ class MisnamedEntry:
     # (position, the key's token there, what the block holds there:
     # (position, step written, token computed from)) per position it misnames.
     wrong: tuple[tuple[int, int, tuple[int, int, int | None]], ...]
+    # The key's request was rolled back by a failed synchronous load (recompute) earlier.
+    recomputed_failed_load: bool = False
 
     def describe(self) -> str:
         return (
@@ -133,6 +135,8 @@ class MisnamedEntry:
             f"{self.request_id}) names block {self.block_id}, which holds other KV at positions "
             f"{[p for p, *_ in self.wrong]}: (position, the key's token, what the block holds there as (position, "
             f"step written, token)) {list(self.wrong)}"
+            + (" (the request was rolled back by a failed synchronous load, recompute policy)"
+               if self.recomputed_failed_load else "")
         )
 
 
