@@ -197,7 +197,7 @@ def test_the_failing_run_s_log_travels_with_the_violation() -> None:
 
 # --- one claim, two statements ------------------------------------------------
 # The suite's invariant (invariants/*.py, on the harness's observations) and
-# the kit's check (fuzz/kit/_checks.py, on vLLM's own objects in the file)
+# the kit's check (fuzz/kit/_checks_*.py, on vLLM's own objects in the file)
 # state one claim twice. On the same recorded runs they must agree: both
 # break with the planted bug, neither without it.
 
