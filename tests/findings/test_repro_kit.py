@@ -67,7 +67,7 @@ def _ruff(*paths: Path) -> subprocess.CompletedProcess[str]:
 
 def test_the_kit_lints_clean() -> None:
     modules = [ROOT / (m.replace(".", "/") + ".py") for m in KIT_MODULES + TRUNCATION_KIT_MODULES]
-    writers = [ROOT / "fuzz" / name for name in ("repro_source.py", "repro_scheduler.py", "repro.py")]
+    writers = [ROOT / "fuzz" / name for name in ("repro_source.py", "repro_scheduler.py", "repro_shrink.py", "repro.py")]
     result = _ruff(*modules, *writers)
     assert result.returncode == 0, result.stdout + result.stderr
 
