@@ -81,7 +81,7 @@ TARGETS: dict[str, Target] = {
             "fuzz_truncate_hybrid",
             strategy="hybrid_scenarios",
             check="check_truncation_scenario",
-            repro="fuzz.repro:truncation_repro_from_last_run",
+            repro="fuzz.repro:truncation_repro_of_failure",
             needs=TRUNCATION_TIER,
         ),
         Target(
@@ -91,7 +91,7 @@ TARGETS: dict[str, Target] = {
             "fuzz_truncate_any_layout",
             strategy="any_layout_scenarios",
             check="check_truncation_scenario",
-            repro="fuzz.repro:truncation_repro_from_last_run",
+            repro="fuzz.repro:truncation_repro_of_failure",
             needs=TRUNCATION_TIER,
         ),
         Target(

@@ -17,7 +17,7 @@ from fuzz.repro_source import kit_source
 from invariants.truncation import loud_failure_expected
 from fuzz.model import TruncationScenario
 
-__all__ = ["repro_header", "truncation_repro", "truncation_repro_from_last_run"]
+__all__ = ["repro_header", "truncation_repro", "truncation_repro_of_failure"]
 
 
 def repro_header(*, title: str, vllm_version: str, target: str, seed: object, invariant: str, violation: str, scenario: str) -> str:
@@ -150,20 +150,20 @@ def truncation_repro(
     return "\n".join([header, *kit.imports, "", *emitted, "", "", kit.code, ""])
 
 
-def truncation_repro_from_last_run(
-    *, target: str, seed: object, invariant: str, violation: str, failure: BaseException | None = None
+def truncation_repro_of_failure(
+    *, target: str, seed: object, invariant: str, violation: str, failure: BaseException | None
 ) -> str | None:
-    """The repro of the last truncation scenario run in this process (the
-    minimal example, since Hypothesis replays it last), if it got as far as
-    the truncation call. (``failure``: the registry's writers all take it;
-    a truncation run's record is still the runner's LAST_RUN.)"""
-    from fuzz.runners.truncation import LAST_RUN
-
-    if "observation" not in LAST_RUN:
+    """The repro of ``failure``, from the truncation run it carries
+    (:func:`fuzz.runners.truncation.carrying_run`; Hypothesis raises the
+    minimal example's). None when it carries none: the run broke before
+    the truncation call returned an observation."""
+    run = getattr(failure, "truncation_run", None)
+    if run is None:
         return None
+    scenario, obs = run
     return truncation_repro(
-        LAST_RUN["scenario"],  # type: ignore[arg-type]
-        LAST_RUN["observation"],  # type: ignore[arg-type]
+        scenario,  # type: ignore[arg-type]
+        obs,  # type: ignore[arg-type]
         target=target,
         seed=seed,
         invariant=invariant,

@@ -18,8 +18,11 @@ and no Python lives in string templates:
 * :mod:`fuzz.kit._outputs`: the ModelRunnerOutput it returns (the harness's too);
 * :mod:`fuzz.kit._contents`: what each block holds (the suite's model);
 * ``fuzz.adapter._events``: the KV events a router replays (the suite's own);
-* :mod:`fuzz.kit._checks`: the claims a file can state (a preemption's in
-  :mod:`fuzz.kit._preempt`, with what it watches);
+* the claims a file can state, one room each as the suite's invariants:
+  :mod:`fuzz.kit._checks_scheduler` (admission, the step loop),
+  :mod:`fuzz.kit._checks_connector`, :mod:`fuzz.kit._checks_ownership`,
+  :mod:`fuzz.kit._checks_contents`, :mod:`fuzz.kit._checks_promises` (a
+  preemption's in :mod:`fuzz.kit._preempt`, with what it watches);
 * :mod:`fuzz.kit._truncation` (constants in ``_truncation_params``): the
   repro of a ``truncate_computed_blocks`` failure, at the manager level.
 
@@ -50,7 +53,11 @@ KIT_MODULES = (
     "fuzz.kit._outputs",
     "fuzz.kit._preempt",
     "fuzz.kit._driver",
-    "fuzz.kit._checks",
+    "fuzz.kit._checks_scheduler",
+    "fuzz.kit._checks_connector",
+    "fuzz.kit._checks_ownership",
+    "fuzz.kit._checks_contents",
+    "fuzz.kit._checks_promises",
 )
 # A truncation repro's (fuzz.repro): its constants, and the manager-level test.
 TRUNCATION_KIT_MODULES = ("fuzz.kit._truncation_params", "fuzz.kit._truncation")

@@ -44,6 +44,9 @@ class InvariantViolation(AssertionError):
         # The failing run's operation log (fuzz.model.OpLog), set by the
         # runner that raised it: the standalone repro is written from it.
         self.oplog: object | None = None
+        # A truncation run's (TruncationScenario, TruncationObservation), set
+        # where its checks ran: the truncation repro is written from it.
+        self.truncation_run: tuple[object, object] | None = None
 
 
 class MissedHit(InvariantViolation):

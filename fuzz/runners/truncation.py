@@ -3,16 +3,15 @@ decorators here; the targets wrap this)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from fuzz import adapter
 from fuzz.telemetry import note, observe_gap, observe_layout, reach, reject, target
-from fuzz.model import Behaviour, TruncationObservation, TruncationScenario, group_behaviour
+from fuzz.model import Behaviour, InvariantViolation, TruncationObservation, TruncationScenario, group_behaviour
 from fuzz.outcomes import ConfigRejected, vllm_calls
 
-__all__ = ["LAST_RUN", "run_truncation_scenario"]
-
-# The most recent (scenario, observation): after Hypothesis shrinks a failure
-# it replays the minimal example last, so this is what a repro is written from.
-LAST_RUN: dict[str, object] = {}
+__all__ = ["carrying_run", "run_truncation_scenario"]
 
 
 def run_truncation_scenario(scenario: TruncationScenario) -> TruncationObservation | None:
@@ -20,7 +19,6 @@ def run_truncation_scenario(scenario: TruncationScenario) -> TruncationObservati
     layout (at construction, or at first use with a documented refusal); an
     exception vLLM raises on the way in a runtime path is a ``no-exception``
     violation, one the suite's code raises a :class:`HarnessError`."""
-    LAST_RUN.clear()
     note(f"scenario: {scenario!r}")
     try:
         with vllm_calls(adapter.VLLM_VERSION, repr(scenario)):
@@ -71,5 +69,18 @@ def _run(scenario: TruncationScenario) -> TruncationObservation:
             if len(g.input_before) < endpoint // g.info.block_size:
                 reach("whole-state group shorter than the endpoint")
     note(obs.describe())
-    LAST_RUN.update(scenario=scenario, observation=obs)
     return obs
+
+
+@contextlib.contextmanager
+def carrying_run(scenario: TruncationScenario, obs: TruncationObservation) -> Iterator[None]:
+    """A violation raised inside carries the run it was found on (``scenario``
+    and ``obs``: the truncation repro writer's input), unless it carries one
+    already. Hypothesis raises the minimal example's, so the repro is
+    written from the run that failed, whatever ran after it."""
+    try:
+        yield
+    except InvariantViolation as exc:
+        if exc.truncation_run is None:
+            exc.truncation_run = (scenario, obs)
+        raise

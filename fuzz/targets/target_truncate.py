@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from fuzz.runners.truncation import run_truncation_scenario
+from fuzz.runners.truncation import carrying_run, run_truncation_scenario
 from invariants.truncation import check_all_truncation_invariants
 from fuzz.model import LayoutDraw, SpecDraw
 from fuzz.model import EndpointRule, TruncationScenario
@@ -20,10 +20,12 @@ from strategies.specs import kv_cache_layouts
 
 
 def check_truncation_scenario(scenario: TruncationScenario, only: str | None = None) -> None:
-    """Run ``scenario`` and check every truncation invariant (or only one)."""
+    """Run ``scenario`` and check every truncation invariant (or only one); a
+    violation carries the run (:func:`fuzz.runners.truncation.carrying_run`)."""
     obs = run_truncation_scenario(scenario)
     if obs is not None:
-        check_all_truncation_invariants(obs, only)
+        with carrying_run(scenario, obs):
+            check_all_truncation_invariants(obs, only)
 
 
 def hybrid_scenarios() -> st.SearchStrategy[TruncationScenario]:

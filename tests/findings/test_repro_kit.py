@@ -67,7 +67,7 @@ def _ruff(*paths: Path) -> subprocess.CompletedProcess[str]:
 
 def test_the_kit_lints_clean() -> None:
     modules = [ROOT / (m.replace(".", "/") + ".py") for m in KIT_MODULES + TRUNCATION_KIT_MODULES]
-    writers = [ROOT / "fuzz" / name for name in ("repro_source.py", "repro_scheduler.py", "repro.py")]
+    writers = [ROOT / "fuzz" / name for name in ("repro_source.py", "repro_scheduler.py", "repro_shrink.py", "repro.py")]
     result = _ruff(*modules, *writers)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -197,7 +197,7 @@ def test_the_failing_run_s_log_travels_with_the_violation() -> None:
 
 # --- one claim, two statements ------------------------------------------------
 # The suite's invariant (invariants/*.py, on the harness's observations) and
-# the kit's check (fuzz/kit/_checks.py, on vLLM's own objects in the file)
+# the kit's check (fuzz/kit/_checks_*.py, on vLLM's own objects in the file)
 # state one claim twice. On the same recorded runs they must agree: both
 # break with the planted bug, neither without it.
 

@@ -94,18 +94,42 @@ def test_the_seed_scenario_is_pinned_and_catches_the_pre_fix_crash() -> None:
             check_truncation_scenario(SEED_PR_51468)
 
 
+def test_the_failing_run_travels_with_the_violation() -> None:
+    """The writer reads the failing run from the violation itself: a later
+    run in the same process changes nothing, and a violation that carries
+    no run gets no file."""
+    import dataclasses
+
+    from fuzz.model import InvariantViolation
+    from fuzz.repro import truncation_repro_of_failure
+    from fuzz.targets.target_truncate import SEED_PR_51468
+
+    with adapter.planted_truncate_bug("pre_fix_assert_all"):
+        with pytest.raises(InvariantViolation) as caught:
+            check_truncation_scenario(SEED_PR_51468)
+    failure = caught.value
+    check_truncation_scenario(dataclasses.replace(SEED_PR_51468, prefill_chunk=32))  # another run, after it
+    assert failure.truncation_run is not None and failure.truncation_run[0] is SEED_PR_51468
+    source = truncation_repro_of_failure(target="t", seed=0, invariant=failure.invariant, violation=str(failure),
+                                         failure=failure)
+    assert source is not None and "PREFILL_CHUNK = 16" in source, source
+    assert truncation_repro_of_failure(target="t", seed=0, invariant=failure.invariant, violation="",
+                                       failure=InvariantViolation(failure.invariant, "no run")) is None
+
+
 def test_the_eagle_plant_becomes_a_repro_that_builds_the_drafter(tmp_path) -> None:
     """Shrunk, the EAGLE plant's repro builds the manager with ``use_eagle``
     and flags the draft groups; it fails while the bug is planted and passes
     on unmodified vLLM."""
-    from fuzz.repro import truncation_repro_from_last_run
+    from fuzz.repro import truncation_repro_of_failure
 
     only_must_cover = functools.partial(check_truncation_scenario, only="must-cover")
     with adapter.planted_truncate_bug("eagle_drops_again"):
         result = hunt(only_must_cover, SPECULATING, max_examples=1500, seed=0, shrink=True)
     assert result.found
-    source = truncation_repro_from_last_run(
-        target="truncate-hybrid", seed=0, invariant="must-cover", violation=str(result.violation)
+    source = truncation_repro_of_failure(
+        target="truncate-hybrid", seed=0, invariant="must-cover", violation=str(result.violation),
+        failure=result.violation,
     )
     assert source is not None
     assert "USE_EAGLE = True" in source and "use_eagle=USE_EAGLE" in source, source

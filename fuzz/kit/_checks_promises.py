@@ -1,0 +1,63 @@
+"""The claims a standalone repro states of what the prefix cache promises
+(:mod:`invariants.promises`'s): hits stay within a cache salt, the drafter's
+lookahead is allocated, KV events replay to the index (a preemption's
+claim is in :mod:`fuzz.kit._preempt`, with what it watches).
+
+Called as ``check(scheduler, out, watch, step)`` like every kit check
+(:mod:`fuzz.kit._checks_scheduler`).
+"""
+
+from __future__ import annotations
+
+from fuzz.kit._build import _describe_groups
+from fuzz.kit._params import SPECS
+
+
+def _check_hits_within_namespace(scheduler, out, watch, step):
+    """Isolation: every block a request adopts from the prefix cache as
+    computed (the local blocks handed to allocate_slots) was last written
+    for a request with the same cache_salt (none is a namespace of its
+    own): vLLM folds the salt into the first block's hash and chains every
+    later hash on it, so no lookup may cross salts."""
+    hits = [
+        f"request {rid} (cache_salt {mine!r}) adopted block {block} of group {g} {type(SPECS[g]).__name__} "
+        f"(block_size={SPECS[g].block_size}) as computed (adopted {watch.admissions[rid]['adopted'][g]}), last "
+        f"written for a request with cache_salt {theirs!r}"
+        for rid, mine, g, block, theirs in watch.foreign
+    ]
+    assert not hits, (
+        f"step {step}: a prefix-cache hit crosses cache salts ('' for none): " + "; ".join(hits)
+        + f"; a tenant is served another tenant's KV; groups: {_describe_groups()}"
+    )
+
+
+def _check_lookahead_allocated(scheduler, out, watch, step):
+    """A drafter with its own forward pass (EAGLE) writes KV
+    num_lookahead_tokens positions past each step it drafts from: for each
+    request whose step reaches its end, every per-position group's table
+    handed to the runner already covers min(num_computed_tokens + scheduled
+    + lookahead, max_model_len) positions, or the drafter writes into
+    blocks the request does not own."""
+    short = [
+        f"request {rid}: group {g} {type(SPECS[g]).__name__} (block_size={SPECS[g].block_size}) table covers "
+        f"{covered} positions, but num_computed_tokens={computed} + {n} scheduled + lookahead "
+        f"{scheduler.num_lookahead_tokens} needs {needed} (max_model_len={scheduler.max_model_len})"
+        for rid, g, computed, n, needed, covered in watch.short_tables
+    ]
+    assert not short, (
+        f"step {step}: the drafter writes past the blocks allocated: " + "; ".join(short)
+        + f"; groups: {_describe_groups()}"
+    )
+
+
+def _check_events_replay_index(scheduler, out, watch, step):
+    """After update_from_output() published the step's KV events, replaying
+    every BlockStored, BlockRemoved and AllBlocksCleared so far counts,
+    under each (group, key), as many blocks as the prefix-cache index files
+    there: a KV-aware router never reads the block pool, only the events."""
+    assert not watch.event_gaps, (
+        f"step {step}: the replayed KV events disagree with the prefix-cache index at (group, key, blocks the "
+        f"events announce, block ids the index files there): {watch.event_gaps}; events seen so far: "
+        f"{dict(watch.events.events_seen)}; a router routes to hits that are gone, or never to hits that are "
+        f"there; groups: {_describe_groups()}"
+    )

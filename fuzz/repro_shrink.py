@@ -1,0 +1,129 @@
+"""Shrinking a scheduler run's operation log by replay, before a repro is written.
+
+A failing run's log (:class:`fuzz.model.OpLog`) holds everything the run did;
+most of it the failure does not need. :func:`shrink_oplog` drops KV-cache
+groups, requests (with their twins, fills and probes) and steps one at a
+time, replaying each candidate through a fresh harness with the suite's
+checks on, and keeps a candidate when the same invariant still breaks.
+:mod:`fuzz.repro_scheduler` writes the file from what is left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from fuzz import adapter
+from fuzz.model import Abort, AddRequest, Evict, InvariantViolation, OpLog, Step
+
+__all__ = ["shrink_oplog"]
+
+
+def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None], ...] | None = None) -> OpLog | None:
+    """Run ``log``'s operations through a fresh harness with ``checks`` on
+    (default: every check); the new log (up to the step that broke) when
+    ``invariant`` still breaks."""
+    from fuzz.runners.scheduler import ALL_CHECKS, Stepper
+    from invariants.scheduler import check_no_leaked_blocks
+
+    checks = ALL_CHECKS if checks is None else checks
+
+    try:
+        harness = adapter.SchedulerHarness(log.config.draw)
+    except adapter.InvalidLayout:
+        return None
+    run = Stepper(harness, checks)
+    # The steps whose own schedule() admitted the synchronous loads a fed
+    # output reports invalid (with async scheduling, fed one step late).
+    sync_failing = {op.fed_step or op.index for op in log.steps if op.fed and op.fed.invalid_block_ids}
+    try:
+        for op in log.ops:
+            if isinstance(op, AddRequest):
+                harness.add_request(op.token_ids, max_tokens=op.max_tokens, reply=op.reply, request_id=op.request_id,
+                                    skip_reading_prefix_cache=op.skip_reading_prefix_cache, cache_salt=op.cache_salt,
+                                    lora=op.lora)
+            elif isinstance(op, Abort):
+                if op.during_step or op.request_id in harness.live_request_ids:
+                    harness.abort(op.request_id, during_step=op.during_step)
+            elif isinstance(op, Evict):
+                harness.evict_shortcut(set(op.block_ids))
+            elif isinstance(op, Step):
+                if harness.broken:
+                    break
+                for rid in op.fed.failed_recving if op.fed else ():
+                    harness.fail_async_load(rid)
+                if op.index in sync_failing and harness.can_report_invalid_blocks:
+                    harness.fail_next_sync_loads()
+                run.step()
+        run.drain()
+        if not harness.broken and check_no_leaked_blocks in checks:
+            check_no_leaked_blocks(harness.pool_observation())
+    except InvariantViolation as exc:
+        return harness.oplog if exc.invariant == invariant else None
+    except Exception:  # noqa: BLE001 - another failure: not this one
+        return None
+    return None
+
+
+def _without_request(log: OpLog, request_id: str) -> OpLog:
+    ops = [op for op in log.ops if getattr(op, "request_id", None) != request_id]
+    return OpLog(log.config, ops)
+
+
+def _without_step(log: OpLog, index: int) -> OpLog:
+    return OpLog(log.config, [op for op in log.ops if not (isinstance(op, Step) and op.index == index)])
+
+
+def _without_group(log: OpLog, index: int) -> OpLog:
+    draw = log.config.draw
+    groups = draw.layout.groups[:index] + draw.layout.groups[index + 1 :]
+    layout = dataclasses.replace(draw.layout, groups=groups)
+    config = dataclasses.replace(log.config, draw=dataclasses.replace(draw, layout=layout))
+    return OpLog(config, list(log.ops))
+
+
+def shrink_oplog(
+    log: OpLog, invariant: str, *, budget: int = 60, checks: tuple[Callable[..., None], ...] | None = None
+) -> OpLog:
+    """Drop the KV-cache groups, then the requests, then the steps that
+    ``invariant``'s failure does not need (greedy, one at a time, each
+    candidate replayed with every check), and cut the log at the step that
+    breaks. At most ``budget`` replays, each with ``checks`` (default: all)."""
+    current = _replay_checked(log, invariant, checks)
+    if current is None:
+        return log  # not reproducible by replay: keep what was recorded
+    tries = 1
+    changed = True
+    while changed and tries < budget:
+        changed = False
+        # An engine-planned configuration keeps its groups: the engine decides them.
+        groups = len(current.config.draw.layout.groups) if current.config.draw.engine is None else 0
+        for index in range(groups if groups > 1 else 0):
+            if tries >= budget:
+                break
+            tries += 1
+            smaller = _replay_checked(_without_group(current, index), invariant, checks)
+            if smaller is not None:
+                current, changed = smaller, True
+                break
+        if changed:
+            continue
+        for req in list(current.requests):
+            if tries >= budget:
+                break
+            tries += 1
+            smaller = _replay_checked(_without_request(current, req.request_id), invariant, checks)
+            if smaller is not None:
+                current, changed = smaller, True
+                break
+        if changed:
+            continue
+        for step in reversed(current.steps[:-1]):
+            if tries >= budget:
+                break
+            tries += 1
+            smaller = _replay_checked(_without_step(current, step.index), invariant, checks)
+            if smaller is not None and len(smaller.steps) < len(current.steps):
+                current, changed = smaller, True
+                break
+    return current
