@@ -54,7 +54,7 @@ from invariants.contents import (
     check_kv_matches_tokens,
     check_reads_written,
 )
-from invariants.hits import HIT_CHECKS  # how long a hit each lookup serves
+from invariants.hits import HIT_CHECKS, HIT_STEP_CHECKS  # how long a hit each lookup serves; evictions
 from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import PROMISE_CHECKS
 
@@ -505,12 +505,15 @@ STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     # What the blocks hold (fuzz/adapter/_contents.py).
     check_reads_written,
     check_index_written,
+    *HIT_STEP_CHECKS,
 )
 
 # Reported after every other step and admission check of the step: a bug a
 # narrower claim names (a wrong count, a block not held, a load not covered)
 # also leaves blocks without their contents, and is reported by that claim.
 CONTENTS_CHECKS: tuple[Callable[[StepObservation], None], ...] = (check_reads_written, check_index_written)
+# Missed hits after those: a violation the same step shows is reported first.
+_LAST = CONTENTS_CHECKS + HIT_STEP_CHECKS
 
 ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
     check_computed_tokens_add_up,
@@ -548,7 +551,7 @@ def step_violations(
             found.append(v)
 
     for check in STEP_CHECKS:
-        if check in selected and check not in CONTENTS_CHECKS:
+        if check in selected and check not in _LAST:
             run(check)
     for adm in step.admissions:
         for check in ADMISSION_CHECKS:
@@ -557,7 +560,7 @@ def step_violations(
                     check(adm, step.context)
                 except InvariantViolation as v:
                     found.append(v)
-    for check in CONTENTS_CHECKS:
+    for check in _LAST:
         if check in selected:
             run(check)
     return found
