@@ -62,7 +62,8 @@ class Eviction:
     survivors: tuple[FreedBlock, ...]
 
     def describe(self) -> str:
+        lost = "" if self.keys == self.freed.keys else f", losing keys {list(self.keys)}"
         return (
-            f"step {self.step}: get_new_blocks evicted {self.freed.describe()}, losing keys {list(self.keys)}; "
+            f"step {self.step}: get_new_blocks evicted {self.freed.describe()}{lost}; "
             f"{len(self.survivors)} other block(s) still free"
         )
