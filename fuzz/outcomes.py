@@ -4,7 +4,8 @@ vLLM refuses, and a harness that does not fit the installed vLLM.
 * **violation**: an invariant failed, or vLLM raised on a configuration it
   accepted, through a path vLLM takes. It gets a repro and exit 1.
 * **missed hit**: a lookup served a shorter prefix-cache hit than the
-  index held (:class:`fuzz.model.MissedHit`): a performance bug, not a
+  index held, or the pool evicted a cached block out of its documented
+  order (:class:`fuzz.model.MissedHit`): a performance bug, not a
   corruption. Recorded, deduplicated and written up like a violation, but
   counted and reported apart; exit 3 when it is all a run found.
 * **config rejected**: vLLM refused the drawn configuration at construction

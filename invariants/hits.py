@@ -33,20 +33,57 @@ Mamba (no EAGLE block drop, no DCP/PCP; other layouts carry no
 A served hit longer than that reads blocks the index does not hold for the
 request (a safety violation); a shorter one recomputes tokens that were
 cached: a :class:`fuzz.model.MissedHit`, its own outcome.
+
+Which cached blocks survive pool pressure (``check_eviction_order``, a step
+check) follows vLLM's documented free order (``BlockPool.free_blocks``,
+``SingleTypeKVCacheManager.free``): a block that comes back with no key goes
+to the front of the free queue, a cached one to its end, and allocations
+take from the front. From how each free block came back
+(:class:`fuzz.model.FreedBlock`, never the queue itself) the claim states
+only a partial order, each rule a consequence of that one:
+
+* (a) a free block with no key when it came back (or free since the pool
+  was built) is reused before any block that came back cached;
+* (b) within one request's free of one group, its later table blocks
+  before its earlier ones (the free goes tail first);
+* (c) a block that came back cached at an earlier step before one that
+  came back cached at a later step.
+
+Blocks freed in the same step by different requests, groups or paths are
+unordered. Blocks that leave a running request's table (a sliding-window or
+chunked-local group dropping blocks its window has passed, R-SWA's gap, a
+Mamba group retiring an old state) and copy-on-write retentions come back
+through ``free_blocks`` too: rules (a) and (c) hold for them, rule (b) is not
+stated for them (no request's free is in progress). A cached block evicted
+while a block the order puts ahead of it is still free (not handed out, not
+adopted by a hit) was evicted out of order: a missed hit waiting to happen
+(its keys are gone while the block that should have gone keeps its own).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from fuzz.model import AdmissionObservation, InvariantViolation, MissedHit, group_kind
+from fuzz.model import (
+    AdmissionObservation,
+    FreedBlock,
+    InvariantViolation,
+    MissedHit,
+    StepObservation,
+    group_kind,
+)
 
-__all__ = ["HIT_CHECKS", "HIT_LONGER", "HIT_SHORTER", "check_hit_matches_index", "predicted_hit"]
+__all__ = [
+    "EVICTED_OUT_OF_ORDER", "HIT_CHECKS", "HIT_LONGER", "HIT_SHORTER", "HIT_STEP_CHECKS", "check_eviction_order",
+    "check_hit_matches_index", "predicted_hit", "reused_before",
+]
 
 # The failing conditions (deduplication and known-bug matching name them).
 HIT_LONGER = "a hit longer than the index holds"
 HIT_SHORTER = "a missed hit"
 WHERE = "KVCacheManager.get_computed_blocks"
+EVICTED_OUT_OF_ORDER = "a cached block evicted while one the free order puts ahead of it stays free"
+EVICTION_WHERE = "BlockPool.get_new_blocks"
 
 
 def _reach(held: frozenset[int], block: int, alignment: int, limit: int) -> int:
@@ -115,4 +152,50 @@ def check_hit_matches_index(adm: AdmissionObservation, context: str = "") -> Non
     raise kind("hit-matches-index", text, where=WHERE, state=HIT_LONGER if longer else HIT_SHORTER)
 
 
+def reused_before(c: FreedBlock, b: FreedBlock) -> str | None:
+    """The rule by which vLLM's free order reuses free block ``c`` before
+    ``b``, a block that came back cached; None where the partial order
+    does not say (``b`` came back with no key, or the two are unordered)."""
+    if not b.keys or c.block == b.block:
+        return None
+    if not c.keys:
+        return "(a) a block with no key is reused before any that came back cached"
+    if c.step < b.step:
+        return f"(c) it came back cached at an earlier step ({c.step} < {b.step})"
+    same_free = c.release is not None and c.release == b.release
+    if same_free and c.index is not None and b.index is not None and c.index > b.index:
+        return f"(b) the same free of request {c.request}'s group {c.group} frees table index {c.index} before {b.index}"
+    return None
+
+
+def check_eviction_order(step: StepObservation) -> None:
+    """Every cached block an allocation evicted (``BlockPool.get_new_blocks``)
+    was, by vLLM's documented free order, the first of the free blocks still
+    free: none that the order's rules (a)-(c) put ahead of it survived the
+    eviction. A survivor ahead of it is a missed hit: the pool dropped keys
+    the order would have kept."""
+    found = []
+    for ev in step.evictions:
+        ahead = [(c, why) for c in ev.survivors if (why := reused_before(c, ev.freed)) is not None]
+        if ahead:
+            lines = [f"  {ev.describe()}"]
+            lines += [f"    still free, ahead of it: {c.describe()}: {why}" for c, why in ahead[:6]]
+            if len(ahead) > 6:
+                lines.append(f"    ... and {len(ahead) - 6} more")
+            found.append("\n".join(lines))
+    if not found:
+        return
+    raise MissedHit(
+        "eviction-order",
+        f"step {step.step}: the pool evicted cached block(s) out of vLLM's free order (tail blocks of a "
+        "request's free first, blocks with no key before cached ones, earlier frees first):\n"
+        + "\n".join(found)
+        + f"\n{step.describe()}",
+        where=EVICTION_WHERE,
+        state=EVICTED_OUT_OF_ORDER,
+    )
+
+
 HIT_CHECKS: tuple[Callable[..., None], ...] = (check_hit_matches_index,)
+# Step checks (invariants/scheduler.py runs them after the others).
+HIT_STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (check_eviction_order,)

@@ -55,7 +55,7 @@ from invariants.contents import (
     check_kv_matches_tokens,
     check_reads_written,
 )
-from invariants.hits import HIT_CHECKS  # how long a hit each lookup serves
+from invariants.hits import HIT_CHECKS, HIT_STEP_CHECKS  # how long a hit each lookup serves; evictions
 from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import PROMISE_CHECKS
 
@@ -507,6 +507,7 @@ STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     check_reads_written,
     check_index_written,
     check_index_names_its_prefix,
+    *HIT_STEP_CHECKS,
 )
 
 # Reported after every other step and admission check of the step: a bug a
@@ -515,6 +516,8 @@ STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
 CONTENTS_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     check_reads_written, check_index_written, check_index_names_its_prefix,
 )
+# Missed hits after those: a violation the same step shows is reported first.
+_LAST = CONTENTS_CHECKS + HIT_STEP_CHECKS
 
 ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
     check_computed_tokens_add_up,
@@ -552,7 +555,7 @@ def step_violations(
             found.append(v)
 
     for check in STEP_CHECKS:
-        if check in selected and check not in CONTENTS_CHECKS:
+        if check in selected and check not in _LAST:
             run(check)
     for adm in step.admissions:
         for check in ADMISSION_CHECKS:
@@ -561,7 +564,7 @@ def step_violations(
                     check(adm, step.context)
                 except InvariantViolation as v:
                     found.append(v)
-    for check in CONTENTS_CHECKS:
+    for check in _LAST:
         if check in selected:
             run(check)
     return found

@@ -514,6 +514,18 @@ _MANAGER_EDITS["hit_stops_a_block_early"] = (
       "and type(self.kv_cache_spec).__name__ == 'FullAttentionSpec' else (hit_blocks, hit_length, 0)"),),
 )
 
+# Which cached blocks survive pool pressure (invariants/hits.py): a request's
+# free goes head first, so its prefix's first block is evicted before the
+# blocks that only serve with it.
+_MANAGER_EDITS["free_evicts_head_first"] = (
+    "SingleTypeKVCacheManager.free frees a request's blocks in table order instead of "
+    "reversed: its cached head block goes to the free queue first and is evicted "
+    "first, taking every later block's hit with it (a missed hit)",
+    ("vllm.v1.core.single_type_kv_cache_manager", "SingleTypeKVCacheManager", "free"),
+    (("self.block_pool.free_blocks(reversed(self.pop_blocks_for_free(request_id)))",
+      "self.block_pool.free_blocks(self.pop_blocks_for_free(request_id))"),),
+)
+
 # name: (description, (vLLM module, function), edits): planted bugs in a
 # module-level function of vLLM's (the block hashing), compiled as the
 # method edits are and swapped into the module for the duration.

@@ -11,7 +11,9 @@ rooms of their own, which the harness composes:
   reads and returns);
 * :mod:`fuzz.adapter._faults`: failing loads and aborts during a step;
 * :mod:`fuzz.adapter._observations`: the observations, assembled from the
-  recording wrappers and the scripted connector's records.
+  recording wrappers and the scripted connector's records;
+* :mod:`fuzz.adapter._evictions`: how each free block came back to the
+  pool, and which cached blocks allocations evict.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from fuzz.adapter import _compat, _connector, _oplog, _planted
 from fuzz.adapter._build import build_scheduler
 from fuzz.adapter._contents import namespace_of
 from fuzz.adapter._env import VLLM_VERSION, sha256
+from fuzz.adapter._evictions import EvictionWatch
 from fuzz.adapter._faults import Faults
 from fuzz.adapter._observations import QUIET_STEPS, Observer
 from fuzz.adapter._observe import raising_file, raising_statement, step_frames
@@ -165,6 +168,7 @@ class SchedulerHarness:
         # a producer's send (request_finished held its blocks).
         self._send_started: dict[str, int] = {}
         self.ownership = OwnershipSpy(self.scheduler, self.groups, self.spans)
+        self.evictions = EvictionWatch(self.scheduler, lambda: self.step_index)  # wraps the spy's wrappers
         self.read_rules = read_rules(
             built.kv_config, self.groups, self.spans, tuple(_group_behaviour(g).value for g in self.groups)
         )
@@ -477,6 +481,7 @@ class SchedulerHarness:
             foreign_hits=foreign,
             missing_lookahead=tuple(self.runner.missing_lookahead) if out is not None else (),
             preemptions=preemptions,
+            evictions=self.evictions.take(),
         )
 
     QUIET_STEPS = QUIET_STEPS

@@ -26,6 +26,9 @@ rest of the suite survive vLLM's moving internal API.
   repro's source of truth;
 * ``_ownership``: the shadow model of block ownership after one
   ``schedule()`` (:class:`OwnershipObservation`);
+* ``_evictions``: how each free block came back to the pool
+  (:class:`FreedBlock`) and each cached block an allocation evicted
+  (:class:`Eviction`);
 * ``_violations``: :class:`InvariantViolation`, :class:`HarnessError`;
 * ``_catalog``: what the installed vLLM offers (:func:`installed`), filled in
   by the adapter;
@@ -50,6 +53,7 @@ from fuzz.model._classification import (
 )
 from fuzz.model._groups import answer_acted_on, cdiv, group_behaviour, group_kind, group_name
 from fuzz.model._ownership import AllocationRecord, HeldTable, LookupRecord, OwnershipObservation
+from fuzz.model._evictions import Eviction, FreedBlock
 from fuzz.model._engine import ENGINE_REACHABLE, SCHEDULER_API, EngineDraw, reach_label
 from fuzz.model._kv import BlockRef, EagleDraw, GroupInfo, GroupTruncation, LayoutDraw, SpecDraw, TruncationObservation
 from fuzz.model._oplog import (
@@ -133,6 +137,7 @@ __all__ = [
     "ConnectorMeta",
     "DraftVerification",
     "EagleDraw",
+    "Eviction",
     "ExternalReply",
     "FailedLoad",
     "GroupInfo",
@@ -147,6 +152,7 @@ __all__ = [
     "UnbackedEntry",
     "EventGap",
     "ForeignHit",
+    "FreedBlock",
     "MissingLookahead",
     "UnwrittenRead",
     "LayoutDraw",

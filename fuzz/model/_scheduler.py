@@ -17,6 +17,7 @@ from fuzz.model._contents import (
     UnwrittenRead,
 )
 from fuzz.model._engine import EngineDraw, reach_label
+from fuzz.model._evictions import Eviction
 from fuzz.model._kv import GroupInfo, LayoutDraw
 from fuzz.model._ownership import OwnershipObservation
 
@@ -530,6 +531,8 @@ class StepObservation:
     missing_lookahead: tuple[MissingLookahead, ...] = ()
     # Each request this step's schedule() preempted, as it left it.
     preemptions: tuple[PreemptedRequest, ...] = ()
+    # Each cached block an allocation took from the pool since the last step.
+    evictions: tuple[Eviction, ...] = ()
 
     @property
     def fed_late(self) -> bool:

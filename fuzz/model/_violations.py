@@ -50,9 +50,10 @@ class InvariantViolation(AssertionError):
 
 
 class MissedHit(InvariantViolation):
-    """A lookup served a shorter prefix-cache hit than the index held for it:
-    a performance bug (tokens recomputed that were cached), never a
-    corruption. Its own outcome (:data:`fuzz.outcomes.Outcome.MISSED_HIT`),
+    """A lookup served a shorter prefix-cache hit than the index held for it,
+    or the pool evicted a cached block its documented free order would have
+    kept: a performance bug (tokens recomputed that were, or could have
+    stayed, cached), never a corruption. Its own outcome (:data:`fuzz.outcomes.Outcome.MISSED_HIT`),
     counted, reported and exited on apart from violations.
 
     A subclass rather than a separate type, on purpose: everything that

@@ -46,6 +46,7 @@ from invariants.scheduler import (
 
 __all__ = [
     "ALL_CHECKS",
+    "CACHED_BLOCK_EVICTED",
     "REACH",
     "Stepper",
     "carrying_oplog",
@@ -79,6 +80,8 @@ ASYNC_SCHEDULER = "async scheduler"
 FED_LATE = "step fed back one step late"
 PREFILL_HELD = "prefill held back (prefill_schedule_interval)"
 STALE_OUTPUT = "stale output of a request preempted during its step"
+# An allocation evicted a cached block (the eviction-order claim judges it).
+CACHED_BLOCK_EVICTED = "cached block evicted"
 # A request finished (aborted) while the model ran the step that reports its load failed.
 ABORTED_DURING_FAILED_LOAD = "connector: load failed, its request aborted during the step"
 MAX_STEPS_PER_PHASE = 160
@@ -113,6 +116,8 @@ def reach_labels(step: StepObservation) -> set[str]:
         labels.add(PREFILL_HELD)
     if step.preempted:
         labels.add("preemption")
+    if step.evictions:
+        labels.add(CACHED_BLOCK_EVICTED)
     if step.stale_outputs:
         labels.add(STALE_OUTPUT)
     if step.error:

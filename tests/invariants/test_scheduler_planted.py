@@ -24,13 +24,13 @@ from tests.strategies.test_draws_pinned import _no_local_constants
 from fuzz.targets import target_scheduler
 from fuzz.adapter import SchedulerHarness
 from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
-from fuzz.runners.scheduler import STALE_OUTPUT, Stepper, run_single_shot
+from fuzz.runners.scheduler import CACHED_BLOCK_EVICTED, STALE_OUTPUT, Stepper, run_single_shot
 from invariants import connector as conn
 from invariants import scheduler as inv
 from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import check_events_replay_index, check_hits_within_namespace, check_lookahead_allocated
 from invariants.promises import check_preempted_resumable
-from invariants.hits import check_hit_matches_index
+from invariants.hits import check_eviction_order, check_hit_matches_index
 from invariants.contents import check_index_names_its_prefix
 from fuzz.model import InvariantViolation
 from fuzz.model import SingleShotScenario
@@ -177,11 +177,11 @@ def decoding_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return _decoding(checks, requests=2, max_tokens=3, num_blocks=12)
 
 
-def _evicting(checks: tuple[Callable[..., None], ...], *, kv_events: bool) -> Stepper:
+def _one_after_another(checks: tuple[Callable[..., None], ...], *, kv_events: bool) -> Stepper:
     """Four 13-token prompts with no common prefix, one after another,
-    decoding 2 tokens each on an 8-block pool of 4-token blocks: each prompt
-    caches 3 blocks, and from the third on the new prompt's blocks are taken
-    from cached ones (an eviction)."""
+    decoding 2 tokens each on an 8-block pool of 4-token blocks: each
+    prompt caches 3 blocks, and from the third on the new prompt's blocks
+    are taken from cached ones."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=9)
     harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2, kv_events=kv_events))
     run = Stepper(harness, checks)
@@ -192,16 +192,22 @@ def _evicting(checks: tuple[Callable[..., None], ...], *, kv_events: bool) -> St
 
 
 def evicting_events_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
-    """:func:`_evicting` with KV events on: each eviction is announced by BlockRemoved."""
-    run = _evicting(checks, kv_events=True)
+    """KV events on; :func:`_one_after_another` (eviction announced by BlockRemoved)."""
+    run = _one_after_another(checks, kv_events=True)
     events = run.harness.observer.events
-    assert events is not None and events.events_seen["BlockRemoved"] >= 2, events.events_seen
+    assert events is not None and events.events_seen["BlockRemoved"] >= 2, events and events.events_seen
     return run
 
 
 def evicting_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
-    """:func:`_evicting` with KV events off."""
-    return _evicting(checks, kv_events=False)
+    """:func:`_one_after_another`: each finished request's free returns its
+    4 blocks tail first (the partial tail, with no key, to the front of the
+    free queue, its 3 cached blocks to the end, last one first), so the
+    third prompt evicts the first one's last two cached blocks and keeps
+    its first."""
+    run = _one_after_another(checks, kv_events=False)
+    assert run.harness.evictions.judged >= 4, run.harness.evictions.judged
+    return run
 
 
 def tenants_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
@@ -284,6 +290,7 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
     (check_hit_matches_index, "hit-matches-index", "hit_stops_a_block_early", repeated_prompt_run, None),
     # What the index names (invariants/contents.py).
     (check_index_names_its_prefix, "index-names-its-prefix", "evicted_key_stays_indexed", evicting_run, None),
+    (check_eviction_order, "eviction-order", "free_evicts_head_first", evicting_run, CACHED_BLOCK_EVICTED),
 ]
 
 

@@ -1,0 +1,145 @@
+"""Which cached blocks the block pool evicts, and how every free block came
+back to it: the harness side of the eviction-order claim
+(``invariants/hits.py``).
+
+:class:`EvictionWatch` wraps, on the *instances* of one scheduler's block
+pool and single-type managers (classes untouched, so planted bugs apply;
+built after the ownership spy, it wraps that spy's wrappers):
+
+* ``BlockPool.free_blocks``: each block whose last reference the call drops
+  comes back to the pool, recorded with the step, its prefix-cache keys at
+  that moment and, inside a request's free of one group (each manager's
+  ``free``), the request, the group and the block's place in the table
+  read as that free began;
+* ``BlockPool.touch``: a free block a prefix-cache hit adopts leaves the pool;
+* ``BlockPool.get_new_blocks``: every block handed out leaves the pool; one
+  the prefix-cache index named just before the call is an eviction,
+  recorded with every block still free right after it was taken.
+
+Which blocks are free is the watch's own model: those free when it starts,
+plus those freed since, less those handed out or adopted. It never reads
+the pool's free queue. With prefix caching off (no key, so no eviction) or
+an index it cannot read, it watches nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from fuzz.adapter import _compat
+from fuzz.model import Eviction, FreedBlock
+
+__all__ = ["EvictionWatch"]
+
+
+def _keys_by_block(cached: dict[Any, Any]) -> dict[int, tuple[str, ...]]:
+    """Per block id, the prefix-cache keys the index ``cached`` (key ->
+    block, or block id -> block) files under it, as "g<group>:<hash>" (and
+    "@<tokens>" for the key the block carries as its own hash)."""
+    found: dict[int, list[str]] = {}
+    for key, blocks in cached.items():
+        for block in blocks.values() if isinstance(blocks, dict) else (blocks,):
+            text = f"g{_compat.group_of_key(key)}:{bytes(key[:-4])[:4].hex()}"
+            if block.block_hash == key and getattr(block, "block_hash_num_tokens", None) is not None:
+                text += f"@{block.block_hash_num_tokens}"
+            found.setdefault(block.block_id, []).append(text)
+    return {bid: tuple(sorted(keys)) for bid, keys in found.items()}
+
+
+class EvictionWatch:
+    """The recording wrappers for one scheduler; :meth:`take` after each
+    step hands over the evictions seen since the last one."""
+
+    def __init__(self, scheduler: Any, step: Callable[[], int]) -> None:
+        self.pool = scheduler.kv_cache_manager.block_pool
+        self._step = step
+        self.judged = 0  # evictions recorded so far
+        self._evictions: list[Eviction] = []
+        # The request free in progress: (request, group, block id -> table index, release number).
+        self._freeing: tuple[str, int, dict[int, int], int] | None = None
+        self._releases = 0
+        cached = _compat.prefix_cache_map(self.pool)
+        self._on = bool(getattr(self.pool, "enable_caching", False)) and cached is not None
+        if not self._on:
+            self.free: dict[int, FreedBlock] = {}
+            return
+        keys = _keys_by_block(cached)
+        self.free = {
+            b.block_id: FreedBlock(b.block_id, 0, keys.get(b.block_id, ()))
+            for b in self.pool.blocks
+            if not b.is_null and b.ref_cnt == 0
+        }
+        self._install(scheduler.kv_cache_manager.coordinator.single_type_managers)
+
+    def take(self) -> tuple[Eviction, ...]:
+        found, self._evictions = tuple(self._evictions), []
+        return found
+
+    def _keys(self) -> dict[int, tuple[str, ...]]:
+        return _keys_by_block(_compat.prefix_cache_map(self.pool) or {})
+
+    # -- wrappers ------------------------------------------------------------
+    def _install(self, managers: Iterable[Any]) -> None:
+        pool, watch = self.pool, self
+        real_free, real_touch, real_new = pool.free_blocks, pool.touch, pool.get_new_blocks
+
+        def free_blocks(ordered_blocks: Iterable[Any]) -> None:
+            blocks = list(ordered_blocks)  # the order vLLM passes, kept
+            real_free(blocks)
+            watch._came_back(blocks)
+
+        def touch(blocks: Any) -> Any:
+            for b in blocks:
+                if not b.is_null and b.ref_cnt == 0:
+                    watch.free.pop(b.block_id, None)
+            return real_touch(blocks)
+
+        def get_new_blocks(num_blocks: int) -> Any:
+            keys = watch._keys()
+            blocks = real_new(num_blocks)
+            for b in blocks:
+                freed = watch.free.pop(b.block_id, None)
+                lost = keys.get(b.block_id, ())
+                if lost and freed is not None:
+                    watch.judged += 1
+                    watch._evictions.append(Eviction(watch._step(), freed, lost, tuple(watch.free.values())))
+            return blocks
+
+        pool.free_blocks, pool.touch, pool.get_new_blocks = free_blocks, touch, get_new_blocks
+        for group, manager in enumerate(managers):
+            self._wrap_free(group, manager)
+
+    def _wrap_free(self, group: int, manager: Any) -> None:
+        watch, real = self, manager.free
+
+        def free(request_id: str) -> Any:
+            table = manager.req_to_blocks.get(request_id, ())
+            outer = watch._freeing
+            watch._releases += 1
+            where = {b.block_id: i for i, b in enumerate(table) if not b.is_null}
+            watch._freeing = (request_id, group, where, watch._releases)
+            try:
+                return real(request_id)
+            finally:
+                watch._freeing = outer
+
+        manager.free = free
+
+    def _came_back(self, blocks: list[Any]) -> None:
+        """Record the blocks of a ``free_blocks`` call whose last reference it dropped."""
+        pool_blocks = self.pool.blocks
+        back = [
+            b for b in blocks
+            if not b.is_null and b.ref_cnt == 0 and b.block_id < len(pool_blocks) and pool_blocks[b.block_id] is b
+        ]
+        if not back:
+            return
+        keys, step, freeing = self._keys(), self._step(), self._freeing
+        for b in back:
+            if freeing is not None and b.block_id in freeing[2]:
+                rid, group, where, release = freeing
+                record = FreedBlock(b.block_id, step, keys.get(b.block_id, ()), rid, group, where[b.block_id], release)
+            else:
+                record = FreedBlock(b.block_id, step, keys.get(b.block_id, ()))
+            self.free[b.block_id] = record
