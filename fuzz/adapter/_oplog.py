@@ -105,6 +105,25 @@ def model_runner_output(fed: FedOutput) -> Any:
     return kit.model_runner_output(list(fed.req_ids), [list(t) for t in fed.sampled_token_ids], connector)
 
 
+def request_of(op: AddRequest, hash_block_size: int) -> Request:
+    """The vLLM ``Request`` that ``op`` adds (the harness's and a replay's):
+    ``SamplingParams.skip_reading_prefix_cache`` only when set (None is
+    vLLM's default), its cache salt and LoRA adapter."""
+    return Request(
+        request_id=op.request_id,
+        prompt_token_ids=list(op.token_ids),
+        sampling_params=SamplingParams(
+            max_tokens=op.max_tokens,
+            ignore_eos=op.ignore_eos,
+            **({"skip_reading_prefix_cache": True} if op.skip_reading_prefix_cache else {}),
+        ),
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(hash_block_size, sha256),
+        **({"cache_salt": op.cache_salt} if op.cache_salt else {}),
+        **_compat.request_lora_kw(op.lora),
+    )
+
+
 def replay_oplog(log: OpLog) -> list[ScheduledOutput | None]:
     """Run ``log`` on a fresh scheduler; one output per ``schedule()`` (None
     where it raised; replay stops there). Each fed output goes to the step it
@@ -119,21 +138,7 @@ def replay_oplog(log: OpLog) -> list[ScheduledOutput | None]:
         if isinstance(op, AddRequest):
             if op.reply is not None:
                 script.replies[op.request_id] = op.reply
-            sched.add_request(
-                Request(
-                    request_id=op.request_id,
-                    prompt_token_ids=list(op.token_ids),
-                    sampling_params=SamplingParams(
-                        max_tokens=op.max_tokens,
-                        ignore_eos=op.ignore_eos,
-                        **({"skip_reading_prefix_cache": True} if op.skip_reading_prefix_cache else {}),
-                    ),
-                    pooling_params=None,
-                    block_hasher=get_request_block_hasher(built.hash_block_size, sha256),
-                    **({"cache_salt": op.cache_salt} if op.cache_salt else {}),
-                    **_compat.request_lora_kw(op.lora),
-                )
-            )
+            sched.add_request(request_of(op, built.hash_block_size))
         elif isinstance(op, Abort) and op.during_step:  # applied inside the next step
             during.append(op.request_id)
         elif isinstance(op, Abort):

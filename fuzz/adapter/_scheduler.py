@@ -29,7 +29,7 @@ from fuzz import outcomes
 from fuzz.adapter import _compat, _connector, _oplog, _planted
 from fuzz.adapter._build import build_scheduler
 from fuzz.adapter._contents import namespace_of
-from fuzz.adapter._env import VLLM_VERSION, sha256
+from fuzz.adapter._env import VLLM_VERSION
 from fuzz.adapter._evictions import EvictionWatch
 from fuzz.adapter._faults import Faults
 from fuzz.adapter._observations import QUIET_STEPS, Observer
@@ -38,9 +38,7 @@ from fuzz.adapter._ownership import OwnershipSpy, read_rules
 from fuzz.adapter._runner import ScriptedRunner, runner_output
 from fuzz.adapter._specs import qualified_name
 
-from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
 from vllm.v1.outputs import DraftTokenIds  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
@@ -240,18 +238,9 @@ class SchedulerHarness:
             raise HarnessError(f"a prompt of {len(tokens)} tokens with max_model_len={limit}: the engine refuses it")
         rid = request_id or f"r{next(self._next_id)}"
         skip = skip_reading_prefix_cache and _compat.HAS_SKIP_READING_PREFIX_CACHE
-        # The field only when set: None is vLLM's default (derived from
-        # prompt logprobs, which these requests never ask for).
-        extra = {"skip_reading_prefix_cache": True} if skip else {}
-        req = Request(
-            request_id=rid,
-            prompt_token_ids=list(tokens),
-            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **extra),
-            pooling_params=None,
-            block_hasher=get_request_block_hasher(self.hash_block_size, sha256),
-            **({"cache_salt": cache_salt} if cache_salt else {}),
-            **_compat.request_lora_kw(lora),
-        )
+        op = AddRequest(rid, tuple(tokens), max_tokens, reply, self.step_index, skip_reading_prefix_cache=skip,
+                        cache_salt=cache_salt or None, lora=lora)
+        req = _oplog.request_of(op, self.hash_block_size)
         if reply is not None:
             self.script.replies[rid] = reply
         self._requests[rid] = req
@@ -259,10 +248,7 @@ class SchedulerHarness:
         self.contents.namespaces[rid] = namespace_of(cache_salt, lora)
         if skip:
             self.observer.skips.add(rid)
-        self.oplog.ops.append(
-            AddRequest(rid, tuple(tokens), max_tokens, reply, self.step_index, skip_reading_prefix_cache=skip,
-                       cache_salt=cache_salt or None, lora=lora)
-        )
+        self.oplog.ops.append(op)
         self.scheduler.add_request(req)
         return rid
 
