@@ -31,8 +31,11 @@ Analysis (vLLM 0.33.0):
 - With ``max_tokens > 1`` the request goes on, but the scheduler sends
   ``num_output_tokens + num_output_placeholders`` (one too many) to the
   worker, which then keeps the token it sampled on the failed load
-  (``gpu_model_runner`` trims ``output_token_ids`` only down to that count).
-  Not claimed here.
+  (``gpu_model_runner`` trims ``output_token_ids`` only down to that count):
+  a position's KV is computed from the discarded token, and once its block
+  fills, vLLM files it in the prefix cache under the key of the tokens it
+  records, so a later request with that prefix would adopt the wrong KV
+  (pinned below with ``kv-matches-tokens`` and ``index-names-its-prefix``).
 
 Reach: a real engine: async scheduling (the default), one KV-cache group
 (block-level failures are refused with several), a connector that reports
@@ -57,6 +60,7 @@ from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import KNOWN_BUGS, failure_of
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
+from invariants.contents import check_index_names_its_prefix
 from invariants.scheduler import check_kv_matches_tokens, check_running_requests_progress
 from tests.known_bugs._pin import known_vllm_bug
 
@@ -185,5 +189,36 @@ def test_the_sharers_other_token_is_the_registered_known_bug() -> None:
     assert "request r1: position 4's KV was computed at step 5 from token 1001, but vLLM records token 1002" in str(
         caught.value
     ), str(caught.value)
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    assert bug.id == "failed-sync-load-recompute-keeps-output-placeholder"
+
+
+def _serve_checking_the_index(*, async_scheduling: bool) -> SchedulerHarness:
+    """:func:`_serve` with ``max_tokens=6``: the request runs past position
+    19, so the block holding positions 16-19 (position 16 computed from the
+    token vLLM discarded) fills and enters the prefix-cache index, under the
+    key of the tokens vLLM records. Every step is checked by
+    ``index-names-its-prefix``."""
+    return _serve(async_scheduling=async_scheduling, max_tokens=6, check=check_index_names_its_prefix)
+
+
+@known_vllm_bug(
+    "vLLM: after a failed sync load's recompute, a block holding KV of the discarded token enters the prefix "
+    "cache under the recorded tokens' key (issue 45138)",
+)
+def test_a_recomputed_requests_cached_blocks_hold_their_keys_tokens() -> None:
+    _serve_checking_the_index(async_scheduling=True)
+
+
+def test_synchronous_recompute_caches_blocks_holding_their_keys_tokens() -> None:
+    assert _serve_checking_the_index(async_scheduling=False).is_idle()
+
+
+def test_the_misnamed_cache_entry_is_the_registered_known_bug() -> None:
+    with pytest.raises(InvariantViolation) as caught:
+        _serve_checking_the_index(async_scheduling=True)
+    assert caught.value.invariant == "index-names-its-prefix", caught.value.invariant
+    assert "(the first 20 tokens of request r0) names block" in str(caught.value), str(caught.value)
+    assert "(16, 1002, (16, 5, 1001))" in str(caught.value), str(caught.value)
     (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
     assert bug.id == "failed-sync-load-recompute-keeps-output-placeholder"
