@@ -243,6 +243,17 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _site_medians(result: dict[str, Any]) -> list[tuple[str, float]]:
+    """Each model's call sites (``model: function``), us per step, median
+    over the timed runs, largest first."""
+    per: dict[str, list[float]] = {}
+    for run in result["timed"]:
+        for label, site, s in run["seconds"]:
+            if label in MODELS and run["steps"]:
+                per.setdefault(f"{label}: {site}", []).append(1e6 * s / run["steps"])
+    return sorted(((site, statistics.median(v)) for site, v in per.items()), key=lambda kv: -kv[1])
+
+
 def _cell(us: float, step: float) -> str:
     return f"{us:.1f} ({100 * us / step if step else 0:.0f}%)"
 
@@ -269,6 +280,10 @@ def report_model_cost(results: list[dict[str, Any]], examples: int, repeats: int
         step = s.get("step", 0)
         print(f"{name:<27} {_cell(s.get('checks', 0), step):>13} "
               + " ".join(f"{_cell(s.get('check:' + m, 0), step):>13}" for m in CHECK_MODULES))
+    print("\neach model's call sites, us per step (medians)")
+    for r in results:
+        sites = _site_medians(r)
+        print(f"  {r['target']:<27} " + ", ".join(f"{site} {us:.1f}" for site, us in sites if us >= 0.5))
     print("\ntimers: us per timed call, timed calls per step, timed/plain ex/s")
     for name, s in rows:
         print(f"  {name:<27} {s.get('wrapper_us', 0):.2f} us x {s.get('calls', 0):.0f} calls = "
