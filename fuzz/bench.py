@@ -30,6 +30,9 @@ wrappers not installed, no observation, the checks see none), alternated,
 medians of ``--repeats``; and, with it on, microseconds per step spent
 building the observation and running the four checks.
 
+``--model-cost`` instead measures, per scheduler target, each reference
+model's and each invariant module's microseconds per step (fuzz/_model_cost.py).
+
 ``--breakdown SECONDS`` instead runs each target's campaign worker loop for
 that long and prints where its time went: Hypothesis's phases (replay,
 generation, target, shrink), the target itself (vLLM and the invariants),
@@ -54,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz._breakdown import child_breakdown, report_breakdown
+from fuzz._model_cost import child_model_cost, report_model_cost
 
 __all__ = ["main"]
 
@@ -502,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: where a worker's time goes, each target's worker loop run this long")
     parser.add_argument("--ownership-cost", action="store_true",
                         help="instead: the block-ownership model's cost on each scheduler target (on vs off)")
+    parser.add_argument("--model-cost", action="store_true",
+                        help="instead: each reference model's and check module's us per step on each scheduler target")
     parser.add_argument("--draws", type=int, default=None, metavar="N",
                         help="instead: each scheduler target's examples/s and steps/s as one run of --examples "
                              "examples vs runs of N (what a short run draws), one row per seed (--repeats seeds)")
@@ -518,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
             result = child_breakdown(args.child, args.breakdown, _campaign_run)
         elif args.ownership_cost:
             result = _child_ownership_cost(args.child, args)
+        elif args.model_cost:
+            result = child_model_cost(args.child, args.examples, args.repeats, _raw_run)
         elif args.draws:
             result = _child_draws(args.child, args)
         else:
@@ -535,6 +543,14 @@ def main(argv: list[str] | None = None) -> int:
         _report_draws(results, args)
         if args.json:
             args.json.write_text(json.dumps({"draws": results}, indent=1))
+        return 0
+    if args.model_cost:
+        names = [t for t in args.targets if t.startswith("scheduler-")]
+        results = [_child(["--child", n, "--model-cost", "--examples", str(args.examples), "--repeats",
+                           str(args.repeats)]) for n in names]
+        report_model_cost(results, args.examples, args.repeats)
+        if args.json:
+            args.json.write_text(json.dumps({"model_cost": results}, indent=1))
         return 0
     if args.ownership_cost:
         names = [t for t in args.targets if t.startswith("scheduler-")]

@@ -59,3 +59,34 @@ def test_only_a_new_failure_stops_the_benchmark(monkeypatch: pytest.MonkeyPatch,
             bench._campaign_run("scheduler-machine", 1.0, seed=7)
     else:
         assert bench._campaign_run("scheduler-machine", 1.0, seed=7) == (0.0, 0, 0, 0, [])
+
+
+def test_the_model_cost_table_has_a_row_per_target_and_a_column_per_model(capsys: pytest.CaptureFixture[str]) -> None:
+    from fuzz import _model_cost
+
+    assert bench.main(["--model-cost", "--targets", "scheduler-single-shot", "--examples", "3", "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(ln for ln in lines if ln.startswith("target") and "contents" in ln)
+    assert all(model in head.split() for model in _model_cost.MODELS), head
+    models, checks = [ln for ln in lines if ln.startswith("scheduler-single-shot")]
+    assert models.count("%)") == len(_model_cost.MODELS) + 1, models  # each model's cell and vLLM's
+    assert checks.count("%)") == len(_model_cost.CHECK_MODULES) + 1, checks  # each module's and all checks'
+
+
+def test_the_model_cost_timers_see_every_model_and_check_module_and_are_removed() -> None:
+    import invariants.scheduler as checks
+    from fuzz import _model_cost
+    from fuzz.adapter import SchedulerHarness
+    from fuzz.runners import scheduler as runner
+
+    sites = [(owner, name) for pairs in _model_cost._model_sites().values() for owner, name in pairs]
+    before = [vars(owner)[name] for owner, name in sites]
+    tuples = (checks.STEP_CHECKS, checks.ADMISSION_CHECKS, checks.CONTENTS_CHECKS, runner.step_violations,
+              vars(SchedulerHarness)["step"])
+    run = _model_cost._timed_run(get_target("scheduler-single-shot"), 3, 5, bench._raw_run)
+    assert [vars(owner)[name] for owner, name in sites] == before
+    assert (checks.STEP_CHECKS, checks.ADMISSION_CHECKS, checks.CONTENTS_CHECKS, runner.step_violations,
+            vars(SchedulerHarness)["step"]) == tuples
+    called = {label for label, _, n in run["calls"] if n}
+    assert run["steps"] > 0 and {"harness", "checks", "contents", "preemption", "ownership"} <= called, called
+    assert {"check:" + m for m in _model_cost.CHECK_MODULES} <= called, called
