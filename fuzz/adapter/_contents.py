@@ -100,6 +100,9 @@ class BlockContents:
         # block id -> the namespace of the request that last wrote it.
         self.namespaces: dict[str, str] = {}
         self.written_under: dict[int, str] = {}
+        # Blocks whose contents changed since a reader last took this set
+        # (a write, a load, a copy): what may now disagree with its keys.
+        self.changed: set[int] = set()
 
     def take_tables(self, out: Any) -> None:
         """The block tables ``out`` hands the runner, and the copies it
@@ -120,6 +123,7 @@ class BlockContents:
         before = {src: dict(self.held.get(src, {})) for src, _ in self.copies}
         for src, dst in self.copies:
             self.held[dst] = dict(before[src])
+            self.changed.add(dst)
             if src in self.written_under:
                 self.written_under[dst] = self.written_under[src]
 
@@ -156,6 +160,7 @@ class BlockContents:
                     if namespace is not None:
                         self.written_under[block] = namespace
                     token = tokens[position] if position < len(tokens) else None
+                    self.changed.add(block)
                     self.held.setdefault(block, {})[position % size] = (
                         (FAILED_LOAD, step, None) if block in failed else (position, step, token)
                     )
@@ -326,25 +331,28 @@ def entries_of(cached: Mapping[Any, Any], group_of: Any) -> list[tuple[int, int,
     prefix-cache map ``cached`` (key -> block, or block id -> block): the
     key a block carries as its own ``block_hash``, with the tokens it covers
     (``block_hash_num_tokens``); ``group_of(key)`` names its group."""
-    found = []
-    for key, blocks in cached.items():
-        for block in blocks.values() if isinstance(blocks, dict) else (blocks,):
-            num_tokens = getattr(block, "block_hash_num_tokens", None)
-            if block.block_hash == key and num_tokens is not None:
-                found.append((group_of(key), block.block_id, num_tokens))
-    return sorted(found)
+    return sorted((group_of(key), block_id, n) for key, block_id, n in _walk(cached) if n is not None)
 
 
-def all_entries_of(cached: Mapping[Any, Any], hash_of: Any, group_of: Any) -> list[tuple[int, int, Any]]:
-    """(group, block id, hash) of every entry of vLLM's prefix-cache map
-    ``cached`` (key -> block, or block id -> block): full and partial,
-    whether or not the block carries the key as its own; ``hash_of(key)``
-    and ``group_of(key)`` split a key."""
+def all_entries_of(cached: Mapping[Any, Any], split: Any) -> list[tuple[int, int, Any, int | None]]:
+    """(group, block id, hash, tokens covered if it is the block's own key
+    else None) of every entry of vLLM's prefix-cache map ``cached``: full
+    and partial, whether or not the block carries the key as its own;
+    ``split(key)`` is its (group, hash). In the map's order."""
     found = []
+    for key, block_id, n in _walk(cached):
+        group, block_hash = split(key)
+        found.append((group, block_id, block_hash, n))
+    return found
+
+
+def _walk(cached: Mapping[Any, Any]) -> Iterable[tuple[Any, int, int | None]]:
+    """(key, block id, tokens covered if the block carries the key as its
+    own ``block_hash`` else None) of each entry of the map."""
     for key, blocks in cached.items():
         for block in blocks.values() if isinstance(blocks, dict) else (blocks,):
-            found.append((group_of(key), block.block_id, hash_of(key)))
-    return sorted(found, key=lambda e: (e[0], e[1], repr(e[2])))
+            own = block.block_hash == key
+            yield key, block.block_id, getattr(block, "block_hash_num_tokens", None) if own else None
 
 
 class KeyPrefixes:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fuzz.adapter import _compat
-from fuzz.adapter._contents import BlockContents, KeyPrefixes, all_entries_of, entries_of
+from fuzz.adapter._contents import BlockContents, KeyPrefixes, all_entries_of
 from fuzz.adapter._oplog import model_runner_output
 from fuzz.adapter._reports import WorkerRecord, computed_before
 
@@ -70,6 +70,11 @@ class ScriptedRunner:
         self.missing_lookahead: list[MissingLookahead] = []
         self._failing_now: frozenset[int] = frozenset()  # the blocks the worker fails in this step's sync loads
         self.keys: KeyPrefixes | None = None  # what each prefix-cache key stands for (made with the pool)
+        # Block id -> its index entries judged right ((group, tokens covered)
+        # backed, (group, key hash) naming its prefix), until its contents
+        # change: those need no second look.
+        self._judged_right: dict[int, set[tuple[int, Any]]] = {}
+        self._splits: dict[Any, tuple[int, Any]] = {}  # prefix-cache key -> (group, hash)
 
     def hand_over(self, out: Any, allocs: tuple[ConnectorAlloc, ...], admissions: Sequence[AdmissionObservation],
                   invalid: set[int], step: int) -> None:
@@ -232,18 +237,41 @@ class ScriptedRunner:
             self.keys = KeyPrefixes(pool.hash_block_size)
         for rid, request in requests.items():
             self.keys.learn(rid, request.block_hashes, request.all_token_ids)
+        # An entry judged right stays right until its block's contents change.
+        for block_id in self.contents.changed:
+            self._judged_right.pop(block_id, None)
+        self.contents.changed = set()
+        right = self._judged_right
+        entries = all_entries_of(cached, self._split)
+        primary = sorted((g, b, n) for g, b, _, n in entries if n is not None and (g, n) not in right.get(b, ()))
         unbacked = tuple(
             UnbackedEntry(group, block_id, n, tuple(missing))
-            for group, block_id, n, missing in self.contents.unbacked_entries(entries_of(cached, _compat.group_of_key))
+            for group, block_id, n, missing in self.contents.unbacked_entries(primary)
         )
+        bad = {(u.group, u.block_id, u.num_tokens) for u in unbacked}
+        for group, block_id, n in primary:
+            if (group, block_id, n) not in bad:
+                right.setdefault(block_id, set()).add((group, n))
         misnamed = []
-        for group, block_id, block_hash in all_entries_of(cached, _compat.hash_of_key, _compat.group_of_key):
+        for group, block_id, block_hash, _ in entries:
+            if (group, block_hash) in right.get(block_id, ()):
+                continue
             rid, tokens = self.keys.prefix.get(block_hash, ("", ()))
             wrong = self.contents.misnamed(group, block_id, tokens)
             if wrong:
                 misnamed.append(MisnamedEntry(group, block_id, bytes(block_hash).hex()[:12], rid, len(tokens), tuple(wrong),
                                               rid in recomputed))
+            elif tokens:
+                right.setdefault(block_id, set()).add((group, block_hash))
+        misnamed.sort(key=lambda e: (e.group, e.block_id, e.key))
         return unbacked, tuple(misnamed)
+
+    def _split(self, key: Any) -> tuple[int, Any]:
+        """A prefix-cache key's (group, hash), remembered (keys are immutable)."""
+        split = self._splits.get(key)
+        if split is None:
+            split = self._splits[key] = (_compat.group_of_key(key), _compat.hash_of_key(key))
+        return split
 
     def kv_from_other_tokens(self, out: Any, requests: Mapping[str, Any],
                              recomputed: set[str]) -> tuple[KvFromOtherToken, ...]:

@@ -23,7 +23,7 @@ def _misnamed_entries(scheduler, contents, keys):
         keys.learn(rid, request.block_hashes, request.all_token_ids)
     cached = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
     found = []
-    for group, block_id, block_hash in all_entries_of(cached, get_block_hash, get_group_id):
+    for group, block_id, block_hash, _ in all_entries_of(cached, lambda key: (get_group_id(key), get_block_hash(key))):
         rid, tokens = keys.prefix.get(block_hash, ("", ()))
         wrong = contents.misnamed(group, block_id, tokens)
         if wrong:
