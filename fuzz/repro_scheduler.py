@@ -80,6 +80,7 @@ _CHECK_OF = {
     "failed-load-not-cached": "_check_failed_load_not_cached",
     # Block ownership (invariants/ownership.py).
     "read-blocks-held": "_check_read_blocks_held",
+    "in-flight-reads-held": "_check_in_flight_reads_held",
     "same-step-hazard": "_check_no_same_step_hazard",
     "reservation-covers-allocation": "_check_reservation_covers_allocation",
     "lookup-within-limit": "_check_lookup_within_limit",
@@ -109,12 +110,13 @@ _CONTENTS = frozenset({"reads-written", "index-written"})
 _KEEPS_CONTENTS = _CONTENTS | {"hits-within-namespace", "lookahead-allocated", "index-names-its-prefix"}
 
 # The invariants whose checks need READ_RULES (which blocks a step reads).
-_READS = frozenset({"read-blocks-held", "same-step-hazard"}) | _CONTENTS
+_READS = frozenset({"read-blocks-held", "same-step-hazard", "in-flight-reads-held"}) | _CONTENTS
 
 # The invariants stated on what the pool did inside schedule() (fresh blocks,
 # counts against takes, lookups), and on the block tables right after it.
-_WATCH_POOL = frozenset({"same-step-hazard", "reservation-covers-allocation", "lookup-within-limit"})
-_WATCH_TABLES = frozenset({"read-blocks-held", "same-step-hazard"})
+_WATCH_POOL = frozenset({"same-step-hazard", "reservation-covers-allocation", "lookup-within-limit",
+                         "in-flight-reads-held"})
+_WATCH_TABLES = frozenset({"read-blocks-held", "same-step-hazard", "in-flight-reads-held"})
 
 # ... and those stated on what the watch recorded inside schedule(), so that
 # they hold even when schedule() raises after the broken call.
@@ -478,6 +480,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         "WATCH_LOOKAHEAD": (invariant == "lookahead-allocated", []),
         "WATCH_EVENTS": (invariant == "events-replay-index", []),
         "WATCH_PREEMPTED": (invariant == "preempted-resumable", []),
+        "WATCH_IN_FLIGHT": (invariant == "in-flight-reads-held", []),
         "WATCH_INDEX": (invariant == "index-names-its-prefix", []),
         "FAILING_LOADS": (any(op.fed is not None and (op.fed.failed_recving or op.fed.invalid_block_ids)
                               for op in log.until_step(_broken_step(log)).steps), []),

@@ -10,6 +10,11 @@ and the like) never reads the block pool; it learns what a replica has
 cached only from the KV events the engine core publishes. They are held to
 what the index really holds.
 
+Reads in flight: under async scheduling the step scheduled last is still
+running on the device while the next one is planned; what its forward pass
+reads (its window, chunk, state) stays out of the free pool until its output
+is fed back.
+
 Preemption: a request vLLM preempts is restarted, not paused; it must be
 left in a state it can resume from, reading nothing of what it held.
 """
@@ -21,11 +26,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fuzz.model import InvariantViolation, PreemptedRequest, StepObservation
+from fuzz.model import group_name
+from invariants.ownership import read_indices
 
 __all__ = [
     "PROMISE_CHECKS",
     "check_events_replay_index",
     "check_hits_within_namespace",
+    "check_in_flight_reads_held",
     "check_lookahead_allocated",
     "check_preempted_resumable",
 ]
@@ -34,6 +42,7 @@ __all__ = [
 EVENTS_WHERE = "BlockPool"
 EVENTS_DISAGREE = "replayed KV events disagree with the prefix-cache index"
 CROSS_NAMESPACE_HIT = "a prefix-cache hit across cache salts"
+IN_FLIGHT_READ_FREED = "a block the step in flight reads freed before its output is fed back"
 LOOKAHEAD_UNALLOCATED = "a drafter's lookahead past the blocks allocated"
 PREEMPTED_NOT_RESET = "a preempted request keeps what it computed"
 
@@ -60,6 +69,70 @@ def check_lookahead_allocated(step: StepObservation) -> None:
     them (up to max_model_len), or the drafter writes into blocks the
     request does not own."""
     _report("lookahead-allocated", step.missing_lookahead, step, where="KVCacheManager.allocate_slots", state=LOOKAHEAD_UNALLOCATED)
+
+
+def _in_flight_reads_freed(step: StepObservation) -> list[str]:
+    own = step.ownership
+    if own is None or own.in_flight is None or (step.error is not None and step.error_where == "schedule"):
+        return []
+    previous, null = own.in_flight, own.null_block_id
+    popped = {bid: rid for bid, rid, _ in own.fresh}
+    found: list[tuple[str, str]] = []  # (the vLLM call that freed, what)
+    for t in previous.tables:
+        if not t.num_scheduled:
+            continue
+        if own.table_of(t.request_id) is None and not own.defers_frees:
+            # vLLM frees a finished or preempted request's blocks at once
+            # unless a connector could load into them unordered with the step
+            # (Scheduler.defer_block_free): the next step's own writes are
+            # ordered after the step in flight.
+            continue
+        start, end = t.computed_before, t.computed_before + t.num_scheduled
+        for g, rule, table in zip(previous.groups, previous.read_rules, t.tables):
+            wanted = read_indices(rule, g.block_size, start, end, t.num_prompt_tokens, len(table))
+            problems = []
+            for i in wanted:
+                bid = table[i] if i < len(table) else null
+                if bid == null:
+                    continue  # the in-flight step's own read: read-blocks-held judged it
+                if bid in popped:
+                    problems.append(f"block {bid} (index {i}) handed to {popped[bid]} as a fresh block")
+                elif bid in own.in_free_queue or own.ref_cnt.get(bid, 0) <= 0:
+                    problems.append(f"block {bid} (index {i}) is free (ref_cnt {own.ref_cnt.get(bid, 0)})")
+            if problems:
+                now = own.table_of(t.request_id)
+                found.append((
+                    "KVCacheManager.allocate_slots" if now is not None else "Scheduler._free_request_blocks",
+                    f"step {own.step}: step {previous.step}, still in flight, computes tokens [{start}, {end}) of "
+                    f"request {t.request_id} and reads blocks {wanted} of {group_name(g)} ("
+                    f"{rule[0]}{'' if not rule[1] else f' {rule[1]}'}) from its table {list(table)}, but this "
+                    f"schedule() let them go: " + "; ".join(problems)
+                    + (f" (the request is gone or preempted; its blocks must wait for step {previous.step}'s output)"
+                       if now is None else f" (its table now {[list(x) for x in now.tables]})"),
+                ))
+    return found
+
+
+def check_in_flight_reads_held(step: StepObservation) -> None:
+    """Under async scheduling, the step still in flight as this one is
+    scheduled reads (per group: full attention its prefix, a sliding window
+    or chunk its span, Mamba its resume state) blocks that stay out of the
+    free pool until its output is fed back: a running request's skipped
+    blocks are freed on the processed-token basis
+    (``num_computed_tokens - num_in_flight_tokens``), and where vLLM defers
+    frees (a connector that loads, overlapping batches) a request finished
+    or preempted in the meantime keeps its blocks until that step's output.
+    A block freed early may be reused by a load that is not ordered with the
+    step still reading it."""
+    found = _in_flight_reads_freed(step)
+    if found:
+        raise InvariantViolation(
+            "in-flight-reads-held",
+            "\n".join(text for _, text in found) + f"\n{step.describe()}"
+            + (f"\n  scenario: {step.context}" if step.context else ""),
+            where=found[0][0],
+            state=IN_FLIGHT_READ_FREED,
+        )
 
 
 def check_hits_within_namespace(step: StepObservation) -> None:
@@ -118,6 +191,7 @@ def check_preempted_resumable(step: StepObservation) -> None:
 
 PROMISE_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     check_lookahead_allocated,
+    check_in_flight_reads_held,
     check_hits_within_namespace,
     check_events_replay_index,
     check_preempted_resumable,

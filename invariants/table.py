@@ -136,6 +136,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     _s("index-names-its-prefix", contents.check_index_names_its_prefix, "evicted_key_stays_indexed"),
     # What the cache promises (invariants/promises.py).
     _s("lookahead-allocated", prom.check_lookahead_allocated, "lookahead_not_allocated"),
+    _s("in-flight-reads-held", prom.check_in_flight_reads_held, "window_frees_in_flight"),
     _s("hits-within-namespace", prom.check_hits_within_namespace, "cache_salt_not_hashed", "lora_not_hashed"),
     _s("events-replay-index", prom.check_events_replay_index, "eviction_announces_nothing"),
     _s("preempted-resumable", prom.check_preempted_resumable, "preempt_keeps_computed_tokens", "preempt_keeps_drafts"),

@@ -18,6 +18,7 @@ block tables and the pool state of the blocks in them into a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -72,6 +73,16 @@ class OwnershipSpy:
         self.groups = groups
         self.spans = spans
         self.null_block_id = self.pool.null_block.block_id
+        # vLLM defers a freed request's blocks while a step that scheduled it
+        # may still run when batches overlap and a connector may load into a
+        # reused block unordered with that step (the condition of
+        # Scheduler.defer_block_free, read from the configuration).
+        config = scheduler.vllm_config
+        transfer = config.kv_transfer_config
+        self.defers_frees = bool(config.max_concurrent_batches > 1 and transfer is not None and transfer.is_kv_consumer)
+        # The last observation (its own in_flight dropped): the step in flight
+        # when the next one is scheduled under async scheduling.
+        self._last: OwnershipObservation | None = None
         self._fresh: list[tuple[int, str, int]] = []
         self._allocations: list[AllocationRecord] = []
         self._lookups: list[LookupRecord] = []
@@ -217,10 +228,13 @@ class OwnershipSpy:
         out: Any,
         rules: tuple[tuple[str, int], ...],
         sending: Mapping[str, tuple[tuple[int, ...], ...]] | None = None,
+        in_flight_step: int | None = None,
     ) -> OwnershipObservation:
         """Block ownership right after ``schedule()`` returned ``out``;
         ``sending``: per producer send in flight, the blocks ``request_finished``
-        handed over (the worker reads them until it reports the send done)."""
+        handed over (the worker reads them until it reports the send done);
+        ``in_flight_step``: the step whose output is not fed back yet (async
+        scheduling), whose observation this one carries."""
         sched = self.scheduler
         scheduled = dict(out.num_scheduled_tokens) if out is not None else {}
         null = self.null_block_id
@@ -245,6 +259,13 @@ class OwnershipSpy:
             for g in groups:
                 for bid in g:
                     blocks_seen.setdefault(bid, pool_blocks[bid])
+        previous = self._last if self._last is not None and self._last.step == in_flight_step else None
+        if previous is not None:
+            for t in previous.tables:
+                if t.num_scheduled:
+                    for g in t.tables:
+                        for bid in g:
+                            blocks_seen.setdefault(bid, pool_blocks[bid])
         blocks_seen.pop(null, None)
         tables = []
         for rid, row in per_request.items():
@@ -256,7 +277,7 @@ class OwnershipSpy:
                 status, num_tokens, prompt = req.status.name, req.num_tokens, req.num_prompt_tokens
                 computed = req.num_computed_tokens - n
             tables.append(HeldTable(rid, status, num_tokens, prompt, computed, n, tuple(row)))
-        return OwnershipObservation(
+        observation = OwnershipObservation(
             step=step,
             groups=self.groups,
             spans=self.spans,
@@ -271,4 +292,8 @@ class OwnershipSpy:
             allocations=tuple(self._allocations),
             lookups=tuple(self._lookups),
             sending=sends,
+            in_flight=previous,
+            defers_frees=self.defers_frees,
         )
+        self._last = dataclasses.replace(observation, in_flight=None)
+        return observation

@@ -503,6 +503,16 @@ _MANAGER_EDITS["evicted_key_stays_indexed"] = (
     (("self.cached_block_hash_to_block.pop(block_hash, block.block_id)", "None"),),
 )
 
+# What a step in flight reads (invariants/promises.py): vLLM before PR 47728.
+_MANAGER_EDITS["window_frees_in_flight"] = (
+    "KVCacheManager.allocate_slots frees a running request's skipped blocks on the "
+    "optimistic num_computed_tokens (the in-flight step's tokens included): under "
+    "async scheduling a sliding window or chunk the step still running reads goes back "
+    "to the pool",
+    ("vllm.v1.core.kv_cache_manager", "KVCacheManager", "allocate_slots"),
+    (("max(0, total_computed_tokens - request.num_in_flight_tokens)", "total_computed_tokens"),),
+)
+
 # How long a hit the lookup serves (invariants/hits.py): a missed hit.
 _MANAGER_EDITS["hit_stops_a_block_early"] = (
     "UnitaryKVCacheCoordinator.find_longest_cache_hit drops the last block of a "

@@ -341,7 +341,10 @@ class SchedulerHarness:
             error, error_type, where = f"{type(exc).__name__}: {exc}", type(exc).__name__, "schedule"
             frames, statement = step_frames(exc), raising_statement(exc)
         self.vllm_seconds += time.perf_counter() - t0
-        ownership = self.ownership.observe(self.step_index, out, self.read_rules, self.script.send_blocks)
+        # Under async scheduling the step queued before this schedule() is
+        # still in flight: its forward pass reads while this one is planned.
+        running = self._pending.index if self.draw.async_scheduling and self._pending is not None else None
+        ownership = self.ownership.observe(self.step_index, out, self.read_rules, self.script.send_blocks, running)
         queries = self.script.queries[asked_before:]
         allocs = self.script.allocs[allocs_before:]
         dishonest = tuple(

@@ -83,6 +83,44 @@ def _check_read_blocks_held(scheduler, out, watch, step):
             )
 
 
+def _check_in_flight_reads_held(scheduler, out, watch, step):
+    """Under async scheduling, the step still in flight as this one is
+    scheduled keeps every block it reads (by READ_RULES, from the tables it
+    was handed) out of the free pool until its output is fed back: a
+    running request's skipped blocks are freed on the processed-token basis
+    (num_computed_tokens - num_in_flight_tokens); where vLLM defers frees
+    (batches overlap and the connector loads), a request finished or
+    preempted meanwhile keeps its blocks until that output."""
+    config = scheduler.vllm_config
+    defers = config.max_concurrent_batches > 1 and config.kv_transfer_config.is_kv_consumer
+    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+    popped = dict(watch.fresh)
+    for rid, row in watch.in_flight_held.items():
+        if not row["scheduled"] or (rid not in watch.held and not defers):
+            continue  # nothing read, or freed at once (the next step's writes come after it)
+        start = row["computed_before"]
+        end = start + row["scheduled"]
+        for g, (spec, rule, table) in enumerate(zip(SPECS, READ_RULES, row["tables"])):
+            block_size = managers[g].block_size
+            wanted = _read_indices(rule, block_size, start, end, row["num_prompt_tokens"], len(table))
+            problems = []
+            for i in wanted:
+                bid = table[i] if i < len(table) else NULL_BLOCK
+                ref_cnt, free, _ = watch.blocks.get(bid, (0, False, False))
+                if bid == NULL_BLOCK:
+                    continue
+                if bid in popped:
+                    problems.append(f"block {bid} (index {i}) handed to {popped[bid]} as a fresh block")
+                elif free or ref_cnt <= 0:
+                    problems.append(f"block {bid} (index {i}) is free (ref_cnt {ref_cnt})")
+            assert not problems, (
+                f"step {step}: the step still in flight computes tokens [{start}, {end}) of request {rid} and "
+                f"reads block indices {wanted} of group {g} {type(spec).__name__} (block_size={block_size}, "
+                f"reads {rule}) from its table {table}, but this schedule() let them go: " + "; ".join(problems)
+                + f" (its tables now {watch.held.get(rid, {}).get('tables')}); groups: {_describe_groups()}"
+            )
+
+
 def _check_no_same_step_hazard(scheduler, out, watch, step):
     """No block written in this step (a new block, a copy-on-write
     destination) is read by another request before the write: no

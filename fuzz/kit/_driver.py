@@ -24,6 +24,7 @@ from fuzz.kit._params import (
     SPECULATIVE_METHOD,
     WATCH_CONTENTS,
     WATCH_EVENTS,
+    WATCH_IN_FLIGHT,
     WATCH_LOOKAHEAD,
     WATCH_NAMESPACES,
     WATCH_POOL,
@@ -69,6 +70,10 @@ def _begin_step(scheduler, watch):
 def _scheduled(scheduler, watch):
     """schedule(), and what the watch takes from it right after."""
     out = scheduler.schedule()
+    if WATCH_IN_FLIGHT:
+        # Async scheduling: the step queued last is still running; its
+        # tables say what its forward pass reads while this one is planned.
+        watch.in_flight_held = watch.held if any(s == watch.step - 1 for s, *_ in watch.queue) else {}
     if WATCH_TABLES:
         watch.hold(scheduler, out)
     watch.preempted_at.update(dict.fromkeys(out.preempted_req_ids or (), watch.step))

@@ -62,6 +62,7 @@ WATCH_NAMESPACES = False  # each adopted block's last writer's cache salt (needs
 WATCH_LOOKAHEAD = False  # the tables handed to the runner against the drafter's lookahead (needs WATCH_CONTENTS)
 WATCH_EVENTS = False  # the published KV events replayed against the index (EventLog)
 WATCH_INDEX = False  # index entries naming blocks that hold other KV (_misnamed_entries; needs WATCH_CONTENTS)
+WATCH_IN_FLIGHT = False  # the tables of the step still in flight as the next is scheduled (_scheduled)
 WATCH_PREEMPTED = False  # each request a schedule() preempts, as it left it (_preempted_states)
 # What the run did that most runs do not: loads reported failed, and the
 # connector's own store of what finished requests computed.

@@ -90,6 +90,17 @@ class OwnershipObservation:
     # request_finished handed over). The worker reads them until it reports
     # the send done, so they must stay held (vLLM delays their free).
     sending: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()
+    # Under async scheduling, the step still in flight as this one is
+    # scheduled (its output not fed back yet): its own observation, whose
+    # tables and scheduled ranges say what its forward pass reads (its own
+    # ``in_flight`` is dropped). The pool state above covers every block of
+    # its scheduled requests' tables.
+    in_flight: OwnershipObservation | None = None
+    # The configuration makes vLLM defer a freed request's blocks while a
+    # step that scheduled it is in flight: overlapping batches and a
+    # connector that loads (Scheduler.defer_block_free's condition, read from
+    # the config, never from the flag).
+    defers_frees: bool = False
 
     def table_of(self, request_id: str) -> HeldTable | None:
         return next((t for t in self.tables if t.request_id == request_id), None)

@@ -240,6 +240,8 @@ PROMISE_BUGS = {
     "preempt_keeps_computed_tokens": ("preempted-resumable", "watch.preempted = _preempted_states(scheduler, out)"),
     # ... of a speculating request: the file speculates (ngram) and watches its drafts.
     "preempt_keeps_drafts": ("preempted-resumable", "SPECULATIVE_METHOD = 'ngram'"),
+    # Async decoding past a sliding window: the file keeps the tables of the step in flight.
+    "window_frees_in_flight": ("in-flight-reads-held", "watch.in_flight_held = watch.held"),
     # An eviction: the file learns what each key stands for from the requests' hashes.
     "evicted_key_stays_indexed": ("index-names-its-prefix", "keys.learn(rid, request.block_hashes"),
 }

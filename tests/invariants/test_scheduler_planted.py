@@ -29,7 +29,7 @@ from invariants import connector as conn
 from invariants import scheduler as inv
 from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import check_events_replay_index, check_hits_within_namespace, check_lookahead_allocated
-from invariants.promises import check_preempted_resumable
+from invariants.promises import check_in_flight_reads_held, check_preempted_resumable
 from invariants.hits import check_eviction_order, check_hit_matches_index
 from invariants.contents import check_index_names_its_prefix
 from fuzz.model import InvariantViolation
@@ -269,6 +269,20 @@ def eagle_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def windowed_decoding_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """Async scheduling, full attention beside an 8-token sliding window
+    (4-token blocks): one 10-token prompt decoding 12 tokens. Each decode
+    step still in flight reads the window of its token while the next one
+    is scheduled, and every block boundary the window crosses frees one."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 8),))),
+                        hash_block_size=4, num_blocks=33)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2, async_scheduling=True))
+    run = Stepper(harness, checks)
+    harness.add_request(range(10), max_tokens=12)
+    run.drain()
+    return run
+
+
 # Planted bugs on paths a fixed run reaches (the machine's derandomized
 # search meets few preemptions during a step): (check, invariant, bug, run,
 # the label the unmodified run shows, to prove it meets the case; None: the
@@ -283,6 +297,7 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
     (check_hits_within_namespace, "hits-within-namespace", "cache_salt_not_hashed", tenants_run, None),
     (check_hits_within_namespace, "hits-within-namespace", "lora_not_hashed", adapters_run, None),
     (check_lookahead_allocated, "lookahead-allocated", "lookahead_not_allocated", eagle_run, None),
+    (check_in_flight_reads_held, "in-flight-reads-held", "window_frees_in_flight", windowed_decoding_run, None),
     (check_preempted_resumable, "preempted-resumable", "preempt_keeps_computed_tokens", preempting_run,
      "preemption"),
     (check_preempted_resumable, "preempted-resumable", "preempt_keeps_drafts", speculating_preempting_run,
