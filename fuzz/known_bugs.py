@@ -26,6 +26,7 @@ from fuzz.model import InvariantViolation
 from invariants.contents import LOST_TO_COPY_BEFORE_FILL as _LOST_TO_COPY_BEFORE_FILL
 from invariants.contents import LOST_TO_COPY_OF_COPY as _LOST_TO_COPY_OF_COPY
 from invariants.contents import MISNAMED_AFTER_FAILED_LOAD, OTHER_TOKENS_AFTER_FAILED_LOAD
+from invariants.promises import EVENTS_ORPHANED_PARTIAL
 from invariants.scheduler import STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
 from invariants.contents import UNWRITTEN_READ_AFTER_ROLLBACK as _READ_AFTER_ROLLBACK
 from invariants.contents import UNWRITTEN_READ_AFTER_WHOLE_LOAD as _READ_AFTER_WHOLE_LOAD
@@ -563,6 +564,35 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "Seen on FA(4) + Mamba(4) + FA(16): local hit 52 with the block-16 group empty, 15 external "
             "tokens from 48. Scheduler-API: the layout is drawn directly; no modelled engine path "
             "builds two such groups beside a Mamba group."
+        ),
+    ),
+    KnownBug(
+        id="partial-event-names-unannounced-parent",
+        title="KV events: a partial (sub-block) prefix-cache entry's BlockStored names a parent key no "
+        "event announced",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=(
+            Signature("events-chain", where="BlockPool.cache_partial_block", state=EVENTS_ORPHANED_PARTIAL),
+        ),
+        reach=ENGINE_IN_PRINCIPLE,
+        pinned_by="tests/known_bugs/test_partial_event_parent.py::test_a_partial_entrys_event_hangs_under_an_announced_parent",
+        targets=("scheduler-machine",),
+        analysis=(
+            "With fine-grained hash hits (a Mamba hybrid in align mode whose hash unit is finer than "
+            "its blocks), SingleTypeKVCacheManager caches a prompt that ends inside a block as one "
+            "partial entry at its last hash boundary L (BlockPool.cache_partial_block). Its "
+            "BlockStored event carries the last hash unit's tokens and names as parent the "
+            "request's fine-grained hash at L minus one hash unit "
+            "(_get_partial_block_parent_hash_and_start: block_hashes[L/h - 2]). Unless that is a "
+            "block boundary, no entry is filed under that key and no event ever announced it: the "
+            "index holds the full blocks before it and the partial key only. A KV-aware router "
+            "that keeps announced blocks as a tree of prefixes cannot place the event, so the "
+            "partial hit the engine serves is never routed to. Seen in the full-attention group of "
+            "FA(16) + Mamba(16) with a 4-token hash unit, a 30-token prompt (partial entry at 28, "
+            "parent the unannounced key at 24), KV events on. Upstream: issue 58119 (reported "
+            "2026-09-22, open) describes the same event; PR 58121 (open) adds the skipped "
+            "ancestry to it."
         ),
     ),
     KnownBug(

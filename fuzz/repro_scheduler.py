@@ -95,6 +95,7 @@ _CHECK_OF = {
     # What the prefix cache promises (invariants/promises.py).
     "hits-within-namespace": "_check_hits_within_namespace",
     "events-replay-index": "_check_events_replay_index",
+    "events-chain": "_check_events_chain",
     "lookahead-allocated": "_check_lookahead_allocated",
     "preempted-resumable": "_check_preempted_resumable",
     # What the index names (invariants/contents.py).
@@ -110,7 +111,7 @@ _CONTENTS = frozenset({"reads-written", "index-written"})
 _KEEPS_CONTENTS = _CONTENTS | {"hits-within-namespace", "lookahead-allocated", "index-names-its-prefix"}
 
 # The invariants whose checks need READ_RULES (which blocks a step reads).
-_READS = frozenset({"read-blocks-held", "same-step-hazard", "in-flight-reads-held"}) | _CONTENTS
+_READS = frozenset({"read-blocks-held", "same-step-hazard", "in-flight-reads-held", "events-chain"}) | _CONTENTS
 
 # The invariants stated on what the pool did inside schedule() (fresh blocks,
 # counts against takes, lookups), and on the block tables right after it.
@@ -478,7 +479,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         "WATCH_UNWRITTEN": (invariant in _CONTENTS, []),
         "WATCH_NAMESPACES": (invariant == "hits-within-namespace", []),
         "WATCH_LOOKAHEAD": (invariant == "lookahead-allocated", []),
-        "WATCH_EVENTS": (invariant == "events-replay-index", []),
+        "WATCH_EVENTS": (invariant in ("events-replay-index", "events-chain"), []),
         "WATCH_PREEMPTED": (invariant == "preempted-resumable", []),
         "WATCH_IN_FLIGHT": (invariant == "in-flight-reads-held", []),
         "WATCH_INDEX": (invariant == "index-names-its-prefix", []),

@@ -31,6 +31,7 @@ from invariants.ownership import read_indices
 
 __all__ = [
     "PROMISE_CHECKS",
+    "check_events_chain",
     "check_events_replay_index",
     "check_hits_within_namespace",
     "check_in_flight_reads_held",
@@ -40,6 +41,8 @@ __all__ = [
 
 # The vLLM code that builds the events (matched by known-bug signatures).
 EVENTS_WHERE = "BlockPool"
+EVENTS_ORPHANED = "a BlockStored event of full blocks whose parent no event announced"
+EVENTS_ORPHANED_PARTIAL = "a partial entry's BlockStored event whose parent no event announced"
 EVENTS_DISAGREE = "replayed KV events disagree with the prefix-cache index"
 CROSS_NAMESPACE_HIT = "a prefix-cache hit across cache salts"
 IN_FLIGHT_READ_FREED = "a block the step in flight reads freed before its output is fed back"
@@ -154,6 +157,46 @@ def check_events_replay_index(step: StepObservation) -> None:
     _report("events-replay-index", step.event_gaps, step, where=EVENTS_WHERE, state=EVENTS_DISAGREE)
 
 
+def _chain_violations(step: StepObservation) -> list[InvariantViolation]:
+    """One violation per kind of orphaned event (full blocks first): a known
+    bug's kind set aside never hides the other."""
+    found = []
+    for partial in (False, True):
+        orphans = [o for o in step.event_orphans if o.partial == partial and not o.sparse]
+        if orphans:
+            found.append(InvariantViolation(
+                "events-chain",
+                "\n".join(o.describe() for o in orphans) + f"\n{step.describe()}"
+                + (f"\n  scenario: {step.context}" if step.context else ""),
+                where="BlockPool.cache_partial_block" if partial else "BlockPool.cache_full_blocks",
+                state=EVENTS_ORPHANED_PARTIAL if partial else EVENTS_ORPHANED,
+            ))
+    return found
+
+
+def check_events_chain(step: StepObservation) -> None:
+    """In a group that caches every block of a request (full attention),
+    every ``BlockStored`` event names as ``parent_block_hash`` a key that
+    the events published before it announce in that group (and have not
+    withdrawn): a router that keeps the replica's cache as a tree of
+    prefixes hangs each announced block under its parent, and drops blocks
+    whose parent it never heard of (they are hits it never routes to).
+
+    Sparse groups are left out: a sliding window or chunk drops old blocks
+    (null in the table) and a Mamba group in align mode caches a state only
+    at some boundaries, and ``BlockPool.cache_full_blocks`` skips null and
+    masked blocks while naming the last logical block before the event as
+    its parent; vLLM publishes each group's spec kind
+    (``kv_cache_spec_kind``) so that a consumer can tell such groups apart,
+    and upstream's open work on sparse events (vLLM PR 44488) keeps that
+    parent and adds the skipped context beside it."""
+    for violation in _chain_violations(step):
+        raise violation
+
+
+check_events_chain.violations = _chain_violations  # type: ignore[attr-defined]
+
+
 @dataclasses.dataclass(frozen=True)
 class _NotReset:
     """A preempted request whose state is not the one vLLM restarts it from."""
@@ -194,5 +237,6 @@ PROMISE_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     check_in_flight_reads_held,
     check_hits_within_namespace,
     check_events_replay_index,
+    check_events_chain,
     check_preempted_resumable,
 )

@@ -139,6 +139,12 @@ INVARIANTS: tuple[Invariant, ...] = (
     _s("in-flight-reads-held", prom.check_in_flight_reads_held, "window_frees_in_flight"),
     _s("hits-within-namespace", prom.check_hits_within_namespace, "cache_salt_not_hashed", "lora_not_hashed"),
     _s("events-replay-index", prom.check_events_replay_index, "eviction_announces_nothing"),
+    _s(
+        "events-chain",
+        prom.check_events_chain,
+        "stored_event_names_itself_parent",
+        real_bug="partial-event-names-unannounced-parent",
+    ),
     _s("preempted-resumable", prom.check_preempted_resumable, "preempt_keeps_computed_tokens", "preempt_keeps_drafts"),
     # How long a hit each lookup serves, which cached blocks survive (invariants/hits.py).
     _s("hit-matches-index", hits.check_hit_matches_index, "hit_stops_a_block_early", repro=False),

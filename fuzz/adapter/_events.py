@@ -34,6 +34,12 @@ class EventLog:
     def __init__(self) -> None:
         self.counts: Counter[tuple[int | None, Any]] = Counter()
         self.events_seen: Counter[str] = Counter()
+        # BlockStored events whose parent_block_hash no event replayed before
+        # announces in their group (a router that hangs each announced block
+        # under its parent cannot place them): (group, parent, the first key
+        # announced, tokens the event carries, its block_size). Taken by the
+        # caller (take_orphans).
+        self.orphans: list[tuple[int | None, Any, Any, int, int]] = []
 
     # The publisher's interface, as Scheduler calls it.
     def publish(self, batch: Any) -> None:
@@ -49,6 +55,10 @@ class EventLog:
             if kind == "AllBlocksCleared":
                 self.counts.clear()
             elif kind == "BlockStored":
+                parent = event.parent_block_hash
+                if parent is not None and self.counts[(event.group_idx, parent)] <= 0:
+                    first = event.block_hashes[0] if event.block_hashes else None
+                    self.orphans.append((event.group_idx, parent, first, len(event.token_ids), event.block_size))
                 for key in event.block_hashes:
                     self.counts[(event.group_idx, key)] += 1
             elif kind == "BlockRemoved":
@@ -58,6 +68,11 @@ class EventLog:
                     self.counts[(event.group_idx, key)] -= 1
             else:
                 raise ValueError(f"unknown KV event {kind}: {event!r}")
+
+    def take_orphans(self) -> list[tuple[int | None, Any, Any, int, int]]:
+        """The orphaned BlockStored events replayed since the last call."""
+        orphans, self.orphans = self.orphans, []
+        return orphans
 
 
 def index_counts(cached: Mapping[Any, Any], key_of: Any) -> dict[tuple[int, Any], list[int]]:

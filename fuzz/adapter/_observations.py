@@ -31,6 +31,7 @@ from fuzz.model import (  # noqa: E402
     ConnectorAlloc,
     DraftVerification,
     EventGap,
+    EventOrphan,
     GroupInfo,
     PoolObservation,
     PreemptedRequest,
@@ -90,6 +91,20 @@ class Observer:
         if cached is None:
             return ()
         return tuple(EventGap(*gap) for gap in event_gaps(self.events.counts, index_counts(cached, _compat.event_key)))
+
+    def event_orphans(self, read_rules: tuple[tuple[str, int], ...]) -> tuple[EventOrphan, ...]:
+        """The BlockStored events replayed since the last call whose parent no
+        event before them announced in their group; ``read_rules``: per group,
+        what a step reads (a group that reads all of its prefix caches every
+        block, the others only some)."""
+        if self.events is None:
+            return ()
+        sizes = [g.block_size for g in self.groups]
+        return tuple(
+            EventOrphan(group, parent, first, tokens, size, group is not None and size < sizes[group],
+                        sparse=group is None or read_rules[group][0] != "full")
+            for group, parent, first, tokens, size in self.events.take_orphans()
+        )
 
     def _new_admission(self, request: Request, **lookup: Any) -> AdmissionObservation:
         """A waiting request's observation as its local lookup returns."""

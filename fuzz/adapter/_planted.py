@@ -503,6 +503,16 @@ _MANAGER_EDITS["evicted_key_stays_indexed"] = (
     (("self.cached_block_hash_to_block.pop(block_hash, block.block_id)", "None"),),
 )
 
+# What the KV events chain (invariants/promises.py): a router's tree.
+_MANAGER_EDITS["stored_event_names_itself_parent"] = (
+    "BlockPool.cache_full_blocks names, as a BlockStored event's parent_block_hash, the "
+    "first block the event announces instead of the last block cached before it: a "
+    "router that hangs blocks under their parent cannot place any block cached after a "
+    "request's first",
+    ("vllm.v1.core.block_pool", "BlockPool", "cache_full_blocks"),
+    (("block_hashes[num_cached_blocks - 1]", "block_hashes[num_cached_blocks]"),),
+)
+
 # What a step in flight reads (invariants/promises.py): vLLM before PR 47728.
 _MANAGER_EDITS["window_frees_in_flight"] = (
     "KVCacheManager.allocate_slots frees a running request's skipped blocks on the "

@@ -44,7 +44,7 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 from fuzz.model import Abort, AddRequest, ConnectorAnswer, Evict, FedOutput, OpLog, Step  # noqa: E402
 from fuzz.model import (  # noqa: E402
-    DraftVerification, EventGap, ExternalReply, ForeignHit, GroupInfo, HarnessError, MisnamedEntry, PoolObservation,
+    DraftVerification, EventGap, EventOrphan, ExternalReply, ForeignHit, GroupInfo, HarnessError, MisnamedEntry, PoolObservation,
     SchedulerDraw, SpecDraw, StaleOutput, StepObservation, UnbackedEntry,
 )
 from fuzz.model import group_behaviour as _group_behaviour  # noqa: E402
@@ -379,11 +379,13 @@ class SchedulerHarness:
         finished: frozenset[str] = frozenset()
         fed = None if error else self._take_output(queued)
         gaps: tuple[EventGap, ...] = ()
+        orphans: tuple[EventOrphan, ...] = ()
         if fed is not None:
             try:
                 self.faults.process_aborts()
                 finished = self._feed_back(fed)
                 gaps = self.observer.event_gaps()
+                orphans = self.observer.event_orphans(self.read_rules)
             except Exception as exc:  # noqa: BLE001
                 _raise_if_suite_code(exc, "update_from_output")
                 error, error_type, where = (
@@ -466,6 +468,7 @@ class SchedulerHarness:
             unbacked_entries=unbacked,
             misnamed_entries=misnamed,
             event_gaps=gaps,
+            event_orphans=orphans,
             events_replayed=self.observer.events is not None and fed is not None and not error,
             foreign_hits=foreign,
             missing_lookahead=tuple(self.runner.missing_lookahead) if out is not None else (),

@@ -10,7 +10,7 @@ Called as ``check(scheduler, out, watch, step)`` like every kit check
 from __future__ import annotations
 
 from fuzz.kit._build import _describe_groups
-from fuzz.kit._params import SPECS
+from fuzz.kit._params import READ_RULES, SPECS
 
 
 def _check_hits_within_namespace(scheduler, out, watch, step):
@@ -60,4 +60,17 @@ def _check_events_replay_index(scheduler, out, watch, step):
         f"events announce, block ids the index files there): {watch.event_gaps}; events seen so far: "
         f"{dict(watch.events.events_seen)}; a router routes to hits that are gone, or never to hits that are "
         f"there; groups: {_describe_groups()}"
+    )
+
+
+def _check_events_chain(scheduler, out, watch, step):
+    """In a group that caches every block of a request (full attention), every
+    BlockStored event the step published names as parent_block_hash a key
+    the events before it announce in that group: a router that keeps the
+    cache as a tree of prefixes hangs each block under its parent."""
+    orphans = [o for o in watch.event_orphans if o[0] is not None and READ_RULES[o[0]][0] == "full"]
+    assert not orphans, (
+        f"step {step}: BlockStored events name a parent no event before them announced, as (group, parent, "
+        f"first key announced, tokens, block_size): {orphans}; a router cannot place these blocks; groups: "
+        f"{_describe_groups()}"
     )

@@ -63,6 +63,7 @@ def _begin_step(scheduler, watch):
         watch.short_tables = []  # tables this step hands the runner short of the drafter's lookahead
     if WATCH_EVENTS:
         watch.event_gaps = []
+        watch.event_orphans = []  # (group, parent, first key, tokens, block_size) of BlockStored events with no announced parent
     if WATCH_PREEMPTED:
         watch.preempted = []  # each request this step's schedule() preempted, as it left it
 
@@ -100,6 +101,7 @@ def _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_i
     scheduler.update_from_output(fed, model_runner_output(list(fed.num_scheduled_tokens), sampled, connector_output))
     if WATCH_EVENTS:
         watch.event_gaps = _event_gaps(scheduler, watch)
+        watch.event_orphans = watch.events.take_orphans()
 
 
 def _step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failing_blocks=()):

@@ -10,6 +10,7 @@ import dataclasses
 
 __all__ = [
     "EventGap",
+    "EventOrphan",
     "ForeignHit",
     "KvFromOtherToken",
     "MisnamedEntry",
@@ -206,4 +207,31 @@ class EventGap:
         return (
             f"group {self.group}: key {self.key!r} is announced {self.announced} time(s) by the replayed "
             f"BlockStored/BlockRemoved/AllBlocksCleared events, but the prefix-cache index files {held} under it"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class EventOrphan:
+    """A ``BlockStored`` event whose ``parent_block_hash`` no event published
+    before it announces in its group: a router that hangs every announced
+    block under its parent (a radix tree of the replica's cache) cannot
+    place the blocks it announces."""
+
+    group: int | None
+    parent: object  # the parent key, as events spell it
+    first_key: object  # the first key the event announces
+    num_tokens: int  # the tokens the event carries
+    block_size: int  # the event's block_size (a partial entry's: the tokens past its parent)
+    partial: bool  # the event's block_size is below its group's: a partial (sub-block) entry's
+    # The group caches only some of a request's blocks (a sliding window or
+    # chunk drops old ones, a Mamba group keeps states at some boundaries):
+    # its events' parent may be a block it never cached.
+    sparse: bool = False
+
+    def describe(self) -> str:
+        what = "a partial entry" if self.partial else "full blocks"
+        return (
+            f"group {self.group}: BlockStored of {what} (first key {self.first_key!r}, {self.num_tokens} tokens, "
+            f"block_size {self.block_size}) names parent {self.parent!r}, which no event published before it "
+            f"announces in that group"
         )

@@ -9,6 +9,7 @@ from fuzz.model._classification import Behaviour, classification_of_kind
 from fuzz.model._connector import ConnectorAlloc, ConnectorFinish, ConnectorMeta, FailedLoad
 from fuzz.model._contents import (
     EventGap,
+    EventOrphan,
     ForeignHit,
     KvFromOtherToken,
     MisnamedEntry,
@@ -523,6 +524,9 @@ class StepObservation:
     # that published: each key where the replayed events and the index
     # disagree. Empty where no update ran, or events are off.
     event_gaps: tuple[EventGap, ...] = ()
+    # ... and each BlockStored event the update published whose parent no
+    # event published before it announced in its group.
+    event_orphans: tuple[EventOrphan, ...] = ()
     events_replayed: bool = False
     # Blocks the step's admissions adopted (what schedule() handed to
     # allocate_slots as computed) that were written under another salt.

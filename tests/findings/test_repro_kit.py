@@ -146,7 +146,7 @@ def test_the_writer_knows_every_constant_the_kit_reads() -> None:
 @pytest.mark.parametrize(
     "invariant",
     ["computed-adds-up", "same-step-hazard", "reads-written", "kv-matches-tokens", "hits-within-namespace",
-     "events-replay-index", "preempted-resumable", "in-flight-reads-held"],
+     "events-replay-index", "preempted-resumable", "in-flight-reads-held", "events-chain"],
 )
 def test_a_written_file_lints_clean(invariant: str, async_scheduling: bool, tmp_path: Path) -> None:
     source = scheduler_repro(_tiny_log(async_scheduling=async_scheduling), invariant=invariant, target="t", seed=0,
@@ -160,7 +160,7 @@ def test_a_written_file_lints_clean(invariant: str, async_scheduling: bool, tmp_
     assert ("class BlockContents" in source) == (invariant in ("reads-written", "hits-within-namespace"))
     assert ("def _watch_blocks" in source) == (invariant in ("same-step-hazard", "in-flight-reads-held"))
     assert ("watch.in_flight_held = " in source) == (invariant == "in-flight-reads-held")
-    assert ("class EventLog" in source) == (invariant == "events-replay-index")
+    assert ("class EventLog" in source) == (invariant in ("events-replay-index", "events-chain"))
     assert ("def _preempted_states" in source) == (invariant == "preempted-resumable")
 
 
@@ -266,6 +266,7 @@ def _run_file(path: Path, bug: str | None, tmp_path: Path) -> BaseException | No
         "lookahead-allocated",
         "preempted-resumable",
         "in-flight-reads-held",
+        "events-chain",
     ],
 )
 def test_the_suite_s_invariant_and_the_kit_s_check_agree_on_recorded_runs(invariant: str, tmp_path: Path) -> None:

@@ -234,6 +234,8 @@ PROMISE_BUGS = {
     "eviction_announces_nothing": (
         "events-replay-index", "KVEventsConfig(enable_kv_cache_events=True, publisher=\"null\")"
     ),
+    # KV events on, decoding past the prompt: the file replays each batch and keeps its orphans.
+    "stored_event_names_itself_parent": ("events-chain", "watch.event_orphans = watch.events.take_orphans()"),
     # Async EAGLE: the drafter writes ahead of every step it drafts from.
     "lookahead_not_allocated": ("lookahead-allocated", "SPECULATIVE_METHOD = 'eagle'"),
     # A preemption: the file watches each preempted request right after schedule().

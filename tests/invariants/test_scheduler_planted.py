@@ -28,7 +28,8 @@ from fuzz.runners.scheduler import CACHED_BLOCK_EVICTED, STALE_OUTPUT, Stepper, 
 from invariants import connector as conn
 from invariants import scheduler as inv
 from invariants.ownership import OWNERSHIP_CHECKS
-from invariants.promises import check_events_replay_index, check_hits_within_namespace, check_lookahead_allocated
+from invariants.promises import check_events_chain, check_events_replay_index, check_hits_within_namespace
+from invariants.promises import check_lookahead_allocated
 from invariants.promises import check_in_flight_reads_held, check_preempted_resumable
 from invariants.hits import check_eviction_order, check_hit_matches_index
 from invariants.contents import check_index_names_its_prefix
@@ -269,6 +270,20 @@ def eagle_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def decoding_events_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """KV events on, full attention (4-token blocks): a 13-token prompt
+    decoding 6 tokens, so a block its decode fills is cached (and announced)
+    after the prompt's three."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=9)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2, kv_events=True))
+    run = Stepper(harness, checks)
+    harness.add_request(range(13), max_tokens=6)
+    run.drain()
+    events = harness.observer.events
+    assert events is not None and events.events_seen["BlockStored"] >= 2, events and events.events_seen
+    return run
+
+
 def windowed_decoding_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     """Async scheduling, full attention beside an 8-token sliding window
     (4-token blocks): one 10-token prompt decoding 12 tokens. Each decode
@@ -294,6 +309,7 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
      None),
     # What the cache announces (invariants/promises.py).
     (check_events_replay_index, "events-replay-index", "eviction_announces_nothing", evicting_events_run, None),
+    (check_events_chain, "events-chain", "stored_event_names_itself_parent", decoding_events_run, None),
     (check_hits_within_namespace, "hits-within-namespace", "cache_salt_not_hashed", tenants_run, None),
     (check_hits_within_namespace, "hits-within-namespace", "lora_not_hashed", adapters_run, None),
     (check_lookahead_allocated, "lookahead-allocated", "lookahead_not_allocated", eagle_run, None),
