@@ -322,7 +322,9 @@ def request_lora_kw(name: str | None) -> dict[str, Any]:
         return {}
     from vllm.lora.request import LoRARequest
 
-    return {"lora_request": LoRARequest(name, 1 + sum(map(ord, name)) % 1000, f"adapters/{name}")}
+    from fuzz.adapter._contents import lora_identity
+
+    return {"lora_request": LoRARequest(*lora_identity(name))}
 
 
 def kv_events_kw(enabled: bool) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from typing import Any
 
 __all__ = [
     "COPIED_BEFORE_FILL", "COPIED_FROM_COPY", "FAILED_LOAD", "BlockContents", "KeyPrefixes", "all_entries_of",
-    "entries_of", "namespace_of", "read_positions",
+    "entries_of", "lora_identity", "namespace_of", "read_positions",
 ]
 
 # What a block copy's destination holds where its source was filled only
@@ -56,6 +56,13 @@ def namespace_of(cache_salt: str | None, lora: str | None) -> str:
     """A request's namespace: what vLLM folds into its blocks' hashes besides
     the tokens (its cache salt, its LoRA adapter); "" for none."""
     return "+".join([*([cache_salt] if cache_salt else []), *([f"lora:{lora}"] if lora else [])])
+
+
+def lora_identity(name: str) -> tuple[str, int, str]:
+    """The ``LoRARequest`` fields of the adapter ``name`` (its name, an
+    integer id and a path of its own): vLLM hashes the name into every block
+    of a request under it."""
+    return name, 1 + sum(map(ord, name)) % 1000, f"adapters/{name}"
 
 
 def read_positions(rule: tuple[str, int], start: int, prompt: int) -> range | list[int]:

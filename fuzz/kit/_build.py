@@ -29,6 +29,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+from fuzz.adapter._contents import lora_identity
 from fuzz.kit._params import (
     ASYNC_SCHEDULING,
     BLOCK_SIZE,
@@ -158,7 +159,7 @@ def _make_request(request_id, token_ids, max_tokens, skip_reading_prefix_cache=N
     # cache_salt: its tenant's; vLLM folds it into the first block's hash.
     # lora: the adapter it runs under; vLLM folds its name and path into every block's hash.
     skip = {} if skip_reading_prefix_cache is None else {"skip_reading_prefix_cache": skip_reading_prefix_cache}
-    adapter = {} if lora is None else {"lora_request": LoRARequest(lora, 1 + sum(map(ord, lora)) % 1000, f"adapters/{lora}")}
+    adapter = {} if lora is None else {"lora_request": LoRARequest(*lora_identity(lora))}
     return Request(
         request_id=request_id,
         prompt_token_ids=list(token_ids),
