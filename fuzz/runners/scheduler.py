@@ -271,17 +271,21 @@ def run_single_shot(
     checks: Iterable[Callable[..., None]] = ALL_CHECKS,
     *,
     record: bool = True,
+    on_harness: Callable[[SchedulerHarness], None] | None = None,
 ) -> set[str] | None:
     """Run one single-shot scenario, checking ``checks`` after every step.
 
     Returns the branch labels reached (None when vLLM refused the config).
     With ``record`` the labels are emitted as Hypothesis events and counted
-    in :data:`REACH`.
+    in :data:`REACH`. ``on_harness`` is handed the harness once built (its
+    operation log is the run's; a failure carries it too).
     """
     checks = tuple(checks)
     context = repr(scenario)
     note(f"scenario: {context}")
     harness = build_harness(scenario.config, record=record)
+    if harness is not None and on_harness is not None:
+        on_harness(harness)
     if harness is None:
         if record:
             REACH["examples"] += 1

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from fuzz.adapter import SchedulerHarness, last_oplog, replay_oplog
+from fuzz.adapter import SchedulerHarness, replay_oplog
 from fuzz.model import Abort, AddRequest, ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw, Step
 from fuzz.runners.scheduler import run_single_shot
 from fuzz.targets.target_scheduler import UNSUPPORTED
@@ -33,10 +33,11 @@ def _assert_replays(log) -> None:  # type: ignore[no-untyped-def]
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(scenario=single_shot_scenarios(shortcut=True, allow_over=False))
 def test_a_single_shot_run_replays_into_the_same_outputs(scenario: SingleShotScenario) -> None:
-    if run_single_shot(scenario, (), record=False) is None:
+    built: list[SchedulerHarness] = []
+    if run_single_shot(scenario, (), record=False, on_harness=built.append) is None:
         return  # vLLM refused the configuration
-    log = last_oplog()
-    assert log is not None and log.config.draw == scenario.config
+    log = built[0].oplog
+    assert log.config.draw == scenario.config
     _assert_replays(log)
 
 
@@ -46,10 +47,11 @@ def test_an_async_scheduling_run_replays_into_the_same_outputs(scenario: SingleS
     """With async scheduling the log says which step's output each step fed
     (one step late, as the engine's batch queue feeds it)."""
     scenario = dataclasses.replace(scenario, config=dataclasses.replace(scenario.config, async_scheduling=True))
-    if run_single_shot(scenario, (), record=False) is None:
+    built: list[SchedulerHarness] = []
+    if run_single_shot(scenario, (), record=False, on_harness=built.append) is None:
         return  # vLLM refused the configuration
-    log = last_oplog()
-    assert log is not None and log.config.draw.async_scheduling
+    log = built[0].oplog
+    assert log.config.draw.async_scheduling
     assert any(s.fed_step is not None for s in log.steps), log.steps
     _assert_replays(log)
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS, last_oplog, planted_scheduler_bug
+from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS, planted_scheduler_bug
 from fuzz.repro_scheduler import _replay_checked
 from fuzz.known_bugs import KNOWN_BUGS
 from tests.strategies.test_draws_pinned import _no_local_constants
@@ -471,7 +471,7 @@ def test_state_machine_catches_planted_bug(bug: str, invariants: set[str]) -> No
     assert caught.value.invariant in invariants, str(caught.value)
     # The planted edit is what breaks it: the same operations on unmodified
     # vLLM keep the claim.
-    log = last_oplog()
+    log = caught.value.oplog  # the shrunk run's, carried by its violation
     assert log is not None and _replay_checked(log, caught.value.invariant) is None, str(caught.value)
 
 
