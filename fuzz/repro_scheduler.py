@@ -98,6 +98,8 @@ _CHECK_OF = {
     "preempted-resumable": "_check_preempted_resumable",
     # What the index names (invariants/contents.py).
     "index-names-its-prefix": "_check_index_names_its_prefix",
+    # How long a hit each lookup serves (invariants/hits.py).
+    "hit-matches-index": "_check_hit_matches_index",
 }
 WRITABLE = frozenset(_CHECK_OF)
 
@@ -479,6 +481,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         "WATCH_EVENTS": (invariant == "events-replay-index", []),
         "WATCH_PREEMPTED": (invariant == "preempted-resumable", []),
         "WATCH_INDEX": (invariant == "index-names-its-prefix", []),
+        "WATCH_HITS": (invariant == "hit-matches-index", []),
         "FAILING_LOADS": (any(op.fed is not None and (op.fed.failed_recving or op.fed.invalid_block_ids)
                               for op in log.until_step(_broken_step(log)).steps), []),
         "SAVED_STORE": (any(r.reply is not None and r.reply.kind == "saved" for r in requests), []),

@@ -24,6 +24,7 @@ from fuzz.kit._params import (
     SPECULATIVE_METHOD,
     WATCH_CONTENTS,
     WATCH_EVENTS,
+    WATCH_HITS,
     WATCH_LOOKAHEAD,
     WATCH_NAMESPACES,
     WATCH_POOL,
@@ -64,6 +65,8 @@ def _begin_step(scheduler, watch):
         watch.event_gaps = []
     if WATCH_PREEMPTED:
         watch.preempted = []  # each request this step's schedule() preempted, as it left it
+    if WATCH_HITS:
+        watch.hits.clear()
 
 
 def _scheduled(scheduler, watch):

@@ -1,0 +1,59 @@
+"""The claim a standalone repro states of how long a hit each lookup serves
+(:mod:`invariants.hits`'s), with the suite's own rule: the hit the index
+allows (``fuzz/model/_hits.py``) and the index read at the instant of the
+lookup (``fuzz/adapter/_hits.py``), both carried by the file as they are.
+
+A lookup shorter than the index allows is a missed hit: a performance bug
+(cached tokens recomputed), not a wrong result; a lookup longer than the
+index allows reads blocks the index does not hold for the prefix (a
+violation).
+"""
+
+from __future__ import annotations
+
+from fuzz.adapter._hits import index_hold
+from fuzz.kit._build import _describe_groups
+from fuzz.kit._params import DIVERGENT_HITS
+from fuzz.model._hits import allowed_hit
+
+
+def _prefix_cache_map(pool):
+    """The block pool's prefix-cache index: key -> block (or block id -> block)."""
+    return pool.cached_block_hash_to_block._cache
+
+
+def _index_at_lookup(manager, request, max_cache_hit_length):
+    """Per group, the prefix lengths of ``request`` the index holds an entry
+    for, the hit alignment and the lookup's limit, read as the lookup
+    begins (empty where the claim makes no prediction)."""
+    partial = bool(getattr(manager.coordinator, "enable_partial_hash_hits", False))
+    return index_hold(manager, request, max_cache_hit_length, _prefix_cache_map(manager.block_pool), partial)
+
+
+def _check_hit_matches_index(scheduler, out, watch, step):
+    """Every local prefix-cache lookup of the step served exactly the longest
+    hit the index held for the request as the lookup began: shorter is a
+    missed hit, longer reads blocks the index does not hold."""
+    specs = [g.kv_cache_spec for g in scheduler.kv_cache_manager.kv_cache_config.kv_cache_groups]
+    shorter, longer = [], []
+    for rid, (served, held) in watch.hits.items():
+        allowed = allowed_hit(held["index_hold"], [s.block_size for s in specs],
+                              [type(s).__name__ == "MambaSpec" for s in specs], held["hit_alignment"],
+                              held["hit_limit"], DIVERGENT_HITS)
+        if allowed is None or served == allowed[0]:
+            continue
+        what = (
+            f"request {rid}'s lookup served a hit of {served} tokens, the index allows {allowed[0]} (per group "
+            f"reach {list(allowed[1])}; prefix lengths the index held per group {[list(g) for g in held['index_hold']]}, "
+            f"hit alignment {held['hit_alignment']}, limit {held['hit_limit']})"
+        )
+        (shorter if served < allowed[0] else longer).append(what)
+    assert not longer, (
+        f"step {step}: a prefix-cache hit longer than the index holds (it reads blocks the index does not hold "
+        f"for this prefix): {'; '.join(longer)}; groups: {_describe_groups()}"
+    )
+    assert not shorter, (
+        f"step {step}: a missed hit (a performance bug: cached tokens recomputed): {'; '.join(shorter)}; "
+        f"groups: {_describe_groups()}"
+    )
+
