@@ -24,6 +24,7 @@ from fuzz.kit._params import (
     SPECULATIVE_METHOD,
     WATCH_CONTENTS,
     WATCH_EVENTS,
+    WATCH_EVICTIONS,
     WATCH_HITS,
     WATCH_LOOKAHEAD,
     WATCH_NAMESPACES,
@@ -67,6 +68,8 @@ def _begin_step(scheduler, watch):
         watch.preempted = []  # each request this step's schedule() preempted, as it left it
     if WATCH_HITS:
         watch.hits.clear()
+    if WATCH_EVICTIONS:
+        watch.evictions.take()  # the last step's: the claim reads this step's
 
 
 def _scheduled(scheduler, watch):

@@ -15,7 +15,7 @@ from fuzz.adapter._contents import KeyPrefixes
 from fuzz.adapter._reports import WorkerRecord
 from fuzz.kit._build import _cdiv, _ids
 from fuzz.kit._contents import _make_contents
-from fuzz.kit._hits import _index_at_lookup
+from fuzz.kit._hits import _index_at_lookup, _watch_frees
 from fuzz.kit._params import (
     ASYNC_SCHEDULING,
     FAILING_LOADS,
@@ -24,6 +24,7 @@ from fuzz.kit._params import (
     SPECS,
     WATCH_CONTENTS,
     WATCH_EVENTS,
+    WATCH_EVICTIONS,
     WATCH_HITS,
     WATCH_INDEX,
     WATCH_POOL,
@@ -118,6 +119,8 @@ class _Watch:
             self.keys = KeyPrefixes(HASH_BLOCK_SIZE)  # what each prefix-cache key stands for
         if WATCH_HITS:
             self.hits = {}  # request id -> (the local hit served, the index as its lookup began), this step
+        if WATCH_EVICTIONS:
+            self.evictions = _watch_frees(scheduler, self)
         if WATCH_EVENTS:
             # Every batch update_from_output() publishes is replayed, as a
             # KV-aware router replays it (the null publisher hands it over).
