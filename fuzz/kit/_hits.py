@@ -47,12 +47,12 @@ def _check_hit_matches_index(scheduler, out, watch, step):
     """Every local prefix-cache lookup of the step served exactly the longest
     hit the index held for the request as the lookup began: shorter is a
     missed hit, longer reads blocks the index does not hold."""
-    specs = [g.kv_cache_spec for g in scheduler.kv_cache_manager.kv_cache_config.kv_cache_groups]
+    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
     shorter, longer = [], []
     for rid, (served, held) in watch.hits.items():
-        allowed = allowed_hit(held["index_hold"], [s.block_size for s in specs],
-                              [type(s).__name__ == "MambaSpec" for s in specs], held["hit_alignment"],
-                              held["hit_limit"], DIVERGENT_HITS)
+        allowed = allowed_hit(held["index_hold"], [m.block_size for m in managers],
+                              [type(m.kv_cache_spec).__name__ == "MambaSpec" for m in managers],
+                              held["hit_alignment"], held["hit_limit"], DIVERGENT_HITS)
         if allowed is None or served == allowed[0]:
             continue
         what = (
