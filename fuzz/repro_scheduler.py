@@ -100,6 +100,9 @@ _CHECK_OF = {
     "preempted-resumable": "_check_preempted_resumable",
     # What the index names (invariants/contents.py).
     "index-names-its-prefix": "_check_index_names_its_prefix",
+    # How long a hit each lookup serves, which cached blocks survive (invariants/hits.py).
+    "hit-matches-index": "_check_hit_matches_index",
+    "eviction-order": "_check_eviction_order",
 }
 WRITABLE = frozenset(_CHECK_OF)
 
@@ -483,6 +486,8 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         "WATCH_PREEMPTED": (invariant == "preempted-resumable", []),
         "WATCH_IN_FLIGHT": (invariant == "in-flight-reads-held", []),
         "WATCH_INDEX": (invariant == "index-names-its-prefix", []),
+        "WATCH_HITS": (invariant == "hit-matches-index", []),
+        "WATCH_EVICTIONS": (invariant == "eviction-order", []),
         "FAILING_LOADS": (any(op.fed is not None and (op.fed.failed_recving or op.fed.invalid_block_ids)
                               for op in log.until_step(_broken_step(log)).steps), []),
         "SAVED_STORE": (any(r.reply is not None and r.reply.kind == "saved" for r in requests), []),

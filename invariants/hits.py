@@ -30,6 +30,9 @@ Mamba (no EAGLE block drop, no DCP/PCP; other layouts carry no
   ``get_computed_blocks_for_connector``); with more full-attention groups
   no prediction.
 
+(The rule is :func:`fuzz.model.allowed_hit`, standard library only: a
+standalone repro carries it and states the claim on vLLM's own objects.)
+
 A served hit longer than that reads blocks the index does not hold for the
 request (a safety violation); a shorter one recomputes tokens that were
 cached: a :class:`fuzz.model.MissedHit`, its own outcome.
@@ -58,6 +61,8 @@ stated for them (no request's free is in progress). A cached block evicted
 while a block the order puts ahead of it is still free (not handed out, not
 adopted by a hit) was evicted out of order: a missed hit waiting to happen
 (its keys are gone while the block that should have gone keeps its own).
+The order is :func:`fuzz.model.reused_before` (a repro carries it too, with
+the harness's watch of the frees, ``fuzz/adapter/_evictions.py``).
 """
 
 from __future__ import annotations
@@ -66,11 +71,14 @@ from collections.abc import Callable
 
 from fuzz.model import (
     AdmissionObservation,
-    FreedBlock,
     InvariantViolation,
     MissedHit,
     StepObservation,
+    allowed_hit,
+    describe_out_of_order,
+    evicted_out_of_order,
     group_kind,
+    reused_before,
 )
 
 __all__ = [
@@ -86,48 +94,20 @@ EVICTED_OUT_OF_ORDER = "a cached block evicted while one the free order puts ahe
 EVICTION_WHERE = "BlockPool.get_new_blocks"
 
 
-def _reach(held: frozenset[int], block: int, alignment: int, limit: int) -> int:
-    """How far one group's entries take a lookup capped at ``limit``."""
-    full = 0
-    while full + block <= limit and full + block in held:
-        full += block
-    if alignment < block and block % alignment == 0:  # sub-block hits: the first block past the full run
-        tails = [n for n in held if full < n < full + block and n <= limit]
-        if tails:
-            return max(tails)
-    return full
-
-
 def predicted_hit(adm: AdmissionObservation) -> tuple[int, tuple[int, ...]] | None:
     """The longest hit the model's index allows ``adm``'s lookup, with each
-    group's reach; None where the claim makes no prediction."""
-    if adm.index_hold is None or adm.hit_alignment <= 0 or not adm.groups:
+    group's reach (:func:`fuzz.model.allowed_hit`); None where the claim
+    makes no prediction."""
+    if adm.index_hold is None or not adm.groups:
         return None
-    mamba = [group_kind(g) == "MambaSpec" for g in adm.groups]
-    limit, align = max(adm.hit_limit, 0), adm.hit_alignment
-    reaches = []
-    states: set[int] | None = None  # the lengths every Mamba group holds a state for
-    for held, group, is_mamba in zip(adm.index_hold, adm.groups, mamba):
-        if not is_mamba:
-            reaches.append(_reach(frozenset(held), group.block_size, align, limit) // align * align)
-            continue
-        fine = align < group.block_size and group.block_size % align == 0
-        mine = {n for n in held if n <= limit and n % align == 0 and (fine or n % group.block_size == 0)}
-        states = mine if states is None else states & mine
-        reaches.append(max(mine, default=0))
-    if states is None:
-        return min(reaches), tuple(reaches)
-    if adm.divergent_capable:
-        # A connector that takes divergent hybrid hits: the local hit is the
-        # full-attention group's own, unless a group reaches past it (then
-        # the joint hit below).
-        full = [r for r, is_mamba in zip(reaches, mamba) if not is_mamba]
-        if len(full) != 1:
-            return None
-        if max(reaches) <= full[0]:
-            return full[0], tuple(reaches)
-    top = min(r for r, is_mamba in zip(reaches, mamba) if not is_mamba) if not all(mamba) else limit
-    return max((n for n in states if n <= top), default=0), tuple(reaches)
+    return allowed_hit(
+        adm.index_hold,
+        [g.block_size for g in adm.groups],
+        [group_kind(g) == "MambaSpec" for g in adm.groups],
+        adm.hit_alignment,
+        adm.hit_limit,
+        adm.divergent_capable,
+    )
 
 
 def check_hit_matches_index(adm: AdmissionObservation, context: str = "") -> None:
@@ -152,44 +132,20 @@ def check_hit_matches_index(adm: AdmissionObservation, context: str = "") -> Non
     raise kind("hit-matches-index", text, where=WHERE, state=HIT_LONGER if longer else HIT_SHORTER)
 
 
-def reused_before(c: FreedBlock, b: FreedBlock) -> str | None:
-    """The rule by which vLLM's free order reuses free block ``c`` before
-    ``b``, a block that came back cached; None where the partial order
-    does not say (``b`` came back with no key, or the two are unordered)."""
-    if not b.keys or c.block == b.block:
-        return None
-    if not c.keys:
-        return "(a) a block with no key is reused before any that came back cached"
-    if c.step < b.step:
-        return f"(c) it came back cached at an earlier step ({c.step} < {b.step})"
-    same_free = c.release is not None and c.release == b.release
-    if same_free and c.index is not None and b.index is not None and c.index > b.index:
-        return f"(b) the same free of request {c.request}'s group {c.group} frees table index {c.index} before {b.index}"
-    return None
-
-
 def check_eviction_order(step: StepObservation) -> None:
     """Every cached block an allocation evicted (``BlockPool.get_new_blocks``)
     was, by vLLM's documented free order, the first of the free blocks still
     free: none that the order's rules (a)-(c) put ahead of it survived the
     eviction. A survivor ahead of it is a missed hit: the pool dropped keys
     the order would have kept."""
-    found = []
-    for ev in step.evictions:
-        ahead = [(c, why) for c in ev.survivors if (why := reused_before(c, ev.freed)) is not None]
-        if ahead:
-            lines = [f"  {ev.describe()}"]
-            lines += [f"    still free, ahead of it: {c.describe()}: {why}" for c, why in ahead[:6]]
-            if len(ahead) > 6:
-                lines.append(f"    ... and {len(ahead) - 6} more")
-            found.append("\n".join(lines))
+    found = evicted_out_of_order(step.evictions)
     if not found:
         return
     raise MissedHit(
         "eviction-order",
         f"step {step.step}: the pool evicted cached block(s) out of vLLM's free order (tail blocks of a "
         "request's free first, blocks with no key before cached ones, earlier frees first):\n"
-        + "\n".join(found)
+        + describe_out_of_order(found)
         + f"\n{step.describe()}",
         where=EVICTION_WHERE,
         state=EVICTED_OUT_OF_ORDER,

@@ -20,6 +20,10 @@ Which blocks are free is the watch's own model: those free when it starts,
 plus those freed since, less those handed out or adopted. It never reads
 the pool's free queue. With prefix caching off (no key, so no eviction) or
 an index it cannot read, it watches nothing.
+
+vLLM's objects and the standard library only: standalone repro files carry
+this module's source (and ``fuzz/model/_evictions.py``'s); where a vLLM
+release keeps the prefix-cache map, and a key's group, the caller says.
 """
 
 from __future__ import annotations
@@ -27,20 +31,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from fuzz.adapter import _compat
-from fuzz.model import Eviction, FreedBlock
+from fuzz.model._evictions import Eviction, FreedBlock
 
 __all__ = ["EvictionWatch"]
 
 
-def _keys_by_block(cached: dict[Any, Any]) -> dict[int, tuple[str, ...]]:
+def _keys_by_block(cached: dict[Any, Any], group_of: Callable[[Any], int]) -> dict[int, tuple[str, ...]]:
     """Per block id, the prefix-cache keys the index ``cached`` (key ->
     block, or block id -> block) files under it, as "g<group>:<hash>" (and
     "@<tokens>" for the key the block carries as its own hash)."""
     found: dict[int, list[str]] = {}
     for key, blocks in cached.items():
         for block in blocks.values() if isinstance(blocks, dict) else (blocks,):
-            text = f"g{_compat.group_of_key(key)}:{bytes(key[:-4])[:4].hex()}"
+            text = f"g{group_of(key)}:{bytes(key[:-4])[:4].hex()}"
             if block.block_hash == key and getattr(block, "block_hash_num_tokens", None) is not None:
                 text += f"@{block.block_hash_num_tokens}"
             found.setdefault(block.block_id, []).append(text)
@@ -49,22 +52,31 @@ def _keys_by_block(cached: dict[Any, Any]) -> dict[int, tuple[str, ...]]:
 
 class EvictionWatch:
     """The recording wrappers for one scheduler; :meth:`take` after each
-    step hands over the evictions seen since the last one."""
+    step hands over the evictions seen since the last one. ``step``: the
+    engine step now; ``index``: the block pool's prefix-cache map (None
+    where it cannot be read); ``group_of``: a key's KV-cache group."""
 
-    def __init__(self, scheduler: Any, step: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        scheduler: Any,
+        step: Callable[[], int],
+        index: Callable[[Any], dict[Any, Any] | None],
+        group_of: Callable[[Any], int],
+    ) -> None:
         self.pool = scheduler.kv_cache_manager.block_pool
         self._step = step
+        self._index, self._group_of = index, group_of
         self.judged = 0  # evictions recorded so far
         self._evictions: list[Eviction] = []
         # The request free in progress: (request, group, block id -> table index, release number).
         self._freeing: tuple[str, int, dict[int, int], int] | None = None
         self._releases = 0
-        cached = _compat.prefix_cache_map(self.pool)
+        cached = index(self.pool)
         self._on = bool(getattr(self.pool, "enable_caching", False)) and cached is not None
         if not self._on:
             self.free: dict[int, FreedBlock] = {}
             return
-        keys = _keys_by_block(cached)
+        keys = _keys_by_block(cached, group_of)
         self.free = {
             b.block_id: FreedBlock(b.block_id, 0, keys.get(b.block_id, ()))
             for b in self.pool.blocks
@@ -77,7 +89,7 @@ class EvictionWatch:
         return found
 
     def _keys(self) -> dict[int, tuple[str, ...]]:
-        return _keys_by_block(_compat.prefix_cache_map(self.pool) or {})
+        return _keys_by_block(self._index(self.pool) or {}, self._group_of)
 
     # -- wrappers ------------------------------------------------------------
     def _install(self, managers: Iterable[Any]) -> None:

@@ -12,17 +12,19 @@ lookup: how long a hit those entries allow is the claim's own rule.
 The record is made only for layouts whose rules the claim states: every
 group full attention or Mamba and prefix-cacheable, no EAGLE block drop, no
 context-parallel sharding (DCP/PCP), and a lookup the request does not skip.
+
+vLLM and the standard library only: standalone repro files carry this
+module's source (what differs between vLLM releases, where the index lives
+and whether sub-block hits are on, the caller reads).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fuzz.adapter import _compat
-
-from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id  # noqa: E402
-from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec  # noqa: E402
+from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
 __all__ = ["index_hold"]
 
@@ -47,25 +49,27 @@ def _stated(manager: Any) -> bool:
     return True
 
 
-def index_hold(manager: Any, request: Any, max_cache_hit_length: int | None) -> dict[str, Any]:
-    """The AdmissionObservation fields of the model's index for ``request``'s
-    lookup by ``manager`` (a KVCacheManager): per group, the prefix lengths
-    (multiples of the hash block) the index holds an entry for; the hit
-    alignment; the caller's limit. Empty (no prediction) for a layout the
-    claim does not state, a request that skips the lookup, or a release that
-    keeps its index otherwise."""
+def index_hold(
+    manager: Any, request: Any, max_cache_hit_length: int | None, cached: dict[Any, Any] | None, partial_hits: bool
+) -> dict[str, Any]:
+    """The AdmissionObservation fields of the model's index (``cached``: the
+    block pool's prefix-cache map; ``partial_hits``: sub-block hits on) for
+    ``request``'s lookup by ``manager`` (a KVCacheManager): per group, the
+    prefix lengths (multiples of the hash block) the index holds an entry
+    for; the hit alignment; the caller's limit. Empty (no prediction) for a
+    layout the claim does not state, a request that skips the lookup, or a
+    release that keeps its index otherwise (``cached`` None)."""
     # Whether vLLM looks at all is its own call (prompt logprobs, skip_reading_prefix_cache): not this claim's.
     lookup_enabled = getattr(manager, "prefix_cache_lookup_enabled", None)
     if not manager.enable_caching or (lookup_enabled is not None and not lookup_enabled(request)):
         return {}
     if getattr(request, "skip_reading_prefix_cache", False) or not _stated(manager):
         return {}
-    cached = _compat.prefix_cache_map(manager.block_pool)
     if cached is None:
         return {}
     coordinator = manager.coordinator
     hash_block = manager.block_pool.hash_block_size
-    alignment = hash_block if _compat.partial_hits_enabled(coordinator) else coordinator.scheduler_block_size
+    alignment = hash_block if partial_hits else coordinator.scheduler_block_size
     hashes = list(request.block_hashes)
     held = tuple(
         tuple((i + 1) * hash_block for i, h in enumerate(hashes) if cached.get(make_block_hash_with_group_id(h, g)))

@@ -183,7 +183,8 @@ class Spies:
         lookup = type(sched)._get_local_prefix_cache_hit
 
         def local_hit(request: Request, max_cache_hit_length: int | None = None) -> Any:
-            held = index_hold(mgr, request, max_cache_hit_length)
+            held = index_hold(mgr, request, max_cache_hit_length, _compat.prefix_cache_map(mgr.block_pool),
+                              _compat.partial_hits_enabled(mgr.coordinator))
             per_group, joint_hit, joint_blocks = self._side_lookups(request, max_cache_hit_length)
             self._in_lookup = True
             try:

@@ -166,7 +166,9 @@ class SchedulerHarness:
         # a producer's send (request_finished held its blocks).
         self._send_started: dict[str, int] = {}
         self.ownership = OwnershipSpy(self.scheduler, self.groups, self.spans)
-        self.evictions = EvictionWatch(self.scheduler, lambda: self.step_index)  # wraps the spy's wrappers
+        self.evictions = EvictionWatch(  # wraps the spy's wrappers
+            self.scheduler, lambda: self.step_index, _compat.prefix_cache_map, _compat.group_of_key
+        )
         self.read_rules = read_rules(
             built.kv_config, self.groups, self.spans, tuple(_group_behaviour(g).value for g in self.groups)
         )

@@ -18,11 +18,16 @@ and no Python lives in string templates:
 * :mod:`fuzz.kit._outputs`: the ModelRunnerOutput it returns (the harness's too);
 * :mod:`fuzz.kit._contents`: what each block holds (the suite's model);
 * ``fuzz.adapter._events``: the KV events a router replays (the suite's own);
+* ``fuzz.model._hits``, ``fuzz.adapter._hits``: the hit the index allows a
+  lookup, and the index read as the lookup begins; ``fuzz.model._evictions``,
+  ``fuzz.adapter._evictions``: vLLM's free order, and the watch of every
+  free and eviction (the suite's own, for :mod:`fuzz.kit._hits`'s claims);
 * the claims a file can state, one room each as the suite's invariants:
   :mod:`fuzz.kit._checks_scheduler` (admission, the step loop),
   :mod:`fuzz.kit._checks_connector`, :mod:`fuzz.kit._checks_ownership`,
   :mod:`fuzz.kit._checks_contents`, :mod:`fuzz.kit._checks_promises` (a
-  preemption's in :mod:`fuzz.kit._preempt`, with what it watches);
+  preemption's in :mod:`fuzz.kit._preempt`, with what it watches),
+  :mod:`fuzz.kit._hits` (hit lengths and the eviction order);
 * :mod:`fuzz.kit._truncation` (constants in ``_truncation_params``): the
   repro of a ``truncate_computed_blocks`` failure, at the manager level.
 
@@ -46,7 +51,12 @@ KIT_MODULES = (
     "fuzz.adapter._reports",
     "fuzz.adapter._contents",
     "fuzz.adapter._events",
+    "fuzz.model._hits",
+    "fuzz.adapter._hits",
+    "fuzz.model._evictions",
+    "fuzz.adapter._evictions",
     "fuzz.kit._index",
+    "fuzz.kit._hits",
     "fuzz.kit._contents",
     "fuzz.kit._watch",
     "fuzz.kit._worker",
@@ -62,4 +72,7 @@ KIT_MODULES = (
 # A truncation repro's (fuzz.repro): its constants, and the manager-level test.
 TRUNCATION_KIT_MODULES = ("fuzz.kit._truncation_params", "fuzz.kit._truncation")
 # The suite's own modules a file carries as they are (standard library only).
-COPIED_MODULES = ("fuzz.adapter._reports", "fuzz.adapter._contents", "fuzz.adapter._events")
+COPIED_MODULES = (
+    "fuzz.adapter._reports", "fuzz.adapter._contents", "fuzz.adapter._events", "fuzz.model._hits", "fuzz.adapter._hits",
+    "fuzz.model._evictions", "fuzz.adapter._evictions",
+)

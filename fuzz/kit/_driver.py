@@ -24,6 +24,8 @@ from fuzz.kit._params import (
     SPECULATIVE_METHOD,
     WATCH_CONTENTS,
     WATCH_EVENTS,
+    WATCH_EVICTIONS,
+    WATCH_HITS,
     WATCH_IN_FLIGHT,
     WATCH_LOOKAHEAD,
     WATCH_NAMESPACES,
@@ -66,6 +68,10 @@ def _begin_step(scheduler, watch):
         watch.event_orphans = []  # (group, parent, first key, tokens, block_size) of BlockStored events with no announced parent
     if WATCH_PREEMPTED:
         watch.preempted = []  # each request this step's schedule() preempted, as it left it
+    if WATCH_HITS:
+        watch.hits.clear()
+    if WATCH_EVICTIONS:
+        watch.evictions.take()  # the last step's: the claim reads this step's
 
 
 def _scheduled(scheduler, watch):

@@ -64,6 +64,8 @@ WATCH_EVENTS = False  # the published KV events replayed against the index (Even
 WATCH_INDEX = False  # index entries naming blocks that hold other KV (_misnamed_entries; needs WATCH_CONTENTS)
 WATCH_IN_FLIGHT = False  # the tables of the step still in flight as the next is scheduled (_scheduled)
 WATCH_PREEMPTED = False  # each request a schedule() preempts, as it left it (_preempted_states)
+WATCH_HITS = False  # the index as each lookup begins, and the hit it served (_index_at_lookup)
+WATCH_EVICTIONS = False  # how each free block came back, each cached block evicted (EvictionWatch)
 # What the run did that most runs do not: loads reported failed, and the
 # connector's own store of what finished requests computed.
 FAILING_LOADS = False

@@ -15,6 +15,7 @@ from fuzz.adapter._contents import KeyPrefixes
 from fuzz.adapter._reports import WorkerRecord
 from fuzz.kit._build import _cdiv, _ids
 from fuzz.kit._contents import _make_contents
+from fuzz.kit._hits import _index_at_lookup, _watch_frees
 from fuzz.kit._params import (
     ASYNC_SCHEDULING,
     FAILING_LOADS,
@@ -23,6 +24,8 @@ from fuzz.kit._params import (
     SPECS,
     WATCH_CONTENTS,
     WATCH_EVENTS,
+    WATCH_EVICTIONS,
+    WATCH_HITS,
     WATCH_INDEX,
     WATCH_POOL,
 )
@@ -59,6 +62,8 @@ class _Watch:
 
         def local_hit(request, max_cache_hit_length=None):
             limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
+            if WATCH_HITS:  # the index as the lookup begins
+                held = _index_at_lookup(mgr, request, max_cache_hit_length)
             self._own_lookup = True  # the watch's lookups are not the scheduler's
             joint_blocks, joint_hit, _ = type(mgr).get_computed_blocks(mgr, request, max_cache_hit_length)
             if hasattr(coordinator, "find_longest_cache_hit_per_group"):
@@ -70,6 +75,9 @@ class _Watch:
             blocks, num_local = result[0], result[1]
             if WATCH_POOL:
                 self.local_hits.append((request.request_id, num_local, request.num_tokens))
+            if WATCH_HITS:
+                if held:
+                    self.hits[request.request_id] = (num_local, held)
             self.admissions[request.request_id] = dict(
                 local_hit=num_local, lookup=_ids(blocks), joint_hit=joint_hit, joint=_ids(joint_blocks),
                 per_group=per_group, skips=bool(getattr(request.sampling_params, "skip_reading_prefix_cache", None)),
@@ -109,6 +117,10 @@ class _Watch:
             self.contents = _make_contents(scheduler)
         if WATCH_INDEX:
             self.keys = KeyPrefixes(HASH_BLOCK_SIZE)  # what each prefix-cache key stands for
+        if WATCH_HITS:
+            self.hits = {}  # request id -> (the local hit served, the index as its lookup began), this step
+        if WATCH_EVICTIONS:
+            self.evictions = _watch_frees(scheduler, self)
         if WATCH_EVENTS:
             # Every batch update_from_output() publishes is replayed, as a
             # KV-aware router replays it (the null publisher hands it over).

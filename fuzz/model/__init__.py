@@ -28,7 +28,10 @@ rest of the suite survive vLLM's moving internal API.
   ``schedule()`` (:class:`OwnershipObservation`);
 * ``_evictions``: how each free block came back to the pool
   (:class:`FreedBlock`) and each cached block an allocation evicted
-  (:class:`Eviction`);
+  (:class:`Eviction`), and vLLM's free order among them
+  (:func:`reused_before`, :func:`evicted_out_of_order`);
+* ``_hits``: how long a hit the prefix-cache index allows a lookup
+  (:func:`allowed_hit`);
 * ``_violations``: :class:`InvariantViolation`, :class:`HarnessError`;
 * ``_catalog``: what the installed vLLM offers (:func:`installed`), filled in
   by the adapter;
@@ -53,7 +56,8 @@ from fuzz.model._classification import (
 )
 from fuzz.model._groups import answer_acted_on, cdiv, group_behaviour, group_kind, group_name
 from fuzz.model._ownership import AllocationRecord, HeldTable, LookupRecord, OwnershipObservation
-from fuzz.model._evictions import Eviction, FreedBlock
+from fuzz.model._evictions import Eviction, FreedBlock, describe_out_of_order, evicted_out_of_order, reused_before
+from fuzz.model._hits import allowed_hit
 from fuzz.model._engine import ENGINE_REACHABLE, SCHEDULER_API, EngineDraw, reach_label
 from fuzz.model._kv import BlockRef, EagleDraw, GroupInfo, GroupTruncation, LayoutDraw, SpecDraw, TruncationObservation
 from fuzz.model._oplog import (
@@ -168,6 +172,10 @@ __all__ = [
     "StepObservation",
     "StrandedRequest",
     "TruncationObservation",
+    "allowed_hit",
+    "describe_out_of_order",
+    "evicted_out_of_order",
     "installed",
     "register_installed",
+    "reused_before",
 ]

@@ -146,7 +146,8 @@ def test_the_writer_knows_every_constant_the_kit_reads() -> None:
 @pytest.mark.parametrize(
     "invariant",
     ["computed-adds-up", "same-step-hazard", "reads-written", "kv-matches-tokens", "hits-within-namespace",
-     "events-replay-index", "preempted-resumable", "in-flight-reads-held", "events-chain"],
+     "events-replay-index", "preempted-resumable", "in-flight-reads-held", "events-chain", "hit-matches-index",
+     "eviction-order"],
 )
 def test_a_written_file_lints_clean(invariant: str, async_scheduling: bool, tmp_path: Path) -> None:
     source = scheduler_repro(_tiny_log(async_scheduling=async_scheduling), invariant=invariant, target="t", seed=0,
@@ -162,6 +163,8 @@ def test_a_written_file_lints_clean(invariant: str, async_scheduling: bool, tmp_
     assert ("watch.in_flight_held = " in source) == (invariant == "in-flight-reads-held")
     assert ("class EventLog" in source) == (invariant in ("events-replay-index", "events-chain"))
     assert ("def _preempted_states" in source) == (invariant == "preempted-resumable")
+    assert ("def allowed_hit" in source) == (invariant == "hit-matches-index")
+    assert ("class EvictionWatch" in source) == (invariant == "eviction-order")
 
 
 # --- the failing run's log --------------------------------------------------
@@ -267,6 +270,9 @@ def _run_file(path: Path, bug: str | None, tmp_path: Path) -> BaseException | No
         "preempted-resumable",
         "in-flight-reads-held",
         "events-chain",
+        # How long a hit each lookup serves, which cached blocks survive (invariants/hits.py).
+        "hit-matches-index",
+        "eviction-order",
     ],
 )
 def test_the_suite_s_invariant_and_the_kit_s_check_agree_on_recorded_runs(invariant: str, tmp_path: Path) -> None:

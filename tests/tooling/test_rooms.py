@@ -24,7 +24,10 @@ ALLOWED = {
     # The known-bug registry is a table strategies read to steer clear of
     # bugs vLLM has not fixed yet.
     "strategies": ("fuzz.model", "strategies", "fuzz.known_bugs"),
-    "fuzz.kit": ("fuzz.kit", "fuzz.adapter._reports", "fuzz.adapter._contents", "fuzz.adapter._events"),
+    "fuzz.kit": (
+        "fuzz.kit", "fuzz.adapter._reports", "fuzz.adapter._contents", "fuzz.adapter._events", "fuzz.model._hits",
+        "fuzz.adapter._hits", "fuzz.model._evictions", "fuzz.adapter._evictions",
+    ),
 }
 
 MAX_LINES = 600
