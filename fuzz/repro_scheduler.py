@@ -50,7 +50,7 @@ from fuzz.model import Abort, AddRequest, Evict, OpLog, SpecDraw, Step
 from fuzz.model import group_behaviour
 from fuzz.model import Behaviour, classification_of_kind
 
-__all__ = ["WRITABLE", "repro_size", "scheduler_repro", "scheduler_repro_of_failure", "shrink_oplog"]
+__all__ = ["WRITABLE", "repro_size", "scheduler_repro", "scheduler_repro_of_failure", "shrink_oplog", "shrunk_log_of_failure"]
 
 # Invariant -> the check function emitted into the file (None: the step itself
 # must not raise; the pool check is in every file).
@@ -538,17 +538,26 @@ def _wrap_dict(d: dict) -> str:
     return "{\n" + "\n".join(items) + "\n}"
 
 
-def scheduler_repro_of_failure(
-    *, target: str, seed: object, invariant: str, violation: str, failure: BaseException | None
-) -> str | None:
-    """The repro of ``failure``, from the operation log its run attached to
-    it (:func:`fuzz.runners.scheduler.carrying_oplog`; Hypothesis raises the
-    minimal example's), shrunk further by replay. None when the failure
-    carries no log or the file cannot state ``invariant``."""
+def shrunk_log_of_failure(failure: BaseException | None, invariant: str) -> OpLog | None:
+    """The operation log a repro of ``failure`` replays: the one its run
+    attached to it (:func:`fuzz.runners.scheduler.carrying_oplog`; Hypothesis
+    raises the minimal example's), shrunk further by replay. None when the
+    failure carries no log, the log does not show it (several failures
+    replayed at once), or the file cannot state ``invariant``."""
     log = getattr(failure, "oplog", None)
     if not isinstance(log, OpLog) or invariant not in _CHECK_OF:
         return None
     if _replay_checked(log, invariant) is None:
-        return None  # the last run is not this failure (several failures replayed at once)
-    log = shrink_oplog(log, invariant)
+        return None
+    return shrink_oplog(log, invariant)
+
+
+def scheduler_repro_of_failure(
+    *, target: str, seed: object, invariant: str, violation: str, failure: BaseException | None
+) -> str | None:
+    """The repro of ``failure`` (:func:`shrunk_log_of_failure`); None when
+    there is none."""
+    log = shrunk_log_of_failure(failure, invariant)
+    if log is None:
+        return None
     return scheduler_repro(log, invariant=invariant, target=target, seed=seed, violation=violation)

@@ -35,7 +35,7 @@ from fuzz.adapter._planted import (
     planted_scheduler_bug,
     planted_truncate_bug,
 )
-from fuzz.adapter._oplog import last_oplog, replay_oplog
+from fuzz.adapter._oplog import replay_oplog
 from fuzz.adapter._scheduler import SchedulerHarness
 from fuzz.model import installed as _installed
 from fuzz.model import register_installed as _register_installed
@@ -67,7 +67,6 @@ __all__ = [
     "build_spec",
     "eagle_manager_kwargs",
     "init_hashing",
-    "last_oplog",
     "missing_capabilities",
     "planted_scheduler_bug",
     "planted_truncate_bug",

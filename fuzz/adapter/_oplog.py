@@ -6,8 +6,8 @@ scheduler.
 hand-picked evictions, each step's ``ModelRunnerOutput``; the scripted
 connector answers by each request's recorded rule) and returns the
 ``SchedulerOutput`` s it got, so a test can compare them with the log's.
-The harness records the last log it built under :func:`last_oplog` (the
-minimal failing example, since Hypothesis runs it last).
+A run's log lives on its harness (``SchedulerHarness.oplog``) and travels
+with a failure (``InvariantViolation.oplog``); no process-wide copy is kept.
 """
 
 from __future__ import annotations
@@ -38,22 +38,10 @@ from fuzz.model import (  # noqa: E402
     Step,
 )
 
-__all__ = ["KV_CONFIG_FIELDS", "last_oplog", "replay_oplog", "run_config", "scheduled_output", "set_last_oplog"]
+__all__ = ["KV_CONFIG_FIELDS", "replay_oplog", "run_config", "scheduled_output"]
 
 # What KV-cache planning writes onto the KVCacheConfig (fuzz.adapter._compat.record_resolved_sizes).
 KV_CONFIG_FIELDS = ("prefix_cache_retention_interval", "hash_block_size", "cache_hit_alignment_tokens")
-
-_LAST: list[OpLog] = []
-
-
-def set_last_oplog(log: OpLog) -> None:
-    _LAST[:] = [log]
-
-
-def last_oplog() -> OpLog | None:
-    """The log of the last scheduler harness built in this process."""
-    return _LAST[0] if _LAST else None
-
 
 def run_config(draw: SchedulerDraw, built: Any, groups: tuple[Any, ...] = ()) -> RunConfig:
     cache = built.scheduler.vllm_config.cache_config

@@ -153,7 +153,6 @@ class SchedulerHarness:
         self.spies = self.observer.spies
         # Everything done to vLLM, in the suite's words (a repro's source of truth).
         self.oplog = OpLog(_oplog.run_config(draw, built, self.groups))
-        _oplog.set_last_oplog(self.oplog)
         self._fed: FedOutput | None = None
         # Async scheduling: the engine's batch queue (EngineCore
         # step_with_batch_queue, size max_concurrent_batches = 2): at most one

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from engine import harness as engine_harness
 from engine.harness import engine_unavailable_reason

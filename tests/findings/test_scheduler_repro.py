@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from fuzz.adapter import last_oplog, planted_scheduler_bug
+from fuzz.adapter import planted_scheduler_bug
 from fuzz.model import InvariantViolation
 from fuzz.repro_scheduler import (
     _CHECK_OF,
@@ -31,6 +31,7 @@ from fuzz.repro_scheduler import (
     scheduler_repro,
     scheduler_repro_of_failure,
     shrink_oplog,
+    shrunk_log_of_failure,
 )
 from fuzz.runners.scheduler import run_single_shot
 from fuzz.targets import target_scheduler
@@ -153,10 +154,9 @@ def test_a_planted_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> N
     violation = _find(bug)
     assert violation.invariant == BUGS[bug], str(violation)
     with planted_scheduler_bug(bug):
-        source = scheduler_repro_of_failure(target="scheduler-single-shot", seed=0,
-                                            invariant=violation.invariant, violation=str(violation),
-                                            failure=violation)
-        log = last_oplog()  # the shrunk run the file replays
+        log = shrunk_log_of_failure(violation, violation.invariant)  # the shrunk run the file replays
+        source = None if log is None else scheduler_repro(log, invariant=violation.invariant, target="scheduler-single-shot", seed=0,
+                                                           violation=str(violation))
     assert log is not None
     size = repro_size(log)
     for what, limit in LIMITS.get(bug, {}).items():
@@ -194,11 +194,11 @@ def _failed_async_load_log(bug: str):  # type: ignore[no-untyped-def]
     """tests/invariants/test_connector_protocol.py's async-load-fails-recompute run,
     planted: a derandomized machine search for it moved with unrelated
     edits, so this case starts from the fixed scenario."""
-    from tests.invariants.test_connector_protocol import FAILURE_RUNS
+    from tests.invariants.test_connector_protocol import failed_load_run
 
     with planted_scheduler_bug(bug):
-        FAILURE_RUNS["async-load-fails-recompute"]()
-    return last_oplog()
+        harness, _ = failed_load_run(True, "recompute")
+    return harness.oplog
 
 
 def _fixed_case_log(bug: str):  # type: ignore[no-untyped-def]
@@ -207,9 +207,9 @@ def _fixed_case_log(bug: str):  # type: ignore[no-untyped-def]
     from tests.invariants.test_scheduler_planted import FIXED_CASES
 
     check, invariant, run = next((c, i, r) for c, i, b, r, _ in FIXED_CASES if b == bug)
-    with planted_scheduler_bug(bug), contextlib.suppress(InvariantViolation):
+    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
         run((check,))
-    return last_oplog(), invariant
+    return caught.value.oplog, invariant
 
 
 # Planted bug -> its fixed run's log and the invariant it breaks.
@@ -291,7 +291,7 @@ def test_a_planted_failed_load_bug_becomes_a_standalone_repro(bug: str, tmp_path
     invariant = caught.value.invariant
     assert invariant in WRITABLE
     with planted_scheduler_bug(bug):
-        log = shrink_oplog(last_oplog(), invariant, checks=(check,))
+        log = shrink_oplog(caught.value.oplog, invariant, checks=(check,))
     source = scheduler_repro(log, invariant=invariant, target="scheduler-machine", seed=0, violation="")
     _check_repro(source, bug, tmp_path)
 
@@ -352,7 +352,7 @@ def test_groups_the_failure_does_not_need_shrink_away() -> None:
 def test_a_real_vllm_bug_regenerates_as_a_failing_repro(bug_id: str, tmp_path: Path) -> None:
     from fuzz.adapter import VLLM_VERSION
     from fuzz.known_bugs import known_bug
-    from tests.known_bugs.test_known_vllm_bugs_scheduler import _pool_nearly_full_scenario, _shared_partial_hit_step
+    from tests.known_bugs.test_known_vllm_bugs_scheduler import _pool_nearly_full_scenario, _shared_partial_hit_harness
 
     if not known_bug(bug_id).affects(VLLM_VERSION):
         pytest.skip(f"{bug_id} does not affect vLLM {VLLM_VERSION}")
@@ -360,8 +360,9 @@ def test_a_real_vllm_bug_regenerates_as_a_failing_repro(bug_id: str, tmp_path: P
         harness, step = _pool_nearly_full_scenario()
         log, invariant = harness.oplog, "no-exception"
     else:
-        _shared_partial_hit_step(2)
-        log, invariant = last_oplog(), "copy-source-ready"
+        shared = _shared_partial_hit_harness(2)
+        shared.step()
+        log, invariant = shared.oplog, "copy-source-ready"
     assert log is not None
     source = scheduler_repro(log, invariant=invariant, target="tests/known_bugs/test_known_vllm_bugs_scheduler.py", seed=None,
                              violation=bug_id)
@@ -408,7 +409,7 @@ def test_a_check_alone_becomes_a_repro(check, bug: str, tmp_path: Path) -> None:
     invariant = caught.value.invariant
     assert invariant in WRITABLE
     with planted_scheduler_bug(bug):
-        log = shrink_oplog(last_oplog(), invariant, checks=(check,))
+        log = shrink_oplog(caught.value.oplog, invariant, checks=(check,))
     source = scheduler_repro(log, invariant=invariant, target="scheduler-single-shot", seed=0, violation="")
     _check_repro(source, bug, tmp_path)
 
@@ -429,10 +430,9 @@ def test_an_engine_reachable_finding_becomes_a_repro(tmp_path: Path) -> None:
     with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
         search()
     with planted_scheduler_bug(bug):
-        source = scheduler_repro_of_failure(target="scheduler-engine-reachable", seed=0,
-                                            invariant=caught.value.invariant, violation=str(caught.value),
-                                            failure=caught.value)
-        log = last_oplog()
+        log = shrunk_log_of_failure(caught.value, caught.value.invariant)
+        source = None if log is None else scheduler_repro(log, invariant=caught.value.invariant, target="scheduler-engine-reachable", seed=0,
+                                                           violation=str(caught.value))
     assert log is not None and log.config.draw.engine is not None
     _check_repro(source, bug, tmp_path)
 
@@ -476,9 +476,9 @@ def test_a_planted_ownership_bug_becomes_a_standalone_repro(bug: str, tmp_path: 
         violation, scenario = find_alone(check, bug, strategy)
     assert violation.invariant == invariant, str(violation)
     with planted_scheduler_bug(bug):
-        with pytest.raises(InvariantViolation):
+        with pytest.raises(InvariantViolation) as rerun:
             run_single_shot(scenario, (check,), record=False)
-        log = shrink_oplog(last_oplog(), invariant, checks=(check,))
+        log = shrink_oplog(rerun.value.oplog, invariant, checks=(check,))
     size = repro_size(log)
     for what, limit in LIMITS[bug].items():
         assert size[what] <= limit, (bug, size)
@@ -531,7 +531,7 @@ def test_a_real_ownership_bug_regenerates_as_a_failing_repro(
         with pytest.raises(InvariantViolation) as caught:
             run_single_shot(scenario, (check,), record=False)
         invariant = caught.value.invariant
-    log = shrink_oplog(last_oplog(), invariant, checks=(check,))
+    log = shrink_oplog(caught.value.oplog, invariant, checks=(check,))
     source = scheduler_repro(log, invariant=invariant, target="tests/known_bugs/test_ownership_findings.py",
                              seed=None, violation=bug_id)
     assert source and _imports(source) <= ALLOWED_IMPORTS

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 
-from fuzz.adapter import last_oplog, planted_scheduler_bug
+from fuzz.adapter import planted_scheduler_bug
 from fuzz.model import InvariantViolation, PromptDraw
-from fuzz.repro_scheduler import scheduler_repro, scheduler_repro_of_failure, shrink_oplog
+from fuzz.repro_scheduler import scheduler_repro, scheduler_repro_of_failure, shrink_oplog, shrunk_log_of_failure
 from fuzz.runners.scheduler import run_single_shot
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from tests.findings.test_scheduler_repro import SEARCH, _check_repro, _no_local_constants, _planted_search_strategy
@@ -47,10 +47,9 @@ def test_a_planted_bug_on_async_scheduling_becomes_a_standalone_repro(bug: str, 
     violation = _find_async(bug)
     assert violation.invariant == ASYNC_BUGS[bug], str(violation)
     with planted_scheduler_bug(bug):
-        source = scheduler_repro_of_failure(target="scheduler-engine-reachable", seed=0,
-                                            invariant=violation.invariant, violation=str(violation),
-                                            failure=violation)
-        log = last_oplog()
+        log = shrunk_log_of_failure(violation, violation.invariant)
+        source = None if log is None else scheduler_repro(log, invariant=violation.invariant, target="scheduler-engine-reachable", seed=0,
+                                                           violation=str(violation))
     assert log is not None and log.config.draw.async_scheduling
     assert any(s.fed_step is not None for s in log.steps), "no output was fed one step late"
     assert source is not None and "ASYNC_SCHEDULING = True" in source and "get_scheduler_cls()" in source
@@ -72,10 +71,9 @@ def test_a_planted_bug_under_a_prefill_cadence_becomes_a_standalone_repro(tmp_pa
     with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
         search()
     with planted_scheduler_bug(bug):
-        source = scheduler_repro_of_failure(target="scheduler-single-shot", seed=0,
-                                            invariant=caught.value.invariant, violation=str(caught.value),
-                                            failure=caught.value)
-        log = last_oplog()
+        log = shrunk_log_of_failure(caught.value, caught.value.invariant)
+        source = None if log is None else scheduler_repro(log, invariant=caught.value.invariant, target="scheduler-single-shot", seed=0,
+                                                           violation=str(caught.value))
     assert log is not None and log.config.draw.prefill_schedule_interval == 3
     assert source is not None and "prefill_schedule_interval=PREFILL_SCHEDULE_INTERVAL" in source
     assert "PREFILL_SCHEDULE_INTERVAL = 3" in source
@@ -115,10 +113,9 @@ def test_a_planted_bug_on_a_producer_becomes_a_standalone_repro(tmp_path: Path) 
         search()
     assert caught.value.invariant == "finished-once", str(caught.value)
     with planted_scheduler_bug(bug):
-        source = scheduler_repro_of_failure(target="scheduler-machine", seed=0,
-                                            invariant=caught.value.invariant, violation=str(caught.value),
-                                            failure=caught.value)
-        log = last_oplog()
+        log = shrunk_log_of_failure(caught.value, caught.value.invariant)
+        source = None if log is None else scheduler_repro(log, invariant=caught.value.invariant, target="scheduler-machine", seed=0,
+                                                           violation=str(caught.value))
     assert log is not None and log.config.draw.kv_role == "kv_producer"
     # The file's closing drain reports the held sends done (finished_sending):
     # without them its requests never leave and its leak check cannot pass.
@@ -161,10 +158,9 @@ def test_a_planted_bug_on_a_speculative_config_becomes_a_standalone_repro(method
     with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
         search()
     with planted_scheduler_bug(bug):
-        source = scheduler_repro_of_failure(target="scheduler-single-shot", seed=0,
-                                            invariant=caught.value.invariant, violation=str(caught.value),
-                                            failure=caught.value)
-        log = last_oplog()
+        log = shrunk_log_of_failure(caught.value, caught.value.invariant)
+        source = None if log is None else scheduler_repro(log, invariant=caught.value.invariant, target="scheduler-single-shot", seed=0,
+                                                           violation=str(caught.value))
     assert log is not None and log.config.draw.speculative_method == method
     assert source is not None and f"SPECULATIVE_METHOD = {method!r}" in source
     assert "speculation = _speculative_config(tmp_path, model_config)" in source

@@ -68,6 +68,12 @@ ONE_GROUP = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, n
 
 
 def _failed_load(async_load: bool, policy: str) -> list[StepObservation]:
+    return failed_load_run(async_load, policy)[1]
+
+
+def failed_load_run(async_load: bool, policy: str) -> tuple[SchedulerHarness, list[StepObservation]]:
+    """One request whose sync or async load fails under ``policy``, run to
+    its end: the harness (its operation log) and every step."""
     harness = SchedulerHarness(SchedulerDraw(layout=ONE_GROUP, max_num_batched_tokens=32, kv_load_failure_policy=policy))
     if async_load:
         rid = harness.add_request(TOKENS[:20], max_tokens=2, reply=ExternalReply("store", store_len=15, load_async=True))
@@ -75,7 +81,7 @@ def _failed_load(async_load: bool, policy: str) -> list[StepObservation]:
     else:
         harness.add_request(TOKENS[:16], max_tokens=1, reply=ExternalReply("store", store_len=12))
         harness.fail_next_sync_loads()
-    return harness.drain(context=f"{'async' if async_load else 'sync'} load fails, policy {policy}")
+    return harness, harness.drain(context=f"{'async' if async_load else 'sync'} load fails, policy {policy}")
 
 
 FAILURE_RUNS: dict[str, Callable[[], list[StepObservation]]] = {

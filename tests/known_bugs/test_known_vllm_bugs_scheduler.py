@@ -288,6 +288,11 @@ def _tokens(seed: int, n: int) -> list[int]:
 def _shared_partial_hit_step(copies_of_b: int):
     """A 9-token prompt runs alone, then ``copies_of_b`` 130-token prompts
     sharing its first 8 tokens arrive together; returns their first step."""
+    return _shared_partial_hit_harness(copies_of_b).step()
+
+
+def _shared_partial_hit_harness(copies_of_b: int):
+    """:func:`_shared_partial_hit_step`'s harness, right before that step."""
     layout = LayoutDraw(
         groups=(SpecDraw("FullAttentionSpec", 64), SpecDraw("MambaSpec", 64)),
         hash_block_size=8,
@@ -299,7 +304,7 @@ def _shared_partial_hit_step(copies_of_b: int):
     harness.drain()
     for _ in range(copies_of_b):
         harness.add_request(root[:129] + _tokens(0, 1), max_tokens=1, reply=ExternalReply("zero"))
-    return harness.step()
+    return harness
 
 
 def test_one_request_on_a_partial_hit_copies_from_cached_blocks_only():

@@ -27,7 +27,7 @@ def test_every_spec_class_in_installed_vllm_is_classified_or_exempt() -> None:
 
 
 def test_guard_fires_on_a_new_recurrent_spec_and_says_vllm_clamps_it() -> None:
-    with adapter.temporary_spec_subclass("MambaSpec", "NewRecurrentStateSpec") as cls:
+    with adapter.temporary_spec_subclass("MambaSpec", "NewRecurrentStateSpec"):
         findings = guard_findings(max_examples=300)
     assert len(findings) == 1, findings
     message = findings[0]
