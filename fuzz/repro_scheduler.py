@@ -49,82 +49,34 @@ from fuzz.repro_source import kit_source
 from fuzz.model import Abort, AddRequest, Evict, OpLog, SpecDraw, Step
 from fuzz.model import group_behaviour
 from fuzz.model import Behaviour, classification_of_kind
+from invariants.table import INVARIANTS
 
 __all__ = ["WRITABLE", "repro_size", "scheduler_repro", "scheduler_repro_of_failure", "shrink_oplog", "shrunk_log_of_failure"]
 
-# Invariant -> the check function emitted into the file (None: the step itself
-# must not raise; the pool check is in every file).
+# The claims every file states without a check of their own: the step must
+# not raise, and the pool check closes every file.
+_STATED_BY_EVERY_FILE = frozenset({"no-exception", "no-leaked-blocks"})
+
+# The scheduler claims a file can state (invariants/table.py, ``repro``), each
+# by the kit's function of its check's name (``check_x`` -> ``_check_x``), and
+# what the file watches for it (the row's ``watches``).
+_ROWS = {row.name: row for row in INVARIANTS if row.tier == "scheduler" and row.repro}
 _CHECK_OF = {
-    "no-exception": None,
-    "no-leaked-blocks": None,
-    "computed-below-num-tokens": "_check_computed_below_num_tokens",
-    "copy-source-ready": "_check_copy_sources_ready",
-    "computed-adds-up": "_check_computed_tokens_add_up",
-    "local-part-covered": "_check_local_part_covered",
-    "truncated-view": "_check_truncated_view",
-    "mamba-state-at-boundary": "_check_mamba_state_at_resume_boundary",
-    "diverged-falls-back": "_check_diverged_hit_falls_back",
-    "skip-reads-no-cache": "_check_skipping_request_reads_no_cache",
-    # The KV-connector protocol (invariants/connector.py).
-    "external-contiguous": "_check_external_range_contiguous",
-    "load-blocks-cover": "_check_load_blocks_cover_range",
-    "told-external-accounted": "_check_told_external_accounted",
-    "meta-built-once": "_check_meta_built_once",
-    "sync-load-announced": "_check_sync_load_announced",
-    "finished-once": "_check_finished_once",
-    "stale-output-dropped": "_check_stale_output_dropped",
-    "dropped-answer-loads-nothing": "_check_dropped_answer_loads_nothing",
-    "meta-names-scheduled": "_check_meta_names_scheduled",
-    "async-load-lands-first": "_check_async_load_lands_first",
-    "failed-load-recomputed": "_check_failed_load_recomputed",
-    "failed-load-not-cached": "_check_failed_load_not_cached",
-    # Block ownership (invariants/ownership.py).
-    "read-blocks-held": "_check_read_blocks_held",
-    "in-flight-reads-held": "_check_in_flight_reads_held",
-    "same-step-hazard": "_check_no_same_step_hazard",
-    "reservation-covers-allocation": "_check_reservation_covers_allocation",
-    "lookup-within-limit": "_check_lookup_within_limit",
-    # Speculative decoding (invariants/scheduler.py).
-    "rejected-drafts-rolled-back": "_check_rejected_drafts_rolled_back",
-    # Liveness (invariants/scheduler.py).
-    "running-request-progresses": "_check_running_requests_progress",
-    # What a block holds (invariants/scheduler.py).
-    "kv-matches-tokens": "_check_kv_matches_tokens",
-    "reads-written": "_check_reads_written",
-    "index-written": "_check_index_written",
-    # What the prefix cache promises (invariants/promises.py).
-    "hits-within-namespace": "_check_hits_within_namespace",
-    "events-replay-index": "_check_events_replay_index",
-    "events-chain": "_check_events_chain",
-    "lookahead-allocated": "_check_lookahead_allocated",
-    "preempted-resumable": "_check_preempted_resumable",
-    # What the index names (invariants/contents.py).
-    "index-names-its-prefix": "_check_index_names_its_prefix",
-    # How long a hit each lookup serves, which cached blocks survive (invariants/hits.py).
-    "hit-matches-index": "_check_hit_matches_index",
-    "eviction-order": "_check_eviction_order",
+    name: None if name in _STATED_BY_EVERY_FILE else "_" + row.check.__name__ for name, row in _ROWS.items()
 }
 WRITABLE = frozenset(_CHECK_OF)
 
-# The invariants stated on the model of block contents (the file carries
-# fuzz/adapter/_contents.py and keeps it as it drives the scheduler).
-_CONTENTS = frozenset({"reads-written", "index-written"})
-# ... and those stated on what the model keeps beside: each block's last
-# writer's cache salt, the block tables handed to the runner.
-_KEEPS_CONTENTS = _CONTENTS | {"hits-within-namespace", "lookahead-allocated", "index-names-its-prefix"}
 
-# The invariants whose checks need READ_RULES (which blocks a step reads).
-_READS = frozenset({"read-blocks-held", "same-step-hazard", "in-flight-reads-held", "events-chain"}) | _CONTENTS
+# The row's watches that are kit constants of their own (WATCH_POOL, ...).
+_WATCH_CONSTANTS = ("pool", "tables", "contents", "tokens", "unwritten", "namespaces", "lookahead", "events",
+                    "preempted", "in-flight", "index", "hits", "evictions")
 
-# The invariants stated on what the pool did inside schedule() (fresh blocks,
-# counts against takes, lookups), and on the block tables right after it.
-_WATCH_POOL = frozenset({"same-step-hazard", "reservation-covers-allocation", "lookup-within-limit",
-                         "in-flight-reads-held"})
-_WATCH_TABLES = frozenset({"read-blocks-held", "same-step-hazard", "in-flight-reads-held"})
 
-# ... and those stated on what the watch recorded inside schedule(), so that
-# they hold even when schedule() raises after the broken call.
-_EVEN_IF_IT_RAISES = frozenset({"reservation-covers-allocation", "lookup-within-limit"})
+def _watches(invariant: str, what: str) -> bool:
+    """The file watches ``what`` (a name of :attr:`invariants.table.Invariant.watches`) for ``invariant``."""
+    row = _ROWS.get(invariant)
+    return row is not None and what in row.watches
+
 
 _ROLE = {Behaviour.MUST_COVER: "must-cover", Behaviour.MAY_BE_SHORT: "whole-state", Behaviour.SCRATCH: "scratch"}
 
@@ -193,7 +145,7 @@ def _program(log: OpLog, broken: int, invariant: str) -> list[str]:
     failing_at = {
         op.fed_step: set(op.fed.invalid_block_ids)
         for op in log.steps
-        if invariant in _KEEPS_CONTENTS and op.fed is not None and op.fed.invalid_block_ids and op.fed_step is not None
+        if _watches(invariant, "contents") and op.fed is not None and op.fed.invalid_block_ids and op.fed_step is not None
     }
 
     def flush() -> None:
@@ -265,7 +217,7 @@ def _breaking_step(op: Step, args: str, invariant: str) -> list[str]:
     check = _CHECK_OF[invariant]
     if check is None:  # the pool check at the end states it
         return [f"    _step(scheduler, watch{args})  # step {op.index}"]
-    if invariant in _EVEN_IF_IT_RAISES:
+    if _watches(invariant, "even-if-it-raises"):
         return [
             f"    # Step {op.index}{sched}: the step where '{invariant}' broke.",
             "    # What schedule() did is checked even if it raised (the check needs no output).",
@@ -403,7 +355,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
             "# (s-W+1)//b; ('chunk', C) from the chunk of s; ('rswa', W) the prompt's",
             "# blocks and from (s-W)//b; 'state' the state blocks at ceil(s/b)-1 (the",
             "# one it resumes from) and ceil(e/b)-1 (the one it writes); 'none' nothing.",
-            f"READ_RULES = {_read_rules(log)!r}" if invariant in _READS else "READ_RULES = []",
+            f"READ_RULES = {_read_rules(log)!r}" if _watches(invariant, "reads") else "READ_RULES = []",
         ]),
         "NUM_BLOCKS": (draw.layout.num_blocks,
                        [f"NUM_BLOCKS = {draw.layout.num_blocks}  # block {cfg.null_block_id} is the null block"]),
@@ -475,19 +427,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         ]),
         # What the file watches beyond what every claim needs (the kit's
         # if-branches on them are kept or dropped as the file is written).
-        "WATCH_POOL": (invariant in _WATCH_POOL, []),
-        "WATCH_TABLES": (invariant in _WATCH_TABLES, []),
-        "WATCH_CONTENTS": (invariant in _KEEPS_CONTENTS, []),
-        "WATCH_TOKENS": (invariant == "kv-matches-tokens", []),
-        "WATCH_UNWRITTEN": (invariant in _CONTENTS, []),
-        "WATCH_NAMESPACES": (invariant == "hits-within-namespace", []),
-        "WATCH_LOOKAHEAD": (invariant == "lookahead-allocated", []),
-        "WATCH_EVENTS": (invariant in ("events-replay-index", "events-chain"), []),
-        "WATCH_PREEMPTED": (invariant == "preempted-resumable", []),
-        "WATCH_IN_FLIGHT": (invariant == "in-flight-reads-held", []),
-        "WATCH_INDEX": (invariant == "index-names-its-prefix", []),
-        "WATCH_HITS": (invariant == "hit-matches-index", []),
-        "WATCH_EVICTIONS": (invariant == "eviction-order", []),
+        **{f"WATCH_{what.upper().replace('-', '_')}": (_watches(invariant, what), []) for what in _WATCH_CONSTANTS},
         "FAILING_LOADS": (any(op.fed is not None and (op.fed.failed_recving or op.fed.invalid_block_ids)
                               for op in log.until_step(_broken_step(log)).steps), []),
         "SAVED_STORE": (any(r.reply is not None and r.reply.kind == "saved" for r in requests), []),

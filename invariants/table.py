@@ -41,7 +41,18 @@ class Invariant:
       of :data:`fuzz.known_bugs.KNOWN_BUGS` that shows it failing instead;
     * ``repro``: a standalone repro can state it (the scheduler writer's
       :data:`fuzz.repro_scheduler.WRITABLE`; the truncation writer asserts the
-      call's failure or its per-group lengths and prefix view).
+      call's failure or its per-group lengths and prefix view). A scheduler
+      file states it with the kit's function of the check's own name, an
+      underscore before it (``check_x`` -> ``fuzz.kit``'s ``_check_x``);
+    * ``watches``: what a scheduler repro file must watch for it beyond what
+      every claim needs (the writer turns on the kit's ``WATCH_*`` constants
+      and tables by these names): ``"pool"`` (blocks taken inside
+      ``schedule()``), ``"tables"`` (block tables right after it),
+      ``"reads"`` (``READ_RULES``), ``"contents"`` (the model of block
+      contents), ``"unwritten"``, ``"tokens"``, ``"namespaces"``,
+      ``"lookahead"``, ``"events"``, ``"preempted"``, ``"in-flight"``,
+      ``"index"``, ``"hits"``, ``"evictions"``, and ``"even-if-it-raises"``
+      (the check runs even when ``schedule()`` raises).
     """
 
     name: str
@@ -50,15 +61,16 @@ class Invariant:
     planted: tuple[str, ...]
     repro: bool
     real_bug: str | None = None
+    watches: frozenset[str] = frozenset()
 
 
 def _t(name: str, check: Callable[..., None], *planted: str, repro: bool) -> Invariant:
     return Invariant(name, "truncation", check, planted, repro)
 
 
-def _s(name: str, check: Callable[..., None], *planted: str, real_bug: str | None = None, repro: bool = True
-       ) -> Invariant:
-    return Invariant(name, "scheduler", check, planted, repro, real_bug)
+def _s(name: str, check: Callable[..., None], *planted: str, real_bug: str | None = None, repro: bool = True,
+       watches: str = "") -> Invariant:
+    return Invariant(name, "scheduler", check, planted, repro, real_bug, frozenset(watches.split()))
 
 
 INVARIANTS: tuple[Invariant, ...] = (
@@ -85,6 +97,7 @@ INVARIANTS: tuple[Invariant, ...] = (
         sched.check_kv_matches_tokens,
         "records_first_sampled_token",
         real_bug="failed-sync-load-recompute-keeps-output-placeholder",
+        watches="tokens",
     ),
     # One admission (invariants/scheduler.py).
     _s("computed-adds-up", sched.check_computed_tokens_add_up, "skip_truncation"),
@@ -121,34 +134,42 @@ INVARIANTS: tuple[Invariant, ...] = (
         "failed_async_load_kept",
     ),
     # Block ownership (invariants/ownership.py).
-    _s("read-blocks-held", own.check_read_blocks_held, "mamba_frees_resume_state"),
-    _s("same-step-hazard", own.check_no_same_step_hazard, "mamba_adopts_same_step_state"),
+    _s("read-blocks-held", own.check_read_blocks_held, "mamba_frees_resume_state", watches="tables reads"),
+    _s("same-step-hazard", own.check_no_same_step_hazard, "mamba_adopts_same_step_state", watches="pool tables reads"),
     _s(
         "reservation-covers-allocation",
         own.check_reservation_covers_allocation,
         "cow_block_not_reserved",
         "mamba_count_goes_negative",
+        watches="pool even-if-it-raises",
     ),
-    _s("lookup-within-limit", own.check_lookup_within_limit, "lookup_rounds_limit_up"),
+    _s("lookup-within-limit", own.check_lookup_within_limit, "lookup_rounds_limit_up", watches="pool even-if-it-raises"),
     # What the blocks hold (fuzz/adapter/_contents.py).
-    _s("reads-written", sched.check_reads_written, "partial_hit_shares_its_block"),
-    _s("index-written", sched.check_index_written, "caches_async_load_early"),
-    _s("index-names-its-prefix", contents.check_index_names_its_prefix, "evicted_key_stays_indexed"),
+    _s("reads-written", sched.check_reads_written, "partial_hit_shares_its_block", watches="contents unwritten reads"),
+    _s("index-written", sched.check_index_written, "caches_async_load_early", watches="contents unwritten reads"),
+    _s("index-names-its-prefix", contents.check_index_names_its_prefix, "evicted_key_stays_indexed", watches="contents index"),
     # What the cache promises (invariants/promises.py).
-    _s("lookahead-allocated", prom.check_lookahead_allocated, "lookahead_not_allocated"),
-    _s("in-flight-reads-held", prom.check_in_flight_reads_held, "window_frees_in_flight"),
-    _s("hits-within-namespace", prom.check_hits_within_namespace, "cache_salt_not_hashed", "lora_not_hashed"),
-    _s("events-replay-index", prom.check_events_replay_index, "eviction_announces_nothing"),
+    _s("lookahead-allocated", prom.check_lookahead_allocated, "lookahead_not_allocated", watches="contents lookahead"),
+    _s("in-flight-reads-held", prom.check_in_flight_reads_held, "window_frees_in_flight", watches="pool tables reads in-flight"),
+    _s("hits-within-namespace", prom.check_hits_within_namespace, "cache_salt_not_hashed", "lora_not_hashed", watches="contents namespaces"),
+    _s("events-replay-index", prom.check_events_replay_index, "eviction_announces_nothing", watches="events"),
     _s(
         "events-chain",
         prom.check_events_chain,
         "stored_event_names_itself_parent",
         real_bug="partial-event-names-unannounced-parent",
+        watches="events reads",
     ),
-    _s("preempted-resumable", prom.check_preempted_resumable, "preempt_keeps_computed_tokens", "preempt_keeps_drafts"),
+    _s(
+        "preempted-resumable",
+        prom.check_preempted_resumable,
+        "preempt_keeps_computed_tokens",
+        "preempt_keeps_drafts",
+        watches="preempted",
+    ),
     # How long a hit each lookup serves, which cached blocks survive (invariants/hits.py).
-    _s("hit-matches-index", hits.check_hit_matches_index, "hit_stops_a_block_early"),
-    _s("eviction-order", hits.check_eviction_order, "free_evicts_head_first"),
+    _s("hit-matches-index", hits.check_hit_matches_index, "hit_stops_a_block_early", watches="hits"),
+    _s("eviction-order", hits.check_eviction_order, "free_evicts_head_first", watches="evictions"),
 )
 
 

@@ -513,14 +513,14 @@ def test_a_real_ownership_bug_regenerates_as_a_failing_repro(
 
     if not known_bugs.known_bug(bug_id).affects(VLLM_VERSION):
         pytest.skip(f"{bug_id} does not affect vLLM {VLLM_VERSION}")
-    from tests.known_bugs.test_mamba_failed_load_rollback import _failed_sync_load
+    from tests.known_bugs.test_mamba_failed_load_rollback import _failed_sync_load_run
 
     monkeypatch.setattr(known_bugs, "match", lambda failure, version: None)  # the pin must see its own bug
     if bug_id == "mamba-failed-load-rollback":
         # Its pin states failed-load-recomputed; the ownership model sees the
         # rolled-back request read the null block where its state should be.
         check, invariant = own.check_read_blocks_held, "read-blocks-held"
-        _failed_sync_load("MambaSpec")
+        log = _failed_sync_load_run("MambaSpec")[0].oplog
     else:
         scenario, check = {
             "same-step-partial-hit-reads-unwritten-block": (
@@ -530,8 +530,8 @@ def test_a_real_ownership_bug_regenerates_as_a_failing_repro(
         }[bug_id]
         with pytest.raises(InvariantViolation) as caught:
             run_single_shot(scenario, (check,), record=False)
-        invariant = caught.value.invariant
-    log = shrink_oplog(caught.value.oplog, invariant, checks=(check,))
+        invariant, log = caught.value.invariant, caught.value.oplog
+    log = shrink_oplog(log, invariant, checks=(check,))
     source = scheduler_repro(log, invariant=invariant, target="tests/known_bugs/test_ownership_findings.py",
                              seed=None, violation=bug_id)
     assert source and _imports(source) <= ALLOWED_IMPORTS

@@ -60,11 +60,16 @@ pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "
 def _failed_sync_load(spec: str) -> list[StepObservation]:
     """16 tokens, one group of block 4; the connector answers 12 from 0 and
     the load of [0, 12) is reported failed block by block."""
+    return _failed_sync_load_run(spec)[1]
+
+
+def _failed_sync_load_run(spec: str) -> tuple[SchedulerHarness, list[StepObservation]]:
+    """:func:`_failed_sync_load`'s harness (its operation log) and steps."""
     layout = LayoutDraw((SpecDraw(spec, 4),), hash_block_size=4, num_blocks=32)
     harness = SchedulerHarness(SchedulerDraw(layout=layout, max_num_batched_tokens=32, kv_load_failure_policy="recompute"))
     harness.add_request(tuple(range(100, 116)), max_tokens=1, reply=ExternalReply("store", store_len=12))
     harness.fail_next_sync_loads()
-    return harness.drain(context=f"{spec}: sync load of [0, 12) fails")
+    return harness, harness.drain(context=f"{spec}: sync load of [0, 12) fails")
 
 
 def _check(steps: list[StepObservation]) -> None:
