@@ -38,6 +38,21 @@ def _read_indices(rule, block_size, start, end, num_prompt_tokens, table_len):
     return []
 
 
+def _step_reads(managers, held):
+    """For each request a step scheduled (``held``: _Watch.hold's record) and
+    each group: (request, group, spec, read rule, table, start, end, block
+    size, the block indices the step reads)."""
+    for rid, row in held.items():
+        if not row["scheduled"]:
+            continue
+        start = row["computed_before"]
+        end = start + row["scheduled"]
+        for g, (spec, rule, table) in enumerate(zip(SPECS, READ_RULES, row["tables"])):
+            block_size = managers[g].block_size
+            wanted = _read_indices(rule, block_size, start, end, row["num_prompt_tokens"], len(table))
+            yield rid, g, spec, rule, table, start, end, block_size, wanted
+
+
 def _check_read_blocks_held(scheduler, out, watch, step):
     """Every block a request scheduled in this step reads is a real block of
     its table that it holds: not the null block, ref_cnt > 0, not in the free
@@ -49,38 +64,31 @@ def _check_read_blocks_held(scheduler, out, watch, step):
         for table in row["tables"]:
             for bid in set(table) - {NULL_BLOCK}:
                 holders[bid] = holders.get(bid, 0) + 1
-    for rid, row in watch.held.items():
-        if not row["scheduled"]:
-            continue
-        start = row["computed_before"]
-        end = start + row["scheduled"]
-        for g, (spec, rule, table) in enumerate(zip(SPECS, READ_RULES, row["tables"])):
-            block_size = managers[g].block_size
-            wanted = _read_indices(rule, block_size, start, end, row["num_prompt_tokens"], len(table))
-            problems = []
-            for i in wanted:
-                bid = table[i] if i < len(table) else None
-                ref_cnt, free, cached = watch.blocks.get(bid, (0, False, False))
-                if bid is None:
-                    problems.append(f"index {i} is past the table's {len(table)} blocks")
-                elif bid == NULL_BLOCK:
-                    problems.append(f"index {i} is the null block")
-                elif ref_cnt <= 0:
-                    problems.append(f"block {bid} (index {i}) has ref_cnt {ref_cnt}")
-                elif free:
-                    problems.append(f"block {bid} (index {i}) sits in the free queue")
-                elif holders[bid] > 1 and not cached:
-                    problems.append(f"block {bid} (index {i}) is in {holders[bid]} block tables but is no "
-                                    f"cached prefix block")
-                elif holders[bid] > ref_cnt:
-                    problems.append(f"block {bid} (index {i}) is in {holders[bid]} block tables but has "
-                                    f"ref_cnt {ref_cnt}")
-            assert not problems, (
-                f"step {step}: request {rid} computes tokens [{start}, {end}) and reads block indices "
-                f"{wanted} of group {g} {type(spec).__name__} (block_size={block_size}, reads {rule}), but "
-                f"they are not all held by it: " + "; ".join(problems) + f" (table {table}); "
-                f"groups: {_describe_groups()}"
-            )
+    for rid, g, spec, rule, table, start, end, block_size, wanted in _step_reads(managers, watch.held):
+        problems = []
+        for i in wanted:
+            bid = table[i] if i < len(table) else None
+            ref_cnt, free, cached = watch.blocks.get(bid, (0, False, False))
+            if bid is None:
+                problems.append(f"index {i} is past the table's {len(table)} blocks")
+            elif bid == NULL_BLOCK:
+                problems.append(f"index {i} is the null block")
+            elif ref_cnt <= 0:
+                problems.append(f"block {bid} (index {i}) has ref_cnt {ref_cnt}")
+            elif free:
+                problems.append(f"block {bid} (index {i}) sits in the free queue")
+            elif holders[bid] > 1 and not cached:
+                problems.append(f"block {bid} (index {i}) is in {holders[bid]} block tables but is no "
+                                f"cached prefix block")
+            elif holders[bid] > ref_cnt:
+                problems.append(f"block {bid} (index {i}) is in {holders[bid]} block tables but has "
+                                f"ref_cnt {ref_cnt}")
+        assert not problems, (
+            f"step {step}: request {rid} computes tokens [{start}, {end}) and reads block indices "
+            f"{wanted} of group {g} {type(spec).__name__} (block_size={block_size}, reads {rule}), but "
+            f"they are not all held by it: " + "; ".join(problems) + f" (table {table}); "
+            f"groups: {_describe_groups()}"
+        )
 
 
 def _check_in_flight_reads_held(scheduler, out, watch, step):
@@ -95,30 +103,25 @@ def _check_in_flight_reads_held(scheduler, out, watch, step):
     defers = config.max_concurrent_batches > 1 and config.kv_transfer_config.is_kv_consumer
     managers = scheduler.kv_cache_manager.coordinator.single_type_managers
     popped = dict(watch.fresh)
-    for rid, row in watch.in_flight_held.items():
-        if not row["scheduled"] or (rid not in watch.held and not defers):
-            continue  # nothing read, or freed at once (the next step's writes come after it)
-        start = row["computed_before"]
-        end = start + row["scheduled"]
-        for g, (spec, rule, table) in enumerate(zip(SPECS, READ_RULES, row["tables"])):
-            block_size = managers[g].block_size
-            wanted = _read_indices(rule, block_size, start, end, row["num_prompt_tokens"], len(table))
-            problems = []
-            for i in wanted:
-                bid = table[i] if i < len(table) else NULL_BLOCK
-                ref_cnt, free, _ = watch.blocks.get(bid, (0, False, False))
-                if bid == NULL_BLOCK:
-                    continue
-                if bid in popped:
-                    problems.append(f"block {bid} (index {i}) handed to {popped[bid]} as a fresh block")
-                elif free or ref_cnt <= 0:
-                    problems.append(f"block {bid} (index {i}) is free (ref_cnt {ref_cnt})")
-            assert not problems, (
-                f"step {step}: the step still in flight computes tokens [{start}, {end}) of request {rid} and "
-                f"reads block indices {wanted} of group {g} {type(spec).__name__} (block_size={block_size}, "
-                f"reads {rule}) from its table {table}, but this schedule() let them go: " + "; ".join(problems)
-                + f" (its tables now {watch.held.get(rid, {}).get('tables')}); groups: {_describe_groups()}"
-            )
+    for rid, g, spec, rule, table, start, end, block_size, wanted in _step_reads(managers, watch.in_flight_held):
+        if rid not in watch.held and not defers:
+            continue  # freed at once: the next step's writes come after it on the device
+        problems = []
+        for i in wanted:
+            bid = table[i] if i < len(table) else NULL_BLOCK
+            ref_cnt, free, _ = watch.blocks.get(bid, (0, False, False))
+            if bid == NULL_BLOCK:
+                continue
+            if bid in popped:
+                problems.append(f"block {bid} (index {i}) handed to {popped[bid]} as a fresh block")
+            elif free or ref_cnt <= 0:
+                problems.append(f"block {bid} (index {i}) is free (ref_cnt {ref_cnt})")
+        assert not problems, (
+            f"step {step}: the step still in flight computes tokens [{start}, {end}) of request {rid} and "
+            f"reads block indices {wanted} of group {g} {type(spec).__name__} (block_size={block_size}, "
+            f"reads {rule}) from its table {table}, but this schedule() let them go: " + "; ".join(problems)
+            + f" (its tables now {watch.held.get(rid, {}).get('tables')}); groups: {_describe_groups()}"
+        )
 
 
 def _check_no_same_step_hazard(scheduler, out, watch, step):
