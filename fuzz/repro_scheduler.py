@@ -183,6 +183,7 @@ def _program(log: OpLog, broken: int, invariant: str) -> list[str]:
             skip = ", skip_reading_prefix_cache=True" if op.skip_reading_prefix_cache else ""
             salt = f", cache_salt={op.cache_salt!r}" if op.cache_salt else ""
             lora = f", lora={op.lora!r}" if op.lora else ""
+            lora += f", embeds={op.embeds!r}" if op.embeds else ""
             lines.append(
                 f'    scheduler.add_request(_make_request("{op.request_id}", {_const(op.request_id)}, '
                 f"max_tokens={op.max_tokens}{skip}{salt}{lora}))"

@@ -34,6 +34,7 @@ __all__ = [
     "HAS_SPEC_REGISTRY",
     "cache_hit_limit",
     "lora_kw",
+    "prompt_embeds",
     "request_lora_kw",
     "eagle_drop_group_ids",
     "eagle_manager_kwargs",
@@ -312,6 +313,16 @@ def lora_kw(max_loras: int) -> dict[str, Any]:
     from vllm.config import LoRAConfig
 
     return {"lora_config": LoRAConfig(max_loras=max_loras)}
+
+
+def prompt_embeds(tag: str, num_tokens: int) -> Any:
+    """The prompt-embeddings tensor of a request tagged ``tag``
+    (:func:`fuzz.adapter._contents.prompt_embedding_rows`)."""
+    import torch
+
+    from fuzz.adapter._contents import prompt_embedding_rows
+
+    return torch.tensor(prompt_embedding_rows(tag, num_tokens), dtype=torch.float32)
 
 
 def request_lora_kw(name: str | None) -> dict[str, Any]:

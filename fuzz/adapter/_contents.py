@@ -39,7 +39,7 @@ from typing import Any
 
 __all__ = [
     "COPIED_BEFORE_FILL", "COPIED_FROM_COPY", "FAILED_LOAD", "BlockContents", "KeyPrefixes", "all_entries_of",
-    "entries_of", "lora_identity", "namespace_of", "read_positions",
+    "entries_of", "lora_identity", "namespace_of", "prompt_embedding_rows", "read_positions",
 ]
 
 # What a block copy's destination holds where its source was filled only
@@ -52,10 +52,21 @@ COPIED_FROM_COPY = -2  # the source was itself another copy's destination in the
 FAILED_LOAD = -3
 
 
-def namespace_of(cache_salt: str | None, lora: str | None) -> str:
+def namespace_of(cache_salt: str | None, lora: str | None, embeds: str | None = None) -> str:
     """A request's namespace: what vLLM folds into its blocks' hashes besides
-    the tokens (its cache salt, its LoRA adapter); "" for none."""
-    return "+".join([*([cache_salt] if cache_salt else []), *([f"lora:{lora}"] if lora else [])])
+    the tokens (its cache salt, its LoRA adapter, the prompt embeddings it
+    sends in place of token ids); "" for none."""
+    parts = [*([cache_salt] if cache_salt else []), *([f"lora:{lora}"] if lora else [])]
+    return "+".join([*parts, *([f"embeds:{embeds}"] if embeds else [])])
+
+
+def prompt_embedding_rows(tag: str, num_tokens: int, width: int = 4) -> list[list[float]]:
+    """The prompt embeddings a request tagged ``tag`` sends, one row of
+    ``width`` values per position: the same tag gives the same rows (two
+    such requests may share cached KV), another tag other rows at every
+    position."""
+    seed = sum(map(ord, tag))
+    return [[float((seed * 131 + 17 * i + j) % 251) for j in range(width)] for i in range(num_tokens)]
 
 
 def lora_identity(name: str) -> tuple[str, int, str]:

@@ -96,7 +96,8 @@ def model_runner_output(fed: FedOutput) -> Any:
 def request_of(op: AddRequest, hash_block_size: int) -> Request:
     """The vLLM ``Request`` that ``op`` adds (the harness's and a replay's):
     ``SamplingParams.skip_reading_prefix_cache`` only when set (None is
-    vLLM's default), its cache salt and LoRA adapter."""
+    vLLM's default), its cache salt and LoRA adapter; a request sending
+    prompt embeddings has no token ids and no skip."""
     return Request(
         request_id=op.request_id,
         prompt_token_ids=list(op.token_ids),
@@ -105,6 +106,15 @@ def request_of(op: AddRequest, hash_block_size: int) -> Request:
             ignore_eos=op.ignore_eos,
             **({"skip_reading_prefix_cache": True} if op.skip_reading_prefix_cache else {}),
         ),
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(hash_block_size, sha256),
+        **({"cache_salt": op.cache_salt} if op.cache_salt else {}),
+        **_compat.request_lora_kw(op.lora),
+    ) if op.embeds is None else Request(
+        request_id=op.request_id,
+        prompt_token_ids=None,
+        prompt_embeds=_compat.prompt_embeds(op.embeds, len(op.token_ids)),
+        sampling_params=SamplingParams(max_tokens=op.max_tokens, ignore_eos=op.ignore_eos),
         pooling_params=None,
         block_hasher=get_request_block_hasher(hash_block_size, sha256),
         **({"cache_salt": op.cache_salt} if op.cache_salt else {}),

@@ -556,6 +556,13 @@ _FUNCTION_EDITS: dict[str, tuple[str, tuple[str, str], tuple[tuple[str, str], ..
         ("vllm.v1.core.kv_cache_utils", "generate_block_hash_extra_keys"),
         (("if (start_token_idx == 0 and request.cache_salt)", "if (False and request.cache_salt)"),),
     ),
+    "embeds_not_hashed": (
+        "_gen_prompt_embeds_extra_hash_keys gives no extra keys for a request's prompt "
+        "embeddings: requests sending different embeddings of one length (vLLM records "
+        "zeros as their tokens) share prefix-cache entries",
+        ("vllm.v1.core.kv_cache_utils", "_gen_prompt_embeds_extra_hash_keys"),
+        (("if request.prompt_embeds is None:", "if True:"),),
+    ),
     "lora_not_hashed": (
         "_gen_lora_extra_hash_keys gives no extra keys for a request's LoRA adapter: requests "
         "under an adapter share prefix-cache entries with the base model's and other adapters'",

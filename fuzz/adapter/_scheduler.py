@@ -226,11 +226,14 @@ class SchedulerHarness:
         skip_reading_prefix_cache: bool = False,
         cache_salt: str | None = None,
         lora: str | None = None,
+        embeds: str | None = None,
     ) -> str:
         """Add a request; ``skip_reading_prefix_cache`` sets that
         ``SamplingParams`` field (a release without it gets a plain request,
         recorded as such); ``cache_salt`` is the request's (a tenant's);
-        ``lora`` the LoRA adapter it runs under."""
+        ``lora`` the LoRA adapter it runs under; ``embeds`` the tag of the
+        prompt embeddings it sends instead of ``tokens`` (only their number
+        counts: vLLM records zeros)."""
         limit = self.max_model_len
         if not 0 < len(tokens) < limit:
             # EngineCore never sees such a prompt: vLLM's input processor
@@ -238,15 +241,17 @@ class SchedulerHarness:
             # (no room for an output token). A caller that adds one misfits.
             raise HarnessError(f"a prompt of {len(tokens)} tokens with max_model_len={limit}: the engine refuses it")
         rid = request_id or f"r{next(self._next_id)}"
+        if embeds is not None:
+            tokens, skip_reading_prefix_cache = [0] * len(tokens), False
         skip = skip_reading_prefix_cache and _compat.HAS_SKIP_READING_PREFIX_CACHE
         op = AddRequest(rid, tuple(tokens), max_tokens, reply, self.step_index, skip_reading_prefix_cache=skip,
-                        cache_salt=cache_salt or None, lora=lora)
+                        cache_salt=cache_salt or None, lora=lora, embeds=embeds)
         req = _oplog.request_of(op, self.hash_block_size)
         if reply is not None:
             self.script.replies[rid] = reply
         self._requests[rid] = req
         self.worker.add(rid, tokens)
-        self.contents.namespaces[rid] = namespace_of(cache_salt, lora)
+        self.contents.namespaces[rid] = namespace_of(cache_salt, lora, embeds)
         if skip:
             self.observer.skips.add(rid)
         self.oplog.ops.append(op)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 from vllm.config import (
     CacheConfig,
     DeviceConfig,
@@ -29,7 +31,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from fuzz.adapter._contents import lora_identity
+from fuzz.adapter._contents import lora_identity, prompt_embedding_rows
 from fuzz.kit._params import (
     ASYNC_SCHEDULING,
     BLOCK_SIZE,
@@ -154,12 +156,22 @@ def _make_scheduler(tmp_path):
     )
 
 
-def _make_request(request_id, token_ids, max_tokens, skip_reading_prefix_cache=None, cache_salt=None, lora=None):
+def _make_request(request_id, token_ids, max_tokens, skip_reading_prefix_cache=None, cache_salt=None, lora=None,
+                  embeds=None):
     # skip_reading_prefix_cache=True: the request must read no cached tokens.
     # cache_salt: its tenant's; vLLM folds it into the first block's hash.
     # lora: the adapter it runs under; vLLM folds its name and path into every block's hash.
+    # embeds: the tag of the prompt embeddings it sends instead of token ids
+    # (token_ids then only count them); vLLM hashes each block's slice.
     skip = {} if skip_reading_prefix_cache is None else {"skip_reading_prefix_cache": skip_reading_prefix_cache}
     adapter = {} if lora is None else {"lora_request": LoRARequest(*lora_identity(lora))}
+    if embeds is not None:
+        rows = torch.tensor(prompt_embedding_rows(embeds, len(token_ids)), dtype=torch.float32)
+        return Request(
+            request_id=request_id, prompt_token_ids=None, prompt_embeds=rows,
+            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True), pooling_params=None,
+            block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256), cache_salt=cache_salt, **adapter,
+        )
     return Request(
         request_id=request_id,
         prompt_token_ids=list(token_ids),

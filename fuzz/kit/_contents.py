@@ -38,10 +38,12 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
     the prefix-cache entries ahead of their blocks' contents, and those
     naming blocks that hold other KV."""
     contents, tokens = watch.contents, watch.worker.tokens
-    if WATCH_NAMESPACES:  # each request's namespace: its cache salt and LoRA adapter ("" for none)
+    if WATCH_NAMESPACES:  # each request's namespace: its cache salt, LoRA adapter, embeddings ("" for none)
         for rid, request in scheduler.requests.items():
             lora = request.lora_request.lora_name if request.lora_request else None
-            contents.namespaces.setdefault(rid, namespace_of(request.cache_salt, lora))
+            # Two embeddings tags differ at every position: the first row names them.
+            embeds = None if request.prompt_embeds is None else repr(request.prompt_embeds[0].tolist())
+            contents.namespaces.setdefault(rid, namespace_of(request.cache_salt, lora, embeds))
     contents.forget(out.finished_req_ids or ())
     contents.take_tables(out)
     if WATCH_LOOKAHEAD:

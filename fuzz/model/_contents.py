@@ -178,11 +178,13 @@ class ForeignHit:
     def describe(self) -> str:
         def salt(s: str) -> str:
             parts = s.split("+") if s else []
-            salts = [p for p in parts if not p.startswith("lora:")]
+            salts = [p for p in parts if not p.startswith(("lora:", "embeds:"))]
             loras = [p.removeprefix("lora:") for p in parts if p.startswith("lora:")]
+            embeds = [p.removeprefix("embeds:") for p in parts if p.startswith("embeds:")]
             return ", ".join(
                 [f"cache_salt={salts[0]!r}" if salts else "no cache_salt"]
                 + [f"LoRA adapter {name!r}" for name in loras]
+                + [f"prompt embeddings {tag!r}" for tag in embeds]
             )
 
         return (

@@ -76,6 +76,11 @@ class AddRequest:
     # The LoRA adapter it runs under (by name: fuzz.adapter's lora_request
     # builds it; vLLM folds its name and path into every block's hash); None: none.
     lora: str | None = None
+    # The request sends prompt embeddings instead of token ids, the ones
+    # named by this tag (fuzz.adapter's prompt_embedding_rows builds them;
+    # vLLM hashes each block's slice into its key); token_ids are then the
+    # zeros vLLM records for such a prompt. None: token ids.
+    embeds: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -230,6 +230,8 @@ PROMISE_BUGS = {
     "cache_salt_not_hashed": ("hits-within-namespace", "cache_salt='tenant-b'"),
     # Requests under a LoRA adapter: the file turns LoRA on and names the adapter.
     "lora_not_hashed": ("hits-within-namespace", "lora='adapter-b'"),
+    # Requests sending prompt embeddings: the file builds them from their tag.
+    "embeds_not_hashed": ("hits-within-namespace", "embeds='embeds-b'"),
     # KV events on: the scheduler's block pool queues them.
     "eviction_announces_nothing": (
         "events-replay-index", "KVEventsConfig(enable_kv_cache_events=True, publisher=\"null\")"

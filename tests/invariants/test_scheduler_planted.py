@@ -259,6 +259,23 @@ def repeated_prompt_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def embeddings_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """Prompt embeddings instead of token ids: 13 positions sent with
+    embeddings a, then b, then a again, one after another (vLLM records
+    zeros as the tokens of all three): only the last may hit (3 blocks of
+    4 tokens), and does."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2))
+    run = Stepper(harness, checks)
+    hits = []
+    for tag in ("embeds-a", "embeds-b", "embeds-a"):
+        rid = harness.add_request(range(13), max_tokens=2, embeds=tag)
+        hits += [a.local_hit for a in run.step().admissions if a.request_id == rid]
+        run.drain()
+    assert hits[-1] == 12, hits
+    return run
+
+
 def eagle_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     """:func:`speculating_harness`'s async EAGLE run (k = 3: the drafter
     writes 3 positions ahead of every step it drafts from), stepped with
@@ -312,6 +329,7 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
     (check_events_chain, "events-chain", "stored_event_names_itself_parent", decoding_events_run, None),
     (check_hits_within_namespace, "hits-within-namespace", "cache_salt_not_hashed", tenants_run, None),
     (check_hits_within_namespace, "hits-within-namespace", "lora_not_hashed", adapters_run, None),
+    (check_hits_within_namespace, "hits-within-namespace", "embeds_not_hashed", embeddings_run, None),
     (check_lookahead_allocated, "lookahead-allocated", "lookahead_not_allocated", eagle_run, None),
     (check_in_flight_reads_held, "in-flight-reads-held", "window_frees_in_flight", windowed_decoding_run, None),
     (check_preempted_resumable, "preempted-resumable", "preempt_keeps_computed_tokens", preempting_run,
