@@ -35,18 +35,21 @@ __all__ = [
 # What a request's blocks are hashed under besides its tokens: nothing, a
 # tenant's cache salt, or a LoRA adapter (requests draw prompts from shared
 # prefixes, so every namespace sends the same tokens).
-_NAMESPACES: tuple[tuple[str | None, str | None], ...] = (
-    (None, None), (None, None), ("tenant-a", None), (None, "adapter-b")
+_NAMESPACES: tuple[tuple[str | None, str | None, str | None], ...] = (
+    (None, None, None), (None, None, None), ("tenant-a", None, None), (None, "adapter-b", None),
+    (None, None, "embeds-a"), (None, None, "embeds-b"),
 )
 # The LoRA adapters the machine's requests run under (--max-loras).
 MACHINE_MAX_LORAS = 1
 
 
-def namespaces() -> st.SearchStrategy[tuple[str | None, str | None]]:
-    """A request's (``cache_salt``, LoRA adapter): neither in half the
-    requests, a tenant's salt in a quarter, the adapter in a quarter. Drawn
-    inside the range; shrinks to neither."""
-    return st.integers(0, 3).map(lambda k: _NAMESPACES[k])
+def namespaces() -> st.SearchStrategy[tuple[str | None, str | None, str | None]]:
+    """A request's (``cache_salt``, LoRA adapter, prompt-embeddings tag):
+    none in a third of the requests, a tenant's salt in a sixth, the
+    adapter in a sixth, and in a third prompt embeddings in place of its
+    token ids, of one of two tags (requests of one tag may share cached KV,
+    of two tags never). Drawn inside the range; shrinks to none."""
+    return st.integers(0, len(_NAMESPACES) - 1).map(lambda k: _NAMESPACES[k])
 
 
 def pressure_lengths(layout: LayoutDraw, free_ahead: int, cached: int) -> st.SearchStrategy[int]:

@@ -167,7 +167,9 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         plan = self.script.reply_for(request.request_id)
         asked = self.script.times_asked(request.request_id)
-        saved = self.script.saved_prefix(tuple(request.prompt_token_ids)) if plan.kind == "saved" else 0
+        # The prompt as vLLM records it (zeros for one sent as embeddings).
+        prompt = tuple(request.all_token_ids[: request.num_prompt_tokens])
+        saved = self.script.saved_prefix(prompt) if plan.kind == "saved" else 0
         reply = plan.answer(request.num_tokens, num_computed_tokens, asked, saved,
                             whole_prompt_sent=request.request_id in self.script.whole_prompt_sent)
         if self.producer and reply:

@@ -16,17 +16,19 @@ from fuzz.kit._params import READ_RULES, SPECS
 def _check_hits_within_namespace(scheduler, out, watch, step):
     """Isolation: every block a request adopts from the prefix cache as
     computed (the local blocks handed to allocate_slots) was last written
-    for a request with the same cache_salt (none is a namespace of its
-    own): vLLM folds the salt into the first block's hash and chains every
-    later hash on it, so no lookup may cross salts."""
+    for a request of the same namespace: the same cache_salt, LoRA adapter
+    and prompt embeddings (none is a namespace of its own). vLLM folds them
+    into the block hashes, and every later hash chains on them, so no
+    lookup may cross namespaces."""
     hits = [
-        f"request {rid} (cache_salt {mine!r}) adopted block {block} of group {g} {type(SPECS[g]).__name__} "
+        f"request {rid} (namespace {mine!r}) adopted block {block} of group {g} {type(SPECS[g]).__name__} "
         f"(block_size={SPECS[g].block_size}) as computed (adopted {watch.admissions[rid]['adopted'][g]}), last "
-        f"written for a request with cache_salt {theirs!r}"
+        f"written for a request of namespace {theirs!r}"
         for rid, mine, g, block, theirs in watch.foreign
     ]
     assert not hits, (
-        f"step {step}: a prefix-cache hit crosses cache salts ('' for none): " + "; ".join(hits)
+        f"step {step}: a prefix-cache hit crosses namespaces (cache_salt, 'lora:' adapter, 'embeds:' prompt "
+        f"embeddings; '' for none): " + "; ".join(hits)
         + f"; a tenant is served another tenant's KV; groups: {_describe_groups()}"
     )
 

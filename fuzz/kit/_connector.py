@@ -75,7 +75,8 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
             return None, False
         if SAVED_STORE:
             if kind == "saved":  # the connector's own store: what finished requests computed
-                held = saved_prefix(self.saved, request.prompt_token_ids, SCHEDULER_BLOCK_SIZE)
+                prompt = request.all_token_ids[: request.num_prompt_tokens]  # zeros for embeddings
+                held = saved_prefix(self.saved, prompt, SCHEDULER_BLOCK_SIZE)
         # A sync load leaves the last token to compute; an async one may bring
         # all, once per request (a P/D decode side's remote prefill).
         whole = load_async and request.request_id not in self.whole_prompt_sent

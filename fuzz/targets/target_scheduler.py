@@ -324,14 +324,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_tokens = data.draw(generation_lengths(self.block), label="max_tokens")
         # One request in eight skips the prefix cache its predecessors filled.
         skip = data.draw(prefix_cache_skips(), label="skip_reading_prefix_cache")
-        salt, lora = data.draw(namespaces(), label="cache_salt, lora")
+        salt, lora, embeds = data.draw(namespaces(), label="cache_salt, lora, prompt embeddings")
         rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply, skip_reading_prefix_cache=skip,
-                                       cache_salt=salt, lora=lora)
+                                       cache_salt=salt, lora=lora, embeds=embeds)
         note(
             f"add_request({rid}, shared[:{cut}] + {own} own, max_tokens={max_tokens}, ext={reply!r}"
             + (", skip_reading_prefix_cache=True" if skip else "")
             + (f", cache_salt={salt!r}" if salt else "")
             + (f", lora={lora!r}" if lora else "")
+            + (f", embeds={embeds!r}" if embeds else "")
             + ")"
         )
 
