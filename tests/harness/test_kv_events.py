@@ -12,8 +12,10 @@ from fuzz.adapter._events import EventLog, event_gaps, index_counts
 from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
 
 
-def _stored(group: int, *keys: int) -> object:
-    return type("BlockStored", (), {"block_hashes": list(keys), "group_idx": group})()
+def _stored(group: int, *keys: int, parent: int | None = None, tokens: int = 4, block_size: int = 4) -> object:
+    fields = {"block_hashes": list(keys), "group_idx": group, "parent_block_hash": parent,
+              "token_ids": [0] * tokens, "block_size": block_size}
+    return type("BlockStored", (), fields)()
 
 
 def _removed(group: int, *keys: int) -> object:
@@ -48,6 +50,17 @@ def test_an_unannounced_removal_and_an_unannounced_entry_are_gaps() -> None:
     log = EventLog()
     log.replay([_stored(1, 7), _removed(1, 7), _removed(1, 7)])
     assert event_gaps(log.counts, _index({(1, 9): [2]})) == [(1, 7, -1, ()), (1, 9, 0, (2,))]
+
+
+def test_a_stored_event_whose_parent_no_event_announced_in_its_group_is_an_orphan() -> None:
+    log = EventLog()
+    # 7 announced in group 0: a child of 7 there is placed; in group 1, or of
+    # 9 (never announced), or of 7 once withdrawn, it is not.
+    log.replay([_stored(0, 7), _stored(0, 8, parent=7), _stored(1, 5, parent=7), _stored(0, 6, parent=9, tokens=2,
+                                                                                      block_size=2)])
+    log.replay([_removed(0, 7), _stored(0, 4, parent=7)])
+    assert log.take_orphans() == [(1, 7, 5, 4, 4), (0, 9, 6, 2, 2), (0, 7, 4, 4, 4)]
+    assert log.take_orphans() == []
 
 
 def test_groups_are_kept_apart_and_a_clear_forgets_everything() -> None:
