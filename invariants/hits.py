@@ -107,6 +107,7 @@ def predicted_hit(adm: AdmissionObservation) -> tuple[int, tuple[int, ...]] | No
         adm.hit_alignment,
         adm.hit_limit,
         adm.divergent_capable,
+        adm.hit_windows,
     )
 
 

@@ -259,6 +259,26 @@ def repeated_prompt_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def windowed_repeated_prompt_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """Full attention beside a 5-token sliding window (4-token blocks, so
+    the window group needs the last block before a hit): one 13-token
+    prompt sent twice, one after the other; the second lookup has a
+    prediction and hits 12 tokens (the window's one block and full
+    attention's three)."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 5),))),
+                        hash_block_size=4, num_blocks=33)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2))
+    run = Stepper(harness, checks)
+    seen = []
+    for _ in range(2):
+        rid = harness.add_request(range(13), max_tokens=2)
+        seen += [a for a in run.step().admissions if a.request_id == rid]
+        run.drain()
+    assert seen[-1].index_hold is not None and seen[-1].hit_windows == (0, 5), seen[-1].describe()
+    assert 12 in seen[-1].index_hold[1] and seen[-1].local_hit == 12, seen[-1].describe()
+    return run
+
+
 def eagle_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     """:func:`speculating_harness`'s async EAGLE run (k = 3: the drafter
     writes 3 positions ahead of every step it drafts from), stepped with
@@ -319,6 +339,8 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
     (check_preempted_resumable, "preempted-resumable", "preempt_keeps_drafts", speculating_preempting_run,
      "preemption"),
     (check_hit_matches_index, "hit-matches-index", "hit_stops_a_block_early", repeated_prompt_run, None),
+    (check_hit_matches_index, "hit-matches-index", "window_hit_stops_a_block_early", windowed_repeated_prompt_run,
+     None),
     # What the index names (invariants/contents.py).
     (check_index_names_its_prefix, "index-names-its-prefix", "evicted_key_stays_indexed", evicting_run, None),
     (check_eviction_order, "eviction-order", "free_evicts_head_first", evicting_run, CACHED_BLOCK_EVICTED),
