@@ -534,14 +534,13 @@ _MANAGER_EDITS["hit_stops_a_block_early"] = (
       "and type(self.kv_cache_spec).__name__ == 'FullAttentionSpec' else (hit_blocks, hit_length, 0)"),),
 )
 
-_MANAGER_EDITS["window_hit_stops_a_block_early"] = (
-    "SlidingWindowManager.find_longest_cache_hit drops the last block of every "
-    "sliding-window hit it finds: the group serves a block less than the index holds "
-    "the window for, alone or joined with other groups (a missed hit)",
+_MANAGER_EDITS["window_hit_needs_a_block_more"] = (
+    "SlidingWindowManager.find_longest_cache_hit asks for one cached block more than the "
+    "window reads (and than the group keeps cached for hits): a sliding-window group "
+    "serves no hit whose block before the window is not cached (a missed hit)",
     ("vllm.v1.core.single_type_kv_cache_manager", "SlidingWindowManager", "find_longest_cache_hit"),
-    (("hit_length = len(computed_blocks[0]) * block_size",
-      "computed_blocks = tuple(c[:-1] for c in computed_blocks) if computed_blocks[0] else computed_blocks; "
-      "hit_length = len(computed_blocks[0]) * block_size"),),
+    (("sliding_window_contiguous_blocks = cls._contiguous_blocks_for_hit(",
+      "sliding_window_contiguous_blocks = 1 + cls._contiguous_blocks_for_hit("),),
 )
 
 # Which cached blocks survive pool pressure (invariants/hits.py): a request's

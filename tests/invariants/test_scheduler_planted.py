@@ -339,7 +339,7 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
     (check_preempted_resumable, "preempted-resumable", "preempt_keeps_drafts", speculating_preempting_run,
      "preemption"),
     (check_hit_matches_index, "hit-matches-index", "hit_stops_a_block_early", repeated_prompt_run, None),
-    (check_hit_matches_index, "hit-matches-index", "window_hit_stops_a_block_early", windowed_repeated_prompt_run,
+    (check_hit_matches_index, "hit-matches-index", "window_hit_needs_a_block_more", windowed_repeated_prompt_run,
      None),
     # What the index names (invariants/contents.py).
     (check_index_names_its_prefix, "index-names-its-prefix", "evicted_key_stays_indexed", evicting_run, None),
