@@ -108,6 +108,7 @@ def predicted_hit(adm: AdmissionObservation) -> tuple[int, tuple[int, ...]] | No
         adm.hit_limit,
         adm.divergent_capable,
         adm.hit_windows,
+        adm.hit_chunks,
     )
 
 

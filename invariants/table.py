@@ -148,7 +148,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     _s("preempted-resumable", prom.check_preempted_resumable, "preempt_keeps_computed_tokens", "preempt_keeps_drafts"),
     # How long a hit each lookup serves, which cached blocks survive (invariants/hits.py).
     _s("hit-matches-index", hits.check_hit_matches_index, "hit_stops_a_block_early",
-       "window_hit_needs_a_block_more"),
+       "window_hit_needs_a_block_more", "chunk_hit_stops_a_block_early"),
     _s("eviction-order", hits.check_eviction_order, "free_evicts_head_first"),
 )
 

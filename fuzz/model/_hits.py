@@ -5,7 +5,7 @@ it on vLLM's own objects).
 
 From the prefix lengths of the request that the index holds an entry for,
 per group (``fuzz/adapter/_hits.py`` reads them at the instant of the
-lookup), the groups' block sizes, kinds and sliding windows, the hit alignment and the
+lookup), the groups' block sizes, kinds, sliding windows and attention chunks, the hit alignment and the
 caller's limit: the longest hit every group serves, with each group's
 reach. The rules are ``invariants/hits.py``'s docstring.
 
@@ -43,6 +43,16 @@ def _window_serves(held: frozenset[int], block: int, window: int, alignment: int
             if all(k * block in held for k in range(max(1, n // block - need + 1), n // block + 1))}
 
 
+def _chunk_serves(held: frozenset[int], block: int, chunk: int, limit: int) -> set[int]:
+    """The prefix lengths one chunked-local group serves, up to ``limit``: a
+    whole number of its blocks for which it holds every block from the
+    start of the length's last chunk (``L // chunk * chunk``) up to it; the
+    blocks of earlier chunks no later token reads (a length at a chunk
+    boundary needs none)."""
+    return {n for n in range(block, limit + 1, block)
+            if all(k * block in held for k in range(n // chunk * chunk // block + 1, n // block + 1))}
+
+
 def _gcd(a: int, b: int) -> int:
     while b:
         a, b = b, a % b
@@ -57,21 +67,28 @@ def allowed_hit(
     limit: int,
     divergent_capable: bool,
     windows: Sequence[int] = (),
+    chunks: Sequence[int] = (),
 ) -> tuple[int, tuple[int, ...]] | None:
     """The longest hit the index allows a lookup (``index_hold``: per group,
     the prefix lengths it holds an entry for; ``mamba``: per group, whether
     it is a Mamba group; ``windows``: per group, the sliding window in tokens
     of a sliding-window group, 0 for any other, none given: no window
+    group; ``chunks``: likewise the attention chunk of a chunked-local
     group), with each group's reach; None where the claim makes no
     prediction."""
     if alignment <= 0 or not block_sizes:
         return None
     limit = max(limit, 0)
     windows = tuple(windows) or (0,) * len(block_sizes)
+    chunks = tuple(chunks) or (0,) * len(block_sizes)
+    if any(c and (c % b or b != alignment) for c, b in zip(chunks, block_sizes)):
+        return None  # a chunk not whole blocks, or a hit alignment vLLM's chunked lookup refuses
     reaches = []
-    served: set[int] | None = None  # the lengths every Mamba and sliding-window group serves
-    for held, block, is_mamba, window in zip(index_hold, block_sizes, mamba, windows):
-        if window > 0:
+    served: set[int] | None = None  # the lengths every Mamba, sliding-window and chunked-local group serves
+    for held, block, is_mamba, window, chunk in zip(index_hold, block_sizes, mamba, windows, chunks):
+        if chunk > 0:
+            mine = _chunk_serves(frozenset(held), block, chunk, limit)
+        elif window > 0:
             mine = _window_serves(frozenset(held), block, window, alignment, limit)
         elif is_mamba:
             fine = alignment < block and block % alignment == 0
@@ -81,7 +98,8 @@ def allowed_hit(
             continue
         served = mine if served is None else served & mine
         reaches.append(max(mine, default=0))
-    full = [r for r, is_mamba, window in zip(reaches, mamba, windows) if not is_mamba and not window]
+    full = [r for r, is_mamba, window, chunk in zip(reaches, mamba, windows, chunks)
+            if not is_mamba and not window and not chunk]
     if served is None:
         return min(reaches), tuple(reaches)
     if divergent_capable and any(mamba):

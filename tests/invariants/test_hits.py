@@ -1,6 +1,6 @@
 """hit-matches-index's rules on hand-made observations: the reach of a
 full-attention group (full blocks, then one partial entry with sub-block
-hits on), Mamba states, sliding windows, the alignment, the limit, and
+hits on), Mamba states, sliding windows, attention chunks, the alignment, the limit, and
 the divergent-hit connector's local hit (invariants/hits.py)."""
 
 from __future__ import annotations
@@ -12,17 +12,19 @@ from invariants.hits import check_hit_matches_index, predicted_hit
 
 FULL, MAMBA = "vllm.v1.kv_cache_interface.FullAttentionSpec", "vllm.v1.kv_cache_interface.MambaSpec"
 WINDOW = "vllm.v1.kv_cache_interface.SlidingWindowSpec"
+CHUNKED = "vllm.v1.kv_cache_interface.ChunkedLocalAttentionSpec"
 
 
 def _adm(groups: list[tuple[str, int]], held: list[tuple[int, ...]], *, align: int, limit: int, hit: int = 0,
-         divergent: bool = False, windows: tuple[int, ...] = ()) -> AdmissionObservation:
+         divergent: bool = False, windows: tuple[int, ...] = (), chunks: tuple[int, ...] = ()
+         ) -> AdmissionObservation:
     infos = tuple(GroupInfo(i, cls, (), size, True) for i, (cls, size) in enumerate(groups))
     return AdmissionObservation(
         request_id="r0", step=1, num_tokens=limit + 1, groups=infos, spans=tuple(None for _ in groups),
         scheduler_block_size=max(s for _, s in groups), hash_block_size=align, null_block_id=0,
         divergent_capable=divergent, local_hit=hit, local_blocks=(), hit_diverged=False, per_group_hits=(),
         joint_hit=hit, joint_blocks=(), index_hold=tuple(held), hit_alignment=align, hit_limit=limit,
-        hit_windows=windows,
+        hit_windows=windows, hit_chunks=chunks,
     )
 
 
@@ -84,6 +86,36 @@ def test_the_longest_hit_the_index_allows(groups, held, align, limit, expected) 
 def test_the_longest_hit_a_sliding_window_serves(groups, windows, held, align, limit, expected) -> None:
     predicted = predicted_hit(_adm(groups, held, align=align, limit=limit, windows=windows))
     assert predicted is not None and predicted[0] == expected, predicted
+
+
+@pytest.mark.parametrize(
+    ("groups", "chunks", "held", "align", "limit", "expected"),
+    [
+        # 8-token chunks on 4-token blocks: the blocks of the hit's last chunk, none before it.
+        ([(CHUNKED, 4)], (8,), [(4, 8, 12)], 4, 12, 12),
+        ([(CHUNKED, 4)], (8,), [(12,)], 4, 12, 12),
+        ([(CHUNKED, 4)], (8,), [(12,)], 4, 15, 12),
+        # A length at a chunk boundary needs no block at all.
+        ([(CHUNKED, 4)], (8,), [()], 4, 12, 8),
+        ([(CHUNKED, 4)], (8,), [(4, 8)], 4, 20, 16),
+        ([(CHUNKED, 4)], (8,), [(4, 8, 16)], 4, 20, 16),
+        ([(CHUNKED, 4)], (8,), [(4, 8, 20)], 4, 20, 20),
+        # Beside full attention, within its reach.
+        ([(FULL, 4), (CHUNKED, 4)], (0, 8), [(4, 8, 12), (4,)], 4, 12, 8),
+        ([(FULL, 4), (CHUNKED, 4)], (0, 8), [(4,), (4, 8, 12)], 4, 12, 4),
+        ([(FULL, 4), (CHUNKED, 4)], (0, 8), [(4, 8, 12), (12,)], 4, 12, 12),
+    ],
+)
+def test_the_longest_hit_a_chunked_local_group_serves(groups, chunks, held, align, limit, expected) -> None:
+    predicted = predicted_hit(_adm(groups, held, align=align, limit=limit, chunks=chunks))
+    assert predicted is not None and predicted[0] == expected, predicted
+
+
+def test_no_prediction_for_a_chunk_vllms_lookup_refuses() -> None:
+    """Chunks not a whole number of blocks, or a hit alignment other than
+    the chunked group's block (an assertion in vLLM's lookup)."""
+    assert predicted_hit(_adm([(CHUNKED, 4)], [(4, 8)], align=4, limit=12, chunks=(6,))) is None
+    assert predicted_hit(_adm([(FULL, 8), (CHUNKED, 4)], [(8,), (4, 8)], align=8, limit=12, chunks=(0, 8))) is None
 
 
 def test_a_divergent_hit_connector_gets_the_full_attention_groups_own_reach() -> None:

@@ -259,24 +259,33 @@ def repeated_prompt_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
-def windowed_repeated_prompt_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
-    """Full attention beside a 5-token sliding window (4-token blocks, so
-    the window group needs the last block before a hit): one 13-token
-    prompt sent twice, one after the other; the second lookup has a
-    prediction and hits 12 tokens (the window's one block and full
-    attention's three)."""
-    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 5),))),
-                        hash_block_size=4, num_blocks=33)
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2))
-    run = Stepper(harness, checks)
-    seen = []
-    for _ in range(2):
-        rid = harness.add_request(range(13), max_tokens=2)
-        seen += [a for a in run.step().admissions if a.request_id == rid]
-        run.drain()
-    assert seen[-1].index_hold is not None and seen[-1].hit_windows == (0, 5), seen[-1].describe()
-    assert 12 in seen[-1].index_hold[1] and seen[-1].local_hit == 12, seen[-1].describe()
+def _repeated_local_prompt(local: SpecDraw, kind: str) -> Callable[[tuple[Callable[..., None], ...]], Stepper]:
+    def run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+        layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), local), hash_block_size=4, num_blocks=33)
+        harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2))
+        stepper = Stepper(harness, checks)
+        seen = []
+        for _ in range(2):
+            rid = harness.add_request(range(13), max_tokens=2)
+            seen += [a for a in stepper.step().admissions if a.request_id == rid]
+            stepper.drain()
+        last = seen[-1]
+        assert last.index_hold is not None and (0, local.params[0][1]) in (last.hit_windows, last.hit_chunks), \
+            last.describe()
+        assert 12 in last.index_hold[1] and last.local_hit == 12, last.describe()
+        return stepper
+
+    run.__doc__ = (f"Full attention beside {kind} (4-token blocks): one 13-token prompt sent twice, one "
+                   "after the other; the second lookup has a prediction and hits 12 tokens.")
     return run
+
+
+# A 5-token window needs the last block before a hit, and the group keeps
+# only that one cached; an 8-token chunk needs the blocks of the hit's last chunk.
+windowed_repeated_prompt_run = _repeated_local_prompt(
+    SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 5),)), "a 5-token sliding window")
+chunked_repeated_prompt_run = _repeated_local_prompt(
+    SpecDraw("ChunkedLocalAttentionSpec", 4, (("attention_chunk_size", 8),)), "8-token attention chunks")
 
 
 def eagle_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
@@ -340,6 +349,8 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
      "preemption"),
     (check_hit_matches_index, "hit-matches-index", "hit_stops_a_block_early", repeated_prompt_run, None),
     (check_hit_matches_index, "hit-matches-index", "window_hit_needs_a_block_more", windowed_repeated_prompt_run,
+     None),
+    (check_hit_matches_index, "hit-matches-index", "chunk_hit_stops_a_block_early", chunked_repeated_prompt_run,
      None),
     # What the index names (invariants/contents.py).
     (check_index_names_its_prefix, "index-names-its-prefix", "evicted_key_stays_indexed", evicting_run, None),
