@@ -7,9 +7,9 @@ entry for the prefix of ``L`` tokens in a group of block ``b``: a block
 holding positions ``[(L - 1) // b * b, L)`` of that prefix, full when ``b``
 divides ``L``, else the partial tail of a prompt).
 
-The rules, stated for layouts whose groups are all full attention or
-Mamba (no EAGLE block drop, no DCP/PCP; other layouts carry no
-``index_hold`` and get no prediction):
+The rules, stated for layouts whose groups are all full attention, sliding
+window, chunked local or Mamba (no EAGLE block drop, no DCP/PCP; other
+layouts carry no ``index_hold`` and get no prediction):
 
 * a group reaches ``L`` when it holds every full block of the prefix below
   ``L // b * b`` and, where ``b`` does not divide ``L``, the partial entry
@@ -21,10 +21,20 @@ Mamba (no EAGLE block drop, no DCP/PCP; other layouts carry no
 * a Mamba group serves exactly the prefixes it holds a state for: an entry
   at that length (at a block boundary of its own, unless sub-block hits
   are on);
+* a sliding-window group of window ``W`` serves a whole number of its
+  blocks ``L`` when it holds each of the last ``max(1, ceil((W - 1) / b))``
+  blocks before ``L`` (those the next token's window reads; fewer near
+  token 0), whatever it holds further back
+  (``SlidingWindowManager.find_longest_cache_hit``);
+* a chunked-local group of chunk ``C`` serves ``L`` when it holds every
+  block from ``L // C * C`` up to ``L`` (none at a chunk boundary;
+  ``ChunkedLocalAttentionManager.find_longest_cache_hit``), and gets no
+  prediction where ``C`` is not whole blocks or the hit alignment is not
+  its block;
 * the hit is the longest prefix, a multiple of the hit alignment (the hash
   block with sub-block hits on, else the scheduler block) and no longer
   than the caller's limit (``num_tokens - 1`` by default), that every group
-  serves; with a connector that takes divergent hybrid hits, a layout with
+  serves (the hybrid coordinator's fixed point); with a connector that takes divergent hybrid hits, a layout with
   Mamba and one full-attention group gets that group's own reach instead,
   unless some group reaches past it (vLLM's
   ``get_computed_blocks_for_connector``); with more full-attention groups
@@ -107,6 +117,8 @@ def predicted_hit(adm: AdmissionObservation) -> tuple[int, tuple[int, ...]] | No
         adm.hit_alignment,
         adm.hit_limit,
         adm.divergent_capable,
+        adm.hit_windows,
+        adm.hit_chunks,
     )
 
 

@@ -10,7 +10,8 @@ lengths of the request the index has an entry for. It never calls vLLM's
 lookup: how long a hit those entries allow is the claim's own rule.
 
 The record is made only for layouts whose rules the claim states: every
-group full attention or Mamba and prefix-cacheable, no EAGLE block drop, no
+group full attention, sliding window, chunked local or Mamba and
+prefix-cacheable, no EAGLE block drop, no
 context-parallel sharding (DCP/PCP), and a lookup the request does not skip.
 
 vLLM and the standard library only: standalone repro files carry this
@@ -23,8 +24,10 @@ from __future__ import annotations
 from typing import Any
 
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
-from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+from vllm.v1.core.single_type_kv_cache_manager import (
+    ChunkedLocalAttentionManager, FullAttentionManager, MambaManager, SlidingWindowManager,
+)
+from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
 __all__ = ["index_hold"]
 
@@ -40,6 +43,8 @@ def _stated(manager: Any) -> bool:
         spec = group.kv_cache_spec
         if not (isinstance(spec, FullAttentionSpec) and type(single) is FullAttentionManager) and not (
             type(spec) is MambaSpec and type(single) is MambaManager
+        ) and not (isinstance(spec, SlidingWindowSpec) and type(single) is SlidingWindowManager) and not (
+            type(spec) is ChunkedLocalAttentionSpec and type(single) is ChunkedLocalAttentionManager
         ):
             return False
         if not getattr(spec, "prefix_cacheable", True) or max(
@@ -56,7 +61,9 @@ def index_hold(
     block pool's prefix-cache map; ``partial_hits``: sub-block hits on) for
     ``request``'s lookup by ``manager`` (a KVCacheManager): per group, the
     prefix lengths (multiples of the hash block) the index holds an entry
-    for; the hit alignment; the caller's limit. Empty (no prediction) for a
+    for; the hit alignment; the caller's limit; per group, the sliding
+    window of a sliding-window group and the attention chunk of a
+    chunked-local one (0 for any other). Empty (no prediction) for a
     layout the claim does not state, a request that skips the lookup, or a
     release that keeps its index otherwise (``cached`` None)."""
     # Whether vLLM looks at all is its own call (prompt logprobs, skip_reading_prefix_cache): not this claim's.
@@ -76,4 +83,13 @@ def index_hold(
         for g in range(len(manager.kv_cache_config.kv_cache_groups))
     )
     limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
-    return {"index_hold": held, "hit_alignment": alignment, "hit_limit": limit}
+    windows = tuple(
+        int(g.kv_cache_spec.sliding_window) if isinstance(g.kv_cache_spec, SlidingWindowSpec) else 0
+        for g in manager.kv_cache_config.kv_cache_groups
+    )
+    chunks = tuple(
+        int(g.kv_cache_spec.attention_chunk_size) if isinstance(g.kv_cache_spec, ChunkedLocalAttentionSpec) else 0
+        for g in manager.kv_cache_config.kv_cache_groups
+    )
+    return {"index_hold": held, "hit_alignment": alignment, "hit_limit": limit, "hit_windows": windows,
+            "hit_chunks": chunks}

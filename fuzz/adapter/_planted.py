@@ -534,6 +534,24 @@ _MANAGER_EDITS["hit_stops_a_block_early"] = (
       "and type(self.kv_cache_spec).__name__ == 'FullAttentionSpec' else (hit_blocks, hit_length, 0)"),),
 )
 
+_MANAGER_EDITS["window_hit_needs_a_block_more"] = (
+    "SlidingWindowManager.find_longest_cache_hit asks for one cached block more than the "
+    "window reads (and than the group keeps cached for hits): a sliding-window group "
+    "serves no hit whose block before the window is not cached (a missed hit)",
+    ("vllm.v1.core.single_type_kv_cache_manager", "SlidingWindowManager", "find_longest_cache_hit"),
+    (("sliding_window_contiguous_blocks = cls._contiguous_blocks_for_hit(",
+      "sliding_window_contiguous_blocks = 1 + cls._contiguous_blocks_for_hit("),),
+)
+
+_MANAGER_EDITS["chunk_hit_stops_a_block_early"] = (
+    "ChunkedLocalAttentionManager.find_longest_cache_hit stops its run of cached blocks "
+    "one block before the lookup's limit: a chunked-local group serves a block less "
+    "than the index holds inside the last chunk (a missed hit)",
+    ("vllm.v1.core.single_type_kv_cache_manager", "ChunkedLocalAttentionManager", "find_longest_cache_hit"),
+    (("for i in range(local_attention_start_block_idx, max_num_blocks):",
+      "for i in range(local_attention_start_block_idx, max_num_blocks - 1):"),),
+)
+
 # Which cached blocks survive pool pressure (invariants/hits.py): a request's
 # free goes head first, so its prefix's first block is evicted before the
 # blocks that only serve with it.

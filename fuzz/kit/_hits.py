@@ -52,7 +52,8 @@ def _check_hit_matches_index(scheduler, out, watch, step):
     for rid, (served, held) in watch.hits.items():
         allowed = allowed_hit(held["index_hold"], [m.block_size for m in managers],
                               [type(m.kv_cache_spec).__name__ == "MambaSpec" for m in managers],
-                              held["hit_alignment"], held["hit_limit"], DIVERGENT_HITS)
+                              held["hit_alignment"], held["hit_limit"], DIVERGENT_HITS, held["hit_windows"],
+                              held["hit_chunks"])
         if allowed is None or served == allowed[0]:
             continue
         what = (

@@ -5,7 +5,7 @@ it on vLLM's own objects).
 
 From the prefix lengths of the request that the index holds an entry for,
 per group (``fuzz/adapter/_hits.py`` reads them at the instant of the
-lookup), the groups' block sizes and kinds, the hit alignment and the
+lookup), the groups' block sizes, kinds, sliding windows and attention chunks, the hit alignment and the
 caller's limit: the longest hit every group serves, with each group's
 reach. The rules are ``invariants/hits.py``'s docstring.
 
@@ -31,6 +31,34 @@ def _group_reach(held: frozenset[int], block: int, alignment: int, limit: int) -
     return full
 
 
+def _window_serves(held: frozenset[int], block: int, window: int, alignment: int, limit: int) -> set[int]:
+    """The prefix lengths one sliding-window group serves, up to ``limit``:
+    a whole number of its blocks and of the hit alignment, for which it
+    holds each of the last ``max(1, ceil((window - 1) / block))`` full blocks
+    before it (those the next token's window reads, fewer near token 0);
+    blocks further back, out of every later token's window, are not needed."""
+    need = max(1, -(-(window - 1) // block))
+    step = block * alignment // _gcd(block, alignment)
+    return {n for n in range(step, limit + 1, step)
+            if all(k * block in held for k in range(max(1, n // block - need + 1), n // block + 1))}
+
+
+def _chunk_serves(held: frozenset[int], block: int, chunk: int, limit: int) -> set[int]:
+    """The prefix lengths one chunked-local group serves, up to ``limit``: a
+    whole number of its blocks for which it holds every block from the
+    start of the length's last chunk (``L // chunk * chunk``) up to it; the
+    blocks of earlier chunks no later token reads (a length at a chunk
+    boundary needs none)."""
+    return {n for n in range(block, limit + 1, block)
+            if all(k * block in held for k in range(n // chunk * chunk // block + 1, n // block + 1))}
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
 def allowed_hit(
     index_hold: Sequence[Sequence[int]],
     block_sizes: Sequence[int],
@@ -38,34 +66,49 @@ def allowed_hit(
     alignment: int,
     limit: int,
     divergent_capable: bool,
+    windows: Sequence[int] = (),
+    chunks: Sequence[int] = (),
 ) -> tuple[int, tuple[int, ...]] | None:
     """The longest hit the index allows a lookup (``index_hold``: per group,
     the prefix lengths it holds an entry for; ``mamba``: per group, whether
-    it is a Mamba group), with each group's reach; None where the claim
-    makes no prediction."""
+    it is a Mamba group; ``windows``: per group, the sliding window in tokens
+    of a sliding-window group, 0 for any other, none given: no window
+    group; ``chunks``: likewise the attention chunk of a chunked-local
+    group), with each group's reach; None where the claim makes no
+    prediction."""
     if alignment <= 0 or not block_sizes:
         return None
     limit = max(limit, 0)
+    windows = tuple(windows) or (0,) * len(block_sizes)
+    chunks = tuple(chunks) or (0,) * len(block_sizes)
+    if any(c and (c % b or b != alignment) for c, b in zip(chunks, block_sizes)):
+        return None  # a chunk not whole blocks, or a hit alignment vLLM's chunked lookup refuses
     reaches = []
-    states: set[int] | None = None  # the lengths every Mamba group holds a state for
-    for held, block, is_mamba in zip(index_hold, block_sizes, mamba):
-        if not is_mamba:
+    served: set[int] | None = None  # the lengths every Mamba, sliding-window and chunked-local group serves
+    for held, block, is_mamba, window, chunk in zip(index_hold, block_sizes, mamba, windows, chunks):
+        if chunk > 0:
+            mine = _chunk_serves(frozenset(held), block, chunk, limit)
+        elif window > 0:
+            mine = _window_serves(frozenset(held), block, window, alignment, limit)
+        elif is_mamba:
+            fine = alignment < block and block % alignment == 0
+            mine = {n for n in held if n <= limit and n % alignment == 0 and (fine or n % block == 0)}
+        else:
             reaches.append(_group_reach(frozenset(held), block, alignment, limit) // alignment * alignment)
             continue
-        fine = alignment < block and block % alignment == 0
-        mine = {n for n in held if n <= limit and n % alignment == 0 and (fine or n % block == 0)}
-        states = mine if states is None else states & mine
+        served = mine if served is None else served & mine
         reaches.append(max(mine, default=0))
-    if states is None:
+    full = [r for r, is_mamba, window, chunk in zip(reaches, mamba, windows, chunks)
+            if not is_mamba and not window and not chunk]
+    if served is None:
         return min(reaches), tuple(reaches)
-    if divergent_capable:
+    if divergent_capable and any(mamba):
         # A connector that takes divergent hybrid hits: the local hit is the
         # full-attention group's own, unless a group reaches past it (then
         # the joint hit below).
-        full = [r for r, is_mamba in zip(reaches, mamba) if not is_mamba]
         if len(full) != 1:
             return None
         if max(reaches) <= full[0]:
             return full[0], tuple(reaches)
-    top = min(r for r, is_mamba in zip(reaches, mamba) if not is_mamba) if not all(mamba) else limit
-    return max((n for n in states if n <= top), default=0), tuple(reaches)
+    top = min(full) if full else limit
+    return max((n for n in served if n <= top), default=0), tuple(reaches)

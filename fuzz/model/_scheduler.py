@@ -284,11 +284,14 @@ class AdmissionObservation:
     skips_prefix_cache: bool = False
     # The model's index at the instant of the lookup (fuzz/adapter/_hits.py):
     # per group, the prefix lengths of the request the prefix-cache index
-    # holds an entry for; the hit alignment; the caller's limit. None: a
-    # layout or request the hit-length claim makes no prediction for.
+    # holds an entry for; the hit alignment; the caller's limit; per group,
+    # the sliding window and the attention chunk (0: none). None: a layout or request
+    # the hit-length claim makes no prediction for.
     index_hold: tuple[tuple[int, ...], ...] | None = None
     hit_alignment: int = 0
     hit_limit: int = 0
+    hit_windows: tuple[int, ...] = ()
+    hit_chunks: tuple[int, ...] = ()
 
     @property
     def partial_tail(self) -> int:
@@ -325,6 +328,8 @@ class AdmissionObservation:
             lines.append(
                 f"  index at the lookup: prefix lengths held per group={[list(g) for g in self.index_hold]}, "
                 f"hit alignment {self.hit_alignment}, limit {self.hit_limit}"
+                + (f", sliding windows per group {list(self.hit_windows)}" if any(self.hit_windows) else "")
+                + (f", attention chunks per group {list(self.hit_chunks)}" if any(self.hit_chunks) else "")
             )
         if self.truncated_at is not None:
             lines.append(f"  truncate_computed_blocks(blocks, {self.truncated_at}) was called")

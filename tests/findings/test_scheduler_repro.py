@@ -250,6 +250,10 @@ PROMISE_BUGS = {
     "evicted_key_stays_indexed": ("index-names-its-prefix", "keys.learn(rid, request.block_hashes"),
     # A repeated prompt: the file reads the index as each lookup begins.
     "hit_stops_a_block_early": ("hit-matches-index", "held = _index_at_lookup(mgr, request, max_cache_hit_length)"),
+    # ... beside a sliding window: the file passes each group's window to the rule.
+    "window_hit_needs_a_block_more": ("hit-matches-index", "SlidingWindowSpec("),
+    # ... beside a chunked-local group: the file passes each group's chunk to the rule.
+    "chunk_hit_stops_a_block_early": ("hit-matches-index", "ChunkedLocalAttentionSpec("),
     # Evictions: the file watches how every free block came back to the pool.
     "free_evicts_head_first": ("eviction-order", "self.evictions = _watch_frees(scheduler, self)"),
 }

@@ -1,7 +1,7 @@
 """hit-matches-index's rules on hand-made observations: the reach of a
 full-attention group (full blocks, then one partial entry with sub-block
-hits on), Mamba states, the alignment, the limit, and the divergent-hit
-connector's local hit (invariants/hits.py)."""
+hits on), Mamba states, sliding windows, attention chunks, the alignment, the limit, and
+the divergent-hit connector's local hit (invariants/hits.py)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,20 @@ from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, Miss
 from invariants.hits import check_hit_matches_index, predicted_hit
 
 FULL, MAMBA = "vllm.v1.kv_cache_interface.FullAttentionSpec", "vllm.v1.kv_cache_interface.MambaSpec"
+WINDOW = "vllm.v1.kv_cache_interface.SlidingWindowSpec"
+CHUNKED = "vllm.v1.kv_cache_interface.ChunkedLocalAttentionSpec"
 
 
 def _adm(groups: list[tuple[str, int]], held: list[tuple[int, ...]], *, align: int, limit: int, hit: int = 0,
-         divergent: bool = False) -> AdmissionObservation:
+         divergent: bool = False, windows: tuple[int, ...] = (), chunks: tuple[int, ...] = ()
+         ) -> AdmissionObservation:
     infos = tuple(GroupInfo(i, cls, (), size, True) for i, (cls, size) in enumerate(groups))
     return AdmissionObservation(
         request_id="r0", step=1, num_tokens=limit + 1, groups=infos, spans=tuple(None for _ in groups),
         scheduler_block_size=max(s for _, s in groups), hash_block_size=align, null_block_id=0,
         divergent_capable=divergent, local_hit=hit, local_blocks=(), hit_diverged=False, per_group_hits=(),
         joint_hit=hit, joint_blocks=(), index_hold=tuple(held), hit_alignment=align, hit_limit=limit,
+        hit_windows=windows, hit_chunks=chunks,
     )
 
 
@@ -46,11 +50,85 @@ def test_the_longest_hit_the_index_allows(groups, held, align, limit, expected) 
     assert predicted is not None and predicted[0] == expected, predicted
 
 
+@pytest.mark.parametrize(
+    ("groups", "windows", "held", "align", "limit", "expected"),
+    [
+        # An 8-token window on 4-token blocks reads the 7 tokens before the
+        # hit: the last two blocks, whatever lies further back.
+        ([(WINDOW, 4)], (8,), [(8, 12)], 4, 12, 12),
+        ([(WINDOW, 4)], (8,), [(4, 12)], 4, 12, 4),
+        ([(WINDOW, 4)], (8,), [(12,)], 4, 12, 0),
+        ([(WINDOW, 4)], (8,), [(8, 12, 16)], 4, 15, 12),
+        # ceil((window - 1) / block) blocks: a 5-token window needs one, a 10-token one three.
+        ([(WINDOW, 4)], (5,), [(12,)], 4, 12, 12),
+        ([(WINDOW, 4)], (10,), [(8, 12)], 4, 12, 0),
+        ([(WINDOW, 4)], (10,), [(4, 8, 12)], 4, 12, 12),
+        # A window of one token still needs the hit's last block.
+        ([(WINDOW, 4)], (1,), [(4, 12)], 4, 12, 12),
+        ([(WINDOW, 4)], (1,), [(4,)], 4, 12, 4),
+        # Near token 0 the window needs only the blocks there are.
+        ([(WINDOW, 4)], (16,), [(4, 8)], 4, 12, 8),
+        # The hit is a whole number of the window's blocks and of the alignment.
+        ([(WINDOW, 4)], (5,), [(4, 8, 12)], 8, 14, 8),
+        ([(WINDOW, 8)], (9,), [(8, 16, 24)], 4, 30, 24),
+        # Beside full attention: the longest length within its reach the window serves.
+        ([(FULL, 4), (WINDOW, 4)], (0, 5), [(4, 8), (12,)], 4, 12, 0),
+        ([(FULL, 4), (WINDOW, 4)], (0, 5), [(4, 8, 12), (8,)], 4, 12, 8),
+        ([(FULL, 4), (WINDOW, 4)], (0, 5), [(4, 8, 12, 16), (8, 16)], 4, 14, 8),
+        # Two windows: a length both serve.
+        ([(WINDOW, 4), (WINDOW, 4)], (5, 9), [(4, 12, 16), (8, 12)], 4, 16, 12),
+        # With Mamba: a state the window also serves, within the full-attention reach.
+        ([(FULL, 4), (WINDOW, 4), (MAMBA, 8)], (0, 5, 0), [(4, 8, 12, 16), (8, 16), (8, 16)], 8, 20, 16),
+        ([(FULL, 4), (WINDOW, 4), (MAMBA, 8)], (0, 5, 0), [(4, 8, 12, 16), (8,), (8, 16)], 8, 20, 8),
+        ([(WINDOW, 4), (MAMBA, 8)], (5, 0), [(16,), (8, 16)], 8, 20, 16),
+    ],
+)
+def test_the_longest_hit_a_sliding_window_serves(groups, windows, held, align, limit, expected) -> None:
+    predicted = predicted_hit(_adm(groups, held, align=align, limit=limit, windows=windows))
+    assert predicted is not None and predicted[0] == expected, predicted
+
+
+@pytest.mark.parametrize(
+    ("groups", "chunks", "held", "align", "limit", "expected"),
+    [
+        # 8-token chunks on 4-token blocks: the blocks of the hit's last chunk, none before it.
+        ([(CHUNKED, 4)], (8,), [(4, 8, 12)], 4, 12, 12),
+        ([(CHUNKED, 4)], (8,), [(12,)], 4, 12, 12),
+        ([(CHUNKED, 4)], (8,), [(12,)], 4, 15, 12),
+        # A length at a chunk boundary needs no block at all.
+        ([(CHUNKED, 4)], (8,), [()], 4, 12, 8),
+        ([(CHUNKED, 4)], (8,), [(4, 8)], 4, 20, 16),
+        ([(CHUNKED, 4)], (8,), [(4, 8, 16)], 4, 20, 16),
+        ([(CHUNKED, 4)], (8,), [(4, 8, 20)], 4, 20, 20),
+        # Beside full attention, within its reach.
+        ([(FULL, 4), (CHUNKED, 4)], (0, 8), [(4, 8, 12), (4,)], 4, 12, 8),
+        ([(FULL, 4), (CHUNKED, 4)], (0, 8), [(4,), (4, 8, 12)], 4, 12, 4),
+        ([(FULL, 4), (CHUNKED, 4)], (0, 8), [(4, 8, 12), (12,)], 4, 12, 12),
+    ],
+)
+def test_the_longest_hit_a_chunked_local_group_serves(groups, chunks, held, align, limit, expected) -> None:
+    predicted = predicted_hit(_adm(groups, held, align=align, limit=limit, chunks=chunks))
+    assert predicted is not None and predicted[0] == expected, predicted
+
+
+def test_no_prediction_for_a_chunk_vllms_lookup_refuses() -> None:
+    """Chunks not a whole number of blocks, or a hit alignment other than
+    the chunked group's block (an assertion in vLLM's lookup)."""
+    assert predicted_hit(_adm([(CHUNKED, 4)], [(4, 8)], align=4, limit=12, chunks=(6,))) is None
+    assert predicted_hit(_adm([(FULL, 8), (CHUNKED, 4)], [(8,), (4, 8)], align=8, limit=12, chunks=(0, 8))) is None
+
+
 def test_a_divergent_hit_connector_gets_the_full_attention_groups_own_reach() -> None:
     groups, held = [(FULL, 4), (MAMBA, 8)], [(4, 8, 12, 16), (8,)]
     assert predicted_hit(_adm(groups, held, align=4, limit=20, divergent=True))[0] == 16  # type: ignore[index]
     # A Mamba state past the full-attention reach: vLLM falls back to the joint hit.
     assert predicted_hit(_adm(groups, [(4,), (8,)], align=4, limit=20, divergent=True))[0] == 0  # type: ignore[index]
+    # A window group's own hit is compared like the Mamba group's.
+    groups, windows = [(FULL, 4), (WINDOW, 4), (MAMBA, 8)], (0, 5, 0)
+    held = [(4, 8, 12, 16), (4, 8), (8,)]
+    assert predicted_hit(_adm(groups, held, align=4, limit=20, divergent=True, windows=windows))[0] == 16  # type: ignore[index]
+    held = [(4, 8), (4, 8, 12), (8,)]
+    assert predicted_hit(_adm(groups, held, align=4, limit=20, divergent=True, windows=windows))[0] == 8  # type: ignore[index]
 
 
 def test_longer_is_a_violation_shorter_a_missed_hit_equal_passes() -> None:

@@ -276,6 +276,35 @@ def embeddings_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def _repeated_local_prompt(local: SpecDraw, kind: str) -> Callable[[tuple[Callable[..., None], ...]], Stepper]:
+    def run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+        layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), local), hash_block_size=4, num_blocks=33)
+        harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2))
+        stepper = Stepper(harness, checks)
+        seen = []
+        for _ in range(2):
+            rid = harness.add_request(range(13), max_tokens=2)
+            seen += [a for a in stepper.step().admissions if a.request_id == rid]
+            stepper.drain()
+        last = seen[-1]
+        assert last.index_hold is not None and (0, local.params[0][1]) in (last.hit_windows, last.hit_chunks), \
+            last.describe()
+        assert 12 in last.index_hold[1] and last.local_hit == 12, last.describe()
+        return stepper
+
+    run.__doc__ = (f"Full attention beside {kind} (4-token blocks): one 13-token prompt sent twice, one "
+                   "after the other; the second lookup has a prediction and hits 12 tokens.")
+    return run
+
+
+# A 5-token window needs the last block before a hit, and the group keeps
+# only that one cached; an 8-token chunk needs the blocks of the hit's last chunk.
+windowed_repeated_prompt_run = _repeated_local_prompt(
+    SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 5),)), "a 5-token sliding window")
+chunked_repeated_prompt_run = _repeated_local_prompt(
+    SpecDraw("ChunkedLocalAttentionSpec", 4, (("attention_chunk_size", 8),)), "8-token attention chunks")
+
+
 def eagle_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     """:func:`speculating_harness`'s async EAGLE run (k = 3: the drafter
     writes 3 positions ahead of every step it drafts from), stepped with
@@ -337,6 +366,10 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
     (check_preempted_resumable, "preempted-resumable", "preempt_keeps_drafts", speculating_preempting_run,
      "preemption"),
     (check_hit_matches_index, "hit-matches-index", "hit_stops_a_block_early", repeated_prompt_run, None),
+    (check_hit_matches_index, "hit-matches-index", "window_hit_needs_a_block_more", windowed_repeated_prompt_run,
+     None),
+    (check_hit_matches_index, "hit-matches-index", "chunk_hit_stops_a_block_early", chunked_repeated_prompt_run,
+     None),
     # What the index names (invariants/contents.py).
     (check_index_names_its_prefix, "index-names-its-prefix", "evicted_key_stays_indexed", evicting_run, None),
     (check_eviction_order, "eviction-order", "free_evicts_head_first", evicting_run, CACHED_BLOCK_EVICTED),
