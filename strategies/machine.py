@@ -86,11 +86,11 @@ def _drafting_pressures(
         # pool, its k speculative slots counted.
         return max(1, _most_tokens(layout, free // n, k))
 
-    # The fewest requests whose tables can outgrow their shares within the
-    # context (a request's last step holds up to k + 1 slots past its
-    # length less its accepted drafts).
+    # The most requests (they fill the pool fastest) down to the fewest whose
+    # tables can outgrow their shares within the context (a request's last
+    # step holds up to k + 1 slots past its length less its accepted drafts).
     fit = [n for n in range(2, most + 1) if share(n) + k + 2 < max_model_len]
-    n = draw(st.integers(fit[0] if fit else most, most), label="drafting requests")
+    n = most - draw(st.integers(0, most - (fit[0] if fit else most)), label="drafting requests fewer")
     held = share(n)
     # Prompts the first step prefills whole (one budget, each under the
     # long-prefill threshold), at most half the share: every request then
@@ -100,9 +100,9 @@ def _drafting_pressures(
         budget = min(budget, config.long_prefill_token_threshold)
     prompt = draw(st.integers(1, max(1, min(budget, held // 2))), label="drafting prompt tokens")
     # Past the share by k + 2 tokens (every table then needs a block more
-    # than its share, whatever the drafts accepted) to half a share or a
-    # block more, clipped to the context.
-    extra = draw(st.integers(0, max(layout.scheduler_block_size, held // 2)), label="drafting tokens past the share")
+    # than its share, whatever the drafts accepted; the share never
+    # under-counts) to two more, clipped to the context.
+    extra = draw(st.integers(0, 2), label="drafting tokens past the share")
     max_tokens = max(1, min(held + k + 2 + extra, max_model_len - 1) - prompt)
     return n, prompt, max_tokens
 
@@ -112,19 +112,20 @@ def drafting_pressures(
 ) -> st.SearchStrategy[tuple[int, int, int]]:
     """``(requests, prompt tokens, max_tokens)`` for 2 to ``max_num_seqs``
     (at most 4) requests on tokens nobody shares that press an idle pool of
-    ``free`` blocks while all of them decode with drafts: as few requests as
-    can outgrow the pool within ``max_model_len`` or more, prompts short
+    ``free`` blocks while all of them decode with drafts: as many requests
+    as allowed, down to as few as can outgrow the pool within
+    ``max_model_len``, prompts short
     enough to be prefilled in the first step (within the token budget and
     the long-prefill threshold, at most half a request's share of the
     pool), and generation lengths that take each request past its share of
     the pool (:func:`_most_tokens` of ``free / requests`` blocks, its
-    speculative slots counted) by its speculative tokens and two, up to
-    half a share or a block more, within ``max_model_len``. The requests
+    speculative slots counted) by its speculative tokens and two to four,
+    within ``max_model_len``. The requests
     decode in lockstep, so their tables outgrow the pool at about the same
     step: vLLM then preempts the last running one, decoding with drafts.
     A layout with no group whose table grows with the tokens (windowed and
-    whole-state groups alone) does not run out. Shrinks to the fewest requests, one prompt
-    token, and the least past the share."""
+    whole-state groups alone) does not run out. Shrinks to the most
+    requests, one prompt token, and the least past the share."""
     return _drafting_pressures(layout, free, config, max_model_len)
 
 

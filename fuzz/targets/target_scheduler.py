@@ -452,14 +452,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         return draw is not None and draw.speculative_method is not None and draw.max_num_seqs >= 2 and (
             not draw.async_scheduling or draw.kv_role == "kv_producer")
 
-    @precondition(lambda self: self._live() and self._preemptible_with_drafts())
+    @precondition(lambda self: self._live() and DRAFTS_PRESSED not in self.labels and self._preemptible_with_drafts())
     @rule(data=st.data())
     def press_with_drafts(self, data: st.DataObject) -> None:
         """Once idle, 2-4 requests on tokens nobody shares, prefilled in one
         step, decode with drafts until their tables outgrow the pool
         (:func:`strategies.machine.drafting_pressures` sizes them from its
-        free blocks): stepped until vLLM preempts one holding drafts (the
-        requests run on)."""
+        free blocks): stepped until vLLM preempts one holding drafts, then
+        the others aborted (the preempted one resumes). Once a run: it
+        costs a pool's worth of decode steps."""
         assert self.harness is not None
         self.run_until_idle()
         if not self._live() or not self.harness.is_idle():
@@ -482,6 +483,10 @@ class SchedulerMachine(RuleBasedStateMachine):
                     or not set(rids) & set(self.harness.live_request_ids)):
                 break
             self.step(1)
+        for rid in rids if self._live() else ():
+            if self.harness.status_of(rid) == "RUNNING":
+                note(f"abort({rid})")
+                self.harness.abort(rid)
 
     @rule(times=st.integers(1, 4))
     def step(self, times: int) -> None:
