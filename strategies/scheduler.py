@@ -164,6 +164,7 @@ def _scheduler_draws(
     speculative: bool = False,
     drafters: tuple[str, ...] = ("ngram", "eagle"),
     speculating_only: bool = False,
+    asynchronous_only: bool = False,
 ) -> SchedulerDraw:
     layout = draw(layouts, label="layout")
     s = layout.scheduler_block_size
@@ -184,7 +185,7 @@ def _scheduler_draws(
     runner = draw(st.sampled_from(("v2", "v1")), label="model_runner")
     # Async scheduling is the engine's default; half the draws (when asked),
     # drawn last so the other fields shrink as before. Shrinks to sync.
-    async_scheduling = asynchronous and draw(st.booleans(), label="async_scheduling")
+    async_scheduling = asynchronous and (asynchronous_only or draw(st.booleans(), label="async_scheduling"))
     # One async draw in four is a P/D prefill instance's connector
     # (kv_producer): vLLM then frees blocks at once and may preempt a request
     # whose step is in flight (its stale output). Its requests get no
@@ -276,6 +277,7 @@ def scheduler_draws(
     speculative: bool = False,
     drafters: tuple[str, ...] = ("ngram", "eagle"),
     speculating_only: bool = False,
+    asynchronous_only: bool = False,
 ) -> st.SearchStrategy[SchedulerDraw]:
     """Scheduler configurations over ``layouts`` (default
     :func:`scheduler_layouts`): token budget ``max_num_batched_tokens`` from 4
@@ -289,14 +291,15 @@ def scheduler_draws(
     (``kv_role="kv_producer"``), whose requests must then get no external hit;
     with ``speculative``, speculative decoding for about one in four
     (:func:`_speculation`) by one of ``drafters`` (with ``speculating_only``,
-    every draw a drafter accepts).
+    every draw a drafter accepts); with ``asynchronous_only``, every draw
+    asynchronous.
     Shrinks towards the smallest budget, a divergent-capable connector and
     synchronous scheduling.
     """
     if asynchronous or speculative:
         return _scheduler_draws(
             scheduler_layouts() if layouts is None else layouts, asynchronous, producers, speculative, drafters,
-            speculating_only,
+            speculating_only, asynchronous_only,
         )
     return _scheduler_draws(layouts) if layouts is not None else _default_scheduler_draws()
 

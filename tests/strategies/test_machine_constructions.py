@@ -34,7 +34,8 @@ from fuzz.hunting import without_module_constants
 from fuzz.runners import scheduler as runner
 from fuzz.targets import target_scheduler
 from fuzz.targets.target_scheduler import UNSUPPORTED, SchedulerMachine
-from strategies.machine import drafting_configs
+from strategies.machine import drafting_configs, machine_configs
+from strategies.scheduler import scheduler_draws, scheduler_layouts
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -110,10 +111,17 @@ def test_conversations_reach_the_truncation_branch() -> None:
 
 
 class PressedTurnMachine(SchedulerMachine):
-    """The machine on async configurations (the general mix's layouts),
+    """The machine on async configurations (the general mix's layouts, every
+    draw asynchronous by construction: the general mix's derandomized sample
+    drew 9 async runs of 64 once the speculating ones pressed the pool),
     every run starting with two turns of a conversation whose first turn is
     aborted in flight before pool pressure (``next_turn``'s pressed variant:
     it draws whether to press, so runs that draw "no" are not counted)."""
+
+    def config_draws(self, failing_load: bool):  # type: ignore[no-untyped-def]
+        return machine_configs(configs=scheduler_draws(
+            layouts=scheduler_layouts(weights=(6, 2, 2, 1, 2)), asynchronous=True, producers=True, speculative=True,
+            asynchronous_only=True))
 
     @initialize(target=SchedulerMachine.prefixes, data=st.data())
     def build(self, data: st.DataObject) -> tuple[int, ...]:  # type: ignore[override]
