@@ -118,6 +118,9 @@ class PressedTurnMachine(SchedulerMachine):
     aborted in flight before pool pressure (``next_turn``'s pressed variant:
     it draws whether to press, so runs that draw "no" are not counted)."""
 
+    def _preemptible_with_drafts(self) -> bool:
+        return False  # no drafts press before the turns: this measures next_turn alone
+
     def config_draws(self, failing_load: bool):  # type: ignore[no-untyped-def]
         return machine_configs(configs=scheduler_draws(
             layouts=scheduler_layouts(weights=(6, 2, 2, 1, 2)), asynchronous=True, producers=True, speculative=True,
