@@ -11,7 +11,7 @@ import functools
 
 from hypothesis import strategies as st
 
-from fuzz.model import LayoutDraw, SchedulerDraw
+from fuzz.model import Behaviour, LayoutDraw, SchedulerDraw, SpecDraw, classification_of_kind
 from strategies.scheduler import (
     _blocks_needed,
     _is_mamba,
@@ -24,6 +24,8 @@ from strategies.specs import drawable_kinds, kv_cache_layouts
 
 __all__ = [
     "MACHINE_MAX_LORAS",
+    "drafting_configs",
+    "drafting_pressures",
     "failing_load_configs",
     "generation_lengths",
     "machine_configs",
@@ -73,6 +75,96 @@ def pressure_lengths(layout: LayoutDraw, free_ahead: int, cached: int) -> st.Sea
             hi = n
         n += 1
     return st.just(1) if lo is None or hi is None else st.integers(lo, hi)
+
+
+@st.composite
+def _drafting_pressures(
+    draw: st.DrawFn, layout: LayoutDraw, free: int, config: SchedulerDraw, max_model_len: int
+) -> tuple[int, int, int]:
+    k = config.num_speculative_tokens or 0
+    most = min(4, config.max_num_seqs)
+
+    def share(n: int) -> int:
+        # The most tokens one of n requests may hold in its share of the
+        # pool, its k speculative slots counted.
+        return max(1, _most_tokens(layout, free // n, k))
+
+    # The most requests (they fill the pool fastest) down to the fewest whose
+    # tables can outgrow their shares within the context (a request's last
+    # step holds up to k + 1 slots past its length less its accepted drafts).
+    fit = [n for n in range(2, most + 1) if share(n) + k + 2 < max_model_len]
+    n = most - draw(st.integers(0, most - (fit[0] if fit else most)), label="drafting requests fewer")
+    held = share(n)
+    # Prompts the first step prefills whole (one budget, each under the
+    # long-prefill threshold), at most half the share: every request then
+    # decodes, with drafts, before the pool runs out.
+    budget = config.max_num_batched_tokens // n
+    if config.long_prefill_token_threshold:
+        budget = min(budget, config.long_prefill_token_threshold)
+    prompt = draw(st.integers(1, max(1, min(budget, held // 2))), label="drafting prompt tokens")
+    # Past the share by k + 2 tokens (every table then needs a block more
+    # than its share, whatever the drafts accepted; the share never
+    # under-counts) to two more, clipped to the context.
+    extra = draw(st.integers(0, 2), label="drafting tokens past the share")
+    max_tokens = max(1, min(held + k + 2 + extra, max_model_len - 1) - prompt)
+    return n, prompt, max_tokens
+
+
+def drafting_pressures(
+    layout: LayoutDraw, free: int, config: SchedulerDraw, max_model_len: int
+) -> st.SearchStrategy[tuple[int, int, int]]:
+    """``(requests, prompt tokens, max_tokens)`` for 2 to ``max_num_seqs``
+    (at most 4) requests on tokens nobody shares that press an idle pool of
+    ``free`` blocks while all of them decode with drafts: as many requests
+    as allowed, down to as few as can outgrow the pool within
+    ``max_model_len``, prompts short
+    enough to be prefilled in the first step (within the token budget and
+    the long-prefill threshold, at most half a request's share of the
+    pool), and generation lengths that take each request past its share of
+    the pool (:func:`_most_tokens` of ``free / requests`` blocks, its
+    speculative slots counted) by its speculative tokens and two to four,
+    within ``max_model_len``. The requests
+    decode in lockstep, so their tables outgrow the pool at about the same
+    step: vLLM then preempts the last running one, decoding with drafts.
+    A layout with no group whose table grows with the tokens (windowed and
+    whole-state groups alone) does not run out. Shrinks to the most
+    requests, one prompt token, and the least past the share."""
+    return _drafting_pressures(layout, free, config, max_model_len)
+
+
+def _fewest_blocks(group: SpecDraw, tokens: int) -> int:
+    """The fewest blocks a group may hold for a request of ``tokens``
+    tokens: one per ``block_size`` tokens, but a window's or chunk's worth
+    and one for a windowed group (span), one for a whole-state or scratch
+    group (never an over-count: a request sized past it holds at least a
+    block more than that)."""
+    c = classification_of_kind(group.kind)
+    if c.behaviour in (Behaviour.MAY_BE_SHORT, Behaviour.SCRATCH):
+        return 1
+    whole = -(-tokens // group.block_size)
+    span = c.span and group.param(c.span[0])
+    return min(whole, -(-span // group.block_size) + 1) if span else whole
+
+
+def _most_tokens(layout: LayoutDraw, free_blocks: int, lookahead: int) -> int:
+    """The most tokens one request may hold in ``free_blocks`` blocks (by
+    :func:`_fewest_blocks`), ``lookahead`` slots past them; 1 << 20 where
+    no group grows with the tokens."""
+    def fits(n: int) -> bool:
+        return sum(_fewest_blocks(g, n + lookahead) for g in layout.groups) <= free_blocks
+
+    if not fits(1):
+        return 0
+    lo = 1  # fits; the first power of two past it that does not is hi
+    while lo < 1 << 20 and fits(2 * lo):
+        lo *= 2
+    if lo >= 1 << 20:
+        return 1 << 20
+    hi = 2 * lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def _longest_request(layout: LayoutDraw, free_blocks: int, lookahead: int) -> int:
@@ -143,6 +235,10 @@ def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw])
     )
 
 
+# The layout families of the machine's configurations (scheduler_layouts).
+_LAYOUT_WEIGHTS = (6, 2, 2, 1, 2)
+
+
 def machine_configs(
     *, configs: st.SearchStrategy[SchedulerDraw] | None = None
 ) -> st.SearchStrategy[SchedulerDraw]:
@@ -155,8 +251,26 @@ def machine_configs(
     and no events."""
     if configs is None:
         configs = scheduler_draws(
-            layouts=scheduler_layouts(weights=(6, 2, 2, 1, 2)), asynchronous=True, producers=True, speculative=True
+            layouts=scheduler_layouts(weights=_LAYOUT_WEIGHTS), asynchronous=True, producers=True, speculative=True
         )
+    return _machine_configs(configs)
+
+
+@functools.cache
+def drafting_configs() -> st.SearchStrategy[SchedulerDraw]:
+    """:func:`machine_configs`' layouts, pools and draws, speculating where
+    a drafter accepts the layout, with two to four sequences, and under
+    async scheduling (half of them) a producer's (``kv_producer``): async
+    scheduling defers the frees of a request whose step is in flight, as a
+    decoding request's always is, but a producer's frees none late. The
+    configurations on which requests decoding with drafts can outgrow the
+    pool and one of them be preempted holding its drafts. Shrinks as
+    :func:`machine_configs` does, to two sequences."""
+    configs = scheduler_draws(
+        layouts=scheduler_layouts(weights=_LAYOUT_WEIGHTS), asynchronous=True, producers=True, speculative=True,
+        speculating_only=True,
+    ).map(lambda c: dataclasses.replace(
+        c, max_num_seqs=max(2, c.max_num_seqs), kv_role="kv_producer" if c.async_scheduling else c.kv_role))
     return _machine_configs(configs)
 
 

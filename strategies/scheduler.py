@@ -163,6 +163,8 @@ def _scheduler_draws(
     producers: bool = False,
     speculative: bool = False,
     drafters: tuple[str, ...] = ("ngram", "eagle"),
+    speculating_only: bool = False,
+    asynchronous_only: bool = False,
 ) -> SchedulerDraw:
     layout = draw(layouts, label="layout")
     s = layout.scheduler_block_size
@@ -183,13 +185,17 @@ def _scheduler_draws(
     runner = draw(st.sampled_from(("v2", "v1")), label="model_runner")
     # Async scheduling is the engine's default; half the draws (when asked),
     # drawn last so the other fields shrink as before. Shrinks to sync.
-    async_scheduling = asynchronous and draw(st.booleans(), label="async_scheduling")
+    async_scheduling = asynchronous and (asynchronous_only or draw(st.booleans(), label="async_scheduling"))
     # One async draw in four is a P/D prefill instance's connector
     # (kv_producer): vLLM then frees blocks at once and may preempt a request
     # whose step is in flight (its stale output). Its requests get no
     # external hit (a producer never loads). Shrinks to kv_both.
     producer = producers and async_scheduling and draw(st.integers(0, 3), label="kv_producer") == 2
-    spec = _speculation(draw, layout, async_scheduling, budget, runner, drafters) if speculative else {"layout": layout}
+    spec = (
+        _speculation(draw, layout, async_scheduling, budget, runner, drafters, speculating_only)
+        if speculative
+        else {"layout": layout}
+    )
     return SchedulerDraw(
         layout=spec.pop("layout"),
         max_num_batched_tokens=budget,
@@ -205,7 +211,13 @@ def _scheduler_draws(
 
 
 def _speculation(
-    draw: st.DrawFn, layout: LayoutDraw, async_scheduling: bool, budget: int, runner: str, drafters: tuple[str, ...]
+    draw: st.DrawFn,
+    layout: LayoutDraw,
+    async_scheduling: bool,
+    budget: int,
+    runner: str,
+    drafters: tuple[str, ...],
+    always: bool = False,
 ) -> dict[str, Any]:
     """One configuration in four speculates (drawn last: the draws before it
     are those of a configuration without it; shrinks to none), with k = 1-4
@@ -216,7 +228,8 @@ def _speculation(
     counts in 0..k; one in three of them caps long prefills at 1..k. A
     Mamba group's spec then holds k speculative state
     blocks (vLLM's ``MambaBase.get_kv_cache_spec``: ``num_speculative_blocks
-    = num_speculative_tokens``)."""
+    = num_speculative_tokens``). With ``always``, every configuration a
+    drafter accepts speculates."""
     methods = tuple(
         m
         for m, ok in (
@@ -225,7 +238,7 @@ def _speculation(
         )
         if ok and m in drafters
     )
-    if not methods or draw(st.integers(0, 3), label="speculative decoding (3: on)") != 3:
+    if not methods or (not always and draw(st.integers(0, 3), label="speculative decoding (3: on)") != 3):
         return {"layout": layout}
     method = draw(st.sampled_from(methods), label="speculative method")
     k = draw(st.integers(1, 4 if method == "ngram" else min(4, budget - 1)), label="num_speculative_tokens")
@@ -263,6 +276,8 @@ def scheduler_draws(
     producers: bool = False,
     speculative: bool = False,
     drafters: tuple[str, ...] = ("ngram", "eagle"),
+    speculating_only: bool = False,
+    asynchronous_only: bool = False,
 ) -> st.SearchStrategy[SchedulerDraw]:
     """Scheduler configurations over ``layouts`` (default
     :func:`scheduler_layouts`): token budget ``max_num_batched_tokens`` from 4
@@ -275,13 +290,16 @@ def scheduler_draws(
     async draw in four is a P/D prefill instance's connector
     (``kv_role="kv_producer"``), whose requests must then get no external hit;
     with ``speculative``, speculative decoding for about one in four
-    (:func:`_speculation`) by one of ``drafters``.
+    (:func:`_speculation`) by one of ``drafters`` (with ``speculating_only``,
+    every draw a drafter accepts); with ``asynchronous_only``, every draw
+    asynchronous.
     Shrinks towards the smallest budget, a divergent-capable connector and
     synchronous scheduling.
     """
     if asynchronous or speculative:
         return _scheduler_draws(
-            scheduler_layouts() if layouts is None else layouts, asynchronous, producers, speculative, drafters
+            scheduler_layouts() if layouts is None else layouts, asynchronous, producers, speculative, drafters,
+            speculating_only, asynchronous_only,
         )
     return _scheduler_draws(layouts) if layouts is not None else _default_scheduler_draws()
 

@@ -24,11 +24,16 @@ uses the evict shortcut.
   KV-load failures (``failed_recving`` for async loads; ``invalid_block_ids``
   on one-group layouts, which vLLM's "fail" policy evicts), with every
   invariant checked after every step and the pool checked whenever idle.
-  Two rare states are built, not waited for: one run in five is a
+  Three rare states are built, not waited for: one run in five is a
   failing-load run (one group, a first request whose synchronous load fails
-  block by block, mostly aborted during that step under "fail"), and the
+  block by block, mostly aborted during that step under "fail"), a run
+  speculating where vLLM may preempt a decoding request presses the pool
+  with requests decoding with drafts (``press_with_drafts``) after its
+  first request, the
   ``next_turn`` rule extends a finished turn past its sub-block tail entry
-  with the store holding it (the truncation branch).
+  with the store holding it (the truncation branch), and the
+  ``press_with_drafts`` rule (speculating runs) has requests decoding with
+  drafts outgrow the pool (a preemption of a request holding drafts).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from invariants.scheduler import check_no_leaked_blocks
 from strategies.engine_models import engine_single_shot_scenarios
 from fuzz.model import PromptDraw, SingleShotScenario
 from strategies.machine import (
+    drafting_pressures,
     namespaces,
     failing_load_configs,
     generation_lengths,
@@ -182,6 +188,10 @@ FAILING_LOAD_RUNS = st.integers(0, 4).map(lambda k: k == 2)
 # turn's cached blocks.
 PRESSED = "turn aborted in flight, pool pressed"
 PARTLY_EVICTED = "pool pressure evicted part of a turn"
+# The labels of a run whose press_with_drafts rule added its requests, and of
+# one where vLLM preempted a request holding drafts (any rule's step).
+DRAFTS_PRESSED = "decoding requests with drafts pressed the pool"
+DRAFTS_PREEMPTED = "request holding drafts preempted"
 
 # Per state-machine run: how many runs reached each branch label ("runs" = total).
 MACHINE_REACH: Counter[str] = Counter()
@@ -217,6 +227,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.stepper: Stepper | None = None  # None: vLLM refused the config
         self.salt = 0
         self.labels: set[str] = set()  # branch labels reached in this run
+        self.drafts_preempted = 0  # preemptions of a request holding drafts
 
     # -- set-up ---------------------------------------------------------------
     @initialize(target=prefixes, failing_load=FAILING_LOAD_RUNS, data=st.data())
@@ -226,8 +237,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         and swarm testing switches some off for a whole run, so left to
         themselves most runs added no request at all). A failing-load run
         (:meth:`add_failing_load`) starts on one KV-cache group with a first
-        request whose synchronous load is armed to fail."""
-        config = data.draw(failing_load_configs() if failing_load else machine_configs(), label="config")
+        request whose synchronous load is armed to fail. A run speculating
+        where vLLM may preempt a decoding request (one general configuration
+        in eight) then presses the pool with requests decoding with drafts
+        (:meth:`press_with_drafts`): the rule alone is drawn too rarely."""
+        config = data.draw(self.config_draws(failing_load), label="config")
         note(f"config: {config!r}")
         harness = build_harness(config)
         self.stepper = None if harness is None else Stepper(harness, _machine_checks)
@@ -245,7 +259,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.add_failing_load(prefix, config, data)
             else:
                 self.add_request(prefix, data)
+            if not failing_load and self._live() and self._preemptible_with_drafts():
+                self.press_with_drafts(data)
         return prefix
+
+    def config_draws(self, failing_load: bool) -> st.SearchStrategy[SchedulerDraw]:
+        return failing_load_configs() if failing_load else machine_configs()
 
     def add_failing_load(self, prefix: tuple[int, ...], config: SchedulerDraw, data: st.DataObject) -> None:
         """The first request of a failing-load run: the store holds its
@@ -425,6 +444,51 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.labels.add(PARTLY_EVICTED)
             event(PARTLY_EVICTED)
 
+    def _preemptible_with_drafts(self) -> bool:
+        """Speculating, with room for two requests, and vLLM may preempt a
+        decoding one: synchronous scheduling (async scheduling defers the
+        frees of a request whose step is in flight, as a decoding request's
+        always is; a producer's defers none)."""
+        draw = None if self.harness is None else self.harness.draw
+        return draw is not None and draw.speculative_method is not None and draw.max_num_seqs >= 2 and (
+            not draw.async_scheduling or draw.kv_role == "kv_producer")
+
+    @precondition(lambda self: self._live() and DRAFTS_PRESSED not in self.labels and self._preemptible_with_drafts())
+    @rule(data=st.data())
+    def press_with_drafts(self, data: st.DataObject) -> None:
+        """Once idle, 2-4 requests on tokens nobody shares, prefilled in one
+        step, decode with drafts until their tables outgrow the pool
+        (:func:`strategies.machine.drafting_pressures` sizes them from its
+        free blocks): stepped until vLLM preempts one holding drafts, then
+        the others aborted (the preempted one resumes). Once a run: it
+        costs a pool's worth of decode steps."""
+        assert self.harness is not None
+        self.run_until_idle()
+        if not self._live() or not self.harness.is_idle():
+            return
+        free = self.harness.pool_observation().num_free
+        n, prompt, max_tokens = data.draw(drafting_pressures(
+            self.harness.draw.layout, free, self.harness.draw, self.harness.max_model_len), label="drafting pressure")
+        self.labels.add(DRAFTS_PRESSED)
+        event(DRAFTS_PRESSED)
+        rids = []
+        for _ in range(n):
+            self.salt += 1
+            tokens = self._fit([7_000 + 64 * (self.salt % 60) + j for j in range(prompt)])
+            rids.append(self.harness.add_request(tokens, max_tokens=max_tokens))
+        note(f"add_request({', '.join(rids)}: {prompt} own tokens each, max_tokens={max_tokens}) "
+             f"on {free} free blocks, then step until one holding drafts is preempted")
+        before = self.drafts_preempted
+        for _ in range(2 * max_tokens + 8):
+            if (not self._live() or self.drafts_preempted > before or self.harness.stalled
+                    or not set(rids) & set(self.harness.live_request_ids)):
+                break
+            self.step(1)
+        for rid in rids if self._live() else ():
+            if self.harness.status_of(rid) == "RUNNING":
+                note(f"abort({rid})")
+                self.harness.abort(rid)
+
     @rule(times=st.integers(1, 4))
     def step(self, times: int) -> None:
         """One to four engine steps (always enabled; a no-op once stopped)."""
@@ -432,6 +496,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             if not self._live():
                 return
             assert self.stepper is not None
+            harness = self.stepper.harness
+            drafting = {r.request_id for r in harness.scheduler.running if r.spec_token_ids} if (
+                harness.draw.speculative_method) else set()
             try:
                 obs = self.stepper.step()
             finally:
@@ -442,6 +509,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             if any(adm.admitted for adm in obs.admissions):
                 self.labels.add("admission")
                 event("admission")
+            if drafting and any(p.request_id in drafting for p in obs.preemptions):
+                self.drafts_preempted += 1
+                self.labels.add(DRAFTS_PREEMPTED)
+                event(DRAFTS_PREEMPTED)
 
     @precondition(lambda self: self._live() and bool(self.harness and self.harness.live_request_ids))
     @rule(data=st.data())

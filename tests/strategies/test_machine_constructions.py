@@ -9,6 +9,9 @@
 * Pressed turns (``next_turn`` under async scheduling): the first turn
   aborted while its last prompt step runs, then pool pressure evicting part
   of it, later groups first (the lagging second attention group).
+* Drafts pressing the pool (``press_with_drafts`` on speculating
+  configurations): requests decoding with drafts outgrow the pool, and
+  vLLM preempts one holding its drafts.
 
 Each is measured over derandomized programs of a subclass that always
 builds the state (per run, as ``tests/strategies/test_scheduler_reach.py`` measures the
@@ -31,6 +34,8 @@ from fuzz.hunting import without_module_constants
 from fuzz.runners import scheduler as runner
 from fuzz.targets import target_scheduler
 from fuzz.targets.target_scheduler import UNSUPPORTED, SchedulerMachine
+from strategies.machine import drafting_configs, machine_configs
+from strategies.scheduler import scheduler_draws, scheduler_layouts
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -52,6 +57,13 @@ MIN_TRUNCATION = 0.20
 # a partial eviction (measured: 8 of 31 pressed runs).
 MIN_PRESSED = 0.10
 MIN_PARTLY_EVICTED = 0.20
+# Drafting configurations: nearly all runs press the pool (a run whose first request
+# never finishes, stalled, does not), and most presses end in a preemption
+# of a request holding drafts (measured: see -s); a layout of windowed
+# groups alone holds too few blocks to run out. The general mix preempted
+# none such in 150 runs before the rule.
+MIN_DRAFTS_PRESSED = 0.80
+MIN_DRAFTS_PREEMPTED = 0.50
 
 
 class FailingLoadMachine(SchedulerMachine):
@@ -99,10 +111,20 @@ def test_conversations_reach_the_truncation_branch() -> None:
 
 
 class PressedTurnMachine(SchedulerMachine):
-    """The machine on async configurations (the general mix's layouts),
+    """The machine on async configurations (the general mix's layouts, every
+    draw asynchronous by construction: the general mix's derandomized sample
+    drew 9 async runs of 64 once the speculating ones pressed the pool),
     every run starting with two turns of a conversation whose first turn is
     aborted in flight before pool pressure (``next_turn``'s pressed variant:
     it draws whether to press, so runs that draw "no" are not counted)."""
+
+    def _preemptible_with_drafts(self) -> bool:
+        return False  # no drafts press before the turns: this measures next_turn alone
+
+    def config_draws(self, failing_load: bool):  # type: ignore[no-untyped-def]
+        return machine_configs(configs=scheduler_draws(
+            layouts=scheduler_layouts(weights=(6, 2, 2, 1, 2)), asynchronous=True, producers=True, speculative=True,
+            asynchronous_only=True))
 
     @initialize(target=SchedulerMachine.prefixes, data=st.data())
     def build(self, data: st.DataObject) -> tuple[int, ...]:  # type: ignore[override]
@@ -118,6 +140,29 @@ def test_pressed_turns_are_partly_evicted() -> None:
     partly = reach[target_scheduler.PARTLY_EVICTED]
     assert pressed >= MIN_PRESSED * n, f"a turn pressed in {pressed} of {n} runs"
     assert partly >= MIN_PARTLY_EVICTED * pressed, f"part of the turn evicted in {partly} of {pressed} pressed runs"
+
+
+class DraftingMachine(SchedulerMachine):
+    """The machine on speculating configurations where vLLM may preempt a
+    decoding request (``drafting_configs``): every run presses the pool
+    (``press_with_drafts``) after its first request."""
+
+    def config_draws(self, failing_load: bool):  # type: ignore[no-untyped-def]
+        return drafting_configs()
+
+    @initialize(target=SchedulerMachine.prefixes, data=st.data())
+    def build(self, data: st.DataObject) -> tuple[int, ...]:  # type: ignore[override]
+        return SchedulerMachine.build(self, False, data)
+
+
+def test_drafts_pressing_the_pool_preempt_a_request_holding_drafts() -> None:
+    n, reach = _reach(DraftingMachine, "drafting runs")
+    pressed = reach[target_scheduler.DRAFTS_PRESSED]
+    preempted = reach[target_scheduler.DRAFTS_PREEMPTED]
+    assert pressed >= MIN_DRAFTS_PRESSED * n, f"drafts pressed the pool in {pressed} of {n} drafting runs"
+    assert preempted >= MIN_DRAFTS_PREEMPTED * pressed, (
+        f"a request holding drafts preempted in {preempted} of {pressed} pressed runs"
+    )
 
 
 def test_failing_load_runs_reach_the_failed_load_states() -> None:

@@ -8,7 +8,8 @@ external-hit truncation and the divergent-hit fallback; prints every
 label's share (``-s`` to see them). The state machine is measured per run
 (``target_scheduler.MACHINE_REACH``): most runs must admit a request, and
 some must reach the truncation branch (by construction: its next_turn
-rule) and hold a prefill back (prefill_schedule_interval). The engine-reachable target
+rule) and hold a prefill back (prefill_schedule_interval), and some must
+preempt a request holding drafts (its press_with_drafts). The engine-reachable target
 (``fuzz_scheduler_engine_reachable``) meets the same floors, and nearly all
 of its configurations must be ones vLLM builds. The single-shot target and
 the machine must also admit requests that skip the prefix cache
@@ -52,6 +53,11 @@ MACHINE_MIN_TRUNCATION = 0.10
 # Hypothesis's simplest. The floor guards against the cadence draw
 # disappearing (0 runs), not against the sample's luck.
 MACHINE_MIN_PREFILL_HELD = 0.01
+# A preemption of a request holding drafts: built on the general
+# configurations that speculate where vLLM may preempt a decoding request
+# (press_with_drafts at build): 14 of 162 ci-profile runs (8.6%); none in
+# 150 runs before the construction.
+MACHINE_MIN_DRAFTS_PREEMPTED = 0.03
 # Requests with skip_reading_prefix_cache admitted past a cached or
 # external hit (one tail/inside/free replay, one machine request, in eight).
 MIN_SKIPPED_PAST_HIT = 0.03
@@ -128,6 +134,11 @@ def test_state_machine_reach() -> None:
     assert held >= MACHINE_MIN_PREFILL_HELD, (
         f"a prefill was held back (prefill_schedule_interval) in {held:.1%} of {n} state-machine runs "
         f"(need {MACHINE_MIN_PREFILL_HELD:.0%}); strategies/machine.py machine_configs no longer draws a cadence"
+    )
+    drafts = shares.get(target_scheduler.DRAFTS_PREEMPTED, 0.0)
+    assert drafts >= MACHINE_MIN_DRAFTS_PREEMPTED, (
+        f"a request holding drafts was preempted in {drafts:.1%} of {n} state-machine runs "
+        f"(need {MACHINE_MIN_DRAFTS_PREEMPTED:.0%}); the machine no longer presses speculating runs"
     )
     _assert_async_reach(shares, n, "state-machine runs")
 
