@@ -26,6 +26,7 @@ from fuzz.model import InvariantViolation
 from invariants.contents import LOST_TO_COPY_BEFORE_FILL as _LOST_TO_COPY_BEFORE_FILL
 from invariants.contents import LOST_TO_COPY_OF_COPY as _LOST_TO_COPY_OF_COPY
 from invariants.contents import MISNAMED_AFTER_FAILED_LOAD, OTHER_TOKENS_AFTER_FAILED_LOAD
+from invariants.hits import HIT_SHORTER_INSIDE_A_FULL_BLOCK
 from invariants.promises import EVENTS_ORPHANED_PARTIAL
 from invariants.scheduler import STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
 from invariants.contents import UNWRITTEN_READ_AFTER_ROLLBACK as _READ_AFTER_ROLLBACK
@@ -593,6 +594,33 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "parent the unannounced key at 24), KV events on. Upstream: issue 58119 (reported "
             "2026-09-22, open) describes the same event; PR 58121 (open) adds the skipped "
             "ancestry to it."
+        ),
+    ),
+    KnownBug(
+        id="full-block-past-hybrid-hit-unused",
+        title="fine-grained hash hits: a full-attention group whose cached full block spans the joint hit "
+        "serves none of it, and the hybrid hit collapses (a missed hit)",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=(
+            Signature("hit-matches-index", where="KVCacheManager.get_computed_blocks",
+                      state=HIT_SHORTER_INSIDE_A_FULL_BLOCK),
+        ),
+        reach="scheduler-api",
+        pinned_by="tests/known_bugs/test_full_block_past_hybrid_hit.py::test_a_cached_full_block_serves_a_hit_inside_it",
+        targets=("scheduler-machine",),
+        analysis=(
+            "With sub-block hits on, HybridKVCacheCoordinator asks each full-attention group for the "
+            "length the other groups allow, taking whole blocks and then the partial entry filed at "
+            "exactly that length. A group whose block size does not divide that length may hold the "
+            "prefix's KV there in a cached full block (filed under the key at the block's end), but "
+            "no entry at the length itself: it offers its last whole block below it, the Mamba group "
+            "has no state there, and the joint hit drops, down to 0 in the shrunk program (80 cached "
+            "tokens loaded or recomputed again). Full attention's KV is append-only, so the block's "
+            "first positions are the prefix's and a sub-block hit (a copy, as vLLM's partial hits "
+            "make) could serve them. Performance only: nothing is read that is not written. Shown "
+            "on full attention of 8- and 12-token blocks beside Mamba (4), one-token hash unit; "
+            "scheduler-API only as shown."
         ),
     ),
     KnownBug(

@@ -99,6 +99,9 @@ __all__ = [
 # The failing conditions (deduplication and known-bug matching name them).
 HIT_LONGER = "a hit longer than the index holds"
 HIT_SHORTER = "a missed hit"
+# ... where a full-attention group holds a full block past the hit but no
+# entry at the hit's length inside it (a block size that does not divide it).
+HIT_SHORTER_INSIDE_A_FULL_BLOCK = "a missed hit inside a cached full block of a full-attention group"
 WHERE = "KVCacheManager.get_computed_blocks"
 EVICTED_OUT_OF_ORDER = "a cached block evicted while one the free order puts ahead of it stays free"
 EVICTION_WHERE = "BlockPool.get_new_blocks"
@@ -140,8 +143,23 @@ def check_hit_matches_index(adm: AdmissionObservation, context: str = "") -> Non
         + f"\n{adm.describe()}"
         + (f"\n  scenario: {context}" if context else "")
     )
-    kind = InvariantViolation if longer else MissedHit
-    raise kind("hit-matches-index", text, where=WHERE, state=HIT_LONGER if longer else HIT_SHORTER)
+    if longer:
+        raise InvariantViolation("hit-matches-index", text, where=WHERE, state=HIT_LONGER)
+    raise MissedHit("hit-matches-index", text, where=WHERE, state=_shortfall(adm, hit, reaches))
+
+
+def _shortfall(adm: AdmissionObservation, hit: int, reaches: tuple[int, ...]) -> str:
+    """Which missed hit: one where a full-attention group reaches past the
+    hit through a cached full block but files no entry at the hit's length
+    (its block size does not divide it), or any other."""
+    assert adm.index_hold is not None
+    windows = adm.hit_windows or (0,) * len(adm.groups)
+    chunks = adm.hit_chunks or (0,) * len(adm.groups)
+    for g, held, reach, window, chunk in zip(adm.groups, adm.index_hold, reaches, windows, chunks):
+        full = group_kind(g) != "MambaSpec" and not window and not chunk
+        if full and hit % g.block_size and hit not in held and reach > hit:
+            return HIT_SHORTER_INSIDE_A_FULL_BLOCK
+    return HIT_SHORTER
 
 
 def check_eviction_order(step: StepObservation) -> None:

@@ -1,0 +1,90 @@
+"""Known vLLM bug (a missed hit, performance only): with fine-grained hash
+hits, a full-attention group whose cached full block spans the joint hit
+serves nothing of that block, and the hybrid hit collapses.
+
+Found by: ``hit-matches-index`` in the scheduler state machine (a missed
+hit, exit 3), 2026-12-04; the scenario below is its shrunk program.
+
+Analysis (vLLM 0.33.0, ``vllm/v1/core/kv_cache_coordinator.py``,
+``single_type_kv_cache_manager.py``):
+
+- Full attention (8-token blocks), Mamba (4) and full attention (12), one
+  token per hash unit, so sub-block hits are on; the connector takes no
+  divergent hits. r0 (86 tokens, its first
+  84 shared with r2) is loaded and cached: the 8-token group holds whole
+  blocks to 80, Mamba a state at 80, the 12-token group whole blocks to 84.
+- r2's lookup can only end at 80 (the 8-token group's reach, where Mamba
+  has its state). The 12-token group holds positions 72-83 of that very
+  prefix in one cached block (filed under the key at 84), but the
+  coordinator asks it for the key at 80, a partial entry nothing files,
+  so it offers its last whole block, 72; Mamba has no state at 72 and the
+  joint hit falls to 0. The 80 cached tokens are loaded again (or
+  recomputed without a connector).
+- Full attention's KV is append-only: the block's first 8 positions are
+  the prefix's, and a sub-block hit would copy the block as vLLM's own
+  partial hits do. Nothing is corrupted; KV that is cached is not used.
+
+Reach: scheduler-API only as shown (full-attention groups of two block
+sizes beside Mamba are drawn directly; no modelled engine builds them). A
+single full-attention group could meet it where a promotion drops its
+partial entry at a Mamba checkpoint; not shown.
+
+Strict xfail: this turns red the day vLLM serves the hit; then set
+``fixed_in`` on the ``full-block-past-hybrid-hit-unused`` entry of
+fuzz/known_bugs.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz.adapter import SchedulerHarness
+from fuzz.known_bugs import failure_of, known_bug
+from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.targets.target_scheduler import UNSUPPORTED
+from invariants.hits import check_hit_matches_index
+from tests.known_bugs._pin import known_vllm_bug
+
+pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
+
+SHARED = tuple(7 * i for i in range(96))  # r0 shares the first 84 with r2, r1 all 96
+
+
+def _third_admission(second_block: int):
+    """The shrunk program, with the second full-attention group's block size
+    ``second_block``; returns r2's admission."""
+    layout = LayoutDraw(
+        (SpecDraw("FullAttentionSpec", 8), SpecDraw("MambaSpec", 4), SpecDraw("FullAttentionSpec", second_block)),
+        hash_block_size=1,
+        num_blocks=163,
+    )
+    harness = SchedulerHarness(
+        SchedulerDraw(layout, max_num_batched_tokens=48, max_num_seqs=2, divergent_hits=False,
+                      kv_load_failure_policy="fail", model_runner="v2", async_scheduling=True)
+    )
+    harness.add_request(SHARED[:84] + (3064, 3065), max_tokens=1, reply=ExternalReply("store", store_len=86))
+    harness.step()
+    harness.add_request(SHARED + (3128, 3129), max_tokens=1)
+    r2 = harness.add_request(SHARED + (3128, 3129, 4128), max_tokens=1, reply=ExternalReply("store", store_len=99))
+    harness.step()
+    (adm,) = [a for a in harness.step(context=f"second full-attention group of block {second_block}").admissions
+              if a.request_id == r2]
+    return adm
+
+
+def test_a_second_group_whose_blocks_end_at_the_hit_serves_it() -> None:
+    """The control: with 16-token blocks the second group holds a whole block
+    ending at 80, and r2 hits 80."""
+    adm = _third_admission(16)
+    check_hit_matches_index(adm)
+    assert adm.local_hit == 80, adm.describe()
+
+
+@known_vllm_bug("vLLM bug full-block-past-hybrid-hit-unused (fuzz/known_bugs.py)")
+def test_a_cached_full_block_serves_a_hit_inside_it() -> None:
+    adm = _third_admission(12)
+    try:
+        check_hit_matches_index(adm)
+    except InvariantViolation as exc:
+        assert known_bug("full-block-past-hybrid-hit-unused").shows_in(failure_of(exc)), str(exc)
+        raise
