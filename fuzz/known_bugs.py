@@ -597,6 +597,42 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        id="reset-running-fails-on-deferred-frees",
+        title="reset_prefix_cache(reset_running_requests=True) raises while a step is in flight when "
+        "vLLM defers block frees (async scheduling with a consumer KV connector)",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=(
+            Signature(
+                "no-exception",
+                exception="RuntimeError",
+                innermost="Scheduler.reset_prefix_cache",
+                where="Scheduler.reset_prefix_cache",
+                statement='raise RuntimeError( "Failed to reset KV cache even when all the running requests are " '
+                '"preempted and moved to the waiting queue. This is likely due to " "the presence of running '
+                'requests waiting for remote KV transfer, " "which is not supported yet." )',
+            ),
+        ),
+        reach=ENGINE_IN_PRINCIPLE,
+        pinned_by="tests/known_bugs/test_reset_deferred_frees.py::test_a_consumer_resets_with_a_step_in_flight",
+        targets=("scheduler-machine",),
+        analysis=(
+            "With overlapping batches (async scheduling or pipeline parallelism) and a KV connector "
+            "that loads (kv_consumer or kv_both), Scheduler.__init__ sets defer_block_free: a request "
+            "preempted while a step that scheduled it still runs keeps its blocks out of the pool "
+            "until that step's output is processed (_free_request_blocks, deferred_frees). "
+            "Scheduler.reset_prefix_cache(reset_running_requests=True) preempts every running "
+            "request and then asks the block pool to reset; the deferred blocks are still in use, "
+            "BlockPool.reset_prefix_cache refuses, and the scheduler raises a RuntimeError that "
+            "blames requests waiting for remote KV transfer (there are none). The engine core "
+            "serves this utility call between busy-loop iterations, when under a batch queue the "
+            "last step is usually still running: the caller (an RLHF trainer after a weight "
+            "update) gets the error, every running request has been preempted, and the cache still "
+            "holds the old weights' KV. A producer-only connector does not defer and resets. No "
+            "upstream report found; the deferral came with PR 45357, the running reset with PR 28827."
+        ),
+    ),
+    KnownBug(
         id="full-block-past-hybrid-hit-unused",
         title="fine-grained hash hits: a full-attention group whose cached full block spans the joint hit "
         "serves none of it, and the hybrid hit collapses (a missed hit)",

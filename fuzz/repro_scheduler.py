@@ -46,7 +46,7 @@ from collections.abc import Iterable
 from fuzz import adapter
 from fuzz.repro_shrink import _replay_checked, shrink_oplog
 from fuzz.repro_source import kit_source
-from fuzz.model import Abort, AddRequest, Evict, OpLog, SpecDraw, Step
+from fuzz.model import Abort, AddRequest, Evict, OpLog, ResetPrefixCache, SpecDraw, Step
 from fuzz.model import group_behaviour
 from fuzz.model import Behaviour, classification_of_kind
 from invariants.table import INVARIANTS
@@ -69,7 +69,7 @@ WRITABLE = frozenset(_CHECK_OF)
 
 # The row's watches that are kit constants of their own (WATCH_POOL, ...).
 _WATCH_CONSTANTS = ("pool", "tables", "contents", "tokens", "unwritten", "namespaces", "lookahead", "events",
-                    "preempted", "in-flight", "index", "hits", "evictions")
+                    "preempted", "in-flight", "index", "hits", "evictions", "resets")
 
 
 def _watches(invariant: str, what: str) -> bool:
@@ -195,6 +195,8 @@ def _program(log: OpLog, broken: int, invariant: str) -> list[str]:
         elif isinstance(op, Evict):
             lines.append("    # Blocks dropped from the prefix cache by hand (the search shortcut).")
             lines.append(f"    scheduler.kv_cache_manager.evict_blocks({set(op.block_ids)!r})")
+        elif isinstance(op, ResetPrefixCache):
+            lines.append(f"    _reset_prefix_cache(scheduler, watch, reset_running_requests={op.reset_running})")
     flush()
     return lines
 

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable
 
 from fuzz import adapter
-from fuzz.model import Abort, AddRequest, Evict, InvariantViolation, OpLog, Step
+from fuzz.model import Abort, AddRequest, Evict, InvariantViolation, OpLog, ResetPrefixCache, Step
 
 __all__ = ["shrink_oplog"]
 
@@ -47,6 +47,8 @@ def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None
                     harness.abort(op.request_id, during_step=op.during_step)
             elif isinstance(op, Evict):
                 harness.evict_shortcut(set(op.block_ids))
+            elif isinstance(op, ResetPrefixCache):
+                harness.reset_prefix_cache(reset_running=op.reset_running)
             elif isinstance(op, Step):
                 if harness.broken:
                     break
@@ -85,7 +87,7 @@ def _without_group(log: OpLog, index: int) -> OpLog:
 def shrink_oplog(
     log: OpLog, invariant: str, *, budget: int = 60, checks: tuple[Callable[..., None], ...] | None = None
 ) -> OpLog:
-    """Drop the KV-cache groups, then the requests, then the steps that
+    """Drop the KV-cache groups, then the requests, the prefix-cache resets, then the steps that
     ``invariant``'s failure does not need (greedy, one at a time, each
     candidate replayed with every check), and cut the log at the step that
     breaks. At most ``budget`` replays, each with ``checks`` (default: all)."""
@@ -113,6 +115,17 @@ def shrink_oplog(
                 break
             tries += 1
             smaller = _replay_checked(_without_request(current, req.request_id), invariant, checks)
+            if smaller is not None:
+                current, changed = smaller, True
+                break
+        if changed:
+            continue
+        for reset in [op for op in current.ops if isinstance(op, ResetPrefixCache)]:
+            if tries >= budget:
+                break
+            tries += 1
+            smaller = _replay_checked(OpLog(current.config, [op for op in current.ops if op is not reset]), invariant,
+                                      checks)
             if smaller is not None:
                 current, changed = smaller, True
                 break

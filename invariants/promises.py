@@ -33,6 +33,7 @@ __all__ = [
     "PROMISE_CHECKS",
     "check_events_chain",
     "check_events_replay_index",
+    "check_hits_after_reset",
     "check_hits_within_namespace",
     "check_in_flight_reads_held",
     "check_lookahead_allocated",
@@ -45,6 +46,7 @@ EVENTS_ORPHANED = "a BlockStored event of full blocks whose parent no event anno
 EVENTS_ORPHANED_PARTIAL = "a partial entry's BlockStored event whose parent no event announced"
 EVENTS_DISAGREE = "replayed KV events disagree with the prefix-cache index"
 CROSS_NAMESPACE_HIT = "a prefix-cache hit across cache salts"
+HIT_ACROSS_RESET = "a prefix-cache hit on KV computed before a reset"
 IN_FLIGHT_READ_FREED = "a block the step in flight reads freed before its output is fed back"
 LOOKAHEAD_UNALLOCATED = "a drafter's lookahead past the blocks allocated"
 PREEMPTED_NOT_RESET = "a preempted request keeps what it computed"
@@ -84,11 +86,13 @@ def _in_flight_reads_freed(step: StepObservation) -> list[str]:
     for t in previous.tables:
         if not t.num_scheduled:
             continue
-        if own.table_of(t.request_id) is None and not own.defers_frees:
+        if (own.table_of(t.request_id) is None or t.request_id in step.preempted) and not own.defers_frees:
             # vLLM frees a finished or preempted request's blocks at once
             # unless a connector could load into them unordered with the step
             # (Scheduler.defer_block_free): the next step's own writes are
-            # ordered after the step in flight.
+            # ordered after the step in flight. A request a prefix-cache
+            # reset preempted may be admitted again by this very schedule(),
+            # with a table of new blocks.
             continue
         start, end = t.computed_before, t.computed_before + t.num_scheduled
         for g, rule, table in zip(previous.groups, previous.read_rules, t.tables):
@@ -124,7 +128,8 @@ def check_in_flight_reads_held(step: StepObservation) -> None:
     blocks are freed on the processed-token basis
     (``num_computed_tokens - num_in_flight_tokens``), and where vLLM defers
     frees (a connector that loads, overlapping batches) a request finished
-    or preempted in the meantime keeps its blocks until that step's output.
+    or preempted in the meantime (by a prefix-cache reset too, admitted
+    again at once or not) keeps its blocks until that step's output.
     A block freed early may be reused by a load that is not ordered with the
     step still reading it."""
     found = _in_flight_reads_freed(step)
@@ -144,6 +149,16 @@ def check_hits_within_namespace(step: StepObservation) -> None:
     namespace): vLLM folds the salt into the first block's hash, and every
     later hash chains on it, so no lookup may cross salts."""
     _report("hits-within-namespace", step.foreign_hits, step, where="KVCacheManager.get_computed_blocks", state=CROSS_NAMESPACE_HIT)
+
+
+def check_hits_after_reset(step: StepObservation) -> None:
+    """After a ``reset_prefix_cache()`` that succeeded, no request adopts
+    from the prefix cache, as computed, a position whose KV was computed or
+    loaded before the reset: the reset exists to invalidate the cache (RLHF
+    flows call it after a weight update), so such a hit serves KV of the old
+    weights."""
+    _report("hits-after-reset", step.hits_across_reset, step, where="BlockPool.reset_prefix_cache",
+            state=HIT_ACROSS_RESET)
 
 
 def check_events_replay_index(step: StepObservation) -> None:
@@ -236,6 +251,7 @@ PROMISE_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     check_lookahead_allocated,
     check_in_flight_reads_held,
     check_hits_within_namespace,
+    check_hits_after_reset,
     check_events_replay_index,
     check_events_chain,
     check_preempted_resumable,

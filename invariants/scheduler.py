@@ -107,8 +107,8 @@ def expects_truncation(adm: AdmissionObservation) -> bool:
 
 
 def check_no_exception_escapes(step: StepObservation) -> None:
-    """No exception escapes ``schedule()`` or ``update_from_output()`` for a
-    configuration vLLM accepted. The one excuse: an ``AssertionError`` in a
+    """No exception escapes ``schedule()``, ``update_from_output()`` or a
+    ``reset_prefix_cache()`` between them for a configuration vLLM accepted. The one excuse: an ``AssertionError`` in a
     step where the connector over-reported (a contract breach vLLM may refuse
     loudly)."""
     if step.error is None:
@@ -118,7 +118,8 @@ def check_no_exception_escapes(step: StepObservation) -> None:
     raise InvariantViolation(
         "no-exception",
         f"{step.error_where}() raised {step.error}\n{step.describe()}",
-        where=WHERE,
+        # A reset between steps is a call of its own (the engine core's utility call).
+        where="Scheduler.reset_prefix_cache" if step.error_where == "reset_prefix_cache" else WHERE,
         exception=step.error_type,
         frames=step.error_frames,
         statement=step.error_statement,

@@ -153,6 +153,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     _s("in-flight-reads-held", prom.check_in_flight_reads_held, "window_frees_in_flight", watches="pool tables reads in-flight"),
     _s("hits-within-namespace", prom.check_hits_within_namespace, "cache_salt_not_hashed", "lora_not_hashed",
        "embeds_not_hashed", watches="contents namespaces"),
+    _s("hits-after-reset", prom.check_hits_after_reset, "reset_keeps_index", watches="contents resets"),
     _s("events-replay-index", prom.check_events_replay_index, "eviction_announces_nothing", watches="events"),
     _s(
         "events-chain",

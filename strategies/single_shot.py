@@ -12,7 +12,7 @@ import dataclasses
 
 from hypothesis import strategies as st
 
-from fuzz.model import ExternalReply, LayoutDraw, PromptDraw, SchedulerDraw, SingleShotScenario
+from fuzz.model import ExternalReply, LayoutDraw, PromptDraw, SchedulerDraw, SingleShotScenario, SpecDraw
 from strategies.scheduler import (
     _blocks_needed,
     _is_mamba,
@@ -25,7 +25,7 @@ from strategies.scheduler import (
     scheduler_draws,
 )
 
-__all__ = ["FLAVOURS", "single_shot_scenarios"]
+__all__ = ["FLAVOURS", "PREEMPTED_THEN_RESUMED", "single_shot_scenarios"]
 
 
 def _admission_estimate(layout: LayoutDraw, num_tokens: int) -> int:
@@ -251,3 +251,34 @@ def single_shot_scenarios(
     return _single_shots(
         configs if configs is not None else scheduler_draws(), max_fills, shortcut, allow_over, tuple(picks)
     )
+
+
+# An explicit example of the single-shot target (fuzz/targets/target_scheduler.py).
+_NO_HIT = ExternalReply(kind="zero", store_len=0, undecided=0, extra=0, load_async=False)
+
+# Shrunk on vLLM 0.29.0 (a suite defect, not a vLLM bug: see
+# tests/harness/test_scheduler_resumed_requests.py): two concurrent fills in an
+# 8-block pool; with the V1 model runner the second is preempted while the
+# first decodes, then resumes with a local hit and is reported among the
+# cached requests of the SchedulerOutput.
+PREEMPTED_THEN_RESUMED = SingleShotScenario(
+    config=SchedulerDraw(
+        layout=LayoutDraw(
+            (SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4)), hash_block_size=1, num_blocks=8
+        ),
+        max_num_batched_tokens=4,
+        max_num_seqs=2,
+        long_prefill_token_threshold=1,
+        divergent_hits=True,
+        kv_load_failure_policy="fail",
+        model_runner="v1",
+    ),
+    shared_len=32,
+    token_seed=0,
+    fills=(PromptDraw(6, 0, 1, _NO_HIT), PromptDraw(10, 0, 3, _NO_HIT)),
+    concurrent=True,
+    evict_from=None,
+    replay=PromptDraw(11, 0, 1, ExternalReply(kind="store", store_len=11, undecided=0, extra=0, load_async=False)),
+    flavour="tail",
+    probe=PromptDraw(9, 0, 1, _NO_HIT),
+)

@@ -337,6 +337,32 @@ class BlockContents:
                     found.append((group, block_id, theirs))
         return found
 
+    def written_before(self, block_ids: Sequence[Sequence[int]], hit: int, step: int,
+                       tables: Sequence[Sequence[int]] | None = None) -> list[tuple[int, int, int, int]]:
+        """Of ``block_ids`` (per group, in table order) a hit of ``hit``
+        tokens adopts, each position below ``hit`` that a block of a
+        recorded group holds, as that position's KV, written before ``step``:
+        (group, block id, position, step written). Only the offsets the hit
+        reads count (a block reused by a group of smaller blocks keeps what
+        it held past them); KV of another position there is other claims'
+        to report. As in :meth:`foreign_blocks`, only adopted blocks still in
+        the request's table (``tables``) count."""
+        found = []
+        for group, ids in enumerate(block_ids):
+            if group >= len(self.per_position) or not self.per_position[group]:
+                continue
+            size = self.block_sizes[group]
+            kept = set(tables[group]) if tables is not None and group < len(tables) else None
+            for index, block_id in enumerate(ids):
+                if block_id == self.null_block_id or (kept is not None and block_id not in kept):
+                    continue
+                held = self.held.get(block_id, {})
+                for position in range(index * size, min((index + 1) * size, hit)):
+                    h = held.get(position % size)
+                    if h is not None and h[0] == position and h[1] < step:
+                        found.append((group, block_id, position, h[1]))
+        return found
+
     def forget(self, request_ids: Iterable[str]) -> None:
         """The runner drops the tables of requests that left its batch."""
         for rid in request_ids:

@@ -14,7 +14,9 @@ built after the ownership spy, it wraps that spy's wrappers):
 * ``BlockPool.touch``: a free block a prefix-cache hit adopts leaves the pool;
 * ``BlockPool.get_new_blocks``: every block handed out leaves the pool; one
   the prefix-cache index named just before the call is an eviction,
-  recorded with every block still free right after it was taken.
+  recorded with every block still free right after it was taken;
+* ``BlockPool.reset_prefix_cache``: one that succeeds leaves every free
+  block keyless where it lies in the free queue.
 
 Which blocks are free is the watch's own model: those free when it starts,
 plus those freed since, less those handed out or adopted. It never reads
@@ -28,6 +30,7 @@ release keeps the prefix-cache map, and a key's group, the caller says.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -94,7 +97,7 @@ class EvictionWatch:
     # -- wrappers ------------------------------------------------------------
     def _install(self, managers: Iterable[Any]) -> None:
         pool, watch = self.pool, self
-        real_free, real_touch, real_new = pool.free_blocks, pool.touch, pool.get_new_blocks
+        real_free, real_touch, real_new, real_reset = pool.free_blocks, pool.touch, pool.get_new_blocks, pool.reset_prefix_cache
 
         def free_blocks(ordered_blocks: Iterable[Any]) -> None:
             blocks = list(ordered_blocks)  # the order vLLM passes, kept
@@ -118,7 +121,14 @@ class EvictionWatch:
                     watch._evictions.append(Eviction(watch._step(), freed, lost, tuple(watch.free.values())))
             return blocks
 
+        def reset_prefix_cache() -> bool:
+            done = real_reset()
+            if done:
+                watch.free = {bid: dataclasses.replace(freed, keys=()) for bid, freed in watch.free.items()}
+            return done
+
         pool.free_blocks, pool.touch, pool.get_new_blocks = free_blocks, touch, get_new_blocks
+        pool.reset_prefix_cache = reset_prefix_cache
         for group, manager in enumerate(managers):
             self._wrap_free(group, manager)
 

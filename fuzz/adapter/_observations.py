@@ -222,15 +222,24 @@ class Observer:
             )
         return tuple(rows)
 
-    def preemptions(self, out: Any, step: int) -> tuple[PreemptedRequest, ...]:
+    def preemptions(self, out: Any, step: int, before: tuple[PreemptedRequest, ...] = ()) -> tuple[PreemptedRequest, ...]:
         """Note the requests ``out`` preempted (after its admissions are read:
         a request resumed in a later step reads as resumed), and return each
-        as schedule() left it (none when it raised: ``out`` is None)."""
+        as schedule() left it (none when it raised: ``out`` is None).
+        ``before``: those a prefix-cache reset preempted right before this
+        schedule(), as the reset left them (the schedule() may admit them
+        again at once, with an async load that schedules nothing)."""
         if out is None:
-            return ()
+            return before
         ids = sorted(out.preempted_req_ids or ())
         self.preempted.update(ids)
         self.preempted_at.update(dict.fromkeys(ids, step))
+        taken = {p.request_id for p in before}
+        return before + self.preempted_states([rid for rid in ids if rid not in taken], step, out)
+
+    def preempted_states(self, ids: list[str], step: int, out: Any = None) -> tuple[PreemptedRequest, ...]:
+        """Each of ``ids`` as vLLM holds it now (``out``: the schedule() that
+        preempted it, to tell whether it scheduled it again)."""
         live = self.scheduler.requests
         managers = self.manager.coordinator.single_type_managers
         return tuple(
@@ -242,7 +251,7 @@ class Observer:
                 getattr(live[rid], "num_output_placeholders", 0),
                 len(live[rid].spec_token_ids or ()),
                 tuple(len(m.req_to_blocks.get(rid, ())) for m in managers),
-                rid in out.num_scheduled_tokens,
+                out is not None and rid in out.num_scheduled_tokens,
             )
             for rid in ids
             if rid in live

@@ -21,15 +21,16 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from fuzz.adapter import _compat
-from fuzz.adapter._env import VLLM_ROOT
+from fuzz import outcomes
+from fuzz.adapter import _compat, _planted
+from fuzz.adapter._env import VLLM_ROOT, VLLM_VERSION
 from fuzz.adapter._hits import index_hold
 
 from vllm.v1.request import Request  # noqa: E402
 
-from fuzz.model import AdmissionObservation  # noqa: E402
+from fuzz.model import AdmissionObservation, HarnessError  # noqa: E402
 
-__all__ = ["Spies", "block_ids", "raising_statement", "vllm_frames"]
+__all__ = ["Spies", "block_ids", "raising_statement", "step_failure", "vllm_frames"]
 
 
 def block_ids(blocks: Any) -> tuple[tuple[int, ...], ...]:
@@ -250,3 +251,26 @@ class Spies:
         mgr.get_computed_blocks = get_computed_blocks
         mgr.truncate_computed_blocks = truncate
         mgr.allocate_slots = allocate_slots
+
+
+def _raise_if_suite_code(exc: Exception, call: str) -> None:
+    """A step's exception is an observation of vLLM only when vLLM raised it.
+    One raised by the suite's own code that vLLM calls (the scripted
+    connector, the recording wrappers) is the harness's misfit: it leaves as
+    :class:`HarnessError`, never as a ``no-exception`` violation. Planted
+    bugs stand in for vLLM's code: the scheduler edits are compiled under
+    vLLM's file names, and the truncation variants (plain functions in
+    ``_planted``) count as vLLM's too."""
+    verdict = outcomes.classify(exc, VLLM_VERSION)
+    if verdict.outcome is not outcomes.Outcome.HARNESS_ERROR:
+        return
+    if raising_file(exc) == os.path.abspath(_planted.__file__):
+        return
+    raise HarnessError(f"during {call}(): {verdict.reason}") from exc
+
+
+def step_failure(exc: Exception, call: str) -> tuple[str, str, str, tuple[str, ...], str]:
+    """A vLLM ``call``'s exception as a step observes it: the error, its
+    type, the call, its vLLM frames and the statement that raised."""
+    _raise_if_suite_code(exc, call)
+    return f"{type(exc).__name__}: {exc}", type(exc).__name__, call, step_frames(exc), raising_statement(exc)

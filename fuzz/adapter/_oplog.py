@@ -32,6 +32,7 @@ from fuzz.model import (  # noqa: E402
     Evict,
     FedOutput,
     OpLog,
+    ResetPrefixCache,
     RunConfig,
     ScheduledOutput,
     SchedulerDraw,
@@ -143,6 +144,12 @@ def replay_oplog(log: OpLog) -> list[ScheduledOutput | None]:
             sched.finish_requests(op.request_id, RequestStatus.FINISHED_ABORTED)
         elif isinstance(op, Evict):
             sched.kv_cache_manager.evict_blocks(set(op.block_ids))
+        elif isinstance(op, ResetPrefixCache):
+            try:
+                sched.reset_prefix_cache(op.reset_running)
+            except Exception:  # noqa: BLE001 - the log's next step says it raised
+                outputs.append(None)
+                break
         elif isinstance(op, Step):
             out = None
             if op.output is not None or op.error is not None:  # else: no schedule() (async, nothing left)

@@ -523,6 +523,15 @@ _MANAGER_EDITS["window_frees_in_flight"] = (
     (("max(0, total_computed_tokens - request.num_in_flight_tokens)", "total_computed_tokens"),),
 )
 
+# What a reset promises (invariants/promises.py): the cache forgets.
+_MANAGER_EDITS["reset_keeps_index"] = (
+    "BlockPool.reset_prefix_cache clears every block's own hash but keeps the "
+    "prefix-cache index: after a reset (a weight update in RLHF flows) a lookup still "
+    "finds, and adopts, KV cached before it",
+    ("vllm.v1.core.block_pool", "BlockPool", "reset_prefix_cache"),
+    (("self.cached_block_hash_to_block = BlockHashToBlockMap()", "pass"),),
+)
+
 # How long a hit the lookup serves (invariants/hits.py): a missed hit.
 _MANAGER_EDITS["hit_stops_a_block_early"] = (
     "UnitaryKVCacheCoordinator.find_longest_cache_hit drops the last block of a "

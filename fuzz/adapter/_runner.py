@@ -28,6 +28,7 @@ from fuzz.model import (  # noqa: E402
     FedOutput,
     GroupInfo,
     ForeignHit,
+    HitAcrossReset,
     KvFromOtherToken,
     MisnamedEntry,
     MissingLookahead,
@@ -178,6 +179,25 @@ class ScriptedRunner:
             for group, block_id, theirs in self.contents.foreign_blocks(adm.request_id, adm.alloc_local_blocks, held):
                 found.append(ForeignHit(adm.request_id, mine, group, block_id, theirs))
         return tuple(found)
+
+    def hits_across_reset(self, admissions: Sequence[AdmissionObservation], reset_before: int
+                          ) -> tuple[HitAcrossReset, ...]:
+        """Each position an admission adopted as computed (below the local
+        hit handed to allocate_slots) whose KV was written before step
+        ``reset_before``, the step the last prefix-cache reset that
+        succeeded preceded (0: none did). Asked, like :meth:`foreign_hits`,
+        after the step's loads and forward pass."""
+        found: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
+        for adm in admissions if reset_before else ():
+            if adm.alloc_local_blocks is None or not adm.alloc_local_tokens:
+                continue
+            for group, block_id, position, written in self.contents.written_before(
+                    adm.alloc_local_blocks, adm.alloc_local_tokens, reset_before, adm.block_table or None):
+                found.setdefault((adm.request_id, group, block_id), []).append((position, written))
+        return tuple(
+            HitAcrossReset(rid, group, block_id, tuple(sorted(p for p, _ in held)), max(w for _, w in held), reset_before)
+            for (rid, group, block_id), held in found.items()
+        )
 
     def _verifiable(self, out: Any, rid: str, newly: frozenset[str]) -> int:
         """How many of the drafts scheduled for ``rid`` the rejection sampler

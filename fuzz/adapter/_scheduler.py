@@ -20,20 +20,18 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from fuzz import outcomes
-from fuzz.adapter import _compat, _connector, _oplog, _planted
+from fuzz.adapter import _compat, _connector, _oplog
 from fuzz.adapter._build import build_scheduler
 from fuzz.adapter._contents import namespace_of
 from fuzz.adapter._env import VLLM_VERSION
 from fuzz.adapter._evictions import EvictionWatch
 from fuzz.adapter._faults import Faults
 from fuzz.adapter._observations import QUIET_STEPS, Observer
-from fuzz.adapter._observe import raising_file, raising_statement, step_frames
+from fuzz.adapter._observe import step_failure
 from fuzz.adapter._ownership import OwnershipSpy, read_rules
 from fuzz.adapter._runner import ScriptedRunner, runner_output
 from fuzz.adapter._specs import qualified_name
@@ -42,10 +40,11 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 from vllm.v1.outputs import DraftTokenIds  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
-from fuzz.model import Abort, AddRequest, ConnectorAnswer, Evict, FedOutput, OpLog, Step  # noqa: E402
+from fuzz.model import Abort, AddRequest, ConnectorAnswer, Evict, FedOutput, OpLog, ResetPrefixCache, Step  # noqa: E402
 from fuzz.model import (  # noqa: E402
-    DraftVerification, EventGap, EventOrphan, ExternalReply, ForeignHit, GroupInfo, HarnessError, MisnamedEntry, PoolObservation,
-    SchedulerDraw, SpecDraw, StaleOutput, StepObservation, UnbackedEntry,
+    DraftVerification, EventGap, EventOrphan, ExternalReply, ForeignHit, GroupInfo, HarnessError, HitAcrossReset,
+    MisnamedEntry, PoolObservation, PreemptedRequest, SchedulerDraw, SpecDraw, StaleOutput, StepObservation,
+    UnbackedEntry,
 )
 from fuzz.model import group_behaviour as _group_behaviour  # noqa: E402
 from fuzz.model import classification_of_kind  # noqa: E402
@@ -74,22 +73,6 @@ class _Pending:
     invalid_block_ids: set[int]
     # The synchronous loads reported failed with it (see Faults.invalid_blocks).
     sync_failures: dict[str, tuple[int, int, tuple[int, ...], int]]
-
-
-def _raise_if_suite_code(exc: Exception, call: str) -> None:
-    """A step's exception is an observation of vLLM only when vLLM raised it.
-    One raised by the suite's own code that vLLM calls (the scripted
-    connector, the recording wrappers) is the harness's misfit: it leaves as
-    :class:`HarnessError`, never as a ``no-exception`` violation. Planted
-    bugs stand in for vLLM's code: the scheduler edits are compiled under
-    vLLM's file names, and the truncation variants (plain functions in
-    ``_planted``) count as vLLM's too."""
-    verdict = outcomes.classify(exc, VLLM_VERSION)
-    if verdict.outcome is not outcomes.Outcome.HARNESS_ERROR:
-        return
-    if raising_file(exc) == os.path.abspath(_planted.__file__):
-        return
-    raise HarnessError(f"during {call}(): {verdict.reason}") from exc
 
 
 class SchedulerHarness:
@@ -133,6 +116,8 @@ class SchedulerHarness:
         self.vllm_seconds = 0.0  # inside schedule() and update_from_output()
         self.broken: str | None = None
         self.shortcut_evictions = 0
+        self._reset: ResetPrefixCache | None = None  # asked for, done right before the next schedule()
+        self.resets: list[tuple[int, bool]] = []  # (step it preceded, it succeeded) of each reset done
         self._requests: dict[str, Request] = {}
         self._stale: list[StaleOutput] = []  # this step's stale outputs (see _feed_back)
         self._whole_prompt_landed: set[str] = set()  # see StepObservation.whole_prompt_landed
@@ -273,6 +258,13 @@ class SchedulerHarness:
             return
         self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
 
+    def reset_prefix_cache(self, *, reset_running: bool = False) -> None:
+        """Reset the prefix cache between steps (the engine core's utility
+        call, :class:`ResetPrefixCache`): done right before the next
+        ``schedule()``, so that what it raises is that step's error."""
+        self._reset = ResetPrefixCache(self.step_index, reset_running)
+        self.oplog.ops.append(self._reset)
+
     def fail_async_load(self, request_id: str) -> None:
         """Report the in-flight async load of ``request_id`` as failed (the
         connector's ``failed_recving`` path) at the next step."""
@@ -333,19 +325,28 @@ class SchedulerHarness:
         frames: tuple[str, ...] = ()
         statement = ""
         out = None
+        t0 = time.perf_counter()
+        reset, self._reset = self._reset, None
+        reset_preempted: tuple[PreemptedRequest, ...] = ()
+        if reset is not None:  # the utility call, right before this step's schedule()
+            running = [r.request_id for r in self.scheduler.running]
+            try:
+                self.resets.append((self.step_index, self.scheduler.reset_prefix_cache(reset.reset_running)))
+            except Exception as exc:  # noqa: BLE001 - every failure is an observation
+                error, error_type, where, frames, statement = step_failure(exc, "reset_prefix_cache")
+            still = {r.request_id for r in self.scheduler.running}
+            reset_preempted = self.observer.preempted_states([r for r in running if r not in still], self.step_index)
         # EngineCore.step_with_batch_queue schedules only `if
         # self.scheduler.has_requests()`; with nothing queued the harness
         # schedules anyway (as the synchronous drive does on an idle scheduler).
-        schedules = not self.draw.async_scheduling or self._pending is None or self.scheduler.has_requests()
+        schedules = error is None and (
+            not self.draw.async_scheduling or self._pending is None or self.scheduler.has_requests())
         prefill_held = schedules and self.observer.prefill_held()
-        t0 = time.perf_counter()
         try:
             if schedules:
                 out = self.scheduler.schedule()
         except Exception as exc:  # noqa: BLE001 - every failure is an observation
-            _raise_if_suite_code(exc, "schedule")
-            error, error_type, where = f"{type(exc).__name__}: {exc}", type(exc).__name__, "schedule"
-            frames, statement = step_frames(exc), raising_statement(exc)
+            error, error_type, where, frames, statement = step_failure(exc, "schedule")
         self.vllm_seconds += time.perf_counter() - t0
         # Under async scheduling the step queued before this schedule() is
         # still in flight: its forward pass reads while this one is planned.
@@ -363,13 +364,14 @@ class SchedulerHarness:
                 self.faults.load_started(a)
                 self._load_started[a.request_id] = self.step_index
         metas = tuple(self.script.metas[metas_before:])
-        preemptions = self.observer.preemptions(out, self.step_index)
+        preemptions = self.observer.preemptions(out, self.step_index, reset_preempted)
         newly = self.observer.newly_scheduled(out)
         invalid = self.faults.invalid_blocks(admissions)
         queued = None
         unbacked: tuple[UnbackedEntry, ...] = ()
         misnamed: tuple[MisnamedEntry, ...] = ()
         foreign: tuple[ForeignHit, ...] = ()
+        across: tuple[HitAcrossReset, ...] = ()
         if out is not None:
             self.runner.hand_over(out, connector_allocs, admissions, invalid, self.step_index)
             sampled = self.runner.sample(
@@ -382,6 +384,7 @@ class SchedulerHarness:
             unbacked, misnamed = self.runner.index_entries(
                 self.pool, self.scheduler.requests, self.faults.recomputed_failed_load)
             foreign = self.runner.foreign_hits(admissions)
+            across = self.runner.hits_across_reset(admissions, max((s for s, ok in self.resets if ok), default=0))
         finished: frozenset[str] = frozenset()
         fed = None if error else self._take_output(queued)
         gaps: tuple[EventGap, ...] = ()
@@ -393,13 +396,7 @@ class SchedulerHarness:
                 gaps = self.observer.event_gaps()
                 orphans = self.observer.event_orphans(self.read_rules)
             except Exception as exc:  # noqa: BLE001
-                _raise_if_suite_code(exc, "update_from_output")
-                error, error_type, where = (
-                    f"{type(exc).__name__}: {exc}",
-                    type(exc).__name__,
-                    "update_from_output",
-                )
-                frames, statement = step_frames(exc), raising_statement(exc)
+                error, error_type, where, frames, statement = step_failure(exc, "update_from_output")
         if not error:  # nothing fed back: the input queue aborts them after the step
             self.faults.process_aborts()
         if not error and fed is not None:
@@ -477,6 +474,7 @@ class SchedulerHarness:
             event_orphans=orphans,
             events_replayed=self.observer.events is not None and fed is not None and not error,
             foreign_hits=foreign,
+            hits_across_reset=across,
             missing_lookahead=tuple(self.runner.missing_lookahead) if out is not None else (),
             preemptions=preemptions,
             evictions=self.evictions.take(),

@@ -98,13 +98,14 @@ def _check_in_flight_reads_held(scheduler, out, watch, step):
     running request's skipped blocks are freed on the processed-token basis
     (num_computed_tokens - num_in_flight_tokens); where vLLM defers frees
     (batches overlap and the connector loads), a request finished or
-    preempted meanwhile keeps its blocks until that output."""
+    preempted meanwhile (a prefix-cache reset's too, admitted again at once
+    or not) keeps its blocks until that output."""
     config = scheduler.vllm_config
     defers = config.max_concurrent_batches > 1 and config.kv_transfer_config.is_kv_consumer
     managers = scheduler.kv_cache_manager.coordinator.single_type_managers
     popped = dict(watch.fresh)
     for rid, g, spec, rule, table, start, end, block_size, wanted in _step_reads(managers, watch.in_flight_held):
-        if rid not in watch.held and not defers:
+        if (rid not in watch.held or rid in (out.preempted_req_ids or ())) and not defers:
             continue  # freed at once: the next step's writes come after it on the device
         problems = []
         for i in wanted:

@@ -33,6 +33,22 @@ def _check_hits_within_namespace(scheduler, out, watch, step):
     )
 
 
+def _check_hits_after_reset(scheduler, out, watch, step):
+    """After a reset_prefix_cache() that succeeded, no request adopts from
+    the prefix cache, as computed, a position whose KV was computed before
+    the reset: the reset exists to invalidate the cache (RLHF flows call it
+    after a weight update)."""
+    hits = [
+        f"request {rid} adopted block {block} of group {g} {type(SPECS[g]).__name__} holding position {position}'s "
+        f"KV computed at step {written}"
+        for rid, g, block, position, written in watch.across_reset
+    ]
+    assert not hits, (
+        f"step {step}: a prefix-cache hit serves KV computed before the reset that preceded step "
+        f"{watch.reset_before}: " + "; ".join(hits) + f"; groups: {_describe_groups()}"
+    )
+
+
 def _check_lookahead_allocated(scheduler, out, watch, step):
     """A drafter with its own forward pass (EAGLE) writes KV
     num_lookahead_tokens positions past each step it drafts from: for each

@@ -12,7 +12,15 @@ from vllm.v1.core.kv_cache_utils import get_group_id
 from fuzz.adapter._contents import BlockContents, entries_of, namespace_of
 from fuzz.adapter._reports import computed_before
 from fuzz.kit._index import _misnamed_entries
-from fuzz.kit._params import READ_RULES, ROLES, WATCH_INDEX, WATCH_LOOKAHEAD, WATCH_NAMESPACES, WATCH_UNWRITTEN
+from fuzz.kit._params import (
+    READ_RULES,
+    ROLES,
+    WATCH_INDEX,
+    WATCH_LOOKAHEAD,
+    WATCH_NAMESPACES,
+    WATCH_RESETS,
+    WATCH_UNWRITTEN,
+)
 
 
 def _make_contents(scheduler):
@@ -75,6 +83,13 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
             for rid, adm in watch.admissions.items()
             if adm.get("adopted") is not None
             for hit in contents.foreign_blocks(rid, adm["adopted"], adm.get("table"))
+        ]
+    if WATCH_RESETS:  # after the step's forward pass, as for namespaces
+        watch.across_reset = [
+            (rid, *hit)
+            for rid, adm in watch.admissions.items()
+            if adm.get("adopted") is not None and watch.reset_before
+            for hit in contents.written_before(adm["adopted"], adm["local"], watch.reset_before, adm.get("table"))
         ]
     if WATCH_UNWRITTEN:
         watch.unwritten_reads = [

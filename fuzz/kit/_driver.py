@@ -31,6 +31,7 @@ from fuzz.kit._params import (
     WATCH_NAMESPACES,
     WATCH_POOL,
     WATCH_PREEMPTED,
+    WATCH_RESETS,
     WATCH_TABLES,
     WATCH_TOKENS,
 )
@@ -59,6 +60,8 @@ def _begin_step(scheduler, watch):
     if WATCH_POOL:
         for record in (watch.fresh, watch.allocations, watch.lookups, watch.local_hits):
             record.clear()
+    if WATCH_RESETS:
+        watch.across_reset = []  # (request, group, block, position, step written) adopted across a reset
     if WATCH_NAMESPACES:
         watch.foreign = []  # (request, its salt, group, block, its last writer's salt) adopted this step
     if WATCH_LOOKAHEAD:
@@ -85,7 +88,10 @@ def _scheduled(scheduler, watch):
         watch.hold(scheduler, out)
     watch.preempted_at.update(dict.fromkeys(out.preempted_req_ids or (), watch.step))
     if WATCH_PREEMPTED:
-        watch.preempted = _preempted_states(scheduler, out)
+        taken = {p[0] for p in watch.reset_preempted}
+        ids = [r for r in sorted(out.preempted_req_ids or ()) if r not in out.num_scheduled_tokens and r not in taken]
+        watch.preempted = watch.reset_preempted + _preempted_states(scheduler, ids)
+        watch.reset_preempted = []
     watch.async_answers_seen = dict(scheduler.connector.async_answers)
     watch.take_admissions(scheduler, out)
     return out
@@ -196,12 +202,27 @@ def _queued_step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failin
     if WATCH_TOKENS:
         _settle_tokens(scheduler, out, watch)
     return out
+
+
 def _abort_during_step(scheduler, watch):
     """Aborts that arrived while the model ran the step: the engine core
     applies them right before update_from_output (_process_aborts_queue)."""
     if watch.aborts:
         scheduler.finish_requests(list(watch.aborts), RequestStatus.FINISHED_ABORTED)
         watch.aborts.clear()
+
+
+def _reset_prefix_cache(scheduler, watch, reset_running_requests):
+    """The engine core's reset_prefix_cache utility call, between steps: with
+    reset_running_requests vLLM first preempts every running request,
+    dropping its output still in flight. The watch notes the step a reset
+    that succeeded preceded: nothing computed before it may be hit after."""
+    running = [r.request_id for r in scheduler.running]
+    if scheduler.reset_prefix_cache(reset_running_requests=reset_running_requests):
+        watch.reset_before = watch.step + 1
+    if WATCH_PREEMPTED:  # as the reset left them
+        still = {r.request_id for r in scheduler.running}
+        watch.reset_preempted = _preempted_states(scheduler, [r for r in running if r not in still])
 
 
 def _note_stale(scheduler, watch, ids, index):

@@ -65,6 +65,7 @@ WATCH_INDEX = False  # index entries naming blocks that hold other KV (_misnamed
 WATCH_IN_FLIGHT = False  # the tables of the step still in flight as the next is scheduled (_scheduled)
 WATCH_PREEMPTED = False  # each request a schedule() preempts, as it left it (_preempted_states)
 WATCH_HITS = False  # the index as each lookup begins, and the hit it served (_index_at_lookup)
+WATCH_RESETS = False  # the hits after a prefix-cache reset, against what each block held before it (needs WATCH_CONTENTS)
 WATCH_EVICTIONS = False  # how each free block came back, each cached block evicted (EvictionWatch)
 # What the run did that most runs do not: loads reported failed, and the
 # connector's own store of what finished requests computed.

@@ -10,16 +10,18 @@ from __future__ import annotations
 from fuzz.kit._build import _describe_groups
 
 
-def _preempted_states(scheduler, out):
-    """Right after schedule(): (request, status, num_computed_tokens, output
-    placeholders, drafts, blocks filed under it per group) for each request
-    ``out`` preempted and did not schedule again."""
+def _preempted_states(scheduler, ids):
+    """(request, status, num_computed_tokens, output placeholders, drafts,
+    blocks filed under it per group) of each of ``ids`` as vLLM holds it
+    now: right after the schedule() that preempted it (for those it did not
+    schedule again), or right after a prefix-cache reset that did (the next
+    schedule() may admit it again at once)."""
     managers = scheduler.kv_cache_manager.coordinator.single_type_managers
     return [
         (rid, r.status.name, r.num_computed_tokens, getattr(r, "num_output_placeholders", 0), len(r.spec_token_ids or ()),
          [len(m.req_to_blocks.get(rid, ())) for m in managers])
-        for rid in sorted(out.preempted_req_ids or ())
-        if rid not in out.num_scheduled_tokens and (r := scheduler.requests.get(rid)) is not None
+        for rid in ids
+        if (r := scheduler.requests.get(rid)) is not None
     ]
 
 

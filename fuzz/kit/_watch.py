@@ -48,6 +48,8 @@ class _Watch:
         self.queue = []  # (step, SchedulerOutput, sampled, admissions) not fed back yet, newest first
         self.load_started = {}  # request id -> the step whose schedule() started its async load
         self.aborts = []  # aborts that arrive while the model runs the next step
+        self.reset_before = 0  # the step the last prefix-cache reset that succeeded preceded
+        self.reset_preempted = []  # the requests it preempted, as it left them (WATCH_PREEMPTED)
         self.send_started = {}  # request id -> the first step begun after its send started
         self.worker = WorkerRecord(async_scheduling=ASYNC_SCHEDULING)  # what the model runner knows (see _worker_done)
         self.kv_wrong = []  # this step's positions computed from a token vLLM does not record (see _settle_tokens)

@@ -12,6 +12,7 @@ __all__ = [
     "EventGap",
     "EventOrphan",
     "ForeignHit",
+    "HitAcrossReset",
     "KvFromOtherToken",
     "MisnamedEntry",
     "MissingLookahead",
@@ -190,6 +191,28 @@ class ForeignHit:
         return (
             f"request {self.request_id} ({salt(self.namespace)}) adopts block {self.block_id} of group "
             f"{self.group} from the prefix cache, written for a request with {salt(self.written_under)}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class HitAcrossReset:
+    """A position a request adopted from the prefix cache whose KV was
+    computed (or loaded) before the last ``reset_prefix_cache()`` that
+    succeeded: the reset promised that no later lookup serves it (in RLHF
+    flows the weights changed in between)."""
+
+    request_id: str
+    group: int
+    block_id: int
+    positions: tuple[int, ...]  # the adopted positions whose KV predates the reset
+    written_at: int  # the last step that computed or loaded any of them
+    reset_before: int  # the step the reset preceded
+
+    def describe(self) -> str:
+        return (
+            f"request {self.request_id} adopted block {self.block_id} of group {self.group} as computed, holding the KV "
+            f"of positions {list(self.positions)} computed by step {self.written_at} at the latest, before the "
+            f"prefix-cache reset that preceded step {self.reset_before}"
         )
 
 

@@ -7,7 +7,7 @@ each request with its tokens, sampling parameters and arrival step
 (:class:`AddRequest`), aborts (:class:`Abort`), hand-picked evictions
 (:class:`Evict`, the search shortcut; every other block leaves the cache on a
 path vLLM takes itself: LRU pressure, preemption, a KV-load failure fed in a
-step's output), and each engine step (:class:`Step`): what ``schedule()``
+step's output), prefix-cache resets (:class:`ResetPrefixCache`), and each engine step (:class:`Step`): what ``schedule()``
 returned (:class:`ScheduledOutput`), every connector answer it asked for
 (:class:`ConnectorAnswer`), and the ``ModelRunnerOutput`` fed back through
 ``update_from_output()`` (:class:`FedOutput`), with finished async loads,
@@ -33,6 +33,7 @@ __all__ = [
     "Evict",
     "FedOutput",
     "OpLog",
+    "ResetPrefixCache",
     "RunConfig",
     "ScheduledOutput",
     "Step",
@@ -105,6 +106,18 @@ class Evict:
 
 
 @dataclasses.dataclass(frozen=True)
+class ResetPrefixCache:
+    """``scheduler.reset_prefix_cache(reset_running_requests=reset_running)``
+    between steps, right before step ``step + 1``'s ``schedule()``: what the
+    engine core's utility call of that name does (``LLM.reset_prefix_cache``,
+    after a weight update in RLHF flows). With ``reset_running`` vLLM first
+    preempts every running request, dropping its output still in flight."""
+
+    step: int
+    reset_running: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class ConnectorAnswer:
     """One ``get_num_new_matched_tokens(request, num_computed_tokens)`` and its answer."""
 
@@ -162,7 +175,7 @@ class Step:
     fed_step: int | None = None
 
 
-Op = Union[AddRequest, Abort, Evict, Step]
+Op = Union[AddRequest, Abort, Evict, ResetPrefixCache, Step]
 
 
 @dataclasses.dataclass

@@ -11,6 +11,7 @@ from fuzz.model._contents import (
     EventGap,
     EventOrphan,
     ForeignHit,
+    HitAcrossReset,
     KvFromOtherToken,
     MisnamedEntry,
     MissingLookahead,
@@ -536,6 +537,9 @@ class StepObservation:
     # Blocks the step's admissions adopted (what schedule() handed to
     # allocate_slots as computed) that were written under another salt.
     foreign_hits: tuple[ForeignHit, ...] = ()
+    # Positions adopted as computed whose KV predates the last prefix-cache
+    # reset that succeeded (steps after one only).
+    hits_across_reset: tuple[HitAcrossReset, ...] = ()
     # Requests whose table the drafter's lookahead writes run past.
     missing_lookahead: tuple[MissingLookahead, ...] = ()
     # Each request this step's schedule() preempted, as it left it.

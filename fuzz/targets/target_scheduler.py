@@ -18,22 +18,13 @@ uses the evict shortcut.
   before the replay. A search aid only: a failure here must be re-derived
   through a real path before it is reported as a vLLM bug, so it runs only
   when ``FUZZ_SHORTCUT=1``.
-* ``TestSchedulerMachine``: a rule-based state machine adding requests that
-  share prefixes (a Bundle), stepping (chunked prefill re-enters
-  ``schedule()``), running to idle, aborting, and the connector reporting
-  KV-load failures (``failed_recving`` for async loads; ``invalid_block_ids``
-  on one-group layouts, which vLLM's "fail" policy evicts), with every
-  invariant checked after every step and the pool checked whenever idle.
-  Three rare states are built, not waited for: one run in five is a
-  failing-load run (one group, a first request whose synchronous load fails
-  block by block, mostly aborted during that step under "fail"), a run
-  speculating where vLLM may preempt a decoding request presses the pool
-  with requests decoding with drafts (``press_with_drafts``) after its
-  first request, the
-  ``next_turn`` rule extends a finished turn past its sub-block tail entry
-  with the store holding it (the truncation branch), and the
-  ``press_with_drafts`` rule (speculating runs) has requests decoding with
-  drafts outgrow the pool (a preemption of a request holding drafts).
+* ``TestSchedulerMachine``: a rule-based state machine over one scheduler
+  (requests sharing prefixes, steps, aborts, failed loads, prefix-cache
+  resets), every invariant checked after every step and the pool whenever
+  idle. Rare states are built, not waited for: failing-load runs, a finished
+  turn extended past its sub-block tail (``next_turn``), requests decoding
+  with drafts outgrowing the pool (``press_with_drafts``). docs/targets.md
+  has the rules.
 """
 
 from __future__ import annotations
@@ -57,11 +48,11 @@ from hypothesis.stateful import (
 
 from fuzz.adapter import missing_capabilities
 from fuzz.registry import SCHEDULER_TIER
-from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import ExternalReply, SchedulerDraw
 from fuzz.runners.scheduler import ALL_CHECKS, Stepper, build_harness, carrying_oplog, run_single_shot
 from invariants.scheduler import check_no_leaked_blocks
 from strategies.engine_models import engine_single_shot_scenarios
-from fuzz.model import PromptDraw, SingleShotScenario
+from fuzz.model import SingleShotScenario
 from strategies.machine import (
     drafting_pressures,
     namespaces,
@@ -71,7 +62,7 @@ from strategies.machine import (
     pressure_lengths,
 )
 from strategies.scheduler import external_replies, prefix_cache_skips, scheduler_draws, scheduler_layouts
-from strategies.single_shot import single_shot_scenarios
+from strategies.single_shot import PREEMPTED_THEN_RESUMED, single_shot_scenarios
 
 SHORTCUT = os.environ.get("FUZZ_SHORTCUT") == "1"
 
@@ -107,36 +98,6 @@ def engine_reachable_strategy():  # type: ignore[no-untyped-def]
 def check_single_shot(scenario: SingleShotScenario) -> None:
     """Run the scenario; raises InvariantViolation on a violated invariant."""
     run_single_shot(scenario)
-
-
-_NO_HIT = ExternalReply(kind="zero", store_len=0, undecided=0, extra=0, load_async=False)
-
-# Shrunk on vLLM 0.29.0 (a suite defect, not a vLLM bug: see
-# tests/harness/test_scheduler_resumed_requests.py): two concurrent fills in an
-# 8-block pool; with the V1 model runner the second is preempted while the
-# first decodes, then resumes with a local hit and is reported among the
-# cached requests of the SchedulerOutput.
-PREEMPTED_THEN_RESUMED = SingleShotScenario(
-    config=SchedulerDraw(
-        layout=LayoutDraw(
-            (SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4)), hash_block_size=1, num_blocks=8
-        ),
-        max_num_batched_tokens=4,
-        max_num_seqs=2,
-        long_prefill_token_threshold=1,
-        divergent_hits=True,
-        kv_load_failure_policy="fail",
-        model_runner="v1",
-    ),
-    shared_len=32,
-    token_seed=0,
-    fills=(PromptDraw(6, 0, 1, _NO_HIT), PromptDraw(10, 0, 3, _NO_HIT)),
-    concurrent=True,
-    evict_from=None,
-    replay=PromptDraw(11, 0, 1, ExternalReply(kind="store", store_len=11, undecided=0, extra=0, load_async=False)),
-    flavour="tail",
-    probe=PromptDraw(9, 0, 1, _NO_HIT),
-)
 
 
 @example(scenario=PREEMPTED_THEN_RESUMED)
@@ -192,6 +153,10 @@ PARTLY_EVICTED = "pool pressure evicted part of a turn"
 # one where vLLM preempted a request holding drafts (any rule's step).
 DRAFTS_PRESSED = "decoding requests with drafts pressed the pool"
 DRAFTS_PREEMPTED = "request holding drafts preempted"
+# The labels of a run that reset the prefix cache (a reset that succeeded),
+# and of one whose reset preempted the running requests first.
+CACHE_RESET = "prefix cache reset"
+RUNNING_RESET = "prefix cache reset with running requests preempted"
 
 # Per state-machine run: how many runs reached each branch label ("runs" = total).
 MACHINE_REACH: Counter[str] = Counter()
@@ -524,6 +489,23 @@ class SchedulerMachine(RuleBasedStateMachine):
         during = data.draw(st.booleans(), label="abort during the next step")
         note(f"abort({rid}{', during_step=True' if during else ''}) while {self.harness.status_of(rid)}")
         self.harness.abort(rid, during_step=during)
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data())
+    def reset_prefix_cache(self, data: st.DataObject) -> None:
+        """The engine core's ``reset_prefix_cache`` utility call, right
+        before the next ``schedule()``. ``reset_running_requests`` (vLLM
+        preempts every running request first) is drawn only with no KV
+        transfer in flight: vLLM documents that it cannot reset then."""
+        assert self.harness is not None
+        transfers = self.harness.loads_in_flight() or self.harness.script.sends_in_flight
+        running = data.draw(st.just(False) if transfers else st.booleans(), label="reset running requests")
+        note(f"reset_prefix_cache(reset_running_requests={running})")
+        before = len(self.harness.resets)
+        self.harness.reset_prefix_cache(reset_running=running)
+        self.step(1)
+        if len(self.harness.resets) > before and self.harness.resets[-1][1]:
+            self.labels.add(RUNNING_RESET if running else CACHE_RESET)
 
     @precondition(lambda self: self._live() and bool(self.harness and self.harness.loads_in_flight()))
     @rule(data=st.data())

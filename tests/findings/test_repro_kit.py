@@ -265,6 +265,7 @@ def _run_file(path: Path, bug: str | None, tmp_path: Path) -> BaseException | No
         "kv-matches-tokens",
         # What the prefix cache promises (invariants/promises.py).
         "hits-within-namespace",
+        "hits-after-reset",
         "events-replay-index",
         "lookahead-allocated",
         "preempted-resumable",

@@ -238,6 +238,8 @@ PROMISE_BUGS = {
     ),
     # KV events on, decoding past the prompt: the file replays each batch and keeps its orphans.
     "stored_event_names_itself_parent": ("events-chain", "watch.event_orphans = watch.events.take_orphans()"),
+    # A reset while a request decodes: the file resets between steps and notes the step it preceded.
+    "reset_keeps_index": ("hits-after-reset", "_reset_prefix_cache(scheduler, watch, reset_running_requests=True)"),
     # Async EAGLE: the drafter writes ahead of every step it drafts from.
     "lookahead_not_allocated": ("lookahead-allocated", "SPECULATIVE_METHOD = 'eagle'"),
     # A preemption: the file watches each preempted request right after schedule().

@@ -212,3 +212,23 @@ def test_a_block_a_same_step_load_refills_is_judged_by_its_new_writer() -> None:
     contents.load([[3, 4]], [0], 3, 6, list(range(4)), request_id="r3")
     assert contents.written_under[3] == ""
     assert contents.foreign_blocks("r4", [[3]], [[3, 1]]) == []
+
+
+def test_a_hit_after_a_reset_is_judged_on_the_offsets_it_reads() -> None:
+    """Shrunk from a scheduler-machine campaign (a harness misfit of
+    hits-after-reset, fixed): block 7 held 12 positions for a 12-token group
+    before a reset; reused by a 4-token group after it, it keeps the old
+    offsets past 3. A hit adopting it at table index 11 reads positions
+    44-47 only, all written after the reset; the stale offset 4 is not read."""
+    c = _contents(4, 12)
+    c.take_tables(_out(new=[("a", ([1], [6, 7]))]))
+    c.write("a", 0, 17, step=1, tokens=list(range(17)))  # block 7 (group 1) holds 12..16 at offsets 0..4
+    c.forget(["a"])
+    c.take_tables(_out(new=[("b", ([9] * 11 + [7], [8, 9, 10, 11]))]))
+    c.write("b", 44, 48, step=16, tokens=list(range(48)))  # block 7 (group 0) now holds 44..47 at 0..3
+    adopted = ([2] * 11 + [7], [])
+    assert c.written_before(adopted, 48, step=8) == [], "a stale offset past the group's block was judged"
+    # A reset after the write: every position the hit reads predates it.
+    assert c.written_before(adopted, 48, step=17) == [(0, 7, p, 16) for p in range(44, 48)]
+    # A hit of 46 tokens reads 44 and 45 only.
+    assert c.written_before(adopted, 46, step=17) == [(0, 7, 44, 16), (0, 7, 45, 16)]

@@ -20,7 +20,7 @@ import pytest
 
 from fuzz.adapter import SchedulerHarness
 from fuzz.runners.scheduler import run_single_shot
-from fuzz.targets.target_scheduler import PREEMPTED_THEN_RESUMED
+from strategies.single_shot import PREEMPTED_THEN_RESUMED
 
 RESUMED = "resumed after preemption with a local hit"
 

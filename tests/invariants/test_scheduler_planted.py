@@ -29,7 +29,7 @@ from invariants import connector as conn
 from invariants import scheduler as inv
 from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import check_events_chain, check_events_replay_index, check_hits_within_namespace
-from invariants.promises import check_lookahead_allocated
+from invariants.promises import check_hits_after_reset, check_lookahead_allocated
 from invariants.promises import check_in_flight_reads_held, check_preempted_resumable
 from invariants.hits import check_eviction_order, check_hit_matches_index
 from invariants.contents import check_index_names_its_prefix
@@ -227,6 +227,33 @@ def tenants_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def reset_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """One 13-token prompt sent three times, async scheduling on a producer
+    (a consumer defers the frees a reset needs: the known bug
+    reset-running-fails-on-deferred-frees): the second
+    hits 3 blocks of 4 tokens; while it decodes, the prefix cache is reset
+    with reset_running_requests (it is preempted, its output in flight
+    dropped); resumed, it may hit nothing; neither may the third, sent after
+    it finished, hit anything computed before the reset (it hits the
+    second's recomputed blocks)."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2, async_scheduling=True,
+                                             kv_role="kv_producer"))
+    run = Stepper(harness, checks)
+    hits = []
+    for n in range(3):
+        rid = harness.add_request(range(13), max_tokens=4)
+        hits += [a.local_hit for a in run.step().admissions if a.request_id == rid]
+        if n == 1:
+            run.step()
+            harness.reset_prefix_cache(reset_running=True)
+            hits += [a.local_hit for a in run.step().admissions if a.request_id == rid]
+        run.drain()
+    assert harness.resets and all(ok for _, ok in harness.resets), harness.resets
+    assert hits == [0, 12, 0, 12], hits
+    return run
+
+
 def adapters_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     """LoRA on (one adapter): one 13-token prompt sent by the base model, under
     adapter b, and under adapter b again, one after another: only the last
@@ -359,6 +386,7 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
     (check_hits_within_namespace, "hits-within-namespace", "cache_salt_not_hashed", tenants_run, None),
     (check_hits_within_namespace, "hits-within-namespace", "lora_not_hashed", adapters_run, None),
     (check_hits_within_namespace, "hits-within-namespace", "embeds_not_hashed", embeddings_run, None),
+    (check_hits_after_reset, "hits-after-reset", "reset_keeps_index", reset_run, None),
     (check_lookahead_allocated, "lookahead-allocated", "lookahead_not_allocated", eagle_run, None),
     (check_in_flight_reads_held, "in-flight-reads-held", "window_frees_in_flight", windowed_decoding_run, None),
     (check_preempted_resumable, "preempted-resumable", "preempt_keeps_computed_tokens", preempting_run,

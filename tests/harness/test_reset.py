@@ -1,0 +1,74 @@
+"""Prefix-cache resets between steps (``SchedulerHarness.reset_prefix_cache``,
+the state machine's ``reset_prefix_cache`` rule) on unmodified vLLM: every
+claim holds around them.
+
+The first two are shrunk from scheduler-machine campaigns that met harness
+misfits (fixed): a request a reset preempts may be admitted again by the
+very next ``schedule()``, with a new block table or an async load that
+schedules nothing, and is judged as the reset left it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz.adapter import SchedulerHarness
+from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.runners.scheduler import ALL_CHECKS, Stepper
+from fuzz.targets.target_scheduler import UNSUPPORTED
+from tests.invariants.test_scheduler_planted import reset_run
+
+pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
+
+LAYOUT = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17)
+
+
+def test_a_request_preempted_with_its_step_in_flight_is_admitted_again_at_once() -> None:
+    """Async scheduling on a producer: the reset preempts a decoding request
+    whose step is in flight, and the next schedule() admits it again with a
+    new table (in-flight-reads-held excuses its freed blocks, as for any
+    preemption where vLLM frees at once)."""
+    run = reset_run(ALL_CHECKS)
+    assert run.harness.resets == [(run.harness.resets[0][0], True)]
+
+
+def test_a_request_preempted_by_a_reset_may_wait_for_a_load_at_once() -> None:
+    """Synchronous scheduling, a connector that loads asynchronously: the
+    reset preempts the decoding request, and the next schedule() admits it
+    again into WAITING_FOR_REMOTE_KVS, holding blocks; preempted-resumable
+    judges it as the reset left it (PREEMPTED, nothing held)."""
+    harness = SchedulerHarness(SchedulerDraw(LAYOUT, max_num_batched_tokens=32, max_num_seqs=2))
+    run = Stepper(harness, ALL_CHECKS)
+    rid = harness.add_request(range(13), max_tokens=6, reply=ExternalReply("store", store_len=8, load_async=True))
+    for _ in range(8):
+        run.step()
+        if harness.status_of(rid) == "RUNNING" and (harness.num_computed_tokens(rid) or 0) > 13:
+            break
+    assert harness.status_of(rid) == "RUNNING", harness.status_of(rid)
+    harness.reset_prefix_cache(reset_running=True)
+    observation = run.step()
+    assert [p.request_id for p in observation.preemptions] == [rid]
+    (preempted,) = observation.preemptions
+    assert (preempted.status, preempted.num_computed_tokens, sum(preempted.blocks_held)) == ("PREEMPTED", 0, 0)
+    assert harness.status_of(rid) == "WAITING_FOR_REMOTE_KVS", harness.status_of(rid)
+    run.drain()
+    assert harness.resets[0][1] and not harness.live_request_ids
+
+
+def test_a_reset_refused_while_a_request_runs_changes_nothing() -> None:
+    """Without reset_running_requests, a reset while a request holds blocks
+    is refused (vLLM returns False) and the cache keeps serving its hits."""
+    harness = SchedulerHarness(SchedulerDraw(LAYOUT, max_num_batched_tokens=32, max_num_seqs=2))
+    run = Stepper(harness, ALL_CHECKS)
+    harness.add_request(range(13), max_tokens=2)
+    run.drain()
+    harness.add_request(range(13), max_tokens=4)
+    run.step()
+    harness.reset_prefix_cache(reset_running=False)
+    run.step()
+    run.drain()
+    assert [ok for _, ok in harness.resets] == [False]
+    rid = harness.add_request(range(13), max_tokens=2)
+    hits = [a.local_hit for a in run.step().admissions if a.request_id == rid]
+    run.drain()
+    assert hits == [12], hits
