@@ -15,8 +15,9 @@ built after the ownership spy, it wraps that spy's wrappers):
 * ``BlockPool.get_new_blocks``: every block handed out leaves the pool; one
   the prefix-cache index named just before the call is an eviction,
   recorded with every block still free right after it was taken;
-* ``BlockPool.reset_prefix_cache``: one that succeeds leaves every free
-  block keyless where it lies in the free queue.
+* ``BlockPool.reset_prefix_cache``: every free block keeps, where it lies
+  in the free queue, only the keys the index still files under it (none,
+  after a reset that succeeded).
 
 Which blocks are free is the watch's own model: those free when it starts,
 plus those freed since, less those handed out or adopted. It never reads
@@ -123,8 +124,8 @@ class EvictionWatch:
 
         def reset_prefix_cache() -> bool:
             done = real_reset()
-            if done:
-                watch.free = {bid: dataclasses.replace(freed, keys=()) for bid, freed in watch.free.items()}
+            keys = watch._keys()  # after a reset that succeeded, none
+            watch.free = {bid: dataclasses.replace(freed, keys=keys.get(bid, ())) for bid, freed in watch.free.items()}
             return done
 
         pool.free_blocks, pool.touch, pool.get_new_blocks = free_blocks, touch, get_new_blocks

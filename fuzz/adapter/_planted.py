@@ -525,11 +525,12 @@ _MANAGER_EDITS["window_frees_in_flight"] = (
 
 # What a reset promises (invariants/promises.py): the cache forgets.
 _MANAGER_EDITS["reset_keeps_index"] = (
-    "BlockPool.reset_prefix_cache clears every block's own hash but keeps the "
-    "prefix-cache index: after a reset (a weight update in RLHF flows) a lookup still "
-    "finds, and adopts, KV cached before it",
+    "BlockPool.reset_prefix_cache reports success before it clears anything: the "
+    "prefix-cache index, the blocks' hashes and the events stay as they were, so "
+    "after a reset (a weight update in RLHF flows) a lookup still adopts KV cached "
+    "before it",
     ("vllm.v1.core.block_pool", "BlockPool", "reset_prefix_cache"),
-    (("self.cached_block_hash_to_block = BlockHashToBlockMap()", "pass"),),
+    (("self.cached_block_hash_to_block = BlockHashToBlockMap()", "return True"),),
 )
 
 # How long a hit the lookup serves (invariants/hits.py): a missed hit.
