@@ -108,9 +108,9 @@ def expects_truncation(adm: AdmissionObservation) -> bool:
 
 def check_no_exception_escapes(step: StepObservation) -> None:
     """No exception escapes ``schedule()``, ``update_from_output()`` or a
-    ``reset_prefix_cache()`` between them for a configuration vLLM accepted. The one excuse: an ``AssertionError`` in a
-    step where the connector over-reported (a contract breach vLLM may refuse
-    loudly)."""
+    ``reset_prefix_cache()`` between them for a configuration vLLM accepted.
+    The one excuse: an ``AssertionError`` in a step where the connector
+    over-reported (a contract breach vLLM may refuse loudly)."""
     if step.error is None:
         return
     if step.error_type == "AssertionError" and step.dishonest_replies:
