@@ -428,12 +428,15 @@ def check_rejected_drafts_rolled_back(step: StepObservation) -> None:
     ``num_computed_tokens`` down by exactly k - a. (Those positions hold the
     rejected drafts' KV; counted, the next step would start past tokens that
     were never computed, and the blocks kept would not match.) Requests
-    whose load failed in the step, or that are no longer RUNNING (finished,
-    or preempted while the output was in flight: a stale rejection vLLM
-    leaves alone), make no claim."""
+    whose load failed in the step, or that are no longer RUNNING (finished),
+    or whose share of the output is stale (preempted while it was in
+    flight, a prefix-cache reset's preemption included, which the same
+    ``schedule()`` may admit again: a stale rejection vLLM leaves alone),
+    make no claim."""
     failed = {f.request_id for f in step.failed_loads}
+    stale = {s.request_id for s in step.stale_outputs}
     for v in step.draft_verifications:
-        if v.status_after != "RUNNING" or v.request_id in failed:
+        if v.status_after != "RUNNING" or v.request_id in failed or v.request_id in stale:
             continue
         if v.computed_before - v.computed_after != v.num_rejected:
             raise InvariantViolation(

@@ -71,7 +71,8 @@ class WorkerRecord:
         output tokens were discarded due to a sync-KV-load failure"), a
         cached request's ``num_output_tokens`` (vLLM sends its outputs plus
         its output placeholders) below the outputs the worker knows drops
-        the excess."""
+        the excess. A request added anew forgets the rejections of its old
+        steps still unfed."""
         for new in out.scheduled_new_reqs:
             if new.prompt_token_ids is not None:
                 self.prompt.setdefault(new.req_id, len(new.prompt_token_ids))
@@ -92,6 +93,12 @@ class WorkerRecord:
         for rid, outputs in zip(cached.req_ids, getattr(cached, "num_output_tokens", None) or ()):
             if rid in self.prompt and self.prompt[rid] + outputs < self.known(rid):
                 del self.tokens[rid][self.prompt[rid] + outputs :]
+        # A request the runner adds to its batch anew (new, or resumed after a
+        # preemption: a prefix-cache reset's may resume while its old step is
+        # in flight) starts where the output says; the rejected drafts of
+        # that old, stale step do not move it.
+        for rid in [n.req_id for n in out.scheduled_new_reqs] + list(getattr(cached, "resumed_req_ids", None) or ()):
+            self.unfed_rejections.pop(rid, None)
 
     def start(self, request_id: str, before: Mapping[str, int]) -> int:
         """Where ``request_id``'s scheduled tokens really start: the

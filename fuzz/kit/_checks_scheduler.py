@@ -182,10 +182,11 @@ def _check_stale_output_dropped(scheduler, out, watch, step):
 def _check_rejected_drafts_rolled_back(scheduler, out, watch, step):
     """A running request whose k drafts the fed output verified with a
     accepted loses exactly k - a from num_computed_tokens in
-    update_from_output (the rejected positions are not computed)."""
+    update_from_output (the rejected positions are not computed). A share
+    of the output made stale by a preemption since makes no claim."""
     for rid, (num_drafts, accepted, before) in watch.verified.items():
         req = scheduler.requests.get(rid)
-        if req is None or req.status != RequestStatus.RUNNING or rid in watch.failed:
+        if req is None or req.status != RequestStatus.RUNNING or rid in watch.failed or rid in watch.stale:
             continue
         assert before - req.num_computed_tokens == num_drafts - accepted, (
             f"step {step}: update_from_output() verified {num_drafts} drafts of request {rid} and accepted "

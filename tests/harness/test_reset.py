@@ -72,3 +72,31 @@ def test_a_reset_refused_while_a_request_runs_changes_nothing() -> None:
     hits = [a.local_hit for a in run.step().admissions if a.request_id == rid]
     run.drain()
     assert hits == [12], hits
+
+
+def test_a_reset_drops_the_drafts_of_the_step_in_flight() -> None:
+    """Shrunk from a scheduler-machine campaign (a misfit of
+    rejected-drafts-rolled-back, fixed): async EAGLE on a producer; the
+    reset preempts a request whose step in flight verifies drafts, and the
+    next schedule() admits it again from 0. That step's output is stale
+    (vLLM drops it): its rejected drafts take nothing off the restarted
+    count."""
+    layout = LayoutDraw(
+        (SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4, (("num_speculative_blocks", 3),))),
+        hash_block_size=4, num_blocks=41,
+    )
+    harness = SchedulerHarness(SchedulerDraw(
+        layout, max_num_batched_tokens=16, max_num_seqs=2, model_runner="v1", async_scheduling=True,
+        kv_role="kv_producer", speculative_method="eagle", num_speculative_tokens=3, draft_acceptance=(0,),
+    ))
+    run = Stepper(harness, ALL_CHECKS)
+    rid = harness.add_request(tuple(range(10)), max_tokens=8)
+    for _ in range(3):  # two prefill chunks (4, 6), then 1 token and 3 drafts
+        out = run.step()
+    assert out.num_scheduled == {rid: 4} and harness.has_pending_output, "no step with drafts in flight"
+    harness.reset_prefix_cache(reset_running=True)
+    observation = run.step()
+    assert [s.request_id for s in observation.stale_outputs] == [rid]
+    assert [v.request_id for v in observation.draft_verifications] == [rid]
+    run.drain()
+    assert harness.resets[0][1] and not harness.live_request_ids

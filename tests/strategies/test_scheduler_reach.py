@@ -58,6 +58,9 @@ MACHINE_MIN_PREFILL_HELD = 0.01
 # (press_with_drafts at build): 14 of 162 ci-profile runs (8.6%); none in
 # 150 runs before the construction.
 MACHINE_MIN_DRAFTS_PREEMPTED = 0.03
+# A prefix-cache reset that succeeded (the reset_prefix_cache rule): the
+# floor guards against the rule disappearing, not against the sample's luck.
+MACHINE_MIN_RESET = 0.05
 # Requests with skip_reading_prefix_cache admitted past a cached or
 # external hit (one tail/inside/free replay, one machine request, in eight).
 MIN_SKIPPED_PAST_HIT = 0.03
@@ -139,6 +142,11 @@ def test_state_machine_reach() -> None:
     assert drafts >= MACHINE_MIN_DRAFTS_PREEMPTED, (
         f"a request holding drafts was preempted in {drafts:.1%} of {n} state-machine runs "
         f"(need {MACHINE_MIN_DRAFTS_PREEMPTED:.0%}); the machine no longer presses speculating runs"
+    )
+    resets = shares.get(target_scheduler.CACHE_RESET, 0.0) + shares.get(target_scheduler.RUNNING_RESET, 0.0)
+    assert resets >= MACHINE_MIN_RESET, (
+        f"a prefix-cache reset succeeded in {resets:.1%} of {n} state-machine runs (need {MACHINE_MIN_RESET:.0%}); "
+        "the machine's reset_prefix_cache rule no longer runs"
     )
     _assert_async_reach(shares, n, "state-machine runs")
 
