@@ -154,7 +154,8 @@ INVARIANTS: tuple[Invariant, ...] = (
     _s("hits-within-namespace", prom.check_hits_within_namespace, "cache_salt_not_hashed", "lora_not_hashed",
        "embeds_not_hashed", watches="contents namespaces"),
     _s("hits-after-reset", prom.check_hits_after_reset, "reset_keeps_index", watches="contents resets"),
-    _s("events-replay-index", prom.check_events_replay_index, "eviction_announces_nothing", watches="events"),
+    _s("events-replay-index", prom.check_events_replay_index, "eviction_announces_nothing", "reset_announces_nothing",
+       watches="events"),
     _s(
         "events-chain",
         prom.check_events_chain,

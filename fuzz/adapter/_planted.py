@@ -494,6 +494,14 @@ _MANAGER_EDITS["eviction_announces_nothing"] = (
     (("self._emit_block_removed_events(evicted_hashes)", "pass"),),
 )
 
+_MANAGER_EDITS["reset_announces_nothing"] = (
+    "BlockPool.reset_prefix_cache clears the prefix-cache index without publishing "
+    "AllBlocksCleared: after a reset a KV-aware router keeps routing requests to hits "
+    "that are gone",
+    ("vllm.v1.core.block_pool", "BlockPool", "reset_prefix_cache"),
+    (("self.kv_event_queue.append(AllBlocksCleared())", "pass"),),
+)
+
 # What the index names (invariants/contents.py): a key outliving its block's contents.
 _MANAGER_EDITS["evicted_key_stays_indexed"] = (
     "BlockPool._remove_cached_block_hashes clears a reused block's own key but leaves "

@@ -238,12 +238,14 @@ PROMISE_BUGS = {
     ),
     # KV events on, decoding past the prompt: the file replays each batch and keeps its orphans.
     "stored_event_names_itself_parent": ("events-chain", "watch.event_orphans = watch.events.take_orphans()"),
+    # ... and one that announces nothing: the file replays the events against the index.
+    "reset_announces_nothing": ("events-replay-index", "_reset_prefix_cache(scheduler, watch, reset_running_requests=True)"),
     # A reset while a request decodes: the file resets between steps and notes the step it preceded.
     "reset_keeps_index": ("hits-after-reset", "_reset_prefix_cache(scheduler, watch, reset_running_requests=True)"),
     # Async EAGLE: the drafter writes ahead of every step it drafts from.
     "lookahead_not_allocated": ("lookahead-allocated", "SPECULATIVE_METHOD = 'eagle'"),
     # A preemption: the file watches each preempted request right after schedule().
-    "preempt_keeps_computed_tokens": ("preempted-resumable", "watch.preempted = _preempted_states(scheduler, out)"),
+    "preempt_keeps_computed_tokens": ("preempted-resumable", "watch.preempted = watch.reset_preempted + _preempted_states(scheduler, ids)"),
     # ... of a speculating request: the file speculates (ngram) and watches its drafts.
     "preempt_keeps_drafts": ("preempted-resumable", "SPECULATIVE_METHOD = 'ngram'"),
     # Async decoding past a sliding window: the file keeps the tables of the step in flight.

@@ -227,7 +227,7 @@ def tenants_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
-def reset_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+def reset_run(checks: tuple[Callable[..., None], ...], kv_events: bool = False) -> Stepper:
     """One 13-token prompt sent three times, async scheduling on a producer
     (a consumer defers the frees a reset needs: the known bug
     reset-running-fails-on-deferred-frees): the second
@@ -238,7 +238,7 @@ def reset_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     second's recomputed blocks)."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17)
     harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2, async_scheduling=True,
-                                             kv_role="kv_producer"))
+                                             kv_role="kv_producer", kv_events=kv_events))
     run = Stepper(harness, checks)
     hits = []
     for n in range(3):
@@ -251,6 +251,14 @@ def reset_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
         run.drain()
     assert harness.resets and all(ok for _, ok in harness.resets), harness.resets
     assert hits == [0, 12, 0, 12], hits
+    return run
+
+
+def reset_events_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """KV events on; :func:`reset_run` (the reset announced by AllBlocksCleared)."""
+    run = reset_run(checks, kv_events=True)
+    events = run.harness.observer.events
+    assert events is not None and events.events_seen["AllBlocksCleared"] == 1, events and events.events_seen
     return run
 
 
@@ -383,6 +391,7 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
     # What the cache announces (invariants/promises.py).
     (check_events_replay_index, "events-replay-index", "eviction_announces_nothing", evicting_events_run, None),
     (check_events_chain, "events-chain", "stored_event_names_itself_parent", decoding_events_run, None),
+    (check_events_replay_index, "events-replay-index", "reset_announces_nothing", reset_events_run, None),
     (check_hits_within_namespace, "hits-within-namespace", "cache_salt_not_hashed", tenants_run, None),
     (check_hits_within_namespace, "hits-within-namespace", "lora_not_hashed", adapters_run, None),
     (check_hits_within_namespace, "hits-within-namespace", "embeds_not_hashed", embeddings_run, None),
