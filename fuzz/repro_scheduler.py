@@ -310,7 +310,7 @@ def scheduler_repro(
     emitted = [line for name, (_, text) in constants.items() if name in kit.constants for line in text]
     # The constants' values name spec classes (and torch dtypes): their imports too.
     kit = kit_source({"pytest", "ScriptedConnector"}, values, constant_names=constants, extra=test + "\n" + "\n".join(emitted),
-                     more_imports=more_imports)
+                     more_imports=more_imports, in_full={_CHECK_OF[invariant]})
     return "\n".join([
         header,
         *kit.imports,
