@@ -305,11 +305,12 @@ def scheduler_repro(
         "torch": ("torch", None),
         **{k: ("vllm.v1.kv_cache_interface", k) for k in _spec_classes(draw.layout.groups)},
     }
-    kit = kit_source({"pytest", "ScriptedConnector"}, values, constant_names=constants, extra=test, more_imports=more_imports)
+    roots = {"pytest", "ScriptedConnector"} if draw.connector else {"pytest"}
+    kit = kit_source(roots, values, constant_names=constants, extra=test, more_imports=more_imports)
     prompts = [_tokens(_const(r.request_id), r.token_ids) for r in requests]
     emitted = [line for name, (_, text) in constants.items() if name in kit.constants for line in text]
     # The constants' values name spec classes (and torch dtypes): their imports too.
-    kit = kit_source({"pytest", "ScriptedConnector"}, values, constant_names=constants, extra=test + "\n" + "\n".join(emitted),
+    kit = kit_source(roots, values, constant_names=constants, extra=test + "\n" + "\n".join(emitted),
                      more_imports=more_imports, in_full={_CHECK_OF[invariant]})
     return "\n".join([
         header,
@@ -398,7 +399,9 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         ]),
         "KV_LOAD_FAILURE_POLICY": (draw.kv_load_failure_policy,
                                    [f"KV_LOAD_FAILURE_POLICY = {draw.kv_load_failure_policy!r}"]),
-        "KV_ROLE": (draw.kv_role, [
+        "CONNECTOR": (draw.connector, []),
+        # No connector, no role: the kit's producer branches go with it.
+        "KV_ROLE": (draw.kv_role if draw.connector else None, [
             *(["# The connector's kv_role: a P/D prefill instance (it never loads, so vLLM",
                "# frees blocks at once and may preempt a request whose step is in flight)."]
               if draw.kv_role == "kv_producer" else []),

@@ -35,6 +35,7 @@ from fuzz.adapter._contents import lora_identity, prompt_embedding_rows
 from fuzz.kit._params import (
     ASYNC_SCHEDULING,
     BLOCK_SIZE,
+    CONNECTOR,
     DRAFT_MODEL_CONFIG,
     HASH_BLOCK_SIZE,
     KV_CONFIG_FIELDS,
@@ -106,6 +107,16 @@ def _make_scheduler(tmp_path):
     speculation = {}
     if SPECULATIVE_METHOD is not None:
         speculation = _speculative_config(tmp_path, model_config)
+    transfer = {}
+    if CONNECTOR:
+        transfer = {
+            "kv_transfer_config": KVTransferConfig(
+                kv_connector="ScriptedConnector",
+                kv_connector_module_path=__name__,  # this file
+                kv_role=KV_ROLE,
+                kv_load_failure_policy=KV_LOAD_FAILURE_POLICY,
+            ),
+        }
     vllm_config = VllmConfig(
         model_config=model_config,
         scheduler_config=SchedulerConfig(
@@ -125,14 +136,9 @@ def _make_scheduler(tmp_path):
             prefix_match_unit=PREFIX_MATCH_UNIT,
             cache_dtype="auto",
         ),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="ScriptedConnector",
-            kv_connector_module_path=__name__,  # this file
-            kv_role=KV_ROLE,
-            kv_load_failure_policy=KV_LOAD_FAILURE_POLICY,
-        ),
         device_config=DeviceConfig(device="cpu"),
         **speculation,
+        **transfer,
     )
     # As on GPU: the hybrid KV-cache manager is on (a CPU-only install turns it off).
     vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False

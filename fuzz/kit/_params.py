@@ -38,6 +38,9 @@ SPECULATIVE_METHOD: str | None = None
 NUM_SPECULATIVE_TOKENS = 0
 DRAFT_ACCEPTANCE: tuple[int, ...] = (0,)
 DRAFT_MODEL_CONFIG: dict[str, Any] = {}
+# Whether the scheduler has the scripted KV connector (False: the failure
+# needs none, and the file carries none of it).
+CONNECTOR = True
 KV_LOAD_FAILURE_POLICY = "recompute"
 KV_ROLE = "kv_both"
 KV_CONFIG_FIELDS: dict[str, Any] = {}

@@ -18,6 +18,7 @@ from fuzz.kit._contents import _make_contents
 from fuzz.kit._hits import _index_at_lookup, _watch_frees
 from fuzz.kit._params import (
     ASYNC_SCHEDULING,
+    CONNECTOR,
     FAILING_LOADS,
     HASH_BLOCK_SIZE,
     NULL_BLOCK,
@@ -89,10 +90,11 @@ class _Watch:
             adm = self.admissions.get(request.request_id)
             if adm is not None and "alloc_external" not in adm:
                 adm["alloc_external"] = kwargs.get("num_external_computed_tokens", 0)
-            sched.connector.events.append((
-                "alloc", request.request_id, kwargs.get("num_new_computed_tokens", 0),
-                kwargs.get("num_external_computed_tokens", 0),
-            ))
+            if CONNECTOR:
+                sched.connector.events.append((
+                    "alloc", request.request_id, kwargs.get("num_new_computed_tokens", 0),
+                    kwargs.get("num_external_computed_tokens", 0),
+                ))
             if adm is not None and "local" not in adm:
                 blocks = kwargs.get("new_computed_blocks")
                 adm["local"] = kwargs.get("num_new_computed_tokens", 0)
@@ -263,7 +265,10 @@ class _Watch:
         cached = out.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
             computed.setdefault(rid, cached.num_computed_tokens[i])
-        told = scheduler.connector.told
+        if CONNECTOR:
+            told = scheduler.connector.told
+        else:  # no connector to tell: the admitted are the scheduled, none with external tokens
+            told = dict.fromkeys(computed, 0)
         self.seen |= set(scheduler.requests)
         self.num_tokens = {rid: scheduler.requests[rid].num_tokens for rid in computed}
         for rid in list(self.admissions):
@@ -275,7 +280,10 @@ class _Watch:
             adm["num_computed_tokens"] = computed.get(rid, scheduler.requests[rid].num_computed_tokens)
             adm["external"] = told[rid]
             adm["num_tokens"] = scheduler.requests[rid].num_tokens
-            adm["answer"] = scheduler.connector.answers.get(rid)
+            if CONNECTOR:
+                adm["answer"] = scheduler.connector.answers.get(rid)
+            else:
+                adm["answer"] = 0
             adm["table"] = [list(g) for g in scheduler.kv_cache_manager.get_block_ids(rid)]
 
 
