@@ -418,6 +418,10 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         "KV_EVENTS": (draw.kv_events, [f"KV_EVENTS = {draw.kv_events!r}"]),
         # --enable-lora, stated only where a request runs under an adapter.
         "MAX_LORAS": (loras := draw.max_loras if any(r.lora for r in requests) else 0, [f"MAX_LORAS = {loras!r}"]),
+        # What _make_request builds only where some request asks for it.
+        "CACHE_SALTS": (any(r.cache_salt for r in requests), []),
+        "PROMPT_EMBEDS": (any(r.embeds for r in requests), []),
+        "SKIPS_PREFIX_CACHE": (any(r.skip_reading_prefix_cache for r in requests), []),
         "STORE": (None, [
             "",
             "# The external store, per request: (kind, tokens held, first answers",

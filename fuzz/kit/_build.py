@@ -35,6 +35,7 @@ from fuzz.adapter._contents import lora_identity, prompt_embedding_rows
 from fuzz.kit._params import (
     ASYNC_SCHEDULING,
     BLOCK_SIZE,
+    CACHE_SALTS,
     CONNECTOR,
     DRAFT_MODEL_CONFIG,
     HASH_BLOCK_SIZE,
@@ -52,8 +53,10 @@ from fuzz.kit._params import (
     NUM_SPECULATIVE_TOKENS,
     PREFILL_SCHEDULE_INTERVAL,
     PREFIX_MATCH_UNIT,
+    PROMPT_EMBEDS,
     ROLES,
     SCHEDULER_BLOCK_SIZE,
+    SKIPS_PREFIX_CACHE,
     SPECS,
     SPECULATIVE_METHOD,
 )
@@ -162,30 +165,38 @@ def _make_scheduler(tmp_path):
     )
 
 
-def _make_request(request_id, token_ids, max_tokens, skip_reading_prefix_cache=None, cache_salt=None, lora=None,
-                  embeds=None):
-    # skip_reading_prefix_cache=True: the request must read no cached tokens.
-    # cache_salt: its tenant's; vLLM folds it into the first block's hash.
-    # lora: the adapter it runs under; vLLM folds its name and path into every block's hash.
-    # embeds: the tag of the prompt embeddings it sends instead of token ids
-    # (token_ids then only count them); vLLM hashes each block's slice.
-    skip = {} if skip_reading_prefix_cache is None else {"skip_reading_prefix_cache": skip_reading_prefix_cache}
-    adapter = {} if lora is None else {"lora_request": LoRARequest(*lora_identity(lora))}
-    if embeds is not None:
-        rows = torch.tensor(prompt_embedding_rows(embeds, len(token_ids)), dtype=torch.float32)
-        return Request(
-            request_id=request_id, prompt_token_ids=None, prompt_embeds=rows,
-            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True), pooling_params=None,
-            block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256), cache_salt=cache_salt, **adapter,
-        )
+def _make_request(request_id, token_ids, max_tokens, **options):
+    """A request decoding ``max_tokens`` tokens after ``token_ids``; ``options``:
+    skip_reading_prefix_cache, cache_salt, lora, embeds."""
+    sampling, extra = {}, {}
+    if SKIPS_PREFIX_CACHE:
+        # skip_reading_prefix_cache=True: the request must read no cached tokens.
+        if options.get("skip_reading_prefix_cache"):
+            sampling["skip_reading_prefix_cache"] = True
+    if CACHE_SALTS:
+        # cache_salt: its tenant's; vLLM folds it into the first block's hash.
+        extra["cache_salt"] = options.get("cache_salt")
+    if MAX_LORAS:
+        # lora: the adapter it runs under; vLLM folds its name and path into every block's hash.
+        if options.get("lora") is not None:
+            extra["lora_request"] = LoRARequest(*lora_identity(options["lora"]))
+    if PROMPT_EMBEDS:
+        # embeds: the tag of the prompt embeddings it sends instead of token ids
+        # (token_ids then only count them); vLLM hashes each block's slice.
+        if options.get("embeds") is not None:
+            rows = torch.tensor(prompt_embedding_rows(options["embeds"], len(token_ids)), dtype=torch.float32)
+            return Request(
+                request_id=request_id, prompt_token_ids=None, prompt_embeds=rows,
+                sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True), pooling_params=None,
+                block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256), **extra,
+            )
     return Request(
         request_id=request_id,
         prompt_token_ids=list(token_ids),
-        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **skip),
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling),
         pooling_params=None,
         block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256),
-        cache_salt=cache_salt,
-        **adapter,
+        **extra,
     )
 
 

@@ -50,6 +50,11 @@ DIVERGENT_HITS = False
 KV_EVENTS = False
 # --enable-lora --max-loras N (0: LoRA off); a request's adapter is _make_request's lora.
 MAX_LORAS = 0
+# Whether some request carries a cache_salt, sends prompt embeddings, or
+# skips reading the prefix cache (_make_request's options).
+CACHE_SALTS = False
+PROMPT_EMBEDS = False
+SKIPS_PREFIX_CACHE = False
 # The external store, per request (see ScriptedConnector).
 STORE: dict[str, Any] = {}
 
