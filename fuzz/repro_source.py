@@ -13,7 +13,8 @@ The kit (:mod:`fuzz.kit`) is real modules; this module reads their source
   read and the imports they need; of a kit class without bases (the
   watch, the worker's record), only the methods something calls;
 * **trimming**: each copied definition's docstring cut to its first
-  sentence and its comment-only lines dropped (read with :mod:`ast` and
+  sentence (its first line where the sentence runs longer) and its
+  comment-only lines dropped (read with :mod:`ast` and
   :mod:`tokenize`), except the definitions the file names in full (its
   failing check): the kit stays documented, the file stays short.
 
@@ -173,17 +174,24 @@ _DOCUMENTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 _SENTENCE_END = re.compile(r"\.(?=\s+[A-Z]|\s*$)")
 
 
+# A first sentence longer than this many lines is cut to its first line.
+_SUMMARY_LINES = 2
+
+
 def _summary(doc: str) -> str:
-    """The first sentence of a docstring's first paragraph (its line breaks kept)."""
+    """The first sentence of a docstring's first paragraph (its line breaks
+    kept); its first line and " ..." when the sentence runs longer."""
     paragraph = doc.split("\n\n", 1)[0].rstrip()
     end = _SENTENCE_END.search(paragraph)
-    return paragraph if end is None else paragraph[: end.end()]
+    sentence = paragraph if end is None else paragraph[: end.end()]
+    lines = sentence.splitlines()
+    return sentence if len(lines) <= _SUMMARY_LINES else lines[0] + " ..."
 
 
 def trim(source: str) -> str:
-    """``source`` with every docstring cut to its first sentence and every
-    comment-only line dropped; code, trailing comments and one-line
-    docstrings stay as they are."""
+    """``source`` with every docstring cut to its first sentence (or first
+    line) and every comment-only line dropped; code, trailing comments and
+    one-line docstrings stay as they are."""
     lines = source.splitlines()
     edits: dict[int, tuple[int, list[str]]] = {}  # first line (0-based) -> (end, replacement)
     for node in ast.walk(ast.parse(source)):
@@ -307,8 +315,19 @@ def kit_source(
     return KitSource(
         imports=_render_imports({n: imports[n] for n in used if n in imports and n not in defs}),
         constants=frozenset(n for n in used if n in names_of_constants and n not in defs),
-        code="\n\n\n".join(sources[name] if name in in_full else trim(sources[name]) for name in ordered),
+        code=_joined([sources[name] if name in in_full else trim(sources[name]) for name in ordered]),
     )
+
+
+def _joined(parts: list[str]) -> str:
+    """Definitions two blank lines apart (PEP 8), a run of constants one line after another."""
+    out = ""
+    constant_before = False
+    for part in parts:
+        constant = isinstance(ast.parse(part).body[0], ast.Assign)
+        out += ("\n" if constant and constant_before else "\n\n\n") + part if out else part
+        constant_before = constant
+    return out
 
 
 def _render_imports(names: Mapping[str, tuple[str, str | None]]) -> tuple[str, ...]:

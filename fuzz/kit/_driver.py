@@ -142,7 +142,8 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failing_block
         if FAILING_LOADS:
             watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
             watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
-        watch.worker.fed(watch.step)
+        if SPECULATIVE_METHOD is not None:  # the rejections it reports reach vLLM
+            watch.worker.fed(watch.step)
         _feed(scheduler, watch, out, sampled, recving, failed_loads, invalid_block_ids, sending)
         if SPECULATIVE_METHOD is not None:
             _propose_drafts(scheduler, out)
@@ -179,7 +180,8 @@ def _queued_step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failin
                 _settle_tokens(scheduler, out, watch)
             return out
     index, fed, sampled, admissions = watch.queue.pop()
-    watch.worker.fed(index)
+    if SPECULATIVE_METHOD is not None:  # the rejections it reports reach vLLM
+        watch.worker.fed(index)
     _abort_during_step(scheduler, watch)
     recving = set()
     if CONNECTOR:
