@@ -45,7 +45,7 @@ from collections.abc import Iterable
 
 from fuzz import adapter
 from fuzz.repro_shrink import _replay_checked, shrink_oplog
-from fuzz.repro_source import kit_source
+from fuzz.repro_source import kit_definitions, kit_source
 from fuzz.model import Abort, AddRequest, Evict, OpLog, SpecDraw, Step
 from fuzz.model import group_behaviour
 from fuzz.model import Behaviour, classification_of_kind
@@ -76,6 +76,16 @@ def _watches(invariant: str, what: str) -> bool:
     """The file watches ``what`` (a name of :attr:`invariants.table.Invariant.watches`) for ``invariant``."""
     row = _ROWS.get(invariant)
     return row is not None and what in row.watches
+
+
+# The kit's rooms of the admission claims: they read, beside each lookup,
+# the joint hit and each group's own (WATCH_JOINT_HITS).
+_READ_JOINT_HITS = ("fuzz.kit._checks_scheduler", "fuzz.kit._checks_connector")
+
+
+def _reads_joint_hits(invariant: str) -> bool:
+    check = _CHECK_OF.get(invariant)
+    return check is not None and kit_definitions().get(check) in _READ_JOINT_HITS
 
 
 _ROLE = {Behaviour.MUST_COVER: "must-cover", Behaviour.MAY_BE_SHORT: "whole-state", Behaviour.SCRATCH: "scratch"}
@@ -436,6 +446,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         # What the file watches beyond what every claim needs (the kit's
         # if-branches on them are kept or dropped as the file is written).
         **{f"WATCH_{what.upper().replace('-', '_')}": (_watches(invariant, what), []) for what in _WATCH_CONSTANTS},
+        "WATCH_JOINT_HITS": (_reads_joint_hits(invariant), []),
         "FAILING_LOADS": (any(op.fed is not None and (op.fed.failed_recving or op.fed.invalid_block_ids)
                               for op in log.until_step(_broken_step(log)).steps), []),
         "SAVED_STORE": (any(r.reply is not None and r.reply.kind == "saved" for r in requests), []),

@@ -74,6 +74,7 @@ WATCH_IN_FLIGHT = False  # the tables of the step still in flight as the next is
 WATCH_PREEMPTED = False  # each request a schedule() preempts, as it left it (_preempted_states)
 WATCH_HITS = False  # the index as each lookup begins, and the hit it served (_index_at_lookup)
 WATCH_EVICTIONS = False  # how each free block came back, each cached block evicted (EvictionWatch)
+WATCH_JOINT_HITS = True  # beside each lookup, the joint hit and each group's own (the admission claims)
 # What the run did that most runs do not: loads reported failed, and the
 # connector's own store of what finished requests computed.
 FAILING_LOADS = False

@@ -28,6 +28,7 @@ from fuzz.kit._params import (
     WATCH_EVICTIONS,
     WATCH_HITS,
     WATCH_INDEX,
+    WATCH_JOINT_HITS,
     WATCH_POOL,
 )
 
@@ -59,19 +60,19 @@ class _Watch:
         sched, mgr = scheduler, scheduler.kv_cache_manager
         lookup = type(sched)._get_local_prefix_cache_hit
         allocate = type(mgr).allocate_slots
-        coordinator = mgr.coordinator
 
         def local_hit(request, max_cache_hit_length=None):
-            limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
             if WATCH_HITS:  # the index as the lookup begins
                 held = _index_at_lookup(mgr, request, max_cache_hit_length)
-            self._own_lookup = True  # the watch's lookups are not the scheduler's
-            joint_blocks, joint_hit, _ = type(mgr).get_computed_blocks(mgr, request, max_cache_hit_length)
-            if hasattr(coordinator, "find_longest_cache_hit_per_group"):
-                per_group = list(coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)[1])
-            else:
-                per_group = [joint_hit] * len(SPECS)
-            self._own_lookup = False
+            if WATCH_JOINT_HITS:  # beside the lookup: the joint hit every group agrees on, and each group's own
+                limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
+                self._own_lookup = True  # the watch's lookups are not the scheduler's
+                joint_blocks, joint_hit, _ = type(mgr).get_computed_blocks(mgr, request, max_cache_hit_length)
+                if hasattr(mgr.coordinator, "find_longest_cache_hit_per_group"):
+                    per_group = list(mgr.coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)[1])
+                else:
+                    per_group = [joint_hit] * len(SPECS)
+                self._own_lookup = False
             result = lookup(sched, request, max_cache_hit_length)
             blocks, num_local = result[0], result[1]
             if WATCH_POOL:
@@ -80,10 +81,14 @@ class _Watch:
                 if held:
                     self.hits[request.request_id] = (num_local, held)
             self.admissions[request.request_id] = dict(
-                local_hit=num_local, lookup=_ids(blocks), joint_hit=joint_hit, joint=_ids(joint_blocks),
-                per_group=per_group, skips=bool(getattr(request.sampling_params, "skip_reading_prefix_cache", None)),
+                local_hit=num_local, lookup=_ids(blocks),
+                skips=bool(getattr(request.sampling_params, "skip_reading_prefix_cache", None)),
                 diverged=bool(result[3]) if len(result) > 3 else False,
             )
+            if WATCH_JOINT_HITS:
+                self.admissions[request.request_id].update(
+                    joint_hit=joint_hit, joint=_ids(joint_blocks), per_group=per_group
+                )
             return result
 
         def allocate_slots(request, num_new_tokens, *args, **kwargs):

@@ -33,7 +33,7 @@ def _worker_done(out, watch):
     watch.starts = {rid: watch.worker.start(rid, before) for rid in out.num_scheduled_tokens if rid in before}
     if WATCH_TOKENS:
         for rid in out.num_scheduled_tokens:
-            watch.worker.write(out, rid, before, watch.step)
+            watch.worker.compute(out, rid, before, watch.step)
     return [watch.worker.reaches_end(out, rid, before) for rid in out.num_scheduled_tokens]
 
 
