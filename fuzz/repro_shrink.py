@@ -78,8 +78,11 @@ def _without_step(log: OpLog, index: int) -> OpLog:
 
 
 def _without_connector(log: OpLog) -> OpLog:
-    """``log`` on a scheduler built without a KV connector, its requests with no external store."""
-    config = dataclasses.replace(log.config, draw=dataclasses.replace(log.config.draw, connector=False))
+    """``log`` on a scheduler built without a KV connector (so nothing
+    claims divergent hybrid hits, and there is no role), its requests with
+    no external store."""
+    draw = dataclasses.replace(log.config.draw, connector=False, divergent_hits=False, kv_role="kv_both")
+    config = dataclasses.replace(log.config, draw=draw)
     ops = [dataclasses.replace(op, reply=None) if isinstance(op, AddRequest) else op for op in log.ops]
     return OpLog(config, ops)
 

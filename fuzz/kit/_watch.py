@@ -30,6 +30,7 @@ from fuzz.kit._params import (
     WATCH_INDEX,
     WATCH_JOINT_HITS,
     WATCH_POOL,
+    WATCH_TOKENS,
 )
 
 
@@ -48,11 +49,14 @@ class _Watch:
         self.num_tokens = {}
         self.seen = set()  # every request seen in the scheduler
         self.queue = []  # (step, SchedulerOutput, sampled, admissions) not fed back yet, newest first
-        self.load_started = {}  # request id -> the step whose schedule() started its async load
         self.aborts = []  # aborts that arrive while the model runs the next step
-        self.send_started = {}  # request id -> the first step begun after its send started
         self.worker = WorkerRecord(async_scheduling=ASYNC_SCHEDULING)  # what the model runner knows (see _worker_done)
-        self.kv_wrong = []  # this step's positions computed from a token vLLM does not record (see _settle_tokens)
+        if CONNECTOR:
+            self.load_started = {}  # request id -> the step whose schedule() started its async load
+            self.send_started = {}  # request id -> the first step begun after its send started
+            self.async_answers_seen = {}  # request id -> whether its answer this step was async
+        if WATCH_TOKENS:
+            self.kv_wrong = []  # this step's positions computed from a token vLLM does not record (see _settle_tokens)
         self.contents = None  # what each block holds, where the file states it (see _make_contents)
         self.starts = {}  # request id -> where this step's tokens start (see _worker_done)
         self.preempted_at = {}  # request id -> the step whose schedule() last preempted it
@@ -114,11 +118,10 @@ class _Watch:
             self._watch_blocks(mgr)
         # Failed loads: reported this step (request id -> facts), and failed
         # async loads waiting to leave WAITING_FOR_REMOTE_KVS.
-        self.failed = {}
-        self.async_answers_seen = {}
-        self.failed_waiting = {}
+        self.failed = {}  # failed loads reported this step: request id -> facts
         self.landed = {}  # request id -> failed blocks still cached as it left
         if FAILING_LOADS:
+            self.failed_waiting = {}
             self._watch_waiting_for_remote_kvs(sched, mgr)
         if WATCH_CONTENTS:
             self.contents = _make_contents(scheduler)

@@ -96,11 +96,19 @@ class SchedulerDraw:
     # Whether vLLM builds the scripted KV connector (``--kv-transfer-config``).
     # The search always does; a repro's shrinking drops it when the failure
     # needs none (no request loads or saves KV), and the file then has none.
+    # Without one nothing claims divergent hybrid hits (vLLM asks the
+    # connector) and there is no role: divergent_hits=False, kv_role="kv_both".
     connector: bool = True
 
     def __post_init__(self) -> None:
         if self.kv_role not in KV_ROLES:
             raise ValueError(f"kv_role={self.kv_role!r} is not one of {KV_ROLES}")
+        if not self.connector and (self.divergent_hits or self.kv_role != "kv_both"):
+            raise ValueError(
+                f"connector=False with divergent_hits={self.divergent_hits}, kv_role={self.kv_role!r}: "
+                "without a connector nothing claims divergent hits and there is no role "
+                "(divergent_hits=False, kv_role='kv_both')"
+            )
         if (self.speculative_method is None) != (self.num_speculative_tokens == 0):
             raise ValueError(
                 f"speculative_method={self.speculative_method!r} needs num_speculative_tokens > 0 "
