@@ -6,10 +6,12 @@ imports vLLM and the standard library only:
 
 * ``pytestmark = pytest.mark.cpu_test``, small ``_make_*`` helpers, the
   model's ``config.json`` written into ``tmp_path`` (never a hub);
-* a scripted KV connector class in the file itself, loaded through
-  ``KVTransferConfig`` by the file's own module path (``__name__``), which
-  answers by each request's recorded store rule (the answers the recorded
-  run got are listed beside it);
+* where the program needs one, a scripted KV connector class in the file
+  itself, loaded through ``KVTransferConfig`` by the file's own module path
+  (``__name__``), which answers by each request's recorded store rule (the
+  answers the recorded run got are listed beside it); a shrunk program
+  whose failure reproduces without a connector gets none of it
+  (``CONNECTOR = False``: no class, store, config or connector imports);
 * the program: each request, abort, hand-picked eviction and step, in order,
   with the ``ModelRunnerOutput`` each step feeds back computed as the
   harness computed it (one sampled token per finished prefill, async loads
@@ -24,14 +26,17 @@ imports vLLM and the standard library only:
 Everything after the constants is the repro kit's code (:mod:`fuzz.kit`,
 real modules), copied with :func:`inspect.getsource` by
 :mod:`fuzz.repro_source`: only what the test and its claim reach, each
-``if`` on a constant (async scheduling, speculation, the connector's role,
-what the claim watches) reduced to the branch the run takes. Nothing of it
+``if`` on a constant (async scheduling, speculation, the connector and its
+role, the request features the program uses, what the claim watches)
+reduced to the branch the run takes, each docstring cut to its summary and
+comment-only lines dropped (the failing check stays in full). Nothing of it
 is a string template.
 
 It fails on the vLLM that produced it and passes once the bug is gone.
 :func:`shrink_oplog` (:mod:`fuzz.repro_shrink`) first drops whatever the
-failure does not need (requests, their twins, fills and probes; trailing
-steps), by replaying the log through the harness with every check on.
+failure does not need (groups; the connector; requests, their twins, fills
+and probes; trailing steps), by replaying the log through the harness with
+every check on.
 :data:`WRITABLE` names the invariants the file can state on vLLM's objects;
 for the others no file is written.
 """
