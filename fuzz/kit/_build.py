@@ -143,8 +143,7 @@ def _make_scheduler(tmp_path):
         **speculation,
         **transfer,
     )
-    # As on GPU: the hybrid KV-cache manager is on (a CPU-only install turns it off).
-    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False  # as on GPU (a CPU install turns it off)
     vllm_config.cache_config.num_gpu_blocks = NUM_BLOCKS
     if MAX_LORAS:
         # --enable-lora: the scheduler batches requests of at most MAX_LORAS adapters.
@@ -153,9 +152,7 @@ def _make_scheduler(tmp_path):
         # --kv-events-config: the block pool queues KV events and
         # update_from_output() hands each step's batch to the publisher.
         vllm_config.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
-    # The class the engine core builds (EngineCore: get_scheduler_cls()): with
-    # async scheduling, AsyncScheduler.
-    return vllm_config.scheduler_config.get_scheduler_cls()(
+    return vllm_config.scheduler_config.get_scheduler_cls()(  # as EngineCore: AsyncScheduler if async
         vllm_config=vllm_config,
         kv_cache_config=_make_kv_cache_config(),
         structured_output_manager=StructuredOutputManager(vllm_config),
