@@ -2,8 +2,8 @@
 
 A failing run's log (:class:`fuzz.model.OpLog`) holds everything the run did;
 most of it the failure does not need. :func:`shrink_oplog` drops KV-cache
-groups, the KV connector, requests (with their twins, fills and probes) and
-steps one at a time, replaying each candidate through a fresh harness with
+groups, requests (with their twins, fills and probes), steps and the KV
+connector one at a time, replaying each candidate through a fresh harness with
 the suite's checks on, and keeps a candidate when the same invariant still
 breaks.
 :mod:`fuzz.repro_scheduler` writes the file from what is left.
@@ -111,11 +111,11 @@ def _without_group(log: OpLog, index: int) -> OpLog:
 def shrink_oplog(
     log: OpLog, invariant: str, *, budget: int = 60, checks: tuple[Callable[..., None], ...] | None = None
 ) -> OpLog:
-    """Drop the KV-cache groups, then the KV connector, then the requests,
-    then the steps that ``invariant``'s failure does not need (greedy, one
-    at a time, each candidate replayed with every check), and cut the log
-    at the step that breaks. At most ``budget`` replays, each with
-    ``checks`` (default: all)."""
+    """Drop the KV-cache groups, then the requests, then the steps, then
+    the KV connector that ``invariant``'s failure does not need (greedy, one
+    at a time, each candidate replayed with every check; after each drop
+    the passes start over), and cut the log at the step that breaks. At most
+    ``budget`` replays, each with ``checks`` (default: all)."""
     current = _replay_checked(log, invariant, checks)
     if current is None:
         return log  # not reproducible by replay: keep what was recorded
@@ -136,15 +136,6 @@ def shrink_oplog(
                 break
         if changed:
             continue
-        # Tried again only once requests are gone: they may be what needed it.
-        requests = frozenset(r.request_id for r in current.requests)
-        if requests != needed_connector and _may_drop_connector(current, invariant) and tries < budget:
-            tries += 1
-            smaller = _replay_checked(_without_connector(current), invariant, checks)
-            if smaller is not None:
-                current, changed = smaller, True
-                continue
-            needed_connector = requests
         for req in list(current.requests):
             if tries >= budget:
                 break
@@ -163,4 +154,16 @@ def shrink_oplog(
             if smaller is not None and len(smaller.steps) < len(current.steps):
                 current, changed = smaller, True
                 break
+        if changed:
+            continue
+        # Once nothing else goes: the connector (tried again only once
+        # requests are gone, they may be what needed it).
+        requests = frozenset(r.request_id for r in current.requests)
+        if requests != needed_connector and _may_drop_connector(current, invariant) and tries < budget:
+            tries += 1
+            smaller = _replay_checked(_without_connector(current), invariant, checks)
+            if smaller is not None:
+                current, changed = smaller, True
+            else:
+                needed_connector = requests
     return current
