@@ -114,14 +114,30 @@ def shrink_oplog(
     """Drop the KV-cache groups, then the requests, then the steps, then
     the KV connector that ``invariant``'s failure does not need (greedy, one
     at a time, each candidate replayed with every check; after each drop
-    the passes start over), and cut the log at the step that breaks. At most
-    ``budget`` replays, each with ``checks`` (default: all)."""
+    the passes start over; the connector is tried once before the requests
+    too), and cut the log at the step that breaks. At most ``budget``
+    replays, each with ``checks`` (default: all)."""
     current = _replay_checked(log, invariant, checks)
     if current is None:
         return log  # not reproducible by replay: keep what was recorded
     tries = 1
     changed = True
     needed_connector: frozenset[str] | None = None  # the requests of the last replay that needed the connector
+
+    def without_connector() -> OpLog | None:
+        """``current`` replayed without the connector, where it may go and
+        its requests did not need it last time; None if it stays."""
+        nonlocal tries, needed_connector
+        requests = frozenset(r.request_id for r in current.requests)
+        if requests == needed_connector or tries >= budget or not _may_drop_connector(current, invariant):
+            return None
+        tries += 1
+        smaller = _replay_checked(_without_connector(current), invariant, checks)
+        if smaller is None:
+            needed_connector = requests
+        return smaller
+
+    early = True
     while changed and tries < budget:
         changed = False
         # An engine-planned configuration keeps its groups: the engine decides them.
@@ -136,6 +152,12 @@ def shrink_oplog(
                 break
         if changed:
             continue
+        if early:  # once before the request pass too: a program without it replays faster
+            early = False
+            smaller = without_connector()
+            if smaller is not None:
+                current, changed = smaller, True
+                continue
         for req in list(current.requests):
             if tries >= budget:
                 break
@@ -156,14 +178,9 @@ def shrink_oplog(
                 break
         if changed:
             continue
-        # Once nothing else goes: the connector (tried again only once
-        # requests are gone, they may be what needed it).
-        requests = frozenset(r.request_id for r in current.requests)
-        if requests != needed_connector and _may_drop_connector(current, invariant) and tries < budget:
-            tries += 1
-            smaller = _replay_checked(_without_connector(current), invariant, checks)
-            if smaller is not None:
-                current, changed = smaller, True
-            else:
-                needed_connector = requests
+        # Once nothing else goes: the connector (tried again once requests
+        # are gone, they may be what needed it).
+        smaller = without_connector()
+        if smaller is not None:
+            current, changed = smaller, True
     return current
