@@ -6,10 +6,12 @@ imports vLLM and the standard library only:
 
 * ``pytestmark = pytest.mark.cpu_test``, small ``_make_*`` helpers, the
   model's ``config.json`` written into ``tmp_path`` (never a hub);
-* a scripted KV connector class in the file itself, loaded through
-  ``KVTransferConfig`` by the file's own module path (``__name__``), which
-  answers by each request's recorded store rule (the answers the recorded
-  run got are listed beside it);
+* where the program needs one, a scripted KV connector class in the file
+  itself, loaded through ``KVTransferConfig`` by the file's own module path
+  (``__name__``), which answers by each request's recorded store rule (the
+  answers the recorded run got are listed beside it); a shrunk program
+  whose failure reproduces without a connector gets none of it
+  (``CONNECTOR = False``: no class, store, config or connector imports);
 * the program: each request, abort, hand-picked eviction and step, in order,
   with the ``ModelRunnerOutput`` each step feeds back computed as the
   harness computed it (one sampled token per finished prefill, async loads
@@ -24,14 +26,17 @@ imports vLLM and the standard library only:
 Everything after the constants is the repro kit's code (:mod:`fuzz.kit`,
 real modules), copied with :func:`inspect.getsource` by
 :mod:`fuzz.repro_source`: only what the test and its claim reach, each
-``if`` on a constant (async scheduling, speculation, the connector's role,
-what the claim watches) reduced to the branch the run takes. Nothing of it
+``if`` on a constant (async scheduling, speculation, the connector and its
+role, the request features the program uses, what the claim watches)
+reduced to the branch the run takes, each docstring cut to its summary and
+comment-only lines dropped (the failing check stays in full). Nothing of it
 is a string template.
 
 It fails on the vLLM that produced it and passes once the bug is gone.
 :func:`shrink_oplog` (:mod:`fuzz.repro_shrink`) first drops whatever the
-failure does not need (requests, their twins, fills and probes; trailing
-steps), by replaying the log through the harness with every check on.
+failure does not need (groups; the connector; requests, their twins, fills
+and probes; trailing steps), by replaying the log through the harness with
+every check on.
 :data:`WRITABLE` names the invariants the file can state on vLLM's objects;
 for the others no file is written.
 """
@@ -45,7 +50,7 @@ from collections.abc import Iterable
 
 from fuzz import adapter
 from fuzz.repro_shrink import _replay_checked, shrink_oplog
-from fuzz.repro_source import kit_source
+from fuzz.repro_source import kit_definitions, kit_source
 from fuzz.model import Abort, AddRequest, Evict, OpLog, ResetPrefixCache, SpecDraw, Step
 from fuzz.model import group_behaviour
 from fuzz.model import Behaviour, classification_of_kind
@@ -76,6 +81,16 @@ def _watches(invariant: str, what: str) -> bool:
     """The file watches ``what`` (a name of :attr:`invariants.table.Invariant.watches`) for ``invariant``."""
     row = _ROWS.get(invariant)
     return row is not None and what in row.watches
+
+
+# The kit's rooms of the admission claims: they read, beside each lookup,
+# the joint hit and each group's own (WATCH_JOINT_HITS).
+_READ_JOINT_HITS = ("fuzz.kit._checks_scheduler", "fuzz.kit._checks_connector")
+
+
+def _reads_joint_hits(invariant: str) -> bool:
+    check = _CHECK_OF.get(invariant)
+    return check is not None and kit_definitions().get(check) in _READ_JOINT_HITS
 
 
 _ROLE = {Behaviour.MUST_COVER: "must-cover", Behaviour.MAY_BE_SHORT: "whole-state", Behaviour.SCRATCH: "scratch"}
@@ -307,12 +322,13 @@ def scheduler_repro(
         "torch": ("torch", None),
         **{k: ("vllm.v1.kv_cache_interface", k) for k in _spec_classes(draw.layout.groups)},
     }
-    kit = kit_source({"pytest", "ScriptedConnector"}, values, constant_names=constants, extra=test, more_imports=more_imports)
+    roots = {"pytest", "ScriptedConnector"} if draw.connector else {"pytest"}
+    kit = kit_source(roots, values, constant_names=constants, extra=test, more_imports=more_imports)
     prompts = [_tokens(_const(r.request_id), r.token_ids) for r in requests]
     emitted = [line for name, (_, text) in constants.items() if name in kit.constants for line in text]
     # The constants' values name spec classes (and torch dtypes): their imports too.
-    kit = kit_source({"pytest", "ScriptedConnector"}, values, constant_names=constants, extra=test + "\n" + "\n".join(emitted),
-                     more_imports=more_imports)
+    kit = kit_source(roots, values, constant_names=constants, extra=test + "\n" + "\n".join(emitted),
+                     more_imports=more_imports, in_full={_CHECK_OF[invariant]})
     return "\n".join([
         header,
         *kit.imports,
@@ -400,7 +416,9 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         ]),
         "KV_LOAD_FAILURE_POLICY": (draw.kv_load_failure_policy,
                                    [f"KV_LOAD_FAILURE_POLICY = {draw.kv_load_failure_policy!r}"]),
-        "KV_ROLE": (draw.kv_role, [
+        "CONNECTOR": (draw.connector, []),
+        # No connector, no role: the kit's producer branches go with it.
+        "KV_ROLE": (draw.kv_role if draw.connector else None, [
             *(["# The connector's kv_role: a P/D prefill instance (it never loads, so vLLM",
                "# frees blocks at once and may preempt a request whose step is in flight)."]
               if draw.kv_role == "kv_producer" else []),
@@ -417,6 +435,10 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         "KV_EVENTS": (draw.kv_events, [f"KV_EVENTS = {draw.kv_events!r}"]),
         # --enable-lora, stated only where a request runs under an adapter.
         "MAX_LORAS": (loras := draw.max_loras if any(r.lora for r in requests) else 0, [f"MAX_LORAS = {loras!r}"]),
+        # What _make_request builds only where some request asks for it.
+        "CACHE_SALTS": (any(r.cache_salt for r in requests), []),
+        "PROMPT_EMBEDS": (any(r.embeds for r in requests), []),
+        "SKIPS_PREFIX_CACHE": (any(r.skip_reading_prefix_cache for r in requests), []),
         "STORE": (None, [
             "",
             "# The external store, per request: (kind, tokens held, first answers",
@@ -431,6 +453,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         # What the file watches beyond what every claim needs (the kit's
         # if-branches on them are kept or dropped as the file is written).
         **{f"WATCH_{what.upper().replace('-', '_')}": (_watches(invariant, what), []) for what in _WATCH_CONSTANTS},
+        "WATCH_JOINT_HITS": (_reads_joint_hits(invariant), []),
         "FAILING_LOADS": (any(op.fed is not None and (op.fed.failed_recving or op.fed.invalid_block_ids)
                               for op in log.until_step(_broken_step(log)).steps), []),
         "SAVED_STORE": (any(r.reply is not None and r.reply.kind == "saved" for r in requests), []),

@@ -2,9 +2,10 @@
 
 A failing run's log (:class:`fuzz.model.OpLog`) holds everything the run did;
 most of it the failure does not need. :func:`shrink_oplog` drops KV-cache
-groups, requests (with their twins, fills and probes) and steps one at a
-time, replaying each candidate through a fresh harness with the suite's
-checks on, and keeps a candidate when the same invariant still breaks.
+groups, requests (with their twins, fills and probes), steps and the KV
+connector one at a time, replaying each candidate through a fresh harness with
+the suite's checks on, and keeps a candidate when the same invariant still
+breaks.
 :mod:`fuzz.repro_scheduler` writes the file from what is left.
 """
 
@@ -27,6 +28,8 @@ def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None
     from invariants.scheduler import check_no_leaked_blocks
 
     checks = ALL_CHECKS if checks is None else checks
+    if not log.config.draw.connector:  # the connector's claims judge its records: with none, there are none
+        checks = tuple(c for c in checks if c.__module__ != "invariants.connector")
 
     try:
         harness = adapter.SchedulerHarness(log.config.draw)
@@ -76,6 +79,29 @@ def _without_step(log: OpLog, index: int) -> OpLog:
     return OpLog(log.config, [op for op in log.ops if not (isinstance(op, Step) and op.index == index)])
 
 
+def _without_connector(log: OpLog) -> OpLog:
+    """``log`` on a scheduler built without a KV connector (so nothing
+    claims divergent hybrid hits, and there is no role), its requests with
+    no external store."""
+    draw = dataclasses.replace(log.config.draw, connector=False, divergent_hits=False, kv_role="kv_both")
+    config = dataclasses.replace(log.config, draw=draw)
+    ops = [dataclasses.replace(op, reply=None) if isinstance(op, AddRequest) else op for op in log.ops]
+    return OpLog(config, ops)
+
+
+def _may_drop_connector(log: OpLog, invariant: str) -> bool:
+    """Whether a replay without the connector can show ``invariant``'s
+    failure: not a claim about the connector itself (with none, its records
+    are empty and its checks would judge that), and no load the run fails
+    on purpose (those are the connector's)."""
+    from invariants.table import INVARIANTS
+
+    about_connector = any(row.name == invariant and row.check.__module__ == "invariants.connector"
+                          for row in INVARIANTS)
+    failing = any(op.fed is not None and (op.fed.failed_recving or op.fed.invalid_block_ids) for op in log.steps)
+    return log.config.draw.connector and not about_connector and not failing
+
+
 def _without_group(log: OpLog, index: int) -> OpLog:
     draw = log.config.draw
     groups = draw.layout.groups[:index] + draw.layout.groups[index + 1 :]
@@ -87,15 +113,33 @@ def _without_group(log: OpLog, index: int) -> OpLog:
 def shrink_oplog(
     log: OpLog, invariant: str, *, budget: int = 60, checks: tuple[Callable[..., None], ...] | None = None
 ) -> OpLog:
-    """Drop the KV-cache groups, then the requests, the prefix-cache resets, then the steps that
-    ``invariant``'s failure does not need (greedy, one at a time, each
-    candidate replayed with every check), and cut the log at the step that
-    breaks. At most ``budget`` replays, each with ``checks`` (default: all)."""
+    """Drop the KV-cache groups, then the requests, the prefix-cache resets,
+    then the steps, then the KV connector that ``invariant``'s failure does
+    not need (greedy, one at a time, each candidate replayed with every
+    check; after each drop the passes start over; the connector is tried
+    once before the requests too), and cut the log at the step that breaks.
+    At most ``budget`` replays, each with ``checks`` (default: all)."""
     current = _replay_checked(log, invariant, checks)
     if current is None:
         return log  # not reproducible by replay: keep what was recorded
     tries = 1
     changed = True
+    needed_connector: frozenset[str] | None = None  # the requests of the last replay that needed the connector
+
+    def without_connector() -> OpLog | None:
+        """``current`` replayed without the connector, where it may go and
+        its requests did not need it last time; None if it stays."""
+        nonlocal tries, needed_connector
+        requests = frozenset(r.request_id for r in current.requests)
+        if requests == needed_connector or tries >= budget or not _may_drop_connector(current, invariant):
+            return None
+        tries += 1
+        smaller = _replay_checked(_without_connector(current), invariant, checks)
+        if smaller is None:
+            needed_connector = requests
+        return smaller
+
+    early = True
     while changed and tries < budget:
         changed = False
         # An engine-planned configuration keeps its groups: the engine decides them.
@@ -110,6 +154,12 @@ def shrink_oplog(
                 break
         if changed:
             continue
+        if early:  # once before the request pass too: a program without it replays faster
+            early = False
+            smaller = without_connector()
+            if smaller is not None:
+                current, changed = smaller, True
+                continue
         for req in list(current.requests):
             if tries >= budget:
                 break
@@ -139,4 +189,11 @@ def shrink_oplog(
             if smaller is not None and len(smaller.steps) < len(current.steps):
                 current, changed = smaller, True
                 break
+        if changed:
+            continue
+        # Once nothing else goes: the connector (tried again once requests
+        # are gone, they may be what needed it).
+        smaller = without_connector()
+        if smaller is not None:
+            current, changed = smaller, True
     return current

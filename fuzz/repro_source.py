@@ -11,7 +11,12 @@ The kit (:mod:`fuzz.kit`) is real modules; this module reads their source
 * **selecting**: from the names the test function uses, the kit
   definitions they reach (and the ones those reach), the constants they
   read and the imports they need; of a kit class without bases (the
-  watch, the worker's record), only the methods something calls.
+  watch, the worker's record), only the methods something calls;
+* **trimming**: each copied definition's docstring cut to its first
+  sentence (its first line where the sentence runs longer) and its
+  comment-only lines dropped (read with :mod:`ast` and
+  :mod:`tokenize`), except the definitions the file names in full (its
+  failing check): the kit stays documented, the file stays short.
 
 Definitions keep the kit's order: the constants, then the connector, the
 builders, the models, the watch, the step loop, the checks.
@@ -24,12 +29,15 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import io
+import re
 import sys
+import tokenize
 from collections.abc import Iterable, Mapping
 
 from fuzz.kit import KIT_MODULES
 
-__all__ = ["KitSource", "kit_definitions", "kit_source", "specialise"]
+__all__ = ["KitSource", "kit_definitions", "kit_source", "specialise", "trim"]
 
 @dataclasses.dataclass(frozen=True)
 class _Def:
@@ -158,6 +166,73 @@ def specialise(source: str, constants: Mapping[str, object]) -> str:
 
 
 # ---------------------------------------------------------------------------
+# Trimming what a reader of the file can do without
+# ---------------------------------------------------------------------------
+
+_DOCUMENTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+# The end of a docstring's first sentence: a full stop before a capital, or at the paragraph's end.
+_SENTENCE_END = re.compile(r"\.(?=\s+[A-Z]|\s*$)")
+
+
+# A first sentence longer than this many lines is cut to its first line.
+_SUMMARY_LINES = 2
+
+
+def _summary(doc: str) -> str:
+    """The first sentence of a docstring's first paragraph (its line breaks
+    kept); its first line and " ..." when the sentence runs longer."""
+    paragraph = doc.split("\n\n", 1)[0].rstrip()
+    end = _SENTENCE_END.search(paragraph)
+    sentence = paragraph if end is None else paragraph[: end.end()]
+    lines = sentence.splitlines()
+    return sentence if len(lines) <= _SUMMARY_LINES else lines[0] + " ..."
+
+
+def trim(source: str) -> str:
+    """``source`` with every docstring cut to its first sentence (or first
+    line) and every comment-only line dropped; code, trailing comments and
+    one-line docstrings stay as they are."""
+    lines = source.splitlines()
+    edits: dict[int, tuple[int, list[str]]] = {}  # first line (0-based) -> (end, replacement)
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, _DOCUMENTED) or not node.body:
+            continue
+        first = node.body[0]
+        if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)):
+            continue
+        start, end = first.lineno - 1, first.end_lineno or first.lineno
+        text = lines[start:end]
+        doc = ast.get_docstring(node)
+        if doc is None or any("\\" in line for line in text):
+            continue  # escapes: the source is not the text, keep it
+        summary = _summary(doc).splitlines()
+        if len(summary) == end - start and end - start == 1:
+            continue
+        indent = " " * first.col_offset
+        quote = '"""'
+        new = [indent + quote + summary[0]] + [indent + line if line else "" for line in summary[1:]]
+        new[-1] += quote
+        edits[start] = (end, new)
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    comment_only = {
+        tok.start[0] - 1 for tok in tokens if tok.type == tokenize.COMMENT and not tok.line[: tok.start[1]].strip()
+    }
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        if i in edits:
+            end, new = edits[i]
+            out += new
+            i = end
+            continue
+        if i not in comment_only:
+            out.append(lines[i])
+        i += 1
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------
 # Selecting what the file needs
 # ---------------------------------------------------------------------------
 
@@ -196,16 +271,19 @@ def kit_source(
     extra: str = "",
     more_imports: Mapping[str, tuple[str, str | None]] | None = None,
     modules: tuple[str, ...] = KIT_MODULES,
+    in_full: Iterable[str] = (),
 ) -> KitSource:
     """The kit code reached from ``roots`` (names a file's own code uses;
     ``extra``: more of that code, whose names count as roots too),
     specialised to ``constants`` (the file's constants whose values an
     ``if`` may read; ``constant_names``: the others it defines): its
     imports (the kit's, and ``more_imports`` for names the file's own code
-    uses), the constants it reads, and the definitions in kit order."""
+    uses), the constants it reads, and the definitions in kit order, each
+    trimmed (:func:`trim`) but those named ``in_full``."""
     defs, kit_imports = _module_parts(modules)
     imports = {**kit_imports, **(more_imports or {})}
     names_of_constants = set(constants) | set(constant_names)
+    in_full = frozenset(in_full)
     roots = set(roots) | (_names(extra) if extra else set())
     sources = {name: specialise(d.source, constants) for name, d in defs.items()}
     kept_methods: dict[str, set[str] | None] = {name: None for name, d in defs.items() if d.is_plain_class}
@@ -237,8 +315,19 @@ def kit_source(
     return KitSource(
         imports=_render_imports({n: imports[n] for n in used if n in imports and n not in defs}),
         constants=frozenset(n for n in used if n in names_of_constants and n not in defs),
-        code="\n\n\n".join(sources[name] for name in ordered),
+        code=_joined([sources[name] if name in in_full else trim(sources[name]) for name in ordered]),
     )
+
+
+def _joined(parts: list[str]) -> str:
+    """Definitions two blank lines apart (PEP 8), a run of constants one line after another."""
+    out = ""
+    constant_before = False
+    for part in parts:
+        constant = isinstance(ast.parse(part).body[0], ast.Assign)
+        out += ("\n" if constant and constant_before else "\n\n\n") + part if out else part
+        constant_before = constant
+    return out
 
 
 def _render_imports(names: Mapping[str, tuple[str, str | None]]) -> tuple[str, ...]:

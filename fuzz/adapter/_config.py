@@ -188,6 +188,7 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
         draw.layout.max_model_len,
         draw.kv_events,
         draw.max_loras,
+        draw.connector,
     )
     config = _VLLM_CONFIGS.get(key)
     if config is None:
@@ -235,7 +236,9 @@ def _new_vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: in
             prefix_match_unit=prefix_match_unit,
             cache_dtype="auto",
         ),
-        kv_transfer_config=_connector.transfer_config(draw.kv_load_failure_policy, draw.kv_role),
+        kv_transfer_config=(
+            _connector.transfer_config(draw.kv_load_failure_policy, draw.kv_role) if draw.connector else None
+        ),
         device_config=DeviceConfig(device="cpu"),
         **_compat.kv_events_kw(draw.kv_events),
         **_compat.lora_kw(draw.max_loras),

@@ -289,7 +289,9 @@ def _vllm_config(engine: EngineDraw, draw: SchedulerDraw | None, max_model_len: 
             prefix_match_unit=engine.prefix_match_unit,
             cache_dtype="auto",
         ),
-        kv_transfer_config=_connector.transfer_config(draw.kv_load_failure_policy, draw.kv_role),
+        kv_transfer_config=(
+            _connector.transfer_config(draw.kv_load_failure_policy, draw.kv_role) if draw.connector else None
+        ),
         device_config=DeviceConfig(device="cpu"),
         **_compat.kv_events_kw(draw.kv_events),
     )

@@ -134,7 +134,7 @@ class WorkerRecord:
         end = self.start(request_id, before) + out.num_scheduled_tokens[request_id]
         return end >= self.known(request_id)
 
-    def write(self, out: Any, request_id: str, before: Mapping[str, int], step: int) -> None:
+    def compute(self, out: Any, request_id: str, before: Mapping[str, int], step: int) -> None:
         """The KV ``out`` has the worker compute for ``request_id``: each
         scheduled position below the speculative slots is computed from the
         token the worker has there (positions it has no token for, and
@@ -182,12 +182,12 @@ class WorkerRecord:
         for rid in list(self.written):
             request = requests.get(rid)
             if request is None or rid in gone:
-                self.forget(rid)
+                self._forget(rid)
                 continue
             wrong += [(rid, *w) for w in self.unsettled(rid, request.num_computed_tokens, request.all_token_ids)]
         return wrong
 
-    def forget(self, request_id: str) -> None:
+    def _forget(self, request_id: str) -> None:
         self.written.pop(request_id, None)
         self.unfed_rejections.pop(request_id, None)
 

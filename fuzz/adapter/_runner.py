@@ -123,7 +123,7 @@ class ScriptedRunner:
         # Where each request's tokens start (before this step's rejections count).
         starts = {rid: self.worker.start(rid, before) for rid in out.num_scheduled_tokens if rid in before}
         for rid in out.num_scheduled_tokens:
-            self.worker.write(out, rid, before, step)
+            self.worker.compute(out, rid, before, step)
             done_prefill = self.worker.reaches_end(out, rid, before)
             if done_prefill and rid in before:
                 self._check_lookahead(out, rid, before[rid])

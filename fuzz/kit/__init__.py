@@ -7,10 +7,11 @@ definitions its failing claim needs, so the kit is linted and tested as code
 and no Python lives in string templates:
 
 * :mod:`fuzz.kit._params`: the constants the file defines at its top (the
-  drawn configuration; async scheduling, speculation, the connector's role
-  and the prefill cadence are data here, not variants of the code);
-* :mod:`fuzz.kit._connector`: the scripted KV connector (its store's
-  :func:`saved_prefix` is the harness's too);
+  drawn configuration; async scheduling, speculation, whether there is a
+  connector and its role, the request features the program uses and the
+  prefill cadence are data here, not variants of the code);
+* :mod:`fuzz.kit._connector`: the scripted KV connector, where the
+  program needs one (its store's :func:`saved_prefix` is the harness's too);
 * :mod:`fuzz.kit._build`: the scheduler and its requests;
 * :mod:`fuzz.kit._watch`: what the file watches the scheduler do;
 * :mod:`fuzz.kit._driver`: the engine step loop and the closing drain;

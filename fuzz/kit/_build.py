@@ -35,6 +35,8 @@ from fuzz.adapter._contents import lora_identity, prompt_embedding_rows
 from fuzz.kit._params import (
     ASYNC_SCHEDULING,
     BLOCK_SIZE,
+    CACHE_SALTS,
+    CONNECTOR,
     DRAFT_MODEL_CONFIG,
     HASH_BLOCK_SIZE,
     KV_CONFIG_FIELDS,
@@ -51,8 +53,10 @@ from fuzz.kit._params import (
     NUM_SPECULATIVE_TOKENS,
     PREFILL_SCHEDULE_INTERVAL,
     PREFIX_MATCH_UNIT,
+    PROMPT_EMBEDS,
     ROLES,
     SCHEDULER_BLOCK_SIZE,
+    SKIPS_PREFIX_CACHE,
     SPECS,
     SPECULATIVE_METHOD,
 )
@@ -106,6 +110,16 @@ def _make_scheduler(tmp_path):
     speculation = {}
     if SPECULATIVE_METHOD is not None:
         speculation = _speculative_config(tmp_path, model_config)
+    transfer = {}
+    if CONNECTOR:
+        transfer = {
+            "kv_transfer_config": KVTransferConfig(
+                kv_connector="ScriptedConnector",
+                kv_connector_module_path=__name__,  # this file
+                kv_role=KV_ROLE,
+                kv_load_failure_policy=KV_LOAD_FAILURE_POLICY,
+            ),
+        }
     vllm_config = VllmConfig(
         model_config=model_config,
         scheduler_config=SchedulerConfig(
@@ -125,17 +139,11 @@ def _make_scheduler(tmp_path):
             prefix_match_unit=PREFIX_MATCH_UNIT,
             cache_dtype="auto",
         ),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="ScriptedConnector",
-            kv_connector_module_path=__name__,  # this file
-            kv_role=KV_ROLE,
-            kv_load_failure_policy=KV_LOAD_FAILURE_POLICY,
-        ),
         device_config=DeviceConfig(device="cpu"),
         **speculation,
+        **transfer,
     )
-    # As on GPU: the hybrid KV-cache manager is on (a CPU-only install turns it off).
-    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False  # as on GPU (a CPU install turns it off)
     vllm_config.cache_config.num_gpu_blocks = NUM_BLOCKS
     if MAX_LORAS:
         # --enable-lora: the scheduler batches requests of at most MAX_LORAS adapters.
@@ -144,9 +152,7 @@ def _make_scheduler(tmp_path):
         # --kv-events-config: the block pool queues KV events and
         # update_from_output() hands each step's batch to the publisher.
         vllm_config.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
-    # The class the engine core builds (EngineCore: get_scheduler_cls()): with
-    # async scheduling, AsyncScheduler.
-    return vllm_config.scheduler_config.get_scheduler_cls()(
+    return vllm_config.scheduler_config.get_scheduler_cls()(  # as EngineCore: AsyncScheduler if async
         vllm_config=vllm_config,
         kv_cache_config=_make_kv_cache_config(),
         structured_output_manager=StructuredOutputManager(vllm_config),
@@ -156,30 +162,38 @@ def _make_scheduler(tmp_path):
     )
 
 
-def _make_request(request_id, token_ids, max_tokens, skip_reading_prefix_cache=None, cache_salt=None, lora=None,
-                  embeds=None):
-    # skip_reading_prefix_cache=True: the request must read no cached tokens.
-    # cache_salt: its tenant's; vLLM folds it into the first block's hash.
-    # lora: the adapter it runs under; vLLM folds its name and path into every block's hash.
-    # embeds: the tag of the prompt embeddings it sends instead of token ids
-    # (token_ids then only count them); vLLM hashes each block's slice.
-    skip = {} if skip_reading_prefix_cache is None else {"skip_reading_prefix_cache": skip_reading_prefix_cache}
-    adapter = {} if lora is None else {"lora_request": LoRARequest(*lora_identity(lora))}
-    if embeds is not None:
-        rows = torch.tensor(prompt_embedding_rows(embeds, len(token_ids)), dtype=torch.float32)
-        return Request(
-            request_id=request_id, prompt_token_ids=None, prompt_embeds=rows,
-            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True), pooling_params=None,
-            block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256), cache_salt=cache_salt, **adapter,
-        )
+def _make_request(request_id, token_ids, max_tokens, **options):
+    """A request decoding ``max_tokens`` tokens after ``token_ids``; ``options``:
+    skip_reading_prefix_cache, cache_salt, lora, embeds."""
+    sampling, extra = {}, {}
+    if SKIPS_PREFIX_CACHE:
+        # skip_reading_prefix_cache=True: the request must read no cached tokens.
+        if options.get("skip_reading_prefix_cache"):
+            sampling["skip_reading_prefix_cache"] = True
+    if CACHE_SALTS:
+        # cache_salt: its tenant's; vLLM folds it into the first block's hash.
+        extra["cache_salt"] = options.get("cache_salt")
+    if MAX_LORAS:
+        # lora: the adapter it runs under; vLLM folds its name and path into every block's hash.
+        if options.get("lora") is not None:
+            extra["lora_request"] = LoRARequest(*lora_identity(options["lora"]))
+    if PROMPT_EMBEDS:
+        # embeds: the tag of the prompt embeddings it sends instead of token ids
+        # (token_ids then only count them); vLLM hashes each block's slice.
+        if options.get("embeds") is not None:
+            rows = torch.tensor(prompt_embedding_rows(options["embeds"], len(token_ids)), dtype=torch.float32)
+            return Request(
+                request_id=request_id, prompt_token_ids=None, prompt_embeds=rows,
+                sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True), pooling_params=None,
+                block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256), **extra,
+            )
     return Request(
         request_id=request_id,
         prompt_token_ids=list(token_ids),
-        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **skip),
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling),
         pooling_params=None,
         block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256),
-        cache_salt=cache_salt,
-        **adapter,
+        **extra,
     )
 
 

@@ -10,7 +10,7 @@ Called as ``check(scheduler, out, watch, step)`` like every kit check
 from __future__ import annotations
 
 from fuzz.kit._build import _cdiv, _describe_groups
-from fuzz.kit._params import NULL_BLOCK, READ_RULES, SPECS
+from fuzz.kit._params import CONNECTOR, NULL_BLOCK, READ_RULES, SPECS
 
 
 def _read_indices(rule, block_size, start, end, num_prompt_tokens, table_len):
@@ -100,8 +100,10 @@ def _check_in_flight_reads_held(scheduler, out, watch, step):
     (batches overlap and the connector loads), a request finished or
     preempted meanwhile (a prefix-cache reset's too, admitted again at once
     or not) keeps its blocks until that output."""
-    config = scheduler.vllm_config
-    defers = config.max_concurrent_batches > 1 and config.kv_transfer_config.is_kv_consumer
+    defers = False
+    if CONNECTOR:  # without one, vLLM frees at once
+        config = scheduler.vllm_config
+        defers = config.max_concurrent_batches > 1 and config.kv_transfer_config.is_kv_consumer
     managers = scheduler.kv_cache_manager.coordinator.single_type_managers
     popped = dict(watch.fresh)
     for rid, g, spec, rule, table, start, end, block_size, wanted in _step_reads(managers, watch.in_flight_held):

@@ -17,7 +17,7 @@ from vllm.v1.request import RequestStatus
 
 from fuzz.kit._build import _cdiv, _describe_groups
 from fuzz.kit._driver import _step
-from fuzz.kit._params import DIVERGENT_HITS, ROLES, SCHEDULER_BLOCK_SIZE, SPECS
+from fuzz.kit._params import CONNECTOR, DIVERGENT_HITS, ROLES, SCHEDULER_BLOCK_SIZE, SPECS
 
 
 def _check_computed_below_num_tokens(scheduler, out, watch, step):
@@ -201,14 +201,15 @@ def _check_running_requests_progress(scheduler, out, watch, step):
     (no queued step output with tokens, no async load, no producer hand-off)
     and no request arriving or leaving, show that no later schedule() sees
     anything new: a request still RUNNING then is stranded."""
-    connector = scheduler.connector
     for more in range(4):
         requests = set(scheduler.requests)
+        transfers = False
+        if CONNECTOR:
+            transfers = bool(scheduler.connector.loads_in_flight or scheduler.connector.sends_in_flight)
         if (
             (out is not None and out.total_num_scheduled_tokens > 0)
             or any(queued[1].total_num_scheduled_tokens > 0 for queued in watch.queue)
-            or connector.loads_in_flight
-            or connector.sends_in_flight
+            or transfers
             or not scheduler.running
         ):
             return

@@ -13,6 +13,7 @@ from fuzz.adapter._contents import BlockContents, entries_of, namespace_of
 from fuzz.adapter._reports import computed_before
 from fuzz.kit._index import _misnamed_entries
 from fuzz.kit._params import (
+    CONNECTOR,
     READ_RULES,
     ROLES,
     WATCH_INDEX,
@@ -56,18 +57,20 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
     contents.take_tables(out)
     if WATCH_LOOKAHEAD:
         watch.short_tables = _short_tables(scheduler, out, sampled, contents)
-    for rid, adm in watch.admissions.items():
-        if not adm.get("external"):
-            continue
-        start, end = adm["local"], adm["local"] + adm["external"]
-        starts = [start] * len(contents.block_sizes)
-        if adm.get("diverged"):
-            starts = [min(start, len(a) * size) for a, size in zip(adm["adopted"], contents.block_sizes)]
-        blocks = scheduler.connector.told_blocks[rid]
-        if rid in scheduler.connector.loads_in_flight:
-            contents.start_async_load(rid, blocks, starts, end, tokens.get(rid, []))
-        else:
-            contents.load(blocks, starts, end, watch.step, tokens.get(rid, []), failed=set(failing), request_id=rid)
+    if CONNECTOR:
+        for rid, adm in watch.admissions.items():
+            if not adm.get("external"):
+                continue
+            start, end = adm["local"], adm["local"] + adm["external"]
+            starts = [start] * len(contents.block_sizes)
+            if adm.get("diverged"):
+                starts = [min(start, len(a) * size) for a, size in zip(adm["adopted"], contents.block_sizes)]
+            blocks = scheduler.connector.told_blocks[rid]
+            if rid in scheduler.connector.loads_in_flight:
+                contents.start_async_load(rid, blocks, starts, end, tokens.get(rid, []))
+            else:
+                contents.load(blocks, starts, end, watch.step, tokens.get(rid, []), failed=set(failing),
+                              request_id=rid)
     for rid, new in zip(out.num_scheduled_tokens, sampled):
         if rid not in watch.starts:
             continue

@@ -17,6 +17,7 @@ from fuzz.kit._contents import _contents_issue
 from fuzz.kit._outputs import model_runner_output
 from fuzz.kit._params import (
     ASYNC_SCHEDULING,
+    CONNECTOR,
     FAILING_LOADS,
     KV_ROLE,
     NUM_BLOCKS,
@@ -46,12 +47,13 @@ def _begin_step(scheduler, watch):
     watch.admissions.clear()
     if NUM_SPECULATIVE_TOKENS:
         watch.verified = {}  # (drafts, accepted, computed before) per request
-    connector = scheduler.connector
-    for record in (connector.told, connector.answers, connector.asked_with, connector.async_answers,
-                   connector.told_blocks, connector.events, connector.metas):
-        record.clear()
+    if CONNECTOR:
+        connector = scheduler.connector
+        for record in (connector.told, connector.answers, connector.asked_with, connector.async_answers,
+                       connector.told_blocks, connector.events, connector.metas):
+            record.clear()
+        watch.loads_in_flight = set(connector.loads_in_flight)
     watch.seen |= set(scheduler.requests)
-    watch.loads_in_flight = set(connector.loads_in_flight)
     watch.stale = {}
     if KV_ROLE == "kv_producer":
         for rid in connector.sends_in_flight:
@@ -92,7 +94,8 @@ def _scheduled(scheduler, watch):
         ids = [r for r in sorted(out.preempted_req_ids or ()) if r not in out.num_scheduled_tokens and r not in taken]
         watch.preempted = watch.reset_preempted + _preempted_states(scheduler, ids)
         watch.reset_preempted = []
-    watch.async_answers_seen = dict(scheduler.connector.async_answers)
+    if CONNECTOR:
+        watch.async_answers_seen = dict(scheduler.connector.async_answers)
     watch.take_admissions(scheduler, out)
     return out
 
@@ -101,13 +104,14 @@ def _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_i
     """update_from_output() with the model runner's output for ``fed``: what
     it sampled, and the loads and sends the connector's worker reports."""
     connector_output = None
-    if recving or invalid_block_ids or sending:
-        connector_output = KVConnectorOutput(
-            finished_sending=sending,
-            finished_recving=recving,
-            failed_recving=recving & set(failed_loads),
-            invalid_block_ids=set(invalid_block_ids),
-        )
+    if CONNECTOR:
+        if recving or invalid_block_ids or sending:
+            connector_output = KVConnectorOutput(
+                finished_sending=sending,
+                finished_recving=recving,
+                failed_recving=recving & set(failed_loads),
+                invalid_block_ids=set(invalid_block_ids),
+            )
     if NUM_SPECULATIVE_TOKENS:
         watch.verified = _verified(scheduler, fed, sampled)
     scheduler.update_from_output(fed, model_runner_output(list(fed.num_scheduled_tokens), sampled, connector_output))
@@ -123,7 +127,6 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failing_block
     if ASYNC_SCHEDULING:
         return _queued_step(scheduler, watch, failed_loads, invalid_block_ids, failing_blocks)
     else:
-        connector = scheduler.connector
         _begin_step(scheduler, watch)
         out = _scheduled(scheduler, watch)
         sampled = _sampled(out, _worker_done(out, watch), watch.step)
@@ -131,19 +134,22 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failing_block
         if WATCH_CONTENTS:
             _contents_issue(scheduler, watch, out, sampled, invalid_block_ids)
         _abort_during_step(scheduler, watch)
-        # Every load in flight, whether or not the scheduler still lists its request.
-        recving = set(connector.loads_in_flight)
-        connector.loads_in_flight -= recving
-        if WATCH_CONTENTS:
-            for rid in recving:
-                watch.contents.land_async_load(rid, watch.step, rid in set(failed_loads))
+        recving = set()
+        if CONNECTOR:
+            # Every load in flight, whether or not the scheduler still lists its request.
+            recving = set(scheduler.connector.loads_in_flight)
+            scheduler.connector.loads_in_flight -= recving
+            if WATCH_CONTENTS:
+                for rid in recving:
+                    watch.contents.land_async_load(rid, watch.step, rid in set(failed_loads))
         sending = set()
         if KV_ROLE == "kv_producer":
             sending = _sends_done(scheduler, watch, watch.step)
         if FAILING_LOADS:
             watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
             watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
-        watch.worker.fed(watch.step)
+        if SPECULATIVE_METHOD is not None:  # the rejections it reports reach vLLM
+            watch.worker.fed(watch.step)
         _feed(scheduler, watch, out, sampled, recving, failed_loads, invalid_block_ids, sending)
         if SPECULATIVE_METHOD is not None:
             _propose_drafts(scheduler, out)
@@ -162,13 +168,13 @@ def _queued_step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failin
     load in flight that it may carry (started in that step or earlier)
     reported done, or failed. Returns this step's SchedulerOutput (None: no
     schedule())."""
-    connector = scheduler.connector
     _begin_step(scheduler, watch)
     out = None
     if not watch.queue or scheduler.has_requests():
         out = _scheduled(scheduler, watch)
-        for rid in connector.loads_in_flight:
-            watch.load_started.setdefault(rid, watch.step)
+        if CONNECTOR:
+            for rid in scheduler.connector.loads_in_flight:
+                watch.load_started.setdefault(rid, watch.step)
         sampled = _sampled(out, _worker_done(out, watch), watch.step)
         _worker_sampled(watch, out, sampled)
         if WATCH_CONTENTS:  # failing_blocks: those this step's sync loads fail
@@ -180,15 +186,18 @@ def _queued_step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failin
                 _settle_tokens(scheduler, out, watch)
             return out
     index, fed, sampled, admissions = watch.queue.pop()
-    watch.worker.fed(index)
+    if SPECULATIVE_METHOD is not None:  # the rejections it reports reach vLLM
+        watch.worker.fed(index)
     _abort_during_step(scheduler, watch)
-    recving = {r for r in connector.loads_in_flight if watch.load_started.get(r, 0) <= index}
-    connector.loads_in_flight -= recving
-    if WATCH_CONTENTS:
+    recving = set()
+    if CONNECTOR:
+        recving = {r for r in scheduler.connector.loads_in_flight if watch.load_started.get(r, 0) <= index}
+        scheduler.connector.loads_in_flight -= recving
+        if WATCH_CONTENTS:
+            for rid in recving:
+                watch.contents.land_async_load(rid, index, rid in set(failed_loads))
         for rid in recving:
-            watch.contents.land_async_load(rid, index, rid in set(failed_loads))
-    for rid in recving:
-        watch.load_started.pop(rid, None)
+            watch.load_started.pop(rid, None)
     sending = set()
     if KV_ROLE == "kv_producer":
         sending = _sends_done(scheduler, watch, index)
@@ -255,8 +264,11 @@ def _settle_tokens(scheduler, out, watch):
 
 def _busy(scheduler, watch):
     """Requests left, or reports the worker still owes (loads, sends in flight)."""
-    connector = scheduler.connector
-    return bool(scheduler.requests or connector.loads_in_flight or connector.sends_in_flight or watch.queue)
+    if CONNECTOR:
+        connector = scheduler.connector
+        return bool(scheduler.requests or connector.loads_in_flight or connector.sends_in_flight or watch.queue)
+    else:
+        return bool(scheduler.requests or watch.queue)
 
 
 def _drain(scheduler, watch, max_steps=400):

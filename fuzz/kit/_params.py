@@ -38,6 +38,9 @@ SPECULATIVE_METHOD: str | None = None
 NUM_SPECULATIVE_TOKENS = 0
 DRAFT_ACCEPTANCE: tuple[int, ...] = (0,)
 DRAFT_MODEL_CONFIG: dict[str, Any] = {}
+# Whether the scheduler has the scripted KV connector (False: the failure
+# needs none, and the file carries none of it).
+CONNECTOR = True
 KV_LOAD_FAILURE_POLICY = "recompute"
 KV_ROLE = "kv_both"
 KV_CONFIG_FIELDS: dict[str, Any] = {}
@@ -47,6 +50,11 @@ DIVERGENT_HITS = False
 KV_EVENTS = False
 # --enable-lora --max-loras N (0: LoRA off); a request's adapter is _make_request's lora.
 MAX_LORAS = 0
+# Whether some request carries a cache_salt, sends prompt embeddings, or
+# skips reading the prefix cache (_make_request's options).
+CACHE_SALTS = False
+PROMPT_EMBEDS = False
+SKIPS_PREFIX_CACHE = False
 # The external store, per request (see ScriptedConnector).
 STORE: dict[str, Any] = {}
 
@@ -67,6 +75,7 @@ WATCH_PREEMPTED = False  # each request a schedule() preempts, as it left it (_p
 WATCH_HITS = False  # the index as each lookup begins, and the hit it served (_index_at_lookup)
 WATCH_RESETS = False  # the hits after a prefix-cache reset, against what each block held before it (needs WATCH_CONTENTS)
 WATCH_EVICTIONS = False  # how each free block came back, each cached block evicted (EvictionWatch)
+WATCH_JOINT_HITS = True  # beside each lookup, the joint hit and each group's own (the admission claims)
 # What the run did that most runs do not: loads reported failed, and the
 # connector's own store of what finished requests computed.
 FAILING_LOADS = False

@@ -18,6 +18,7 @@ from fuzz.kit._contents import _make_contents
 from fuzz.kit._hits import _index_at_lookup, _watch_frees
 from fuzz.kit._params import (
     ASYNC_SCHEDULING,
+    CONNECTOR,
     FAILING_LOADS,
     HASH_BLOCK_SIZE,
     NULL_BLOCK,
@@ -27,7 +28,9 @@ from fuzz.kit._params import (
     WATCH_EVICTIONS,
     WATCH_HITS,
     WATCH_INDEX,
+    WATCH_JOINT_HITS,
     WATCH_POOL,
+    WATCH_TOKENS,
 )
 
 
@@ -46,13 +49,16 @@ class _Watch:
         self.num_tokens = {}
         self.seen = set()  # every request seen in the scheduler
         self.queue = []  # (step, SchedulerOutput, sampled, admissions) not fed back yet, newest first
-        self.load_started = {}  # request id -> the step whose schedule() started its async load
         self.aborts = []  # aborts that arrive while the model runs the next step
         self.reset_before = 0  # the step the last prefix-cache reset that succeeded preceded
         self.reset_preempted = []  # the requests it preempted, as it left them (WATCH_PREEMPTED)
-        self.send_started = {}  # request id -> the first step begun after its send started
         self.worker = WorkerRecord(async_scheduling=ASYNC_SCHEDULING)  # what the model runner knows (see _worker_done)
-        self.kv_wrong = []  # this step's positions computed from a token vLLM does not record (see _settle_tokens)
+        if CONNECTOR:
+            self.load_started = {}  # request id -> the step whose schedule() started its async load
+            self.send_started = {}  # request id -> the first step begun after its send started
+            self.async_answers_seen = {}  # request id -> whether its answer this step was async
+        if WATCH_TOKENS:
+            self.kv_wrong = []  # this step's positions computed from a token vLLM does not record (see _settle_tokens)
         self.contents = None  # what each block holds, where the file states it (see _make_contents)
         self.starts = {}  # request id -> where this step's tokens start (see _worker_done)
         self.preempted_at = {}  # request id -> the step whose schedule() last preempted it
@@ -60,19 +66,19 @@ class _Watch:
         sched, mgr = scheduler, scheduler.kv_cache_manager
         lookup = type(sched)._get_local_prefix_cache_hit
         allocate = type(mgr).allocate_slots
-        coordinator = mgr.coordinator
 
         def local_hit(request, max_cache_hit_length=None):
-            limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
             if WATCH_HITS:  # the index as the lookup begins
                 held = _index_at_lookup(mgr, request, max_cache_hit_length)
-            self._own_lookup = True  # the watch's lookups are not the scheduler's
-            joint_blocks, joint_hit, _ = type(mgr).get_computed_blocks(mgr, request, max_cache_hit_length)
-            if hasattr(coordinator, "find_longest_cache_hit_per_group"):
-                per_group = list(coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)[1])
-            else:
-                per_group = [joint_hit] * len(SPECS)
-            self._own_lookup = False
+            if WATCH_JOINT_HITS:  # beside the lookup: the joint hit every group agrees on, and each group's own
+                limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
+                self._own_lookup = True  # the watch's lookups are not the scheduler's
+                joint_blocks, joint_hit, _ = type(mgr).get_computed_blocks(mgr, request, max_cache_hit_length)
+                if hasattr(mgr.coordinator, "find_longest_cache_hit_per_group"):
+                    per_group = list(mgr.coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)[1])
+                else:
+                    per_group = [joint_hit] * len(SPECS)
+                self._own_lookup = False
             result = lookup(sched, request, max_cache_hit_length)
             blocks, num_local = result[0], result[1]
             if WATCH_POOL:
@@ -81,20 +87,25 @@ class _Watch:
                 if held:
                     self.hits[request.request_id] = (num_local, held)
             self.admissions[request.request_id] = dict(
-                local_hit=num_local, lookup=_ids(blocks), joint_hit=joint_hit, joint=_ids(joint_blocks),
-                per_group=per_group, skips=bool(getattr(request.sampling_params, "skip_reading_prefix_cache", None)),
+                local_hit=num_local, lookup=_ids(blocks),
+                skips=bool(getattr(request.sampling_params, "skip_reading_prefix_cache", None)),
                 diverged=bool(result[3]) if len(result) > 3 else False,
             )
+            if WATCH_JOINT_HITS:
+                self.admissions[request.request_id].update(
+                    joint_hit=joint_hit, joint=_ids(joint_blocks), per_group=per_group
+                )
             return result
 
         def allocate_slots(request, num_new_tokens, *args, **kwargs):
             adm = self.admissions.get(request.request_id)
             if adm is not None and "alloc_external" not in adm:
                 adm["alloc_external"] = kwargs.get("num_external_computed_tokens", 0)
-            sched.connector.events.append((
-                "alloc", request.request_id, kwargs.get("num_new_computed_tokens", 0),
-                kwargs.get("num_external_computed_tokens", 0),
-            ))
+            if CONNECTOR:
+                sched.connector.events.append((
+                    "alloc", request.request_id, kwargs.get("num_new_computed_tokens", 0),
+                    kwargs.get("num_external_computed_tokens", 0),
+                ))
             if adm is not None and "local" not in adm:
                 blocks = kwargs.get("new_computed_blocks")
                 adm["local"] = kwargs.get("num_new_computed_tokens", 0)
@@ -109,11 +120,10 @@ class _Watch:
             self._watch_blocks(mgr)
         # Failed loads: reported this step (request id -> facts), and failed
         # async loads waiting to leave WAITING_FOR_REMOTE_KVS.
-        self.failed = {}
-        self.async_answers_seen = {}
-        self.failed_waiting = {}
+        self.failed = {}  # failed loads reported this step: request id -> facts
         self.landed = {}  # request id -> failed blocks still cached as it left
         if FAILING_LOADS:
+            self.failed_waiting = {}
             self._watch_waiting_for_remote_kvs(sched, mgr)
         if WATCH_CONTENTS:
             self.contents = _make_contents(scheduler)
@@ -265,7 +275,10 @@ class _Watch:
         cached = out.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
             computed.setdefault(rid, cached.num_computed_tokens[i])
-        told = scheduler.connector.told
+        if CONNECTOR:
+            told = scheduler.connector.told
+        else:  # no connector to tell: the admitted are the scheduled, none with external tokens
+            told = dict.fromkeys(computed, 0)
         self.seen |= set(scheduler.requests)
         self.num_tokens = {rid: scheduler.requests[rid].num_tokens for rid in computed}
         for rid in list(self.admissions):
@@ -277,7 +290,10 @@ class _Watch:
             adm["num_computed_tokens"] = computed.get(rid, scheduler.requests[rid].num_computed_tokens)
             adm["external"] = told[rid]
             adm["num_tokens"] = scheduler.requests[rid].num_tokens
-            adm["answer"] = scheduler.connector.answers.get(rid)
+            if CONNECTOR:
+                adm["answer"] = scheduler.connector.answers.get(rid)
+            else:
+                adm["answer"] = 0
             adm["table"] = [list(g) for g in scheduler.kv_cache_manager.get_block_ids(rid)]
 
 

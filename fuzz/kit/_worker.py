@@ -33,7 +33,7 @@ def _worker_done(out, watch):
     watch.starts = {rid: watch.worker.start(rid, before) for rid in out.num_scheduled_tokens if rid in before}
     if WATCH_TOKENS:
         for rid in out.num_scheduled_tokens:
-            watch.worker.write(out, rid, before, watch.step)
+            watch.worker.compute(out, rid, before, watch.step)
     return [watch.worker.reaches_end(out, rid, before) for rid in out.num_scheduled_tokens]
 
 
@@ -42,9 +42,10 @@ def _worker_sampled(watch, out, sampled):
     the drafts it rejected (vLLM learns them when it is fed the output)."""
     for rid, tokens in zip(out.num_scheduled_tokens, sampled):
         watch.worker.sampled(rid, tokens)
-        if tokens:
-            drafts = (out.scheduled_spec_decode_tokens or {}).get(rid) or ()
-            watch.worker.rejected(rid, watch.step, len(drafts) - (len(tokens) - 1))
+        if SPECULATIVE_METHOD is not None:
+            if tokens:
+                drafts = (out.scheduled_spec_decode_tokens or {}).get(rid) or ()
+                watch.worker.rejected(rid, watch.step, len(drafts) - (len(tokens) - 1))
 
 
 def _sampled(out, done, step):

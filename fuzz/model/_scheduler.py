@@ -94,10 +94,14 @@ class SchedulerDraw:
     # ``--enable-lora --max-loras N`` (0: LoRA off): the scheduler batches
     # requests of at most N adapters (a request's adapter is in AddRequest.lora).
     max_loras: int = 0
+    connector: bool = True  # --kv-transfer-config; False only where a repro's shrinking drops it
 
     def __post_init__(self) -> None:
         if self.kv_role not in KV_ROLES:
             raise ValueError(f"kv_role={self.kv_role!r} is not one of {KV_ROLES}")
+        if not self.connector and (self.divergent_hits or self.kv_role != "kv_both"):  # vLLM asks the connector
+            raise ValueError(f"connector=False needs divergent_hits=False, kv_role='kv_both' "
+                             f"(got divergent_hits={self.divergent_hits}, kv_role={self.kv_role!r})")
         if (self.speculative_method is None) != (self.num_speculative_tokens == 0):
             raise ValueError(
                 f"speculative_method={self.speculative_method!r} needs num_speculative_tokens > 0 "
@@ -133,13 +137,14 @@ class SchedulerDraw:
         return "hybrid" if whole_state else "plain"
 
     def __repr__(self) -> str:
+        connector = (f"connector.supports_divergent_local_hybrid_hits={self.divergent_hits}, "
+                     f"kv_load_failure_policy={self.kv_load_failure_policy!r}" if self.connector else "no KV connector")
         return (
             f"Scheduler({self.model}, {self.layout!r}, "
             f"max_num_batched_tokens={self.max_num_batched_tokens}, "
             f"max_num_seqs={self.max_num_seqs}, "
             f"long_prefill_token_threshold={self.long_prefill_token_threshold}, "
-            f"connector.supports_divergent_local_hybrid_hits={self.divergent_hits}, "
-            f"kv_load_failure_policy={self.kv_load_failure_policy!r}"
+            f"{connector}"
             f"{'' if self.model_runner is None else f', model_runner={self.model_runner!r}'}"
             f"{', async_scheduling=True' if self.async_scheduling else ''}"
             f"{'' if self.prefill_schedule_interval == 1 else f', prefill_schedule_interval={self.prefill_schedule_interval}'}"

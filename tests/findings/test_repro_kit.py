@@ -22,7 +22,7 @@ import pytest
 
 from fuzz.kit import COPIED_MODULES, KIT_MODULES, TRUNCATION_KIT_MODULES
 from fuzz.repro_scheduler import _CHECK_OF, _constants, scheduler_repro
-from fuzz.repro_source import kit_definitions, kit_source, specialise
+from fuzz.repro_source import kit_definitions, kit_source, specialise, trim
 from fuzz.targets.target_scheduler import UNSUPPORTED
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,6 +117,37 @@ def test_selection_keeps_what_the_roots_reach_and_the_methods_called() -> None:
     assert "WATCH_POOL" not in sync.constants  # every if on it is gone
     queued = kit_source({"_step", "_Watch"}, {"ASYNC_SCHEDULING": True, "WATCH_POOL": True, "WATCH_TABLES": True})
     assert "def _queued_step(" in queued.code and "def _watch_blocks" in queued.code and "def hold(" in queued.code
+
+
+# --- trimming ----------------------------------------------------------------
+
+_DOCUMENTED = '''class C:
+    """What C is. More about it,
+    over two lines.
+
+    A second paragraph."""
+
+    # Why x starts empty.
+    def f(self, x):  # a trailing comment stays
+        """One line."""
+        # What comes next.
+        return "# not a comment"
+'''
+
+
+def test_trimming_keeps_first_sentences_and_drops_comment_lines() -> None:
+    assert trim(_DOCUMENTED) == (
+        'class C:\n    """What C is."""\n\n    def f(self, x):  # a trailing comment stays\n        """One line."""\n'
+        '        return "# not a comment"'
+    )
+
+
+def test_the_failing_check_keeps_its_docstring_in_full() -> None:
+    from fuzz.kit._checks_scheduler import _check_running_requests_progress as check
+
+    full = kit_source({check.__name__}, {}, in_full={check.__name__})
+    trimmed = kit_source({check.__name__}, {})
+    assert check.__doc__ in full.code and check.__doc__ not in trimmed.code
 
 
 # --- the files --------------------------------------------------------------

@@ -137,7 +137,11 @@ def _check_repro(source: str | None, bug: str, tmp_path: Path, check: str | None
     kit's ``check`` where one is named) and without (it must pass)."""
     assert source, f"{bug}: no repro written"
     assert _imports(source) <= ALLOWED_IMPORTS, _imports(source)
-    assert "pytestmark = pytest.mark.cpu_test" in source and "kv_connector_module_path=__name__" in source
+    assert "pytestmark = pytest.mark.cpu_test" in source
+    # A file with the connector loads it by its own module path; one without has none of it.
+    has_connector = "class ScriptedConnector(" in source
+    assert ("kv_connector_module_path=__name__" in source) == has_connector, source
+    assert has_connector or "KVTransferConfig" not in source and "STORE = " not in source, source
     path = tmp_path / f"test_repro_{bug}.py"
     path.write_text(source)
     failure = _run_repro(path, tmp_path, bug)
@@ -277,6 +281,32 @@ def test_a_planted_promise_bug_becomes_a_standalone_repro(bug: str, tmp_path: Pa
     kit_check = _CHECK_OF[invariant]
     assert source is not None and f"{kit_check}(scheduler, out, watch" in source and built in source, source
     _check_repro(source, bug, tmp_path, check=kit_check)
+
+
+def test_a_failure_that_needs_no_connector_gets_a_file_without_one(tmp_path: Path) -> None:
+    """The cache-salt plant's fixed run loads and saves nothing: shrinking
+    replays it on a scheduler without a KV connector, and the file carries
+    no connector class, store or KVTransferConfig, yet fails planted (in
+    the kit's check) and passes unplanted. A connector claim keeps it."""
+    from fuzz.model import SchedulerDraw
+    from fuzz.repro_shrink import _may_drop_connector
+    from tests.invariants.test_scheduler_planted import FIXED_CASES
+
+    bug = "cache_salt_not_hashed"
+    log, invariant = _fixed_case_log(bug)
+    assert log.config.draw.connector
+    (check,) = [c for c, _, b, *_ in FIXED_CASES if b == bug]
+    assert not _may_drop_connector(log, "told-external-accounted")
+    with planted_scheduler_bug(bug):
+        log = shrink_oplog(log, invariant, checks=(check,))
+    assert not log.config.draw.connector and not log.config.draw.divergent_hits
+    source = scheduler_repro(log, invariant=invariant, target="scheduler-machine", seed=0, violation="")
+    assert source is not None and "no KV connector" in source
+    for absent in ("class ScriptedConnector", "KVTransferConfig", "STORE = ", "RECORDED_ANSWERS", "kv_connector_module_path"):
+        assert absent not in source, absent
+    _check_repro(source, bug, tmp_path, check=_CHECK_OF[invariant])
+    with pytest.raises(ValueError, match="divergent"):
+        SchedulerDraw(log.config.draw.layout, connector=False)
 
 
 @pytest.mark.parametrize("bug", sorted(MACHINE_BUGS))
