@@ -27,6 +27,7 @@ from invariants.contents import LOST_TO_COPY_BEFORE_FILL as _LOST_TO_COPY_BEFORE
 from invariants.contents import LOST_TO_COPY_OF_COPY as _LOST_TO_COPY_OF_COPY
 from invariants.contents import MISNAMED_AFTER_FAILED_LOAD, OTHER_TOKENS_AFTER_FAILED_LOAD
 from invariants.hits import HIT_SHORTER_INSIDE_A_FULL_BLOCK
+from invariants.ownership import ROLLED_BACK_IN_FLIGHT
 from invariants.promises import EVENTS_ORPHANED_PARTIAL
 from invariants.scheduler import STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
 from invariants.contents import UNWRITTEN_READ_AFTER_ROLLBACK as _READ_AFTER_ROLLBACK
@@ -316,11 +317,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             # request: it reads the null block where the state should be.
             # (The manager also counts -1 blocks for it, with nothing taken:
             # on a lone group that hides nothing, and is no violation.)
-            Signature("read-blocks-held", where=_ROLLED_BACK, group_kind="MambaSpec"),
+            Signature("read-blocks-held", where=_ROLLED_BACK, group_kind="MambaSpec", state=""),
             # The same rollback on a windowed group: the window at the rolled-back
             # point reaches blocks the manager already freed (remove_skipped_blocks).
             *(
-                Signature("read-blocks-held", where=_ROLLED_BACK, group_kind=k)
+                Signature("read-blocks-held", where=_ROLLED_BACK, group_kind=k, state="")
                 for k in ("SlidingWindowSpec", "SlidingWindowMLASpec", "ChunkedLocalAttentionSpec")
             ),
             # The contents model sees the windowed recompute read what the
@@ -594,6 +595,38 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "parent the unannounced key at 24), KV events on. Upstream: issue 58119 (reported "
             "2026-09-22, open) describes the same event; PR 58121 (open) adds the skipped "
             "ancestry to it."
+        ),
+    ),
+    KnownBug(
+        id="mamba-rollback-over-in-flight-step",
+        title="async scheduling: a failed sync load on a Mamba group rolls the request back over its step in "
+        "flight, and the recompute keeps its state in the null block",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=tuple(
+            Signature("read-blocks-held", where=_ROLLED_BACK, group_kind=k, state=ROLLED_BACK_IN_FLIGHT)
+            for k in ("MambaSpec", "SlidingWindowSpec", "SlidingWindowMLASpec", "ChunkedLocalAttentionSpec")
+        ),
+        reach=ENGINE_IN_PRINCIPLE,
+        pinned_by="tests/known_bugs/test_mamba_rollback_in_flight.py::test_a_rollback_over_a_step_in_flight_keeps_a_state_slot",
+        targets=("scheduler-machine",),
+        analysis=(
+            "Async scheduling, one Mamba group in align mode, a KV connector whose synchronous load "
+            "fails block by block under the recompute policy. The step after the load is scheduled "
+            "before the load's output is fed: the MambaManager lays the request's table out for that "
+            "chunk, one state block at the chunk's end and the null block at the block boundaries "
+            "inside it. When the failure is fed, Scheduler._update_requests_with_invalid_blocks sets "
+            "num_computed_tokens back to the first invalid block (the load's start) and drops the "
+            "tokens of the step in flight with it, but leaves the table as it was. The recompute's "
+            "chunks end at other block boundaries; the table is already long enough, so allocate_slots "
+            "adds nothing, and the state at such a boundary is written to, and read back from, the "
+            "null block: the request decodes from a state no block holds, silently. Synchronous "
+            "scheduling (no step in flight at the rollback) lays the recompute out afresh. Seen on a "
+            "lone Mamba(4) group, 8-token chunks: a 1-token load into block 1, the next step "
+            "scheduled [4, 12) with table [1, null, 2], rolled back to 0; the recompute of [0, 8) "
+            "ends at the null slot. A lone windowed group rolled back so reads, past the load's end, "
+            "the blocks the step in flight's allocation nulled outside its window (inside the load "
+            "that is mamba-failed-load-rollback's window case). No upstream report found."
         ),
     ),
     KnownBug(

@@ -68,6 +68,8 @@ WHERE_ASYNC_LANDED = "Scheduler._update_waiting_for_remote_kv"
 # ... and of a request recomputing what a failed sync load had covered before
 # vLLM rolled it back (until it computes past the load's end).
 WHERE_ROLLED_BACK = "Scheduler._update_requests_with_invalid_blocks"
+# A failed load rolled the request back past the load's end too: over a step in flight.
+ROLLED_BACK_IN_FLIGHT = "a recompute after a failed load's rollback over a step in flight"
 # ... and of a producer's send in flight: request_finished handed its blocks
 # to the worker and vLLM delayed their free until finished_sending.
 WHERE_SENDING = "Scheduler._free_request"
@@ -191,9 +193,15 @@ def _held_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                     where=WHERE_ASYNC_LANDED
                     if t.request_id in landed or _recomputes_last_token_after_whole_load(step, t.request_id, start, t.num_prompt_tokens)
                     else WHERE_ROLLED_BACK
-                    if t.request_id in step.rolled_back
+                    if t.request_id in step.rolled_back or t.request_id in step.rolled_back_in_flight
                     else "Scheduler.schedule",
                     group_kind=group_kind(g),
+                    # A Mamba state slot, or a read past the load's end: the rollback
+                    # over the step in flight left the table laid out for that step.
+                    state=ROLLED_BACK_IN_FLIGHT
+                    if t.request_id in step.rolled_back_in_flight
+                    and (t.request_id not in step.rolled_back or group_kind(g) == "MambaSpec")
+                    else "",
                 )
     yield from _sending_violations(own, step)
 

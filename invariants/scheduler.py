@@ -2,8 +2,8 @@
 
 Each ``check_*`` makes one claim about one observation (a
 :class:`fuzz.model.StepObservation` and its admissions) and raises
-:class:`fuzz.model.InvariantViolation`
-naming the request, the groups, the block ids and the numbers that disagree.
+:class:`fuzz.model.InvariantViolation` naming the request, the groups, the
+block ids and the numbers that disagree.
 Expected per-group behaviour comes from :mod:`fuzz.model._classification`.
 Step checks (:data:`STEP_CHECKS`) see a whole ``schedule()`` +
 ``update_from_output()``; admission checks (:data:`ADMISSION_CHECKS`) one
@@ -33,14 +33,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fuzz.model import (
-    AdmissionObservation,
-    GroupInfo,
-    InvariantViolation,
-    PoolObservation,
-    StepObservation,
-    StrandedRequest,
-)
+from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, PoolObservation, StepObservation
+from fuzz.model import StrandedRequest
 from fuzz.model import answer_acted_on
 from fuzz.model import cdiv as _cdiv
 from fuzz.model import group_behaviour as _behaviour

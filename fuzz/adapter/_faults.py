@@ -53,6 +53,11 @@ class Faults:
         # it to before vLLM rolled it back (recompute policy).
         self.recomputing: dict[str, int] = {}
         self.recomputed_failed_load: set[str] = set()  # ever rolled back by a failed load's blocks (its own or shared)
+        # Request id -> where it had been when a failed load rolled it back
+        # past the load's end (the tokens of a step in flight), until it
+        # computes past that again; and its computed tokens right before the update.
+        self.past_load: dict[str, int] = {}
+        self._computed_before: dict[str, tuple[int, int]] = {}
         self.status_before: dict[str, str] = {}  # per failed load reported, its request's status then
         # Aborts that arrive while the model runs the next step.
         self.aborts_during_step: list[str] = []
@@ -88,6 +93,8 @@ class Faults:
         live = self.scheduler.requests
         for rid in [r for r, end in self.recomputing.items() if r not in live or live[r].num_computed_tokens >= end]:
             del self.recomputing[rid]
+        for rid in [r for r, end in self.past_load.items() if r not in live or live[r].num_computed_tokens >= end]:
+            del self.past_load[rid]
         return frozenset(self.recomputing)
 
     def load_started(self, alloc: ConnectorAlloc) -> None:
@@ -137,13 +144,18 @@ class Faults:
         return failed
 
     def before_update(self, sync_failures: dict[str, tuple[int, int, tuple[int, ...], int]],
-                      failed: Iterable[str], invalid_block_ids: set[int]) -> dict[str, int]:
+                      failed: Iterable[str], invalid_block_ids: set[int], scheduled: Mapping[str, int]) -> dict[str, int]:
         """Right before ``update_from_output``: take the output's failed
         loads and note their requests' status; return the requests sharing
         reported invalid blocks without a failed load of their own, with
         their computed tokens (vLLM may roll them back too)."""
         failed = set(failed)
         self.sync_failures = sync_failures
+        # Past the fed step's own tokens: those of a step still in flight.
+        self._computed_before = {
+            r: (self.requests[r].num_computed_tokens, self.requests[r].num_computed_tokens - scheduled.get(r, 0))
+            for r in sync_failures if r in self.requests
+        }
         self.status_before = {
             r: self.requests[r].status.name for r in (*failed, *self.sync_failures) if r in self.requests
         }
@@ -202,6 +214,9 @@ class Faults:
             for rid, (*_, load_end) in self.sync_failures.items():
                 self.recomputing[rid] = load_end
                 self.recomputed_failed_load.add(rid)
+                had, before_fed_step = self._computed_before.get(rid, (0, 0))
+                if before_fed_step > load_end:
+                    self.past_load[rid] = had
         self.sync_failures.clear()
         for load in reported:
             load = dataclasses.replace(load, status_before=self.status_before.get(load.request_id, ""))

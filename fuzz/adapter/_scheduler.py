@@ -457,6 +457,7 @@ class SchedulerHarness:
             left_scheduler=left,
             failed_loads=tuple(self.faults.step_failed_loads),
             rolled_back=rolled_back,
+            rolled_back_in_flight=frozenset(self.faults.past_load),
             whole_prompt_landed=frozenset(self._whole_prompt_landed),
             ownership=ownership,
             fed_step=fed_step,
@@ -554,7 +555,7 @@ class SchedulerHarness:
             self.contents.land_async_load(rid, step.index, failed=rid in failed and _compat.HAS_FAILED_RECVING)
         self.script.loads_in_flight.difference_update(recving)
         output, self._fed = runner_output(ids, sampled, recving, failed, invalid_block_ids, sending)
-        sharing = self.faults.before_update(step.sync_failures, failed, invalid_block_ids)
+        sharing = self.faults.before_update(step.sync_failures, failed, invalid_block_ids, out.num_scheduled_tokens)
         before = set(sched.requests)
         stale = self.observer.stale_shares(ids, sampled, step.index)
         verified = self.observer.drafts_to_verify(out, ids, sampled)

@@ -458,7 +458,7 @@ class StepObservation:
     admissions: tuple[AdmissionObservation, ...]
     error: str | None  # "ExcType: message" from schedule()/update_from_output()
     error_type: str | None
-    error_where: str | None  # "schedule" or "update_from_output"
+    error_where: str | None  # "schedule", "update_from_output" or "reset_prefix_cache"
     dishonest_replies: tuple[str, ...]  # request ids given an over-report this step
     num_scheduled: dict[str, int]
     # (request id, num_computed_tokens, num_tokens) for each request scheduled
@@ -467,11 +467,8 @@ class StepObservation:
     preempted: frozenset[str]
     finished: frozenset[str]
     context: str = dataclasses.field(default="", compare=False)
-    # The step's copy-on-write block copies, (source, destination), in the
-    # order SchedulerOutput.kv_cache_block_copies lists them.
-    copies: tuple[tuple[int, int], ...] = ()
-    # The innermost vLLM frames of the error ("vllm/v1/core/block_pool.py:
-    # BlockPool.get_new_blocks"), innermost first: the crash state.
+    copies: tuple[tuple[int, int], ...] = ()  # copy-on-write (source, destination), in the output's order
+    # The error's innermost vLLM frames ("vllm/v1/core/block_pool.py:BlockPool.get_new_blocks") first.
     error_frames: tuple[str, ...] = ()
     error_statement: str = ""  # the vLLM statement that raised, whitespace collapsed
     vllm_version: str = dataclasses.field(default="", compare=False)
@@ -479,9 +476,7 @@ class StepObservation:
     # schedule(): every update_state_after_alloc, every build_connector_meta.
     connector_allocs: tuple[ConnectorAlloc, ...] = ()
     connector_metas: tuple[ConnectorMeta, ...] = ()
-    # Requests whose async load had not been reported finished (or failed) to
-    # the scheduler when this schedule() began.
-    loads_in_flight: frozenset[str] = frozenset()
+    loads_in_flight: frozenset[str] = frozenset()  # async loads not reported done as schedule() began
     # Since the previous step's observation (aborts between steps included):
     # every request_finished(_all_groups) call, and each request that left the
     # scheduler with how many times the connector had been told it finished.
@@ -492,8 +487,11 @@ class StepObservation:
     failed_loads: tuple[FailedLoad, ...] = ()
     # Requests recomputing what a failed synchronous load (invalid_block_ids,
     # recompute policy) had covered before vLLM rolled them back: from the
-    # step after the rollback until they compute past the load's end.
+    # step after the rollback until they compute past the load's end; and
+    # those it rolled back past that end too (async scheduling: the tokens of
+    # a step in flight), until they compute past where they had been.
     rolled_back: frozenset[str] = frozenset()
+    rolled_back_in_flight: frozenset[str] = frozenset()
     # Requests whose async load of their whole prompt has landed (vLLM then
     # recomputes the last token: Scheduler._update_waiting_for_remote_kv
     # sets num_computed_tokens = num_tokens - 1; a 1-token prompt goes back
@@ -542,9 +540,7 @@ class StepObservation:
     # Blocks the step's admissions adopted (what schedule() handed to
     # allocate_slots as computed) that were written under another salt.
     foreign_hits: tuple[ForeignHit, ...] = ()
-    # Positions adopted as computed whose KV predates the last prefix-cache
-    # reset that succeeded (steps after one only).
-    hits_across_reset: tuple[HitAcrossReset, ...] = ()
+    hits_across_reset: tuple[HitAcrossReset, ...] = ()  # ... or KV computed before a reset
     # Requests whose table the drafter's lookahead writes run past.
     missing_lookahead: tuple[MissingLookahead, ...] = ()
     # Each request this step's schedule() preempted, as it left it.
