@@ -61,7 +61,8 @@ def index_hold(
     block pool's prefix-cache map; ``partial_hits``: sub-block hits on) for
     ``request``'s lookup by ``manager`` (a KVCacheManager): per group, the
     prefix lengths (multiples of the hash block) the index holds an entry
-    for; the hit alignment; the caller's limit; per group, the sliding
+    for, in every group of its spec (vLLM looks those up together); the hit
+    alignment; the caller's limit; per group, the sliding
     window of a sliding-window group and the attention chunk of a
     chunked-local one (0 for any other). Empty (no prediction) for a
     layout the claim does not state, a request that skips the lookup, or a
@@ -78,9 +79,16 @@ def index_hold(
     hash_block = manager.block_pool.hash_block_size
     alignment = hash_block if partial_hits else coordinator.scheduler_block_size
     hashes = list(request.block_hashes)
+    specs = [g.kv_cache_spec for g in manager.kv_cache_config.kv_cache_groups]
+    own = [
+        {(i + 1) * hash_block for i, h in enumerate(hashes) if cached.get(make_block_hash_with_group_id(h, g))}
+        for g in range(len(specs))
+    ]
+    # Groups of one spec are looked up together (the hybrid coordinator's
+    # spec groups): each holds a length only where every one of them does.
     held = tuple(
-        tuple((i + 1) * hash_block for i, h in enumerate(hashes) if cached.get(make_block_hash_with_group_id(h, g)))
-        for g in range(len(manager.kv_cache_config.kv_cache_groups))
+        tuple(sorted(n for n in own[g] if all(n in own[o] for o in range(len(specs)) if specs[o] == specs[g])))
+        for g in range(len(specs))
     )
     limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
     windows = tuple(

@@ -100,3 +100,4 @@ def test_a_reset_drops_the_drafts_of_the_step_in_flight() -> None:
     assert [v.request_id for v in observation.draft_verifications] == [rid]
     run.drain()
     assert harness.resets[0][1] and not harness.live_request_ids
+
