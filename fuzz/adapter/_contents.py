@@ -155,11 +155,11 @@ class BlockContents:
             held = self.held.setdefault(dst, {})
             for offset, source in self.held.get(src, {}).items():
                 mine = held.get(offset)
-                if source[0] < 0 or mine == source or (mine is not None and mine[1] == step):
-                    continue  # nothing real there, the same contents, or the destination's own write
-                if src in destinations:  # filled by its own copy, after this one read it
+                if mine == source or (mine is not None and mine[1] == step):
+                    continue  # the same contents, or the destination's own write
+                if src in destinations:  # filled by its own copy (lost or not), after this one read it
                     held[offset] = (COPIED_FROM_COPY, step, None)
-                elif source[1] == step:  # filled by the step's load or forward pass
+                elif source[0] >= 0 and source[1] == step:  # filled by the step's load or forward pass
                     held[offset] = (COPIED_BEFORE_FILL, step, None)
         self.copies = []
 

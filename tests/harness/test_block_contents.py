@@ -103,6 +103,23 @@ def test_a_copy_of_a_same_step_copy_destination_is_marked_as_such() -> None:
     assert [h for *_, h in c.unread("c", 4, 4, [("full", 0)])] == [(COPIED_FROM_COPY, 2, None)] * 4
 
 
+def test_a_copy_of_a_copy_of_a_block_filled_in_the_step_is_marked_a_copy_of_a_copy() -> None:
+    """Shrunk from a scheduler-machine campaign (a labelling gap, fixed):
+    block 1 is filled in step 2 and copied 1 -> 5 before the fill, 5 -> 6 in
+    the same step. 5 holds what the first copy lost (COPIED_BEFORE_FILL), and
+    6, read from 5 before that copy, is a copy of a copy (COPIED_FROM_COPY),
+    not a block nobody wrote: the two known same-step copy bugs, not a new
+    unwritten read."""
+    c = _contents(4)
+    c.take_tables(_out(new=[("a", ([1],))]))
+    c.write("a", 0, 2, step=1, tokens=TOKENS)
+    c.take_tables(_out(new=[("b", ([5],)), ("c", ([6],))], copies=[(1, 5), (5, 6)]))
+    c.write("a", 2, 4, step=2, tokens=TOKENS)  # a fills the rest of block 1 in the step
+    c.settle_copies(step=2)
+    assert [h for *_, h in c.unread("b", 4, 4, [("full", 0)])] == [(COPIED_BEFORE_FILL, 2, None)] * 2
+    assert [h for *_, h in c.unread("c", 4, 4, [("full", 0)])] == [(COPIED_FROM_COPY, 2, None)] * 4
+
+
 def test_a_copys_destination_keeps_its_own_writes() -> None:
     c = _contents(4)
     c.take_tables(_out(new=[("a", ([1],))]))
