@@ -116,7 +116,7 @@ class SchedulerHarness:
         self.vllm_seconds = 0.0  # inside schedule() and update_from_output()
         self.broken: str | None = None
         self.shortcut_evictions = 0
-        self._reset: ResetPrefixCache | None = None  # asked for, done right before the next schedule()
+        self._resets_due: list[ResetPrefixCache] = []  # asked for, done in order right before the next schedule()
         self.resets: list[tuple[int, bool]] = []  # (step it preceded, it succeeded) of each reset done
         self._requests: dict[str, Request] = {}
         self._stale: list[StaleOutput] = []  # this step's stale outputs (see _feed_back)
@@ -262,8 +262,8 @@ class SchedulerHarness:
         """Reset the prefix cache between steps (the engine core's utility
         call, :class:`ResetPrefixCache`): done right before the next
         ``schedule()``, so that what it raises is that step's error."""
-        self._reset = ResetPrefixCache(self.step_index, reset_running)
-        self.oplog.ops.append(self._reset)
+        self._resets_due.append(ResetPrefixCache(self.step_index, reset_running))
+        self.oplog.ops.append(self._resets_due[-1])
 
     def fail_async_load(self, request_id: str) -> None:
         """Report the in-flight async load of ``request_id`` as failed (the
@@ -326,12 +326,13 @@ class SchedulerHarness:
         statement = ""
         out = None
         t0 = time.perf_counter()
-        reset, self._reset = self._reset, None
+        due, self._resets_due = self._resets_due, []
         reset_preempted: tuple[PreemptedRequest, ...] = ()
-        if reset is not None:  # the utility call, right before this step's schedule()
+        if due:  # the utility calls, in order, right before this step's schedule()
             running = [r.request_id for r in self.scheduler.running]
             try:
-                self.resets.append((self.step_index, self.scheduler.reset_prefix_cache(reset.reset_running)))
+                for reset in due:
+                    self.resets.append((self.step_index, self.scheduler.reset_prefix_cache(reset.reset_running)))
             except Exception as exc:  # noqa: BLE001 - every failure is an observation
                 error, error_type, where, frames, statement = step_failure(exc, "reset_prefix_cache")
             still = {r.request_id for r in self.scheduler.running}

@@ -101,3 +101,18 @@ def test_a_reset_drops_the_drafts_of_the_step_in_flight() -> None:
     run.drain()
     assert harness.resets[0][1] and not harness.live_request_ids
 
+
+
+def test_two_resets_asked_between_steps_are_both_done_as_logged() -> None:
+    """Every reset asked for between two steps is done, in order, as the
+    operation log (and so the replay and a repro file) has them."""
+    harness = SchedulerHarness(SchedulerDraw(LAYOUT, max_num_batched_tokens=32, max_num_seqs=2))
+    run = Stepper(harness, ALL_CHECKS)
+    harness.add_request(range(13), max_tokens=4)
+    run.step()
+    harness.reset_prefix_cache(reset_running=False)
+    harness.reset_prefix_cache(reset_running=True)
+    run.step()
+    assert harness.resets == [(2, False), (2, True)], harness.resets
+    assert [type(op).__name__ for op in harness.oplog.ops].count("ResetPrefixCache") == 2
+    run.drain()
