@@ -145,7 +145,8 @@ INVARIANTS: tuple[Invariant, ...] = (
     ),
     _s("lookup-within-limit", own.check_lookup_within_limit, "lookup_rounds_limit_up", watches="pool even-if-it-raises"),
     # What the blocks hold (fuzz/adapter/_contents.py).
-    _s("reads-written", sched.check_reads_written, "partial_hit_shares_its_block", watches="contents unwritten reads"),
+    _s("reads-written", sched.check_reads_written, "partial_hit_shares_its_block", "mamba_adopts_same_step_state",
+       watches="contents unwritten reads"),
     _s("index-written", sched.check_index_written, "caches_async_load_early", watches="contents unwritten reads"),
     _s("index-names-its-prefix", contents.check_index_names_its_prefix, "evicted_key_stays_indexed", watches="contents index"),
     # What the cache promises (invariants/promises.py).

@@ -16,8 +16,17 @@ any span), :class:`BlockContents` keeps, per offset, the request position
 whose KV was written there, the step that wrote it, and the token it was
 computed from (None where the worker cannot name it: an accepted draft's). A block's contents
 outlive its owner: a freed block that stays in the prefix cache holds what
-was last written into it. Recurrent-state (Mamba) groups and scratch
-groups are not recorded here.
+was last written into it. Scratch groups are not recorded here.
+
+For a recurrent-state (Mamba, align mode) group, each block holds at most
+one state: the position it is the state at, the step that wrote it, and
+the tokens it was computed from. A step computing positions [start, end)
+writes the state at ``end`` into the table's block ``cdiv(end, size) - 1``
+(the runner's ``preprocess_mamba`` copies the running state there first),
+and reads the state at ``start`` from block ``(start - 1) // size``; a
+load up to ``end`` writes the state at ``end`` where a step would. Intra-chunk
+prefill checkpoints and speculative state blocks are not modelled: a
+group that has them is not recorded.
 
 Each block also keeps the namespace of the request that last wrote it: what
 vLLM folds into a block's hash besides the tokens (its cache salt), so that
@@ -39,7 +48,7 @@ from typing import Any
 
 __all__ = [
     "COPIED_BEFORE_FILL", "COPIED_FROM_COPY", "FAILED_LOAD", "BlockContents", "KeyPrefixes", "all_entries_of",
-    "entries_of", "lora_identity", "namespace_of", "prompt_embedding_rows", "read_positions",
+    "entries_of", "lora_identity", "namespace_of", "prompt_embedding_rows", "read_positions", "records_state",
 ]
 
 # What a block copy's destination holds where its source was filled only
@@ -76,6 +85,24 @@ def lora_identity(name: str) -> tuple[str, int, str]:
     return name, 1 + sum(map(ord, name)) % 1000, f"adapters/{name}"
 
 
+def records_state(rule: tuple[str, int], spec: Any, speculating: bool, cache_block_size: int) -> bool:
+    """Whether a group of read ``rule`` and ``spec`` gets its states
+    recorded: a recurrent-state group in align mode, in a configuration
+    that does not speculate, with neither speculative state blocks nor
+    intra-chunk prefill checkpoints (the runner writes states there this
+    model does not follow), whose block is ``cache_config.block_size``
+    (``cache_block_size``). The engine makes it so in align mode
+    (``mamba_block_size = cache_config.block_size``), and the scheduler
+    cuts prefill chunks at multiples of ``cache_config.block_size`` for the
+    states to land on block ends: a layout that breaks that is not one an
+    engine builds."""
+    return (
+        rule[0] == "state" and not speculating and getattr(spec, "mamba_cache_mode", "align") == "align"
+        and not getattr(spec, "num_speculative_blocks", 0) and not getattr(spec, "num_prefill_checkpoint_blocks", 0)
+        and getattr(spec, "block_size", None) == cache_block_size
+    )
+
+
 def read_positions(rule: tuple[str, int], start: int, prompt: int) -> range | list[int]:
     """The positions below ``start`` whose KV a step computing from
     ``start`` reads in a group with read ``rule`` (see
@@ -101,10 +128,16 @@ class BlockContents:
     wrote it, the token it was computed from), for the groups in
     ``per_position`` (their block sizes in ``block_sizes``)."""
 
-    def __init__(self, block_sizes: Sequence[int], per_position: Sequence[bool], null_block_id: int) -> None:
+    def __init__(self, block_sizes: Sequence[int], per_position: Sequence[bool], null_block_id: int,
+                 whole_state: Sequence[bool] = ()) -> None:
         self.block_sizes = tuple(block_sizes)
         self.per_position = tuple(per_position)
+        self.whole_state = tuple(whole_state) or (False,) * len(self.block_sizes)
         self.null_block_id = null_block_id
+        # Block id -> (the position it holds the state at, the step that
+        # wrote it, the tokens before that position or None), for the
+        # groups in ``whole_state``.
+        self.states: dict[int, tuple[int, int, tuple[int, ...] | None]] = {}
         # Request id -> per group, the block table the runner holds.
         self.tables: dict[str, list[list[int]]] = {}
         # Block id -> offset -> (position, step, token or None).
@@ -139,8 +172,11 @@ class BlockContents:
                     table.extend(more)
         self.copies = [(c.src_block_id, c.dst_block_id) for c in getattr(out, "kv_cache_block_copies", None) or ()]
         before = {src: dict(self.held.get(src, {})) for src, _ in self.copies}
+        states = {src: self.states.get(src) for src, _ in self.copies}
         for src, dst in self.copies:
             self.held[dst] = dict(before[src])
+            if states[src] is not None:
+                self.states[dst] = states[src]
             self.changed.add(dst)
             if src in self.written_under:
                 self.written_under[dst] = self.written_under[src]
@@ -168,7 +204,10 @@ class BlockContents:
         """Write, per group, that group's ``positions`` through its table,
         each from its token in ``tokens`` (None past its end), for a request
         of ``namespace`` (None: unknown)."""
-        for table, size, recorded, group_positions in zip(tables, self.block_sizes, self.per_position, positions):
+        for table, size, recorded, state, group_positions in zip(
+                tables, self.block_sizes, self.per_position, self.whole_state, positions):
+            if state:
+                self._put_state(table, size, group_positions, step, failed, tokens)
             if not recorded:
                 continue
             for position in group_positions:
@@ -182,6 +221,46 @@ class BlockContents:
                     self.held.setdefault(block, {})[position % size] = (
                         (FAILED_LOAD, step, None) if block in failed else (position, step, token)
                     )
+
+    def _put_state(self, table: Sequence[int], size: int, positions: Iterable[int], step: int,
+                   failed: frozenset[int], tokens: Sequence[int]) -> None:
+        """The state at the end of ``positions`` (a range) lands in the
+        block of ``table`` that holds it (none for an empty range)."""
+        end = max(positions, default=-1) + 1
+        index = -(-end // size) - 1
+        if end > 0 and index < len(table) and table[index] != self.null_block_id:
+            block = table[index]
+            self.changed.add(block)
+            self.states[block] = (
+                (FAILED_LOAD, step, None) if block in failed
+                else (end, step, tuple(tokens[:end]) if len(tokens) >= end else None)
+            )
+
+    def unread_states(self, request_id: str, start: int, tokens: Sequence[int] = ()
+                      ) -> list[tuple[int, int, int, tuple[int, int, int | None] | None]]:
+        """For a step of ``request_id`` computing from ``start`` (asked
+        before the step writes): each recorded state group whose block
+        ``(start - 1) // size`` in the runner's table does not hold the
+        state at ``start`` computed from ``tokens`` (a null block, or no
+        block, holds none), as (group, block id, start, what it holds:
+        (position, step, None)). What a load failed to fill is left out
+        (the failed-load claims' question)."""
+        tables = self.tables.get(request_id)
+        missing: list[tuple[int, int, int, tuple[int, int, int | None] | None]] = []
+        if tables is None or start <= 0:
+            return missing
+        for group, (table, size, state) in enumerate(zip(tables, self.block_sizes, self.whole_state)):
+            if not state:
+                continue
+            index = (start - 1) // size
+            block_id = table[index] if index < len(table) else self.null_block_id
+            held = self.states.get(block_id) if block_id != self.null_block_id else None
+            if held is not None and held[0] == FAILED_LOAD:
+                continue
+            mine = tuple(tokens[:start]) if len(tokens) >= start else None
+            if held is None or held[0] != start or (mine is not None and held[2] is not None and held[2] != mine):
+                missing.append((group, block_id, start, None if held is None else (held[0], held[1], None)))
+        return missing
 
     def write(self, request_id: str, start: int, end: int, step: int, tokens: Sequence[int]) -> None:
         """The runner computes positions [start, end) of ``request_id``
@@ -272,9 +351,17 @@ class BlockContents:
         block id, tokens, the positions it lacks with what it holds there).
         Positions a load failed to fill are left out: whether a failed
         load's blocks may stay cached is the failed-load claims' question
-        (invariants/connector.py)."""
+        (invariants/connector.py). An entry of a recorded state group
+        lacks its key's last position where its block holds no state
+        there."""
         bad = []
         for group, block_id, num_tokens in entries:
+            if self.whole_state[group] and num_tokens > 0:
+                held = self.states.get(block_id)
+                if held is None or held[0] not in (num_tokens, FAILED_LOAD):
+                    bad.append((group, block_id, num_tokens, [(num_tokens, None if held is None else
+                                                               (held[0], held[1], None))]))
+                continue
             if not self.per_position[group] or num_tokens <= 0:
                 continue
             size = self.block_sizes[group]

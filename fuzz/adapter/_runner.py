@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fuzz.adapter import _compat
-from fuzz.adapter._contents import BlockContents, KeyPrefixes, all_entries_of
+from fuzz.adapter._contents import BlockContents, KeyPrefixes, all_entries_of, records_state
 from fuzz.adapter._oplog import model_runner_output
 from fuzz.adapter._reports import WorkerRecord, computed_before
 
@@ -48,7 +48,11 @@ class ScriptedRunner:
     scheduled step read that its blocks did not hold (:attr:`unwritten_reads`)."""
 
     def __init__(self, draw: SchedulerDraw, groups: tuple[GroupInfo, ...], read_rules: tuple[tuple[str, int], ...],
-                 null_block_id: int, lookahead: int = 0, max_model_len: int = 0) -> None:
+                 null_block_id: int, scheduler: Any = None, specs: tuple[Any, ...] = ()) -> None:
+        # What the scheduler was built with: the drafter's lookahead, the context length, the block size.
+        lookahead = getattr(scheduler, "num_lookahead_tokens", 0) or 0
+        max_model_len = scheduler.vllm_config.model_config.max_model_len if scheduler is not None else 0
+        cache_block_size = scheduler.cache_config.block_size if scheduler is not None else 0
         self.draw = draw
         self.groups = groups
         self.read_rules = read_rules
@@ -61,6 +65,8 @@ class ScriptedRunner:
             tuple(g.block_size for g in groups),
             tuple(_group_behaviour(g).value == "must-cover" for g in groups),
             null_block_id,
+            tuple(records_state(rule, spec, bool(draw.num_speculative_tokens), cache_block_size)
+                  for rule, spec in zip(read_rules, specs)),
         )
         self.unwritten_reads: list[UnwrittenRead] = []
         # A drafter with its own forward pass (EAGLE, a draft model) writes
@@ -122,6 +128,9 @@ class ScriptedRunner:
         before = computed_before(out)
         # Where each request's tokens start (before this step's rejections count).
         starts = {rid: self.worker.start(rid, before) for rid in out.num_scheduled_tokens if rid in before}
+        # The state each recurrent group's step starts from, read before the step writes.
+        states = [(rid, *m) for rid, start in starts.items()
+                  for m in self.contents.unread_states(rid, start, self.worker.tokens.get(rid, []))]
         for rid in out.num_scheduled_tokens:
             self.worker.compute(out, rid, before, step)
             done_prefill = self.worker.reaches_end(out, rid, before)
@@ -140,7 +149,7 @@ class ScriptedRunner:
                 drafts = (out.scheduled_spec_decode_tokens or {}).get(rid) or ()
                 self.worker.rejected(rid, step, len(drafts) - accepted)
         self.contents.settle_copies(step)
-        self.unwritten_reads = self._reads(starts, whole_prompt_landed)
+        self.unwritten_reads = self._reads(starts, whole_prompt_landed, states)
         return sampled
 
     def _check_lookahead(self, out: Any, rid: str, start: int) -> None:
@@ -220,7 +229,8 @@ class ScriptedRunner:
         end = start + out.num_scheduled_tokens[rid] - drafts
         self.contents.write(rid, start, end + accepted, step, self.worker.tokens.get(rid, []))
 
-    def _reads(self, starts: dict[str, int], whole_prompt_landed: set[str]) -> list[UnwrittenRead]:
+    def _reads(self, starts: dict[str, int], whole_prompt_landed: set[str],
+               states: Sequence[tuple[str, int, int, int, Any]] = ()) -> list[UnwrittenRead]:
         """After the step's copies, loads and forward pass: what each of its
         requests reads below where it starts that its blocks do not hold (a
         forward pass writes a layer's KV before it attends, so what another
@@ -233,6 +243,8 @@ class ScriptedRunner:
                 rid, start, self.worker.prompt.get(rid, 0), self.read_rules, self.worker.tokens.get(rid, []),
                 self._failing_now,
             ):
+                by_block.setdefault((group, block_id), []).append((position, holds))
+            for group, block_id, position, holds in (m[1:] for m in states if m[0] == rid):
                 by_block.setdefault((group, block_id), []).append((position, holds))
             replay = rid in whole_prompt_landed and start == self.worker.prompt.get(rid, 0) - 1
             reads += [

@@ -46,8 +46,7 @@ from fuzz.model import (  # noqa: E402
     MisnamedEntry, PoolObservation, PreemptedRequest, SchedulerDraw, SpecDraw, StaleOutput, StepObservation,
     UnbackedEntry,
 )
-from fuzz.model import group_behaviour as _group_behaviour  # noqa: E402
-from fuzz.model import classification_of_kind  # noqa: E402
+from fuzz.model import classification_of_kind, group_behaviour as _group_behaviour  # noqa: E402
 
 __all__ = ["SchedulerHarness"]
 
@@ -156,8 +155,8 @@ class SchedulerHarness:
         self.read_rules = read_rules(
             built.kv_config, self.groups, self.spans, tuple(_group_behaviour(g).value for g in self.groups)
         )
-        lookahead = getattr(self.scheduler, "num_lookahead_tokens", 0) or 0
-        self.runner = ScriptedRunner(draw, self.groups, self.read_rules, self.null_block_id, lookahead, self.max_model_len)
+        specs = tuple(g.kv_cache_spec for g in built.kv_config.kv_cache_groups)
+        self.runner = ScriptedRunner(draw, self.groups, self.read_rules, self.null_block_id, self.scheduler, specs)
         self.worker = self.runner.worker
         self.contents = self.runner.contents
 

@@ -36,7 +36,8 @@ def _check_reads_written(scheduler, out, watch, step):
     """What a hit adopts: every position below a scheduled request's start
     that its step reads (by its group's span) is held, in the block the
     runner's table names, as that position's KV: computed by an earlier
-    step, copied there, or loaded by a load that landed."""
+    step, copied there, or loaded by a load that landed. A recurrent group
+    reads the state at the start, from its block (start - 1) // block_size."""
     assert not watch.unwritten_reads, (
         f"step {step}: (request, group, block, position it reads, what the block holds there: (position, "
         f"step written), -1 or -2 lost to a same-step block copy): {watch.unwritten_reads}; "
@@ -47,7 +48,8 @@ def _check_reads_written(scheduler, out, watch, step):
 def _check_index_written(scheduler, out, watch, step):
     """What the prefix cache promises: as a step runs, every entry of the
     index names a block holding the KV of every position its key covers
-    there (an async load's blocks count once it is reported landed)."""
+    there (an async load's blocks count once it is reported landed); a
+    recurrent group's block, the state at the key's end."""
     assert not watch.unbacked, (
         f"step {step}: (group, block, tokens its key covers, [(position it lacks, what it holds there: "
         f"(position, step written))]): {watch.unbacked}; groups: {_describe_groups()}"

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from vllm.v1.core.kv_cache_utils import get_group_id
 
-from fuzz.adapter._contents import BlockContents, entries_of, namespace_of
+from fuzz.adapter._contents import BlockContents, entries_of, namespace_of, records_state
 from fuzz.adapter._reports import computed_before
 from fuzz.kit._index import _misnamed_entries
 from fuzz.kit._params import (
     CONNECTOR,
     READ_RULES,
     ROLES,
+    SPECS,
+    SPECULATIVE_METHOD,
     WATCH_INDEX,
     WATCH_LOOKAHEAD,
     WATCH_NAMESPACES,
@@ -25,12 +27,15 @@ from fuzz.kit._params import (
 
 
 def _make_contents(scheduler):
-    """What each block holds, per group whose blocks hold per-position KV."""
+    """What each block holds, per group whose blocks hold per-position KV or
+    (as far as the file reads them) a recurrent state."""
     managers = scheduler.kv_cache_manager.coordinator.single_type_managers
     return BlockContents(
         [m.block_size for m in managers],
         [role in ("must-cover", "windowed") for role in ROLES],
         scheduler.kv_cache_manager.block_pool.null_block.block_id,
+        [records_state(rule, spec, SPECULATIVE_METHOD is not None, scheduler.cache_config.block_size)
+         for rule, spec in zip(READ_RULES, SPECS)],
     )
 
 
@@ -71,6 +76,9 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
             else:
                 contents.load(blocks, starts, end, watch.step, tokens.get(rid, []), failed=set(failing),
                               request_id=rid)
+    # The state each recurrent group's step starts from, read before the step writes.
+    states = [(rid, *m) for rid, start in watch.starts.items()
+              for m in contents.unread_states(rid, start, tokens.get(rid, []))]
     for rid, new in zip(out.num_scheduled_tokens, sampled):
         if rid not in watch.starts:
             continue
@@ -101,7 +109,7 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
             for missing in contents.unread(
                 rid, start, watch.worker.prompt.get(rid, 0), READ_RULES, tokens.get(rid, []), failing
             )
-        ]
+        ] + states
         cached = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
         watch.unbacked = contents.unbacked_entries(entries_of(cached, get_group_id))
     if WATCH_INDEX:  # what each key names, against what the key stands for

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from fuzz.adapter._contents import COPIED_BEFORE_FILL, COPIED_FROM_COPY, FAILED_LOAD, BlockContents, read_positions
+from fuzz.adapter._contents import (
+    COPIED_BEFORE_FILL, COPIED_FROM_COPY, FAILED_LOAD, BlockContents, read_positions, records_state,
+)
 
 NULL = 0
 TOKENS = list(range(100, 132))  # every request's tokens, unless a test says otherwise
@@ -249,3 +251,43 @@ def test_a_hit_after_a_reset_is_judged_on_the_offsets_it_reads() -> None:
     assert c.written_before(adopted, 48, step=17) == [(0, 7, p, 16) for p in range(44, 48)]
     # A hit of 46 tokens reads 44 and 45 only.
     assert c.written_before(adopted, 46, step=17) == [(0, 7, 44, 16), (0, 7, 45, 16)]
+
+
+def test_a_recurrent_state_lands_at_its_chunk_end_and_is_read_at_the_next_start() -> None:
+    """A Mamba group of 4-token blocks: a chunk [0, 6) leaves the state at 6
+    in the table's block 1 (cdiv(6, 4) - 1) and none in block 0; the next
+    chunk reads the state at 6 there; a request resuming at 4 from block 0
+    reads nothing; a copy carries the state, a failed load is left out."""
+    contents = BlockContents([4], [False], null_block_id=0, whole_state=[True])
+    contents.tables["r"] = [[0, 7]]
+    tokens = list(range(20))
+    contents.write("r", 0, 6, step=1, tokens=tokens)
+    assert contents.states == {7: (6, 1, tuple(range(6)))}
+    assert contents.unread_states("r", 6, tokens) == []
+    assert contents.unread_states("r", 4, tokens) == [(0, 0, 4, None)]
+    # Another request's tokens: the state there is not its state.
+    other = [99, *range(1, 20)]
+    assert contents.unread_states("r", 6, other) == [(0, 7, 6, (6, 1, None))]
+    # A state at another position than the reader's start.
+    contents.write("r", 6, 7, step=2, tokens=tokens)
+    assert contents.unread_states("r", 6, tokens) == [(0, 7, 6, (7, 2, None))]
+    # The index: an entry for 8 tokens naming block 7 lacks its state.
+    assert contents.unbacked_entries([(0, 7, 8)]) == [(0, 7, 8, [(8, (7, 2, None))])]
+    assert contents.unbacked_entries([(0, 7, 7)]) == []
+    # A load into blocks the worker fails holds nothing it can name: left out.
+    contents.load([[0, 0, 9]], [8], 12, step=3, tokens=tokens, failed={9})
+    contents.tables["s"] = [[0, 0, 9]]
+    assert contents.states[9][0] == FAILED_LOAD and contents.unread_states("s", 12, tokens) == []
+
+
+def test_a_state_is_recorded_only_where_the_model_follows_the_runner() -> None:
+    """Align mode, no speculation, no speculative or checkpoint blocks, and
+    the Mamba block is cache_config.block_size (as the engine builds it)."""
+    spec = SimpleNamespace(block_size=4, mamba_cache_mode="align", num_speculative_blocks=0,
+                           num_prefill_checkpoint_blocks=0)
+    assert records_state(("state", 0), spec, False, 4)
+    assert not records_state(("full", 0), spec, False, 4)
+    assert not records_state(("state", 0), spec, True, 4)
+    assert not records_state(("state", 0), spec, False, 1)
+    assert not records_state(("state", 0), SimpleNamespace(**{**vars(spec), "num_prefill_checkpoint_blocks": 1}),
+                             False, 4)

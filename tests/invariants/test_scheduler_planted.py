@@ -32,7 +32,7 @@ from invariants.promises import check_events_chain, check_events_replay_index, c
 from invariants.promises import check_hits_after_reset, check_lookahead_allocated
 from invariants.promises import check_in_flight_reads_held, check_preempted_resumable
 from invariants.hits import check_eviction_order, check_hit_matches_index
-from invariants.contents import check_index_names_its_prefix
+from invariants.contents import check_index_names_its_prefix, check_reads_written
 from fuzz.model import InvariantViolation
 from fuzz.model import SingleShotScenario
 from strategies.single_shot import single_shot_scenarios
@@ -383,6 +383,26 @@ def windowed_decoding_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
 # search meets few preemptions during a step): (check, invariant, bug, run,
 # the label the unmodified run shows, to prove it meets the case; None: the
 # run always does).
+def hybrid_twins_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """Full attention and Mamba (align mode) of 4-token blocks, two requests
+    for one 13-token prompt added together: the first computes it in one
+    step, and vLLM holds the second back (a Mamba state cached in the step
+    that writes it is not adopted in that step) until it can hit 12 tokens
+    and start from the state there."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4)), hash_block_size=4, num_blocks=40)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2))
+    run = Stepper(harness, checks)
+    first, second = harness.add_request(range(13), max_tokens=2), harness.add_request(range(13), max_tokens=2)
+    scheduled = dict(run.step().num_scheduled)
+    hits = []
+    while second not in scheduled:
+        step = run.step()
+        scheduled, hits = dict(step.num_scheduled), [a.local_hit for a in step.admissions if a.request_id == second]
+    run.drain()
+    assert hits == [12] and first not in harness.live_request_ids, hits
+    return run
+
+
 FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], str | None]] = [
     (inv.check_stale_output_dropped, "stale-output-dropped", "delivers_stale_output", preempting_producer_run,
      STALE_OUTPUT),
@@ -407,6 +427,8 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
      None),
     (check_hit_matches_index, "hit-matches-index", "chunk_hit_stops_a_block_early", chunked_repeated_prompt_run,
      None),
+    # What a Mamba state block holds (invariants/contents.py).
+    (check_reads_written, "reads-written", "mamba_adopts_same_step_state", hybrid_twins_run, None),
     # What the index names (invariants/contents.py).
     (check_index_names_its_prefix, "index-names-its-prefix", "evicted_key_stays_indexed", evicting_run, None),
     (check_eviction_order, "eviction-order", "free_evicts_head_first", evicting_run, CACHED_BLOCK_EVICTED),
