@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from fuzz.model import InvariantViolation
 from invariants.contents import LOST_TO_COPY_BEFORE_FILL as _LOST_TO_COPY_BEFORE_FILL
 from invariants.contents import LOST_TO_COPY_OF_COPY as _LOST_TO_COPY_OF_COPY
-from invariants.contents import MISNAMED_AFTER_FAILED_LOAD, OTHER_TOKENS_AFTER_FAILED_LOAD
+from invariants.contents import MISNAMED_AFTER_FAILED_LOAD, OTHER_TOKENS_AFTER_FAILED_LOAD, READ_OTHER_TOKENS_AFTER_FAILED_LOAD
 from invariants.hits import HIT_SHORTER_INSIDE_A_FULL_BLOCK
 from invariants.ownership import ROLLED_BACK_IN_FLIGHT
 from invariants.promises import EVENTS_ORPHANED_PARTIAL
@@ -472,6 +472,14 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 "index-names-its-prefix",
                 where="AsyncScheduler._update_after_schedule",
                 state=MISNAMED_AFTER_FAILED_LOAD,
+            ),
+            # ... and a later step of the request reads that KV, while the
+            # runner (V1: re-added with the last num_output_tokens of
+            # all_token_ids) and vLLM name other tokens there (reads-written).
+            Signature(
+                "reads-written",
+                where="AsyncScheduler._update_after_schedule",
+                state=READ_OTHER_TOKENS_AFTER_FAILED_LOAD,
             ),
         ),
         reach=ENGINE_IN_PRINCIPLE,

@@ -20,6 +20,7 @@ __all__ = [
     "MISNAMED_ENTRY",
     "OTHER_TOKENS",
     "OTHER_TOKENS_AFTER_FAILED_LOAD",
+    "READ_OTHER_TOKENS_AFTER_FAILED_LOAD",
     "UNBACKED_ENTRY",
     "UNWRITTEN_READ",
     "UNWRITTEN_READ_AFTER_ROLLBACK",
@@ -111,6 +112,10 @@ def check_reads_written(step: StepObservation) -> None:
         state, where = UNWRITTEN_READ_AFTER_WHOLE_LOAD, "Scheduler._update_waiting_for_remote_kv"
     elif state == UNWRITTEN_READ and all(r.request_id in step.rolled_back for r in reads):
         state, where = UNWRITTEN_READ_AFTER_ROLLBACK, "Scheduler._update_requests_with_invalid_blocks"
+    # KV computed from the token the runner kept after a failed-load
+    # recompute (the output placeholder kv-matches-tokens blames), read later.
+    elif state == UNWRITTEN_READ and all(r.recomputed_failed_load and r.other_tokens_only for r in reads):
+        state, where = READ_OTHER_TOKENS_AFTER_FAILED_LOAD, _PLACEHOLDERS
     kinds = {r.group_kind for r in reads}
     raise InvariantViolation(
         "reads-written",
@@ -181,6 +186,7 @@ MISNAMED_ENTRY = "a prefix-cache key naming a block that holds other KV"
 MISNAMED_AFTER_FAILED_LOAD = "a prefix-cache key naming KV from other tokens after a failed-load recompute"
 UNWRITTEN_READ_AFTER_WHOLE_LOAD = "a read by the last-token recompute after a whole-prompt async load"
 UNWRITTEN_READ_AFTER_ROLLBACK = "a read by the recompute after a failed-load rollback"
+READ_OTHER_TOKENS_AFTER_FAILED_LOAD = "a read of KV from other tokens after a failed-load recompute"
 LOST_TO_COPY_BEFORE_FILL = "lost to a same-step copy made before its source was filled"
 LOST_TO_COPY_OF_COPY = "lost to a same-step copy of another copy's destination"
 _COPY_ON_WRITE = "SingleTypeKVCacheManager._apply_cow"

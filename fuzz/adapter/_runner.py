@@ -112,7 +112,8 @@ class ScriptedRunner:
             else:
                 self.contents.load(a.block_ids, starts, end, step, tokens, failed=invalid, request_id=a.request_id)
 
-    def sample(self, out: Any, step: int, newly: frozenset[str], whole_prompt_landed: set[str]) -> list[list[int]]:
+    def sample(self, out: Any, step: int, newly: frozenset[str], whole_prompt_landed: set[str],
+               recomputed: set[str] = frozenset()) -> list[list[int]]:
         """What the model runner samples for ``out``, decided as it is
         scheduled (right after ``schedule()``): a token for each request whose
         scheduled tokens reach its end, none for a non-final prefill chunk
@@ -149,7 +150,7 @@ class ScriptedRunner:
                 drafts = (out.scheduled_spec_decode_tokens or {}).get(rid) or ()
                 self.worker.rejected(rid, step, len(drafts) - accepted)
         self.contents.settle_copies(step)
-        self.unwritten_reads = self._reads(starts, whole_prompt_landed, states)
+        self.unwritten_reads = self._reads(starts, whole_prompt_landed, states, recomputed)
         return sampled
 
     def _check_lookahead(self, out: Any, rid: str, start: int) -> None:
@@ -230,7 +231,8 @@ class ScriptedRunner:
         self.contents.write(rid, start, end + accepted, step, self.worker.tokens.get(rid, []))
 
     def _reads(self, starts: dict[str, int], whole_prompt_landed: set[str],
-               states: Sequence[tuple[str, int, int, int, Any]] = ()) -> list[UnwrittenRead]:
+               states: Sequence[tuple[str, int, int, int, Any]] = (), recomputed: set[str] = frozenset()
+               ) -> list[UnwrittenRead]:
         """After the step's copies, loads and forward pass: what each of its
         requests reads below where it starts that its blocks do not hold (a
         forward pass writes a layer's KV before it attends, so what another
@@ -248,7 +250,7 @@ class ScriptedRunner:
                 by_block.setdefault((group, block_id), []).append((position, holds))
             replay = rid in whole_prompt_landed and start == self.worker.prompt.get(rid, 0) - 1
             reads += [
-                UnwrittenRead(rid, g, _group_kind(self.groups[g]), b, start, replay, tuple(missing))
+                UnwrittenRead(rid, g, _group_kind(self.groups[g]), b, start, replay, tuple(missing), rid in recomputed)
                 for (g, b), missing in by_block.items()
             ]
         return reads

@@ -374,9 +374,8 @@ class SchedulerHarness:
         across: tuple[HitAcrossReset, ...] = ()
         if out is not None:
             self.runner.hand_over(out, connector_allocs, admissions, invalid, self.step_index)
-            sampled = self.runner.sample(
-                out, self.step_index, frozenset(r for r, *_ in newly), self._whole_prompt_landed
-            )
+            sampled = self.runner.sample(out, self.step_index, frozenset(r for r, *_ in newly),
+                                         self._whole_prompt_landed, self.faults.recomputed_failed_load)
             queued = _Pending(self.step_index, out, sampled, invalid, self.faults.take_sync_failures())
             # The index as the step runs: what schedule() cached, against
             # what the step's forward pass and loads have written by then

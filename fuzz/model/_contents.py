@@ -79,16 +79,26 @@ class UnwrittenRead:
     # wrote it, token it was computed from), or None: nothing written there)
     # per position it lacks.
     missing: tuple[tuple[int, tuple[int, int, int | None] | None], ...]
+    # A failed synchronous load rolled the request back (recompute) earlier.
+    recomputed_failed_load: bool = False
 
     @property
     def copy_cause(self) -> str:
         return _copy_cause(self.missing)
 
+    @property
+    def other_tokens_only(self) -> bool:
+        """Every position it lacks holds that position's KV, computed from
+        another token than the reader's."""
+        return all(h is not None and h[0] == p for p, h in self.missing)
+
     def describe(self) -> str:
         return (
             f"request {self.request_id}, group {self.group}: its step computing from position {self.start} reads "
             f"block {self.block_id} at positions {[p for p, _ in self.missing]}, which does not hold their KV "
+            + ("computed from the reader's tokens " if self.other_tokens_only else "")
             + _what_it_holds(self.missing)
+            + (" (a Mamba group reads the state at its start)" if self.group_kind == "MambaSpec" else "")
         )
 
 

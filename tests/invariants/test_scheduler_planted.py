@@ -519,7 +519,8 @@ def test_every_planted_bug_is_used() -> None:
     # The ownership edits have their cases in tests/invariants/test_ownership_planted.py;
     # drafts_never_cut (a triage case) in tests/findings/test_triage_planted.py.
     expected = set(PLANTED_SCHEDULER_BUGS) - set(PLANTED_OWNERSHIP_BUGS) - {"drafts_never_cut"}
-    assert used == expected, expected ^ used
+    # An ownership edit may show a contents claim too (mamba_adopts_same_step_state: reads-written).
+    assert used - set(PLANTED_OWNERSHIP_BUGS) == expected, expected ^ used
 
 
 # Checks shown catching a real vLLM bug instead of a planted one: unmodified

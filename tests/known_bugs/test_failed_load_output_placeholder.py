@@ -60,7 +60,7 @@ from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import KNOWN_BUGS, failure_of
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
-from invariants.contents import check_index_names_its_prefix
+from invariants.contents import check_index_names_its_prefix, check_reads_written
 from invariants.scheduler import check_kv_matches_tokens, check_running_requests_progress
 from tests.known_bugs._pin import known_vllm_bug
 
@@ -222,3 +222,54 @@ def test_the_misnamed_cache_entry_is_the_registered_known_bug() -> None:
     assert "(16, 1002, (16, 5, 1001))" in str(caught.value), str(caught.value)
     (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
     assert bug.id == "failed-sync-load-recompute-keeps-output-placeholder"
+
+
+def _serve_a_resynced_reader(*, async_scheduling: bool) -> SchedulerHarness:
+    """A machine campaign's shrunk program (2026-12-04): one FullAttention
+    group (block 3), async scheduling, V1 runner, recompute policy, prefills
+    admitted every third step. Two requests share their first 3 tokens; the
+    second's next 4 are loaded synchronously and the load fails block by
+    block while its first decode step is in flight. The rollback keeps the
+    output placeholder; the runner computes position 8 from the token it
+    sampled on the failed step, vLLM then records the in-flight step's
+    token there, and when the runner takes the request's tokens again it
+    takes the last num_output_tokens of all_token_ids (one too many): the
+    step computing from 9 reads position 8 as a third token. Every step is
+    checked by ``reads-written``."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 3),), hash_block_size=3, num_blocks=13)
+    harness = SchedulerHarness(
+        SchedulerDraw(
+            layout=layout, max_num_batched_tokens=6, max_num_seqs=3, long_prefill_token_threshold=3,
+            kv_load_failure_policy="recompute", model_runner="v1", async_scheduling=async_scheduling,
+            prefill_schedule_interval=3,
+        )
+    )
+    check_reads_written(harness.step())
+    harness.add_request(list(range(0, 42, 7)), max_tokens=1)
+    harness.add_request([0, 7, 14, 21, 28, 35, 4192, 4193], max_tokens=3, reply=ExternalReply("store", store_len=8))
+    harness.fail_next_sync_loads()
+    for _ in range(12):
+        check_reads_written(harness.step(context="a failed sync load's recompute; the runner takes the tokens again"))
+        if harness.is_idle():
+            return harness
+    raise AssertionError("the requests did not finish in 12 steps")
+
+
+@known_vllm_bug(
+    "vLLM: after a failed sync load's recompute, the runner takes one output token too many when it takes the "
+    "request's tokens again, and a later step reads KV of other tokens (issue 45138)",
+)
+def test_a_recomputed_request_reads_back_kv_of_its_own_tokens() -> None:
+    _serve_a_resynced_reader(async_scheduling=True)
+
+
+def test_synchronous_recompute_reads_back_kv_of_its_own_tokens() -> None:
+    assert _serve_a_resynced_reader(async_scheduling=False).is_idle()
+
+
+def test_the_read_of_the_other_tokens_kv_is_the_registered_known_bug() -> None:
+    with pytest.raises(InvariantViolation) as caught:
+        _serve_a_resynced_reader(async_scheduling=True)
+    assert caught.value.invariant == "reads-written", caught.value.invariant
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    assert bug.id == "failed-sync-load-recompute-keeps-output-placeholder", str(caught.value)
