@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping
 
 from fuzz.kit import KIT_MODULES
 
-__all__ = ["KitSource", "kit_definitions", "kit_source", "specialise", "trim"]
+__all__ = ["KitSource", "kit_attributes", "kit_definitions", "kit_source", "specialise", "trim"]
 
 @dataclasses.dataclass(frozen=True)
 class _Def:
@@ -241,7 +241,8 @@ def _names(source: str) -> set[str]:
     return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
 
 
-def _attributes(source: str) -> set[str]:
+def kit_attributes(source: str) -> set[str]:
+    """Every attribute name ``source`` spells (``x.name``)."""
     return {n.attr for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Attribute)}
 
 
@@ -296,9 +297,9 @@ def kit_source(
                 continue
             selected.add(name)
             todo += [n for n in _names(sources[name]) if n in defs and n not in selected]
-        attrs = _attributes(extra) if extra else set()
+        attrs = kit_attributes(extra) if extra else set()
         for name in selected:
-            attrs |= _attributes(sources[name])
+            attrs |= kit_attributes(sources[name])
         changed = False
         for name in selected & set(kept_methods):
             if kept_methods[name] != attrs:
