@@ -100,7 +100,7 @@ def _scheduled(scheduler, watch):
     if CONNECTOR:
         watch.async_answers_seen = dict(scheduler.connector.async_answers)
     watch.seen |= set(scheduler.requests)
-    watch.num_tokens = {rid: scheduler.requests[rid].num_tokens for rid in computed_before(out)}
+    watch.scheduled_num_tokens = {rid: scheduler.requests[rid].num_tokens for rid in computed_before(out)}
     if WATCH_ADMISSIONS:
         watch.take_admissions(scheduler, out)
     return out
@@ -275,9 +275,12 @@ def _busy(scheduler, watch):
     """Requests left, or reports the worker still owes (loads, sends in flight)."""
     if CONNECTOR:
         connector = scheduler.connector
-        return bool(scheduler.requests or connector.loads_in_flight or connector.sends_in_flight or watch.queue)
-    else:
-        return bool(scheduler.requests or watch.queue)
+        if connector.loads_in_flight or connector.sends_in_flight:
+            return True
+    if ASYNC_SCHEDULING:  # outputs still queued
+        if watch.queue:
+            return True
+    return bool(scheduler.requests)
 
 
 def _drain(scheduler, watch, max_steps=400):

@@ -48,7 +48,7 @@ class _Watch:
         self.step = 0
         if WATCH_ADMISSIONS:
             self.admissions = {}
-        self.num_tokens = {}
+        self.scheduled_num_tokens = {}  # request id -> its num_tokens right after schedule()
         self.seen = set()  # every request seen in the scheduler
         self.queue = []  # (step, SchedulerOutput, sampled, admissions) not fed back yet, newest first
         self.aborts = []  # aborts that arrive while the model runs the next step
