@@ -82,7 +82,7 @@ class _Watch:
                         per_group = [joint_hit] * len(SPECS)
                     self._own_lookup = False
                 result = lookup(sched, request, max_cache_hit_length)
-                blocks, num_local = result[0], result[1]
+                num_local = result[1]
                 if WATCH_POOL:
                     self.local_hits.append((request.request_id, num_local, request.num_tokens))
                 if WATCH_HITS:
@@ -90,7 +90,7 @@ class _Watch:
                         self.hits[request.request_id] = (num_local, held)
                 if WATCH_ADMISSIONS:
                     self.admissions[request.request_id] = dict(
-                        local_hit=num_local, lookup=_ids(blocks),
+                        local_hit=num_local, lookup=_ids(result[0]),
                         skips=bool(getattr(request.sampling_params, "skip_reading_prefix_cache", None)),
                         diverged=bool(result[3]) if len(result) > 3 else False,
                     )
