@@ -50,7 +50,7 @@ from collections.abc import Iterable
 
 from fuzz import adapter
 from fuzz.repro_shrink import _replay_checked, shrink_oplog
-from fuzz.repro_source import kit_definitions, kit_source
+from fuzz.repro_source import kit_attributes, kit_definitions, kit_source
 from fuzz.model import Abort, AddRequest, Evict, OpLog, ResetPrefixCache, SpecDraw, Step
 from fuzz.model import group_behaviour
 from fuzz.model import Behaviour, classification_of_kind
@@ -91,6 +91,22 @@ _READ_JOINT_HITS = ("fuzz.kit._checks_scheduler", "fuzz.kit._checks_connector")
 def _reads_joint_hits(invariant: str) -> bool:
     check = _CHECK_OF.get(invariant)
     return check is not None and kit_definitions().get(check) in _READ_JOINT_HITS
+
+
+# The watch's records a file keeps only where its code, written without the
+# record, still reads it (constant -> the watch's attribute): what the claim's
+# check and the step loop read decides, not a list beside them.
+_KEPT_WHERE_READ = {"WATCH_ADMISSIONS": "admissions"}
+
+
+def _records_read(roots: set[str], values: dict[str, object], **kit: object) -> dict[str, bool]:
+    """Per constant of :data:`_KEPT_WHERE_READ`: whether the file written with
+    it off still reads its record (then it stays on)."""
+    out = {}
+    for constant, record in _KEPT_WHERE_READ.items():
+        probe = kit_source(roots, {**values, constant: False}, **kit)  # type: ignore[arg-type]
+        out[constant] = record in kit_attributes(probe.code + "\n" + str(kit.get("extra", "")))
+    return out
 
 
 _ROLE = {Behaviour.MUST_COVER: "must-cover", Behaviour.MAY_BE_SHORT: "whole-state", Behaviour.SCRATCH: "scratch"}
@@ -323,6 +339,7 @@ def scheduler_repro(
         **{k: ("vllm.v1.kv_cache_interface", k) for k in _spec_classes(draw.layout.groups)},
     }
     roots = {"pytest", "ScriptedConnector"} if draw.connector else {"pytest"}
+    values.update(_records_read(roots, values, constant_names=constants, extra=test, more_imports=more_imports))
     kit = kit_source(roots, values, constant_names=constants, extra=test, more_imports=more_imports)
     prompts = [_tokens(_const(r.request_id), r.token_ids) for r in requests]
     emitted = [line for name, (_, text) in constants.items() if name in kit.constants for line in text]
@@ -454,6 +471,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         # if-branches on them are kept or dropped as the file is written).
         **{f"WATCH_{what.upper().replace('-', '_')}": (_watches(invariant, what), []) for what in _WATCH_CONSTANTS},
         "WATCH_JOINT_HITS": (_reads_joint_hits(invariant), []),
+        **{constant: (True, []) for constant in _KEPT_WHERE_READ},  # scheduler_repro turns off the unread
         "FAILING_LOADS": (any(op.fed is not None and (op.fed.failed_recving or op.fed.invalid_block_ids)
                               for op in log.until_step(_broken_step(log)).steps), []),
         "SAVED_STORE": (any(r.reply is not None and r.reply.kind == "saved" for r in requests), []),

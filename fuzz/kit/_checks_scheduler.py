@@ -27,7 +27,7 @@ def _check_computed_below_num_tokens(scheduler, out, watch, step):
     rows = [(n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs]
     rows += [(r, cached.num_computed_tokens[i]) for i, r in enumerate(cached.req_ids) if r in cached.resumed_req_ids]
     for rid, computed in rows:
-        num_tokens = watch.num_tokens[rid]
+        num_tokens = watch.scheduled_num_tokens[rid]
         assert computed < num_tokens, (
             f"step {step}: request {rid} scheduled with num_computed_tokens={computed} >= "
             f"num_tokens={num_tokens}: nothing left to compute; groups: {_describe_groups()}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
 
+from fuzz.adapter._reports import computed_before
 from fuzz.kit._build import _describe_groups
 from fuzz.kit._contents import _contents_issue
 from fuzz.kit._outputs import model_runner_output
@@ -23,6 +24,7 @@ from fuzz.kit._params import (
     NUM_BLOCKS,
     NUM_SPECULATIVE_TOKENS,
     SPECULATIVE_METHOD,
+    WATCH_ADMISSIONS,
     WATCH_CONTENTS,
     WATCH_EVENTS,
     WATCH_EVICTIONS,
@@ -44,7 +46,8 @@ from fuzz.kit._worker import _propose_drafts, _sampled, _verified, _worker_done,
 def _begin_step(scheduler, watch):
     """A new engine step: forget the last step's connector calls and watch records."""
     watch.step += 1
-    watch.admissions.clear()
+    if WATCH_ADMISSIONS:
+        watch.admissions.clear()
     if NUM_SPECULATIVE_TOKENS:
         watch.verified = {}  # (drafts, accepted, computed before) per request
     if CONNECTOR:
@@ -96,7 +99,10 @@ def _scheduled(scheduler, watch):
         watch.reset_preempted = []
     if CONNECTOR:
         watch.async_answers_seen = dict(scheduler.connector.async_answers)
-    watch.take_admissions(scheduler, out)
+    watch.seen |= set(scheduler.requests)
+    watch.scheduled_num_tokens = {rid: scheduler.requests[rid].num_tokens for rid in computed_before(out)}
+    if WATCH_ADMISSIONS:
+        watch.take_admissions(scheduler, out)
     return out
 
 
@@ -179,7 +185,10 @@ def _queued_step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failin
         _worker_sampled(watch, out, sampled)
         if WATCH_CONTENTS:  # failing_blocks: those this step's sync loads fail
             _contents_issue(scheduler, watch, out, sampled, failing_blocks)
-        watch.queue.insert(0, (watch.step, out, sampled, dict(watch.admissions)))
+        admitted = None
+        if FAILING_LOADS:  # the admissions _failed_facts reads as this output is fed
+            admitted = dict(watch.admissions)
+        watch.queue.insert(0, (watch.step, out, sampled, admitted))
         if len(watch.queue) < 2 and (out.total_num_scheduled_tokens > 0 or scheduler.has_requests()):
             _abort_during_step(scheduler, watch)  # nothing fed back: they come after the step
             if WATCH_TOKENS:
@@ -266,9 +275,12 @@ def _busy(scheduler, watch):
     """Requests left, or reports the worker still owes (loads, sends in flight)."""
     if CONNECTOR:
         connector = scheduler.connector
-        return bool(scheduler.requests or connector.loads_in_flight or connector.sends_in_flight or watch.queue)
-    else:
-        return bool(scheduler.requests or watch.queue)
+        if connector.loads_in_flight or connector.sends_in_flight:
+            return True
+    if ASYNC_SCHEDULING:  # outputs still queued
+        if watch.queue:
+            return True
+    return bool(scheduler.requests)
 
 
 def _drain(scheduler, watch, max_steps=400):

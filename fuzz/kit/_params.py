@@ -76,6 +76,9 @@ WATCH_HITS = False  # the index as each lookup begins, and the hit it served (_i
 WATCH_RESETS = False  # the hits after a prefix-cache reset, against what each block held before it (needs WATCH_CONTENTS)
 WATCH_EVICTIONS = False  # how each free block came back, each cached block evicted (EvictionWatch)
 WATCH_JOINT_HITS = True  # beside each lookup, the joint hit and each group's own (the admission claims)
+# Each admission's lookup, allocate_slots arguments and table (_Watch.take_admissions):
+# the writer keeps it where the file, written without it, still reads watch.admissions.
+WATCH_ADMISSIONS = True
 # What the run did that most runs do not: loads reported failed, and the
 # connector's own store of what finished requests computed.
 FAILING_LOADS = False

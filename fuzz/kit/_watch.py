@@ -12,7 +12,7 @@ from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, maybe_conv
 
 from fuzz.adapter._events import EventLog, event_gaps, index_counts
 from fuzz.adapter._contents import KeyPrefixes
-from fuzz.adapter._reports import WorkerRecord
+from fuzz.adapter._reports import WorkerRecord, computed_before
 from fuzz.kit._build import _cdiv, _ids
 from fuzz.kit._contents import _make_contents
 from fuzz.kit._hits import _index_at_lookup, _watch_frees
@@ -23,6 +23,7 @@ from fuzz.kit._params import (
     HASH_BLOCK_SIZE,
     NULL_BLOCK,
     SPECS,
+    WATCH_ADMISSIONS,
     WATCH_CONTENTS,
     WATCH_EVENTS,
     WATCH_EVICTIONS,
@@ -45,8 +46,9 @@ class _Watch:
 
     def __init__(self, scheduler):
         self.step = 0
-        self.admissions = {}
-        self.num_tokens = {}
+        if WATCH_ADMISSIONS:
+            self.admissions = {}
+        self.scheduled_num_tokens = {}  # request id -> its num_tokens right after schedule()
         self.seen = set()  # every request seen in the scheduler
         self.queue = []  # (step, SchedulerOutput, sampled, admissions) not fed back yet, newest first
         self.aborts = []  # aborts that arrive while the model runs the next step
@@ -64,58 +66,64 @@ class _Watch:
         self.preempted_at = {}  # request id -> the step whose schedule() last preempted it
         self.stale = {}  # this step's fed output: preempted request id -> (request, num_tokens before)
         sched, mgr = scheduler, scheduler.kv_cache_manager
-        lookup = type(sched)._get_local_prefix_cache_hit
-        allocate = type(mgr).allocate_slots
+        if WATCH_ADMISSIONS or WATCH_POOL or WATCH_HITS:
+            lookup = type(sched)._get_local_prefix_cache_hit
 
-        def local_hit(request, max_cache_hit_length=None):
-            if WATCH_HITS:  # the index as the lookup begins
-                held = _index_at_lookup(mgr, request, max_cache_hit_length)
-            if WATCH_JOINT_HITS:  # beside the lookup: the joint hit every group agrees on, and each group's own
-                limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
-                self._own_lookup = True  # the watch's lookups are not the scheduler's
-                joint_blocks, joint_hit, _ = type(mgr).get_computed_blocks(mgr, request, max_cache_hit_length)
-                if hasattr(mgr.coordinator, "find_longest_cache_hit_per_group"):
-                    per_group = list(mgr.coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)[1])
-                else:
-                    per_group = [joint_hit] * len(SPECS)
-                self._own_lookup = False
-            result = lookup(sched, request, max_cache_hit_length)
-            blocks, num_local = result[0], result[1]
-            if WATCH_POOL:
-                self.local_hits.append((request.request_id, num_local, request.num_tokens))
-            if WATCH_HITS:
-                if held:
-                    self.hits[request.request_id] = (num_local, held)
-            self.admissions[request.request_id] = dict(
-                local_hit=num_local, lookup=_ids(blocks),
-                skips=bool(getattr(request.sampling_params, "skip_reading_prefix_cache", None)),
-                diverged=bool(result[3]) if len(result) > 3 else False,
-            )
-            if WATCH_JOINT_HITS:
-                self.admissions[request.request_id].update(
-                    joint_hit=joint_hit, joint=_ids(joint_blocks), per_group=per_group
-                )
-            return result
+            def local_hit(request, max_cache_hit_length=None):
+                if WATCH_HITS:  # the index as the lookup begins
+                    held = _index_at_lookup(mgr, request, max_cache_hit_length)
+                if WATCH_JOINT_HITS:  # beside the lookup: the joint hit every group agrees on, and each group's own
+                    limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
+                    self._own_lookup = True  # the watch's lookups are not the scheduler's
+                    joint_blocks, joint_hit, _ = type(mgr).get_computed_blocks(mgr, request, max_cache_hit_length)
+                    if hasattr(mgr.coordinator, "find_longest_cache_hit_per_group"):
+                        per_group = list(mgr.coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)[1])
+                    else:
+                        per_group = [joint_hit] * len(SPECS)
+                    self._own_lookup = False
+                result = lookup(sched, request, max_cache_hit_length)
+                num_local = result[1]
+                if WATCH_POOL:
+                    self.local_hits.append((request.request_id, num_local, request.num_tokens))
+                if WATCH_HITS:
+                    if held:
+                        self.hits[request.request_id] = (num_local, held)
+                if WATCH_ADMISSIONS:
+                    self.admissions[request.request_id] = dict(
+                        local_hit=num_local, lookup=_ids(result[0]),
+                        skips=bool(getattr(request.sampling_params, "skip_reading_prefix_cache", None)),
+                        diverged=bool(result[3]) if len(result) > 3 else False,
+                    )
+                if WATCH_JOINT_HITS:
+                    self.admissions[request.request_id].update(
+                        joint_hit=joint_hit, joint=_ids(joint_blocks), per_group=per_group
+                    )
+                return result
 
-        def allocate_slots(request, num_new_tokens, *args, **kwargs):
-            adm = self.admissions.get(request.request_id)
-            if adm is not None and "alloc_external" not in adm:
-                adm["alloc_external"] = kwargs.get("num_external_computed_tokens", 0)
-            if CONNECTOR:
-                sched.connector.events.append((
-                    "alloc", request.request_id, kwargs.get("num_new_computed_tokens", 0),
-                    kwargs.get("num_external_computed_tokens", 0),
-                ))
-            if adm is not None and "local" not in adm:
-                blocks = kwargs.get("new_computed_blocks")
-                adm["local"] = kwargs.get("num_new_computed_tokens", 0)
-                adm["adopted"] = [[] for _ in SPECS] if blocks is None else _ids(blocks)
-            if WATCH_POOL:
-                return self._counted(allocate, mgr, request, num_new_tokens, *args, **kwargs)
-            return allocate(mgr, request, num_new_tokens, *args, **kwargs)
+            sched._get_local_prefix_cache_hit = local_hit
+        if WATCH_ADMISSIONS or WATCH_POOL or CONNECTOR:
+            allocate = type(mgr).allocate_slots
 
-        sched._get_local_prefix_cache_hit = local_hit
-        mgr.allocate_slots = allocate_slots
+            def allocate_slots(request, num_new_tokens, *args, **kwargs):
+                if WATCH_ADMISSIONS:
+                    adm = self.admissions.get(request.request_id)
+                    if adm is not None and "alloc_external" not in adm:
+                        adm["alloc_external"] = kwargs.get("num_external_computed_tokens", 0)
+                if CONNECTOR:
+                    sched.connector.events.append((
+                        "alloc", request.request_id, kwargs.get("num_new_computed_tokens", 0),
+                        kwargs.get("num_external_computed_tokens", 0),
+                    ))
+                if WATCH_ADMISSIONS:
+                    if adm is not None and "local" not in adm:
+                        blocks = kwargs.get("new_computed_blocks")
+                        adm["local"] = kwargs.get("num_new_computed_tokens", 0)
+                        adm["adopted"] = [[] for _ in SPECS] if blocks is None else _ids(blocks)
+                if WATCH_POOL:
+                    return self._counted(allocate, mgr, request, num_new_tokens, *args, **kwargs)
+                return allocate(mgr, request, num_new_tokens, *args, **kwargs)
+
+            mgr.allocate_slots = allocate_slots
         if WATCH_POOL:
             self._watch_blocks(mgr)
         # Failed loads: reported this step (request id -> facts), and failed
@@ -271,16 +279,11 @@ class _Watch:
         """After schedule(): each admitted request's computed tokens, its
         block table, the external tokens the connector was told, and the
         connector's answer. Requests that were not admitted are dropped."""
-        computed = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
-        cached = out.scheduled_cached_reqs
-        for i, rid in enumerate(cached.req_ids):
-            computed.setdefault(rid, cached.num_computed_tokens[i])
+        computed = computed_before(out)
         if CONNECTOR:
             told = scheduler.connector.told
         else:  # no connector to tell: the admitted are the scheduled, none with external tokens
             told = dict.fromkeys(computed, 0)
-        self.seen |= set(scheduler.requests)
-        self.num_tokens = {rid: scheduler.requests[rid].num_tokens for rid in computed}
         for rid in list(self.admissions):
             adm = self.admissions[rid]
             if rid not in told or rid not in scheduler.requests or "local" not in adm:
@@ -295,7 +298,6 @@ class _Watch:
             else:
                 adm["answer"] = 0
             adm["table"] = [list(g) for g in scheduler.kv_cache_manager.get_block_ids(rid)]
-
 
 def _event_key(key):
     """A prefix-cache key as KV events spell it: (group, the hash BlockStored

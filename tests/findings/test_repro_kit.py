@@ -111,7 +111,8 @@ def test_an_elif_on_a_constant_is_refused() -> None:
 
 
 def test_selection_keeps_what_the_roots_reach_and_the_methods_called() -> None:
-    sync = kit_source({"_step", "_Watch"}, {"ASYNC_SCHEDULING": False, "WATCH_POOL": False, "WATCH_TABLES": False})
+    sync = kit_source({"_step", "_Watch"}, {"ASYNC_SCHEDULING": False, "WATCH_POOL": False, "WATCH_TABLES": False,
+                                            "WATCH_ADMISSIONS": False, "WATCH_HITS": False, "CONNECTOR": False})
     assert "def _step(" in sync.code and "_queued_step" not in sync.code
     assert "def _watch_blocks" not in sync.code and "def hold(" not in sync.code
     assert "WATCH_POOL" not in sync.constants  # every if on it is gone
@@ -148,6 +149,65 @@ def test_the_failing_check_keeps_its_docstring_in_full() -> None:
     full = kit_source({check.__name__}, {}, in_full={check.__name__})
     trimmed = kit_source({check.__name__}, {})
     assert check.__doc__ in full.code and check.__doc__ not in trimmed.code
+
+
+# --- dropping what nothing reads ---------------------------------------------
+
+_RECORDS = """class W:
+    def __init__(self):
+        self.kept = []
+        self.unread = {}
+        self.by_name = {}
+        self.costly = {}
+
+def f(watch, x):
+    watch.unread[x] = len(x)
+    watch.unread.clear()
+    watch.by_name.update(x=1)
+    watch.costly[x] = x.pop()
+    if x.reset():
+        watch.unread = {}
+    return watch.kept, getattr(watch, "by_name")"""
+
+
+def test_a_record_nothing_reads_goes_with_every_store_into_it() -> None:
+    """A record of the file's own (self of a plain class, the watch) that no
+    attribute or string reads loses its stores (an if they empty keeps its
+    test); one read by name, or stored by a call that may change something,
+    stays."""
+    from fuzz.repro_source import _unread_records, _without_lines
+
+    sources = {"W": _RECORDS.split("\n\ndef ")[0], "f": "def " + _RECORDS.split("\n\ndef ")[1]}
+    drops = _unread_records(sources, {"W"}, extra="")
+    kept = {name: _without_lines(source, drops.get(name, set())) for name, source in sources.items()}
+    assert kept["W"] == "class W:\n    def __init__(self):\n        self.kept = []\n        self.by_name = {}\n        self.costly = {}"
+    assert kept["f"] == (
+        "def f(watch, x):\n    watch.by_name.update(x=1)\n    watch.costly[x] = x.pop()\n    x.reset()\n"
+        '    return watch.kept, getattr(watch, "by_name")'
+    )
+
+
+def test_a_local_nothing_reads_and_an_empty_splat_go() -> None:
+    from fuzz.repro_source import _without_unused_locals
+
+    source = "def f(a):\n    x, y = a.b, {}\n    extra = {}\n    z = a.c()\n    return g(\n        1, **extra)\n"
+    assert _without_unused_locals(source) == "def f(a):\n    z = a.c()\n    return g(\n        1)"
+
+
+@pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
+def test_admissions_are_watched_only_where_the_file_reads_them() -> None:
+    """WATCH_ADMISSIONS: the writer keeps the admission records (and the
+    wrapped lookup and allocate_slots) only where the file written without
+    them still reads watch.admissions."""
+    log = _tiny_log()
+    for invariant, reads in (("computed-adds-up", True), ("hits-within-namespace", True),
+                             ("preempted-resumable", False), ("events-replay-index", False)):
+        source = scheduler_repro(log, invariant=invariant, target="t", seed=0, violation="")
+        assert source is not None
+        assert ("admissions" in source) == reads, invariant
+        assert ("def local_hit(" in source) == reads, invariant
+    preempted = scheduler_repro(log, invariant="preempted-resumable", target="t", seed=0, violation="")
+    assert preempted is not None and "self.stale" not in preempted and "scheduled_num_tokens" not in preempted
 
 
 # --- the files --------------------------------------------------------------
