@@ -76,9 +76,9 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
             else:
                 contents.load(blocks, starts, end, watch.step, tokens.get(rid, []), failed=set(failing),
                               request_id=rid)
-    # The state each recurrent group's step starts from, read before the step writes.
-    states = [(rid, *m) for rid, start in watch.starts.items()
-              for m in contents.unread_states(rid, start, tokens.get(rid, []))]
+    if WATCH_UNWRITTEN:  # the state each recurrent group's step starts from, read before the step writes
+        watch.unread_states = [(rid, *m) for rid, start in watch.starts.items()
+                               for m in contents.unread_states(rid, start, tokens.get(rid, []))]
     for rid, new in zip(out.num_scheduled_tokens, sampled):
         if rid not in watch.starts:
             continue
@@ -109,7 +109,7 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
             for missing in contents.unread(
                 rid, start, watch.worker.prompt.get(rid, 0), READ_RULES, tokens.get(rid, []), failing
             )
-        ] + states
+        ] + watch.unread_states
         cached = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
         watch.unbacked = contents.unbacked_entries(entries_of(cached, get_group_id))
     if WATCH_INDEX:  # what each key names, against what the key stands for

@@ -262,6 +262,8 @@ PROMISE_BUGS = {
     "window_hit_needs_a_block_more": ("hit-matches-index", "SlidingWindowSpec("),
     # ... beside a chunked-local group: the file passes each group's chunk to the rule.
     "chunk_hit_stops_a_block_early": ("hit-matches-index", "ChunkedLocalAttentionSpec("),
+    # A Mamba state adopted in the step that writes it: the file reads each state before the step writes.
+    "mamba_adopts_same_step_state": ("reads-written", "watch.unread_states = [(rid, *m)"),
     # Evictions: the file watches how every free block came back to the pool.
     "free_evicts_head_first": ("eviction-order", "self.evictions = _watch_frees(scheduler, self)"),
 }
