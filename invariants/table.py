@@ -147,7 +147,8 @@ INVARIANTS: tuple[Invariant, ...] = (
     # What the blocks hold (fuzz/adapter/_contents.py).
     _s("reads-written", sched.check_reads_written, "partial_hit_shares_its_block", "mamba_adopts_same_step_state",
        watches="contents unwritten reads"),
-    _s("index-written", sched.check_index_written, "caches_async_load_early", watches="contents unwritten reads"),
+    _s("index-written", sched.check_index_written, "caches_async_load_early", "mamba_tail_state_overwritten",
+       watches="contents unwritten reads"),
     _s("index-names-its-prefix", contents.check_index_names_its_prefix, "evicted_key_stays_indexed", watches="contents index"),
     # What the cache promises (invariants/promises.py).
     _s("lookahead-allocated", prom.check_lookahead_allocated, "lookahead_not_allocated", watches="contents lookahead"),

@@ -531,6 +531,15 @@ _MANAGER_EDITS["window_frees_in_flight"] = (
     (("max(0, total_computed_tokens - request.num_in_flight_tokens)", "total_computed_tokens"),),
 )
 
+# What a Mamba state block holds (fuzz/adapter/_contents.py: one state per block).
+_MANAGER_EDITS["mamba_tail_state_overwritten"] = (
+    "MambaManager.allocate_new_blocks leaves a running request's cached partial-tail "
+    "state under its key: the copy is still made, but the entry stays on the block the "
+    "request's next chunk writes its running state into",
+    ("vllm.v1.core.single_type_kv_cache_manager", "MambaManager", "allocate_new_blocks"),
+    (("self.block_pool.move_block_hashes(source_block, cow_block)", "pass"),),
+)
+
 # What a reset promises (invariants/promises.py): the cache forgets.
 _MANAGER_EDITS["reset_keeps_index"] = (
     "BlockPool.reset_prefix_cache reports success before it clears anything: the "

@@ -264,6 +264,8 @@ PROMISE_BUGS = {
     "chunk_hit_stops_a_block_early": ("hit-matches-index", "ChunkedLocalAttentionSpec("),
     # A Mamba state adopted in the step that writes it: the file reads each state before the step writes.
     "mamba_adopts_same_step_state": ("reads-written", "watch.unread_states = [(rid, *m)"),
+    # ... and one whose cached partial-tail state stays under its key as the request writes on.
+    "mamba_tail_state_overwritten": ("index-written", "MambaSpec("),
     # Evictions: the file watches how every free block came back to the pool.
     "free_evicts_head_first": ("eviction-order", "self.evictions = _watch_frees(scheduler, self)"),
 }

@@ -32,7 +32,7 @@ from invariants.promises import check_events_chain, check_events_replay_index, c
 from invariants.promises import check_hits_after_reset, check_lookahead_allocated
 from invariants.promises import check_in_flight_reads_held, check_preempted_resumable
 from invariants.hits import check_eviction_order, check_hit_matches_index
-from invariants.contents import check_index_names_its_prefix, check_reads_written
+from invariants.contents import check_index_names_its_prefix, check_index_written, check_reads_written
 from fuzz.model import InvariantViolation
 from fuzz.model import SingleShotScenario
 from strategies.single_shot import single_shot_scenarios
@@ -403,6 +403,24 @@ def hybrid_twins_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def hybrid_tail_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """Full attention and Mamba (align mode) of 4-token blocks, one-token
+    hashes (sub-block hits): a 6-token prompt sent twice. The first stops
+    its prefill at its partial-tail boundary (5), where vLLM caches the
+    state under the 5-token key, then moves that entry to a copy before the
+    next chunk writes on; the second hits those 5 tokens."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4)), hash_block_size=1, num_blocks=40)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=1))
+    run = Stepper(harness, checks)
+    hits = []
+    for _ in range(2):
+        rid = harness.add_request(range(6), max_tokens=3)
+        hits += [a.local_hit for a in run.step().admissions if a.request_id == rid]
+        run.drain()
+    assert hits == [0, 5], hits
+    return run
+
+
 FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], str | None]] = [
     (inv.check_stale_output_dropped, "stale-output-dropped", "delivers_stale_output", preempting_producer_run,
      STALE_OUTPUT),
@@ -429,6 +447,7 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
      None),
     # What a Mamba state block holds (invariants/contents.py).
     (check_reads_written, "reads-written", "mamba_adopts_same_step_state", hybrid_twins_run, None),
+    (check_index_written, "index-written", "mamba_tail_state_overwritten", hybrid_tail_run, None),
     # What the index names (invariants/contents.py).
     (check_index_names_its_prefix, "index-names-its-prefix", "evicted_key_stays_indexed", evicting_run, None),
     (check_eviction_order, "eviction-order", "free_evicts_head_first", evicting_run, CACHED_BLOCK_EVICTED),
