@@ -225,16 +225,21 @@ class BlockContents:
     def _put_state(self, table: Sequence[int], size: int, positions: Iterable[int], step: int,
                    failed: frozenset[int], tokens: Sequence[int]) -> None:
         """The state at the end of ``positions`` (a range) lands in the
-        block of ``table`` that holds it (none for an empty range)."""
+        block of ``table`` that holds it (none for an empty range). A block
+        a load failed to fill stays so until a recompute writes the state at
+        its end (vLLM keeps such a block cached under the recompute policy,
+        to be refilled; what it holds before then is the failed-load
+        claims' question)."""
         end = max(positions, default=-1) + 1
         index = -(-end // size) - 1
         if end > 0 and index < len(table) and table[index] != self.null_block_id:
             block = table[index]
             self.changed.add(block)
-            self.states[block] = (
-                (FAILED_LOAD, step, None) if block in failed
-                else (end, step, tuple(tokens[:end]) if len(tokens) >= end else None)
-            )
+            held = self.states.get(block)
+            if block in failed or (held is not None and held[0] == FAILED_LOAD and end < (index + 1) * size):
+                self.states[block] = (FAILED_LOAD, step, None)
+            else:
+                self.states[block] = (end, step, tuple(tokens[:end]) if len(tokens) >= end else None)
 
     def unread_states(self, request_id: str, start: int, tokens: Sequence[int] = ()
                       ) -> list[tuple[int, int, int, tuple[int, int, int | None] | None]]:

@@ -291,3 +291,19 @@ def test_a_state_is_recorded_only_where_the_model_follows_the_runner() -> None:
     assert not records_state(("state", 0), spec, False, 1)
     assert not records_state(("state", 0), SimpleNamespace(**{**vars(spec), "num_prefill_checkpoint_blocks": 1}),
                              False, 4)
+
+
+def test_a_failed_state_block_stays_failed_until_its_recompute_reaches_the_block_end() -> None:
+    """A sync load of 9 tokens fails into the Mamba group's block of column
+    2 (3-token blocks); under the recompute policy vLLM keeps it cached under
+    the 9-token key. Recompute chunks ending at 7 and 8 leave it failed (the
+    failed-load claims judge it), the one ending at 9 fills it."""
+    contents = BlockContents([3], [False], null_block_id=0, whole_state=[True])
+    contents.tables["r"] = [[0, 0, 5]]
+    tokens = list(range(12))
+    contents.load([[0, 0, 5]], [0], 9, step=1, tokens=tokens, failed={5})
+    for end in (7, 8):
+        contents.write("r", end - 1, end, step=end - 5, tokens=tokens)
+        assert contents.states[5][0] == FAILED_LOAD and contents.unbacked_entries([(0, 5, 9)]) == []
+    contents.write("r", 8, 9, step=4, tokens=tokens)
+    assert contents.states[5] == (9, 4, tuple(range(9))) and contents.unbacked_entries([(0, 5, 9)]) == []
