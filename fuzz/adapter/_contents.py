@@ -24,8 +24,9 @@ the tokens it was computed from. A step computing positions [start, end)
 writes the state at ``end`` into the table's block ``cdiv(end, size) - 1``
 (the runner's ``preprocess_mamba`` copies the running state there first),
 and reads the state at ``start`` from block ``(start - 1) // size``; a
-load up to ``end`` writes the state at ``end`` where a step would. Intra-chunk
-prefill checkpoints and speculative state blocks are not modelled: a
+load up to ``end`` writes the state at ``end`` where a step would. A
+prefill checkpoint is written where the worker puts it (see
+:func:`prefill_checkpoint`); speculative state blocks are not modelled: a
 group that has them is not recorded.
 
 Each block also keeps the namespace of the request that last wrote it: what
@@ -48,7 +49,9 @@ from typing import Any
 
 __all__ = [
     "COPIED_BEFORE_FILL", "COPIED_FROM_COPY", "FAILED_LOAD", "BlockContents", "KeyPrefixes", "all_entries_of",
-    "entries_of", "lora_identity", "namespace_of", "prompt_embedding_rows", "read_positions", "records_state",
+    "checkpoint_params",
+    "entries_of", "lora_identity", "namespace_of", "prefill_checkpoint", "prompt_embedding_rows", "read_positions",
+    "records_state",
 ]
 
 # What a block copy's destination holds where its source was filled only
@@ -88,9 +91,9 @@ def lora_identity(name: str) -> tuple[str, int, str]:
 def records_state(rule: tuple[str, int], spec: Any, speculating: bool, cache_block_size: int) -> bool:
     """Whether a group of read ``rule`` and ``spec`` gets its states
     recorded: a recurrent-state group in align mode, in a configuration
-    that does not speculate, with neither speculative state blocks nor
-    intra-chunk prefill checkpoints (the runner writes states there this
-    model does not follow), whose block is ``cache_config.block_size``
+    that does not speculate, without speculative state blocks (the runner
+    moves states through them in ways this model does not follow), whose
+    block is ``cache_config.block_size``
     (``cache_block_size``). The engine makes it so in align mode
     (``mamba_block_size = cache_config.block_size``), and the scheduler
     cuts prefill chunks at multiples of ``cache_config.block_size`` for the
@@ -98,9 +101,39 @@ def records_state(rule: tuple[str, int], spec: Any, speculating: bool, cache_blo
     engine builds."""
     return (
         rule[0] == "state" and not speculating and getattr(spec, "mamba_cache_mode", "align") == "align"
-        and not getattr(spec, "num_speculative_blocks", 0) and not getattr(spec, "num_prefill_checkpoint_blocks", 0)
-        and getattr(spec, "block_size", None) == cache_block_size
+        and not getattr(spec, "num_speculative_blocks", 0) and getattr(spec, "block_size", None) == cache_block_size
     )
+
+
+def checkpoint_params(spec: Any, hash_block_size: int, hit_alignment: int | None) -> tuple[int, int, int] | None:
+    """A Mamba group's prefill checkpoint settings, as the worker reads them
+    (its checkpoint alignment, the hash block size, the cache-hit
+    alignment), or None where its spec exports no checkpoint."""
+    alignment = getattr(spec, "prefill_checkpoint_alignment", None)
+    if not getattr(spec, "num_prefill_checkpoint_blocks", 0) or alignment is None:
+        return None
+    return alignment, hash_block_size, hit_alignment or hash_block_size
+
+
+def prefill_checkpoint(start: int, end: int, size: int, alignment: int, hash_block_size: int,
+                       hit_alignment: int) -> tuple[int, int] | None:
+    """Where a Mamba group with prefill checkpoint blocks (checkpoint
+    ``alignment``) also writes a state inside a prefill chunk [start, end),
+    as vLLM's worker decides it (``compute_mamba_prefill_checkpoints``,
+    no EAGLE block drop, no hash lookahead): the last ``hit_alignment``
+    boundary that leaves at least one token to compute, if the chunk starts
+    on a hash boundary, the boundary is at least a hash block past the start
+    and strictly inside the chunk, a whole number of alignments from the
+    start, and its table column is past the one the chunk starts from. As
+    (the position the state is at, the table column it lands in), or None."""
+    position = max((end - 1) // hit_alignment * hit_alignment, 0)
+    column = -(-end // size) - 2
+    if (
+        start % hash_block_size == 0 and column > (start - 1) // size and start + hash_block_size <= position
+        and start < position < end and (position - start) % alignment == 0
+    ):
+        return position, column
+    return None
 
 
 def read_positions(rule: tuple[str, int], start: int, prompt: int) -> range | list[int]:
@@ -129,10 +162,13 @@ class BlockContents:
     ``per_position`` (their block sizes in ``block_sizes``)."""
 
     def __init__(self, block_sizes: Sequence[int], per_position: Sequence[bool], null_block_id: int,
-                 whole_state: Sequence[bool] = ()) -> None:
+                 whole_state: Sequence[bool] = (), checkpoints: Sequence[tuple[int, int, int] | None] = ()) -> None:
         self.block_sizes = tuple(block_sizes)
         self.per_position = tuple(per_position)
         self.whole_state = tuple(whole_state) or (False,) * len(self.block_sizes)
+        # Per state group with prefill checkpoint blocks: (checkpoint
+        # alignment, hash block size, cache-hit alignment); None without.
+        self.checkpoints = tuple(checkpoints) or (None,) * len(self.block_sizes)
         self.null_block_id = null_block_id
         # Block id -> (the position it holds the state at, the step that
         # wrote it, the tokens before that position or None), for the
@@ -273,6 +309,15 @@ class BlockContents:
         if request_id in self.tables:
             self._put(self.tables[request_id], [range(start, end)] * len(self.block_sizes), step, frozenset(), tokens,
                       self.namespaces.get(request_id))
+            for table, size, state, checkpoint in zip(
+                    self.tables[request_id], self.block_sizes, self.whole_state, self.checkpoints):
+                found = prefill_checkpoint(start, end, size, *checkpoint) if state and checkpoint else None
+                if found is not None and found[1] < len(table) and table[found[1]] != self.null_block_id:
+                    position = found[0]
+                    self.changed.add(table[found[1]])
+                    self.states[table[found[1]]] = (
+                        position, step, tuple(tokens[:position]) if len(tokens) >= position else None
+                    )
 
     def load(self, block_ids: Sequence[Sequence[int]], starts: Sequence[int], end: int, step: int,
              tokens: Sequence[int], failed: Iterable[int] = (), request_id: str | None = None) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fuzz.adapter import _compat
-from fuzz.adapter._contents import BlockContents, KeyPrefixes, all_entries_of, records_state
+from fuzz.adapter._contents import BlockContents, KeyPrefixes, all_entries_of, checkpoint_params, records_state
 from fuzz.adapter._oplog import model_runner_output
 from fuzz.adapter._reports import WorkerRecord, computed_before
 
@@ -67,6 +67,8 @@ class ScriptedRunner:
             null_block_id,
             tuple(records_state(rule, spec, bool(draw.num_speculative_tokens), cache_block_size)
                   for rule, spec in zip(read_rules, specs)),
+            tuple(checkpoint_params(spec, scheduler.hash_block_size, scheduler.kv_cache_config.cache_hit_alignment_tokens)
+                  for spec in specs) if scheduler is not None else (),
         )
         self.unwritten_reads: list[UnwrittenRead] = []
         # A drafter with its own forward pass (EAGLE, a draft model) writes

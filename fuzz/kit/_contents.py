@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from vllm.v1.core.kv_cache_utils import get_group_id
 
-from fuzz.adapter._contents import BlockContents, entries_of, namespace_of, records_state
+from fuzz.adapter._contents import BlockContents, checkpoint_params, entries_of, namespace_of, records_state
 from fuzz.adapter._reports import computed_before
 from fuzz.kit._index import _misnamed_entries
 from fuzz.kit._params import (
@@ -36,6 +36,8 @@ def _make_contents(scheduler):
         scheduler.kv_cache_manager.block_pool.null_block.block_id,
         [records_state(rule, spec, SPECULATIVE_METHOD is not None, scheduler.cache_config.block_size)
          for rule, spec in zip(READ_RULES, SPECS)],
+        [checkpoint_params(spec, scheduler.hash_block_size, scheduler.kv_cache_config.cache_hit_alignment_tokens)
+         for spec in SPECS],
     )
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from fuzz.adapter._contents import (
-    COPIED_BEFORE_FILL, COPIED_FROM_COPY, FAILED_LOAD, BlockContents, read_positions, records_state,
+    COPIED_BEFORE_FILL, COPIED_FROM_COPY, FAILED_LOAD, BlockContents, checkpoint_params, prefill_checkpoint,
+    read_positions, records_state,
 )
 
 NULL = 0
@@ -289,8 +290,28 @@ def test_a_state_is_recorded_only_where_the_model_follows_the_runner() -> None:
     assert not records_state(("full", 0), spec, False, 4)
     assert not records_state(("state", 0), spec, True, 4)
     assert not records_state(("state", 0), spec, False, 1)
-    assert not records_state(("state", 0), SimpleNamespace(**{**vars(spec), "num_prefill_checkpoint_blocks": 1}),
-                             False, 4)
+    assert not records_state(("state", 0), SimpleNamespace(**{**vars(spec), "num_speculative_blocks": 2}), False, 4)
+
+
+def test_a_prefill_checkpoint_lands_where_the_worker_puts_it() -> None:
+    """Mamba2 exports a state from inside a prefill chunk: for a chunk
+    [0, 10) of 4-token blocks (checkpoint alignment 1, hash and hit
+    alignment 4) the state at 8 (the last boundary that leaves a token to
+    compute) lands in column cdiv(10, 4) - 2 = 1, beside the state at 10 in
+    column 2. A chunk the boundary is not inside exports none."""
+    assert prefill_checkpoint(0, 10, 4, 1, 4, 4) == (8, 1)
+    assert prefill_checkpoint(8, 10, 4, 1, 4, 4) is None  # 8 is not inside (8, 10)
+    assert prefill_checkpoint(0, 8, 4, 1, 4, 4) == (4, 0)  # the last boundary before 8 is 4, in column 0
+    assert prefill_checkpoint(1, 8, 4, 1, 4, 4) is None  # a chunk starting off a hash boundary
+    spec = SimpleNamespace(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)
+    contents = BlockContents([4], [False], null_block_id=0, whole_state=[True],
+                             checkpoints=[checkpoint_params(spec, 4, None)])
+    contents.tables["r"] = [[0, 6, 7]]
+    tokens = list(range(12))
+    contents.write("r", 0, 10, step=1, tokens=tokens)
+    assert contents.states == {6: (8, 1, tuple(range(8))), 7: (10, 1, tuple(range(10)))}
+    assert contents.unread_states("r", 8, tokens) == [] and contents.unbacked_entries([(0, 6, 8)]) == []
+
 
 
 def test_a_failed_state_block_stays_failed_until_its_recompute_reaches_the_block_end() -> None:
