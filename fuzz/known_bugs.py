@@ -32,6 +32,7 @@ from invariants.promises import EVENTS_ORPHANED_PARTIAL
 from invariants.scheduler import STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
 from invariants.contents import UNWRITTEN_READ_AFTER_ROLLBACK as _READ_AFTER_ROLLBACK
 from invariants.contents import UNWRITTEN_READ_AFTER_WHOLE_LOAD as _READ_AFTER_WHOLE_LOAD
+from invariants.contents import MAMBA_EARLIER_STATE
 
 __all__ = [
     "KNOWN_BUGS",
@@ -744,6 +745,42 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "KVCacheCoordinator passes needs_kv_cache_zeroing= to every single-type "
             "manager; SinkFullAttentionManager.__init__ does not accept it, so any model "
             "with static-sink attention layers fails at start-up with TypeError."
+        ),
+    ),
+    KnownBug(
+        id="mamba-checkpoint-chunk-skips-boundary-state",
+        title="Mamba prefill checkpoints: a chunk resuming mid-block runs past the block's end, and the block "
+        "left holding the resume state is cached as the state at that end",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=(
+            Signature("index-written", where="Scheduler._mamba_block_aligned_split", state=MAMBA_EARLIER_STATE),
+            Signature("reads-written", where="Scheduler._mamba_block_aligned_split", group_kind="MambaSpec",
+                      state=MAMBA_EARLIER_STATE),
+        ),
+        reach="engine",
+        pinned_by="tests/known_bugs/test_mamba_checkpoint_boundary.py::test_a_cached_mamba_block_holds_the_state_at_its_end",
+        targets=("scheduler-engine-reachable",),
+        analysis=(
+            "Align mode keeps one Mamba state per block, the state after exactly the block's last token, "
+            "so Scheduler._mamba_block_aligned_split stops a prefill chunk that starts mid-block at the "
+            "next block boundary. It skips that stop when the group exports prefill checkpoints "
+            "(Mamba2: num_prefill_checkpoint_blocks, prefill_checkpoint_alignment), but the worker "
+            "exports one checkpoint per chunk, at the prefill's last hash boundary "
+            "(compute_mamba_prefill_checkpoints), not at the block boundary the chunk crosses. After a "
+            "sub-block hit (hash block smaller than the Mamba block) the request resumes mid-block from "
+            "a copy of the cached state; preprocess_mamba moves the running state to the chunk end's "
+            "block, the copy stays behind holding the state at the resume point, and once the request "
+            "has computed past that block MambaManager caches it under the key of the block's end. A "
+            "later request sharing that prefix adopts it and resumes from a state some tokens short, "
+            "silently. Found by the engine-reachable target on a NemotronH plan: full attention and "
+            "Mamba2 of 48-token blocks, 4-token hash unit; a 96-token prompt cached with its "
+            "partial-tail state at 92, then a 149-token prompt sharing it hits 92 and runs [92, 149) "
+            "in one chunk; its block for [48, 96) holds the state at 92 and is cached as the state "
+            "at 96, and a third request sharing 100 tokens resumes from it at 96. Upstream: first "
+            "described in a review comment on PR 54076 (2026-09-03: the internal-checkpoint "
+            "exemption creates only the final boundary inside an unaligned chunk), with a fix planned "
+            "in the follow-up PR 53479; both open."
         ),
     ),
 )

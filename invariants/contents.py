@@ -16,6 +16,7 @@ from fuzz.model import InvariantViolation, StepObservation
 __all__ = [
     "LOST_TO_COPY_BEFORE_FILL",
     "LOST_TO_COPY_OF_COPY",
+    "MAMBA_EARLIER_STATE",
     "MISNAMED_AFTER_FAILED_LOAD",
     "MISNAMED_ENTRY",
     "OTHER_TOKENS",
@@ -116,6 +117,10 @@ def check_reads_written(step: StepObservation) -> None:
     # recompute (the output placeholder kv-matches-tokens blames), read later.
     elif state == UNWRITTEN_READ and all(r.recomputed_failed_load and r.other_tokens_only for r in reads):
         state, where = READ_OTHER_TOKENS_AFTER_FAILED_LOAD, _PLACEHOLDERS
+    # A Mamba state from before the boundary the request resumes at: a
+    # prefill chunk ran past that boundary and left the block behind.
+    elif state == UNWRITTEN_READ and all(r.earlier_state for r in reads):
+        state, where = MAMBA_EARLIER_STATE, _MAMBA_SPLIT
     kinds = {r.group_kind for r in reads}
     raise InvariantViolation(
         "reads-written",
@@ -140,6 +145,8 @@ def check_index_written(step: StepObservation) -> None:
     if not step.unbacked_entries:
         return
     state, where = _contents_blame(step.unbacked_entries, UNBACKED_ENTRY)
+    if state == UNBACKED_ENTRY and all(e.earlier_state for e in step.unbacked_entries):
+        state, where = MAMBA_EARLIER_STATE, _MAMBA_SPLIT
     raise InvariantViolation(
         "index-written",
         "\n".join(e.describe() for e in step.unbacked_entries)
@@ -187,6 +194,10 @@ MISNAMED_AFTER_FAILED_LOAD = "a prefix-cache key naming KV from other tokens aft
 UNWRITTEN_READ_AFTER_WHOLE_LOAD = "a read by the last-token recompute after a whole-prompt async load"
 UNWRITTEN_READ_AFTER_ROLLBACK = "a read by the recompute after a failed-load rollback"
 READ_OTHER_TOKENS_AFTER_FAILED_LOAD = "a read of KV from other tokens after a failed-load recompute"
+# A Mamba block holding the state of an earlier position than its key's end
+# or its reader's start (blamed on the split that sets where states land).
+MAMBA_EARLIER_STATE = "a Mamba state from before its boundary"
+_MAMBA_SPLIT = "Scheduler._mamba_block_aligned_split"
 LOST_TO_COPY_BEFORE_FILL = "lost to a same-step copy made before its source was filled"
 LOST_TO_COPY_OF_COPY = "lost to a same-step copy of another copy's destination"
 _COPY_ON_WRITE = "SingleTypeKVCacheManager._apply_cow"

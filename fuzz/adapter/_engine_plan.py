@@ -199,8 +199,10 @@ class EnginePlan:
             for name in ("sliding_window", "attention_chunk_size"):
                 if getattr(spec, name, None) is not None:
                     params.append((name, int(getattr(spec, name))))
-            if getattr(spec, "num_speculative_blocks", 0):  # Mamba under speculative decoding
-                params.append(("num_speculative_blocks", int(spec.num_speculative_blocks)))
+            # Mamba under speculative decoding; Mamba2's prefill checkpoints.
+            for name in ("num_speculative_blocks", "num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment"):
+                if getattr(spec, name, None):
+                    params.append((name, int(getattr(spec, name))))
             groups.append(SpecDraw(type(spec).__name__, spec.block_size, tuple(params)))
         return LayoutDraw(
             tuple(groups),

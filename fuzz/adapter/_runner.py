@@ -281,7 +281,7 @@ class ScriptedRunner:
         entries = all_entries_of(cached, self._split)
         primary = sorted((g, b, n) for g, b, _, n in entries if n is not None and (g, n) not in right.get(b, ()))
         unbacked = tuple(
-            UnbackedEntry(group, block_id, n, tuple(missing))
+            UnbackedEntry(group, block_id, n, tuple(missing), self.contents.whole_state[group])
             for group, block_id, n, missing in self.contents.unbacked_entries(primary)
         )
         bad = {(u.group, u.block_id, u.num_tokens) for u in unbacked}

@@ -87,6 +87,11 @@ class UnwrittenRead:
         return _copy_cause(self.missing)
 
     @property
+    def earlier_state(self) -> bool:
+        """A Mamba read whose block holds a state from before its start."""
+        return self.group_kind == "MambaSpec" and all(h is not None and 0 <= h[0] < p for p, h in self.missing)
+
+    @property
     def other_tokens_only(self) -> bool:
         """Every position it lacks holds that position's KV, computed from
         another token than the reader's."""
@@ -111,16 +116,23 @@ class UnbackedEntry:
     block_id: int
     num_tokens: int  # the prefix its key covers (block_hash_num_tokens)
     missing: tuple[tuple[int, tuple[int, int, int | None] | None], ...]
+    whole_state: bool = False  # a Mamba group's entry: it names the state at num_tokens
 
     @property
     def copy_cause(self) -> str:
         return _copy_cause(self.missing)
+
+    @property
+    def earlier_state(self) -> bool:
+        """A Mamba entry whose block holds a state from before the key's end."""
+        return self.whole_state and all(h is not None and 0 <= h[0] < p for p, h in self.missing)
 
     def describe(self) -> str:
         return (
             f"group {self.group}: the prefix-cache entry for the first {self.num_tokens} tokens names block "
             f"{self.block_id}, which does not hold the KV of positions {[p for p, _ in self.missing]} "
             + _what_it_holds(self.missing)
+            + (" (a Mamba block: the state at the key's end)" if self.whole_state else "")
         )
 
 

@@ -1,0 +1,101 @@
+"""Known vLLM bug ``mamba-checkpoint-chunk-skips-boundary-state`` (0.33.0).
+
+Align mode keeps one Mamba state per block: the state after exactly the
+block's last token. ``Scheduler._mamba_block_aligned_split`` therefore stops
+a prefill chunk that starts mid-block at the next block boundary, but not
+when the group exports prefill checkpoints (Mamba2): it assumes the worker
+materialises the boundary's state inside the chunk. The worker exports one
+checkpoint per chunk, at the prefill's last hash boundary
+(``compute_mamba_prefill_checkpoints``), so after a sub-block hit the block
+the request resumed in keeps the state at the resume point, and once the
+request computes past it ``MambaManager`` caches it as the state at the
+block's end. A later request sharing that prefix resumes from a state some
+tokens short: silent corruption of its recurrent state.
+
+Reach: a real engine (the engine-reachable target found it on a NemotronH
+plan: full attention and Mamba2 of 48-token blocks, a 4-token hash unit).
+Upstream: described first in a review comment on vLLM PR 54076
+(2026-09-03), with a fix planned in the follow-up PR 53479; both open.
+
+Control: the same requests on a Mamba group without prefill checkpoints
+(its chunks stop at the block boundary) keep every cached state where its
+key says.
+
+Strict xfail: this turns red the day vLLM fixes it; then set ``fixed_in`` on
+the registry entry in fuzz/known_bugs.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz.adapter import SchedulerHarness
+from fuzz.known_bugs import KNOWN_BUGS, failure_of
+from fuzz.model import InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.targets.target_scheduler import UNSUPPORTED
+from invariants.contents import check_index_written, check_reads_written
+from tests.known_bugs._pin import known_vllm_bug
+
+pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
+
+_SECOND = [*range(0, 1000, 7), 1, 8, 15, 22, 29, 36]  # 149 tokens; its first 96 are the first prompt
+
+
+def _serve(*, checkpoints: bool) -> SchedulerHarness:
+    """Full attention and Mamba of 48-token blocks, 4-token hashes (sub-block
+    hits), one sequence at a time, 96-token budget: a 96-token prompt (its
+    partial-tail state at 92 cached), then a 149-token prompt that hits 92
+    tokens and prefills [92, 149) in one chunk, then a prompt sharing its
+    first 100 tokens. Every step is checked by ``index-written`` and
+    ``reads-written``."""
+    extra = (("num_prefill_checkpoint_blocks", 1), ("prefill_checkpoint_alignment", 1)) if checkpoints else ()
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 48), SpecDraw("MambaSpec", 48, extra)), hash_block_size=4,
+                        num_blocks=15, max_model_len=150)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=96, max_num_seqs=1))
+    for prompt in (list(range(0, 672, 7)), _SECOND, [*_SECOND[:100], *range(5000, 5008)]):
+        harness.add_request(prompt, max_tokens=1)
+        for _ in range(8):
+            step = harness.step(context=f"prefix caching across three prompts, checkpoints={checkpoints}")
+            check_index_written(step)
+            check_reads_written(step)
+            if harness.is_idle():
+                break
+    return harness
+
+
+@known_vllm_bug("vLLM: a Mamba2 chunk resuming mid-block runs past the block's end, and the block is cached "
+                "as the state at that end (PR 54076's review, PR 53479)")
+def test_a_cached_mamba_block_holds_the_state_at_its_end() -> None:
+    _serve(checkpoints=True)
+
+
+def test_without_checkpoints_every_cached_state_is_where_its_key_says() -> None:
+    assert _serve(checkpoints=False).is_idle()
+
+
+def test_the_misplaced_state_is_the_registered_known_bug() -> None:
+    with pytest.raises(InvariantViolation) as caught:
+        _serve(checkpoints=True)
+    assert caught.value.invariant == "index-written", str(caught.value)
+    assert "the first 96 tokens names block" in str(caught.value) and "(92, " in str(caught.value), str(caught.value)
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    assert bug.id == "mamba-checkpoint-chunk-skips-boundary-state"
+
+
+def test_the_state_read_back_is_the_registered_known_bug() -> None:
+    """Checked by reads-written alone: the third request resumes at 96 from
+    the block holding the state at 92."""
+    extra = (("num_prefill_checkpoint_blocks", 1), ("prefill_checkpoint_alignment", 1))
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 48), SpecDraw("MambaSpec", 48, extra)), hash_block_size=4,
+                        num_blocks=15, max_model_len=150)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=96, max_num_seqs=1))
+    with pytest.raises(InvariantViolation) as caught:
+        for prompt in (list(range(0, 672, 7)), _SECOND, [*_SECOND[:100], *range(5000, 5008)]):
+            harness.add_request(prompt, max_tokens=1)
+            for _ in range(8):
+                check_reads_written(harness.step())
+                if harness.is_idle():
+                    break
+    assert "computing from position 96" in str(caught.value), str(caught.value)
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    assert bug.id == "mamba-checkpoint-chunk-skips-boundary-state"
