@@ -32,7 +32,7 @@ from invariants.promises import EVENTS_ORPHANED_PARTIAL
 from invariants.scheduler import STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
 from invariants.contents import UNWRITTEN_READ_AFTER_ROLLBACK as _READ_AFTER_ROLLBACK
 from invariants.contents import UNWRITTEN_READ_AFTER_WHOLE_LOAD as _READ_AFTER_WHOLE_LOAD
-from invariants.contents import MAMBA_EARLIER_STATE
+from invariants.contents import MAMBA_EARLIER_STATE, UNWRITTEN_READ_AFTER_ROLLBACK_IN_FLIGHT
 
 __all__ = [
     "KNOWN_BUGS",
@@ -614,7 +614,10 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         since="0.33.0",
         fixed_in=None,
         signatures=tuple(
-            Signature("read-blocks-held", where=_ROLLED_BACK, group_kind=k, state=ROLLED_BACK_IN_FLIGHT)
+            Signature(claim, where=_ROLLED_BACK, group_kind=k, state=state)
+            for claim, state in (("read-blocks-held", ROLLED_BACK_IN_FLIGHT),
+                                 # The contents model: the recompute reads a state (or KV) no block holds.
+                                 ("reads-written", UNWRITTEN_READ_AFTER_ROLLBACK_IN_FLIGHT))
             for k in ("MambaSpec", "SlidingWindowSpec", "SlidingWindowMLASpec", "ChunkedLocalAttentionSpec")
         ),
         reach=ENGINE_IN_PRINCIPLE,

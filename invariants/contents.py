@@ -25,6 +25,7 @@ __all__ = [
     "UNBACKED_ENTRY",
     "UNWRITTEN_READ",
     "UNWRITTEN_READ_AFTER_ROLLBACK",
+    "UNWRITTEN_READ_AFTER_ROLLBACK_IN_FLIGHT",
     "UNWRITTEN_READ_AFTER_WHOLE_LOAD",
     "chained_copies",
     "check_copy_sources_ready",
@@ -111,6 +112,9 @@ def check_reads_written(step: StepObservation) -> None:
     # blames the same two places for what the request reads).
     if state == UNWRITTEN_READ and all(r.after_whole_prompt_load for r in reads):
         state, where = UNWRITTEN_READ_AFTER_WHOLE_LOAD, "Scheduler._update_waiting_for_remote_kv"
+    elif state == UNWRITTEN_READ and all(r.request_id in step.rolled_back_in_flight for r in reads):
+        # ... rolled back past the load's end, over a step in flight (async).
+        state, where = UNWRITTEN_READ_AFTER_ROLLBACK_IN_FLIGHT, "Scheduler._update_requests_with_invalid_blocks"
     elif state == UNWRITTEN_READ and all(r.request_id in step.rolled_back for r in reads):
         state, where = UNWRITTEN_READ_AFTER_ROLLBACK, "Scheduler._update_requests_with_invalid_blocks"
     # KV computed from the token the runner kept after a failed-load
@@ -193,6 +197,7 @@ MISNAMED_ENTRY = "a prefix-cache key naming a block that holds other KV"
 MISNAMED_AFTER_FAILED_LOAD = "a prefix-cache key naming KV from other tokens after a failed-load recompute"
 UNWRITTEN_READ_AFTER_WHOLE_LOAD = "a read by the last-token recompute after a whole-prompt async load"
 UNWRITTEN_READ_AFTER_ROLLBACK = "a read by the recompute after a failed-load rollback"
+UNWRITTEN_READ_AFTER_ROLLBACK_IN_FLIGHT = "a read by the recompute after a rollback over a step in flight"
 READ_OTHER_TOKENS_AFTER_FAILED_LOAD = "a read of KV from other tokens after a failed-load recompute"
 # A Mamba block holding the state of an earlier position than its key's end
 # or its reader's start (blamed on the split that sets where states land).

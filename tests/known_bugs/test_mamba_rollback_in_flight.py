@@ -44,13 +44,14 @@ from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import failure_of, known_bug
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
+from invariants.contents import check_reads_written
 from invariants.ownership import check_read_blocks_held
 from tests.known_bugs._pin import known_vllm_bug
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
 
-def _failed_load_then_recompute(async_scheduling: bool) -> SchedulerHarness:
+def _failed_load_then_recompute(async_scheduling: bool, check=check_read_blocks_held) -> SchedulerHarness:  # type: ignore[no-untyped-def]
     """A lone Mamba(4) group, 8-token chunks, policy "recompute": a 13-token
     request whose 1-token synchronous load fails, recomputed to its end.
     The claim is checked on every step itself (no known bug set aside)."""
@@ -60,7 +61,7 @@ def _failed_load_then_recompute(async_scheduling: bool) -> SchedulerHarness:
     rid = harness.add_request(range(13), max_tokens=1, reply=ExternalReply("store", store_len=1))
     harness.fail_next_sync_loads()
     for _ in range(8):
-        check_read_blocks_held(harness.step(context="a failed 1-token load, recomputed"))
+        check(harness.step(context="a failed 1-token load, recomputed"))
         if rid not in harness.live_request_ids and harness.is_idle():
             break
     assert harness.invalid_blocks_reported, "the load did not fail"
@@ -82,3 +83,14 @@ def test_a_rollback_over_a_step_in_flight_keeps_a_state_slot() -> None:
     except InvariantViolation as exc:
         assert known_bug("mamba-rollback-over-in-flight-step").shows_in(failure_of(exc)), str(exc)
         raise
+
+
+def test_the_contents_model_sees_the_state_read_from_the_null_block() -> None:
+    """The Mamba state model, checked alone: the recompute starts [8, 12)
+    from a state no block holds, the same registered bug."""
+    _failed_load_then_recompute(async_scheduling=False, check=check_reads_written)
+    with pytest.raises(InvariantViolation) as caught:
+        _failed_load_then_recompute(async_scheduling=True, check=check_reads_written)
+    assert caught.value.invariant == "reads-written" and "computing from position 8" in str(caught.value), str(
+        caught.value)
+    assert known_bug("mamba-rollback-over-in-flight-step").shows_in(failure_of(caught.value)), str(caught.value)
