@@ -67,8 +67,9 @@ class ScriptedRunner:
             null_block_id,
             tuple(records_state(rule, spec, bool(draw.num_speculative_tokens), cache_block_size)
                   for rule, spec in zip(read_rules, specs)),
-            tuple(checkpoint_params(spec, scheduler.hash_block_size, scheduler.kv_cache_config.cache_hit_alignment_tokens)
-                  for spec in specs) if scheduler is not None else (),
+            tuple(checkpoint_params(spec, getattr(scheduler, "hash_block_size", 0),
+                                    getattr(getattr(scheduler, "kv_cache_config", None), "cache_hit_alignment_tokens", None))
+                  for spec in specs),
         )
         self.unwritten_reads: list[UnwrittenRead] = []
         # A drafter with its own forward pass (EAGLE, a draft model) writes

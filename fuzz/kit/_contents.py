@@ -14,6 +14,7 @@ from fuzz.adapter._reports import computed_before
 from fuzz.kit._index import _misnamed_entries
 from fuzz.kit._params import (
     CONNECTOR,
+    HASH_BLOCK_SIZE,
     READ_RULES,
     ROLES,
     SPECS,
@@ -36,7 +37,7 @@ def _make_contents(scheduler):
         scheduler.kv_cache_manager.block_pool.null_block.block_id,
         [records_state(rule, spec, SPECULATIVE_METHOD is not None, scheduler.cache_config.block_size)
          for rule, spec in zip(READ_RULES, SPECS)],
-        [checkpoint_params(spec, scheduler.hash_block_size, scheduler.kv_cache_config.cache_hit_alignment_tokens)
+        [checkpoint_params(spec, HASH_BLOCK_SIZE, getattr(scheduler.kv_cache_config, "cache_hit_alignment_tokens", None))
          for spec in SPECS],
     )
 
