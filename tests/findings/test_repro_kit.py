@@ -175,11 +175,11 @@ def test_a_record_nothing_reads_goes_with_every_store_into_it() -> None:
     attribute or string reads loses its stores (an if they empty keeps its
     test); one read by name, or stored by a call that may change something,
     stays."""
-    from fuzz.repro_source import _unread_records, _without_lines
+    from fuzz.repro_prune import unread_records, without_lines
 
     sources = {"W": _RECORDS.split("\n\ndef ")[0], "f": "def " + _RECORDS.split("\n\ndef ")[1]}
-    drops = _unread_records(sources, {"W"}, extra="")
-    kept = {name: _without_lines(source, drops.get(name, set())) for name, source in sources.items()}
+    drops = unread_records(sources, {"W"}, extra="")
+    kept = {name: without_lines(source, drops.get(name, set())) for name, source in sources.items()}
     assert kept["W"] == "class W:\n    def __init__(self):\n        self.kept = []\n        self.by_name = {}\n        self.costly = {}"
     assert kept["f"] == (
         "def f(watch, x):\n    watch.by_name.update(x=1)\n    watch.costly[x] = x.pop()\n    x.reset()\n"
@@ -188,10 +188,10 @@ def test_a_record_nothing_reads_goes_with_every_store_into_it() -> None:
 
 
 def test_a_local_nothing_reads_and_an_empty_splat_go() -> None:
-    from fuzz.repro_source import _without_unused_locals
+    from fuzz.repro_prune import without_unused_locals
 
     source = "def f(a):\n    x, y = a.b, {}\n    extra = {}\n    z = a.c()\n    return g(\n        1, **extra)\n"
-    assert _without_unused_locals(source) == "def f(a):\n    z = a.c()\n    return g(\n        1)"
+    assert without_unused_locals(source) == "def f(a):\n    z = a.c()\n    return g(\n        1)"
 
 
 @pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
