@@ -38,7 +38,15 @@ import tokenize
 from collections.abc import Iterable, Mapping
 
 from fuzz.kit import KIT_MODULES
-from fuzz.repro_prune import unread_records, without_lines, without_unused_locals
+from fuzz.repro_prune import (
+    calls_doing_nothing,
+    constant_fields,
+    never_filled,
+    unread_records,
+    unused_parameters,
+    without_lines,
+    without_unused_locals,
+)
 
 __all__ = ["KitSource", "kit_attributes", "kit_definitions", "kit_source", "specialise", "trim"]
 
@@ -121,7 +129,23 @@ _STATIC = (ast.Name, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Loa
 
 
 def _static_value(test: ast.expr, constants: Mapping[str, object]) -> tuple[bool, bool]:
-    """(known, value) of an ``if`` test that reads only ``constants``."""
+    """(known, value) of an ``if`` test that reads only ``constants``: names,
+    and ``owner.attr`` keys for attributes whose truth the file fixes (read
+    only as a test, or through ``not``, ``and``, ``or``: an operand after
+    the one that decides need not be known)."""
+    if isinstance(test, ast.BoolOp):
+        decisive = isinstance(test.op, ast.Or)  # the value that ends the evaluation
+        for operand in test.values:
+            known, value = _static_value(operand, constants)
+            if not known or value == decisive:
+                return known, decisive if known else False
+        return True, not decisive
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        known, value = _static_value(test.operand, constants)
+        return known, known and not value
+    if isinstance(test, ast.Attribute) and isinstance(test.value, ast.Name):
+        key = f"{test.value.id}.{test.attr}"
+        return (True, bool(constants[key])) if key in constants else (False, False)
     for node in ast.walk(test):
         if not isinstance(node, _STATIC) or (isinstance(node, ast.Name) and node.id not in constants):
             return False, False
@@ -145,7 +169,8 @@ def _first_static_if(tree: ast.AST, constants: Mapping[str, object]) -> tuple[as
 def specialise(source: str, constants: Mapping[str, object]) -> str:
     """``source`` with every ``if`` on the constants reduced to the branch
     they take (the branch's lines moved out one level; an ``elif`` on a
-    constant is refused: the kit writes ``else: if``)."""
+    constant is refused: the kit writes ``else: if``). A key ``owner.attr``
+    of ``constants`` gives that attribute's truth (see :func:`_static_value`)."""
     while True:
         found = _first_static_if(ast.parse(source), constants)
         if found is None:
@@ -323,6 +348,7 @@ def kit_source(
             kept = without_unused_locals(sources[name])
             changed |= kept != sources[name]
             sources[name] = kept
+        changed |= _prune(sources, selected, selected & set(kept_methods), constants, extra, in_full)
         if not changed:
             break
     used: set[str] = set(roots)
@@ -334,6 +360,43 @@ def kit_source(
         constants=frozenset(n for n in used if n in names_of_constants and n not in defs),
         code=_joined([sources[name] if name in in_full else trim(sources[name]) for name in ordered]),
     )
+
+
+def _prune(sources: dict[str, str], selected: set[str], plain: set[str], constants: Mapping[str, object],
+           extra: str, in_full: frozenset[str]) -> bool:
+    """One round of :mod:`fuzz.repro_prune`'s later passes over the selected
+    ``sources`` (changed in place): each ``if`` on a record the file never
+    fills or on a field it fixes decided, calls that do nothing dropped,
+    then parameters nothing reads (the definitions ``in_full`` keep theirs).
+    Whether anything changed."""
+    changed = False
+    chosen = {name: sources[name] for name in selected}
+    empty = {f"watch.{r}": () for r in never_filled(chosen, plain, extra)}
+    fields = constant_fields(chosen, plain, extra, constants)
+    for name in selected:
+        facts = {**empty, **{"self." + k[6:]: v for k, v in empty.items()}, **fields.get(name, {})} if name in plain else empty
+        if facts:
+            decided = specialise(sources[name], {**constants, **facts})
+            changed |= _replace(sources, name, decided)
+    chosen = {name: sources[name] for name in selected}
+    for name, lines in calls_doing_nothing(chosen).items():
+        changed |= _replace(sources, name, without_lines(sources[name], lines))
+    chosen = {name: sources[name] for name in selected}
+    for name, cut in unused_parameters(chosen, plain, extra, keep=in_full).items():
+        changed |= _replace(sources, name, cut)
+    return changed
+
+
+def _replace(sources: dict[str, str], name: str, new: str) -> bool:
+    """``sources[name] = new`` where ``new`` parses and differs."""
+    if new == sources[name]:
+        return False
+    try:
+        ast.parse(new)
+    except SyntaxError:  # a body left empty: it stays
+        return False
+    sources[name] = new
+    return True
 
 
 def _joined(parts: list[str]) -> str:
