@@ -446,5 +446,6 @@ def test_a_sync_file_without_aborts_or_speculation_carries_none_of_their_code() 
     log = _tiny_log(connector=False, divergent_hits=False)
     source = scheduler_repro(log, invariant="preempted-resumable", target="t", seed=0, violation="")
     assert source is not None
-    for gone in ("self.async_scheduling", "unfed_rejections", "_abort_during_step", "recving", "failed_loads", "**options"):
+    for gone in ("self.async_scheduling", "unfed_rejections", "_abort_during_step", "recving", "failed_loads", "**options",
+                 "reset_preempted"):
         assert gone not in source, gone
