@@ -450,7 +450,8 @@ def unused_parameters(sources: Mapping[str, str], plain: Iterable[str], extra: s
     a file function's signature (a plain class's ``__init__``, called by
     the class's name) and from every call of it, where each call is in the
     file's kit code (the test ``extra`` passes it nothing) and passes an
-    argument that changes nothing. Functions named in ``keep`` keep theirs.
+    argument that changes nothing. Functions named in ``keep`` keep theirs,
+    and every function the parameters its docstring names (``p`` in double backquotes).
     Name -> new source, for the definitions that change."""
     keep = set(keep)
     effects = _Effects({}, ())
@@ -471,6 +472,7 @@ def unused_parameters(sources: Mapping[str, str], plain: Iterable[str], extra: s
         if fn is None or fn.args.vararg or fn.args.posonlyargs or fn.args.kwonlyargs or fn.decorator_list:
             continue
         reads = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        reads |= set(re.findall(r"``(\w+)``", ast.get_docstring(fn) or ""))  # one its docstring names stays
         params = _signature(fn)
         unread = [i for i, p in enumerate(params) if i >= skip and p not in reads]
         kwarg_unread = fn.args.kwarg is not None and fn.args.kwarg.arg not in reads

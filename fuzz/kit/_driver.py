@@ -109,8 +109,10 @@ def _scheduled(scheduler, watch):
 
 
 def _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_ids, sending):
-    """update_from_output() with the model runner's output for ``fed``: what
-    it sampled, and the loads and sends the connector's worker reports."""
+    """update_from_output() with the model runner's output for ``fed``.
+
+    It carries what the runner sampled, and the loads and sends the
+    connector's worker reports."""
     connector_output = None
     if CONNECTOR:
         if recving or invalid_block_ids or sending:

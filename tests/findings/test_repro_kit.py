@@ -449,3 +449,11 @@ def test_a_sync_file_without_aborts_or_speculation_carries_none_of_their_code() 
     for gone in ("self.async_scheduling", "unfed_rejections", "_abort_during_step", "recving", "failed_loads", "**options",
                  "reset_preempted"):
         assert gone not in source, gone
+
+
+def test_a_parameter_the_docstring_names_stays() -> None:
+    from fuzz.repro_prune import unused_parameters
+
+    sources = {"f": 'def f(out, done):\n    """For each request of ``out``."""\n    return done',
+               "g": "def g(x):\n    return f(x, 1)"}
+    assert unused_parameters(sources, set(), extra="") == {}
