@@ -380,9 +380,8 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         ]),
         "SPECS": (None, ["SPECS = [", *[f"    {_spec_code(g)}," for g in draw.layout.groups], "]"]),
         "ROLES": (None, [
-            "# Per group, what it must hold of a request's local prefix: every block",
-            "# (must-cover), its state at the boundary (whole-state), nothing (scratch);",
-            "# 'windowed' groups skip old tokens (their window is not checked here).",
+            "# Per group, what it holds of a request's prefix: every block (must-cover), the state",
+            "# at the boundary (whole-state), nothing (scratch); 'windowed' (skips old tokens): unchecked.",
             f"ROLES = {_roles(log)!r}",
         ]),
         "READ_RULES": (None, [

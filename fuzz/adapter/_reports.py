@@ -108,7 +108,9 @@ class WorkerRecord:
         many of the previous step's drafts were accepted, counting them all;
         the V1 runner, which knows, moves the step back by the rejections
         (the scheduler rolls its count back when it is fed them)."""
-        return before[request_id] - sum(self.unfed_rejections.get(request_id, {}).values())
+        if self.unfed_rejections:  # only ever filled where the worker speculates
+            return before[request_id] - sum(self.unfed_rejections.get(request_id, {}).values())
+        return before[request_id]
 
     def rejected(self, request_id: str, step: int, count: int) -> None:
         """The worker rejected ``count`` of the drafts ``step`` scheduled for ``request_id``."""

@@ -110,6 +110,9 @@ def _make_scheduler(tmp_path):
     speculation = {}
     if SPECULATIVE_METHOD is not None:
         speculation = _speculative_config(tmp_path, model_config)
+    cache = {}
+    if PREFIX_MATCH_UNIT is not None:  # --prefix-match-unit: prefix-cache keys every PREFIX_MATCH_UNIT tokens
+        cache["prefix_match_unit"] = PREFIX_MATCH_UNIT
     transfer = {}
     if CONNECTOR:
         transfer = {
@@ -136,8 +139,8 @@ def _make_scheduler(tmp_path):
             block_size=BLOCK_SIZE,
             enable_prefix_caching=True,
             mamba_cache_mode="align",
-            prefix_match_unit=PREFIX_MATCH_UNIT,
             cache_dtype="auto",
+            **cache,
         ),
         device_config=DeviceConfig(device="cpu"),
         **speculation,
@@ -163,9 +166,12 @@ def _make_scheduler(tmp_path):
 
 
 def _make_request(request_id, token_ids, max_tokens, **options):
-    """A request decoding ``max_tokens`` tokens after ``token_ids``; ``options``:
+    """A request decoding ``max_tokens`` tokens after ``token_ids``.
+
+    Its options, each built only where the file's program uses it:
     skip_reading_prefix_cache, cache_salt, lora, embeds."""
-    sampling, extra = {}, {}
+    sampling = {}  # SamplingParams' options
+    extra = {}  # Request's
     if SKIPS_PREFIX_CACHE:
         # skip_reading_prefix_cache=True: the request must read no cached tokens.
         if options.get("skip_reading_prefix_cache"):

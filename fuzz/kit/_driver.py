@@ -93,10 +93,12 @@ def _scheduled(scheduler, watch):
         watch.hold(scheduler, out)
     watch.preempted_at.update(dict.fromkeys(out.preempted_req_ids or (), watch.step))
     if WATCH_PREEMPTED:
-        taken = {p[0] for p in watch.reset_preempted}
-        ids = [r for r in sorted(out.preempted_req_ids or ()) if r not in out.num_scheduled_tokens and r not in taken]
-        watch.preempted = watch.reset_preempted + _preempted_states(scheduler, ids)
-        watch.reset_preempted = []
+        ids = [r for r in sorted(out.preempted_req_ids or ()) if r not in out.num_scheduled_tokens]
+        watch.preempted = _preempted_states(scheduler, ids)
+        if watch.reset_preempted:  # a prefix-cache reset's come first, as the reset left them
+            taken = {p[0] for p in watch.reset_preempted}
+            watch.preempted = list(watch.reset_preempted) + [p for p in watch.preempted if p[0] not in taken]
+            watch.reset_preempted = []
     if CONNECTOR:
         watch.async_answers_seen = dict(scheduler.connector.async_answers)
     watch.seen |= set(scheduler.requests)
@@ -107,8 +109,10 @@ def _scheduled(scheduler, watch):
 
 
 def _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_ids, sending):
-    """update_from_output() with the model runner's output for ``fed``: what
-    it sampled, and the loads and sends the connector's worker reports."""
+    """update_from_output() with the model runner's output for ``fed``.
+
+    It carries what the runner sampled, and the loads and sends the
+    connector's worker reports."""
     connector_output = None
     if CONNECTOR:
         if recving or invalid_block_ids or sending:

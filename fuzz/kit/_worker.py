@@ -38,8 +38,10 @@ def _worker_done(out, watch):
 
 
 def _worker_sampled(watch, out, sampled):
-    """The worker knows the tokens it sampled as soon as it sampled them, and
-    the drafts it rejected (vLLM learns them when it is fed the output)."""
+    """The worker knows the tokens it sampled as soon as it sampled them.
+
+    With speculation, the drafts it rejected too (vLLM learns them when it
+    is fed the output)."""
     for rid, tokens in zip(out.num_scheduled_tokens, sampled):
         watch.worker.sampled(rid, tokens)
         if SPECULATIVE_METHOD is not None:

@@ -175,11 +175,11 @@ def test_a_record_nothing_reads_goes_with_every_store_into_it() -> None:
     attribute or string reads loses its stores (an if they empty keeps its
     test); one read by name, or stored by a call that may change something,
     stays."""
-    from fuzz.repro_source import _unread_records, _without_lines
+    from fuzz.repro_prune import unread_records, without_lines
 
     sources = {"W": _RECORDS.split("\n\ndef ")[0], "f": "def " + _RECORDS.split("\n\ndef ")[1]}
-    drops = _unread_records(sources, {"W"}, extra="")
-    kept = {name: _without_lines(source, drops.get(name, set())) for name, source in sources.items()}
+    drops = unread_records(sources, {"W"}, extra="")
+    kept = {name: without_lines(source, drops.get(name, set())) for name, source in sources.items()}
     assert kept["W"] == "class W:\n    def __init__(self):\n        self.kept = []\n        self.by_name = {}\n        self.costly = {}"
     assert kept["f"] == (
         "def f(watch, x):\n    watch.by_name.update(x=1)\n    watch.costly[x] = x.pop()\n    x.reset()\n"
@@ -188,10 +188,10 @@ def test_a_record_nothing_reads_goes_with_every_store_into_it() -> None:
 
 
 def test_a_local_nothing_reads_and_an_empty_splat_go() -> None:
-    from fuzz.repro_source import _without_unused_locals
+    from fuzz.repro_prune import without_unused_locals
 
     source = "def f(a):\n    x, y = a.b, {}\n    extra = {}\n    z = a.c()\n    return g(\n        1, **extra)\n"
-    assert _without_unused_locals(source) == "def f(a):\n    z = a.c()\n    return g(\n        1)"
+    assert without_unused_locals(source) == "def f(a):\n    z = a.c()\n    return g(\n        1)"
 
 
 @pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
@@ -406,3 +406,54 @@ def test_a_written_truncation_file_lints_clean(tmp_path: Path) -> None:
     result = _ruff(path)
     assert result.returncode == 0, result.stdout + result.stderr + source
     assert "def _lookup(" in source and "_per_group_hit" in source
+
+
+# --- records never filled, fields fixed, calls doing nothing, unused parameters ---
+
+
+def test_an_if_on_a_record_the_file_never_fills_is_decided() -> None:
+    """A record only ever stored empty, emptied or read (any owner) makes
+    ``if watch.x:`` false; one filled anywhere (the test too) does not."""
+    from fuzz.repro_prune import never_filled
+
+    sources = {"W": "class W:\n    def __init__(self):\n        self.a = []\n        self.b = []\n        self.c = {}",
+               "f": "def f(watch):\n    if watch.a:\n        watch.a.clear()\n    watch.b.append(1)\n    return len(watch.c)"}
+    assert never_filled(sources, {"W"}, extra="") == {"a", "c"}
+    assert never_filled(sources, {"W"}, extra="watch.c[1] = 2") == {"a"}
+    assert specialise(sources["f"], {"watch.a": ()}).startswith("def f(watch):\n    watch.b.append(1)")
+
+
+def test_a_field_set_from_constants_decides_its_ifs_and_unused_parameters_go() -> None:
+    from fuzz.repro_prune import calls_doing_nothing, constant_fields, unused_parameters
+
+    sources = {"R": "class R:\n    def __init__(self, fast=False):\n        self.fast = fast\n"
+                    "    def go(self, x):\n        if self.fast and x:\n            return 1\n        return 2",
+               "g": "def g(w, unused, extra=()):\n    r = R(fast=ASYNC)\n    idle(w)\n    return w\n",
+               "idle": 'def idle(w):\n    """Nothing."""'}
+    assert constant_fields(sources, {"R"}, "", {"ASYNC": False}) == {"R": {"self.fast": False}}
+    assert constant_fields(sources, {"R"}, "R(fast=True)", {"ASYNC": False}) == {}
+    assert calls_doing_nothing(sources) == {"g": {2}}
+    cut = unused_parameters(sources, {"R"}, extra="g(1, 2)")
+    assert cut == {"g": "def g(w, unused):\n    r = R(fast=ASYNC)\n    idle(w)\n    return w\n"}
+    passed = unused_parameters(sources, {"R"}, extra="g(1, 2, 3)")  # the test passes both: only idle's go
+    assert passed["g"].startswith("def g(w, unused, extra=()):") and passed["idle"] == 'def idle():\n    """Nothing."""'
+
+
+@pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
+def test_a_sync_file_without_aborts_or_speculation_carries_none_of_their_code() -> None:
+    """The worker's async and rejection branches, the abort hook and the
+    connector's unused parameters go from a sync file with no connector."""
+    log = _tiny_log(connector=False, divergent_hits=False)
+    source = scheduler_repro(log, invariant="preempted-resumable", target="t", seed=0, violation="")
+    assert source is not None
+    for gone in ("self.async_scheduling", "unfed_rejections", "_abort_during_step", "recving", "failed_loads", "**options",
+                 "reset_preempted"):
+        assert gone not in source, gone
+
+
+def test_a_parameter_the_docstring_names_stays() -> None:
+    from fuzz.repro_prune import unused_parameters
+
+    sources = {"f": 'def f(out, done):\n    """For each request of ``out``."""\n    return done',
+               "g": "def g(x):\n    return f(x, 1)"}
+    assert unused_parameters(sources, set(), extra="") == {}

@@ -249,7 +249,7 @@ PROMISE_BUGS = {
     # Async EAGLE: the drafter writes ahead of every step it drafts from.
     "lookahead_not_allocated": ("lookahead-allocated", "SPECULATIVE_METHOD = 'eagle'"),
     # A preemption: the file watches each preempted request right after schedule().
-    "preempt_keeps_computed_tokens": ("preempted-resumable", "watch.preempted = watch.reset_preempted + _preempted_states(scheduler, ids)"),
+    "preempt_keeps_computed_tokens": ("preempted-resumable", "watch.preempted = _preempted_states(scheduler, ids)"),
     # ... of a speculating request: the file speculates (ngram) and watches its drafts.
     "preempt_keeps_drafts": ("preempted-resumable", "SPECULATIVE_METHOD = 'ngram'"),
     # Async decoding past a sliding window: the file keeps the tables of the step in flight.
