@@ -88,6 +88,12 @@ def lora_identity(name: str) -> tuple[str, int, str]:
     return name, 1 + sum(map(ord, name)) % 1000, f"adapters/{name}"
 
 
+def _prefix(tokens: Sequence[int], n: int) -> tuple[int, ...] | None:
+    """The first ``n`` of ``tokens`` (what a state at ``n`` was computed
+    from), or None where they are not all known."""
+    return tuple(tokens[:n]) if len(tokens) >= n else None
+
+
 def records_state(rule: tuple[str, int], spec: Any, speculating: bool, cache_block_size: int) -> bool:
     """Whether a group of read ``rule`` and ``spec`` gets its states
     recorded: a recurrent-state group in align mode, in a configuration
@@ -275,7 +281,7 @@ class BlockContents:
             if block in failed or (held is not None and held[0] == FAILED_LOAD and end < (index + 1) * size):
                 self.states[block] = (FAILED_LOAD, step, None)
             else:
-                self.states[block] = (end, step, tuple(tokens[:end]) if len(tokens) >= end else None)
+                self.states[block] = (end, step, _prefix(tokens, end))
 
     def unread_states(self, request_id: str, start: int, tokens: Sequence[int] = ()
                       ) -> list[tuple[int, int, int, tuple[int, int, int | None] | None]]:
@@ -298,7 +304,7 @@ class BlockContents:
             held = self.states.get(block_id) if block_id != self.null_block_id else None
             if held is not None and held[0] == FAILED_LOAD:
                 continue
-            mine = tuple(tokens[:start]) if len(tokens) >= start else None
+            mine = _prefix(tokens, start)
             if held is None or held[0] != start or (mine is not None and held[2] is not None and held[2] != mine):
                 missing.append((group, block_id, start, None if held is None else (held[0], held[1], None)))
         return missing
@@ -315,9 +321,7 @@ class BlockContents:
                 if found is not None and found[1] < len(table) and table[found[1]] != self.null_block_id:
                     position = found[0]
                     self.changed.add(table[found[1]])
-                    self.states[table[found[1]]] = (
-                        position, step, tuple(tokens[:position]) if len(tokens) >= position else None
-                    )
+                    self.states[table[found[1]]] = (position, step, _prefix(tokens, position))
 
     def load(self, block_ids: Sequence[Sequence[int]], starts: Sequence[int], end: int, step: int,
              tokens: Sequence[int], failed: Iterable[int] = (), request_id: str | None = None) -> None:
