@@ -215,6 +215,7 @@ def _program(log: OpLog, broken: int, invariant: str) -> list[str]:
             salt = f", cache_salt={op.cache_salt!r}" if op.cache_salt else ""
             lora = f", lora={op.lora!r}" if op.lora else ""
             lora += f", embeds={op.embeds!r}" if op.embeds else ""
+            lora += f", mm={op.mm!r}" if op.mm else ""
             lines.append(
                 f'    scheduler.add_request(_make_request("{op.request_id}", {_const(op.request_id)}, '
                 f"max_tokens={op.max_tokens}{skip}{salt}{lora}))"
@@ -454,6 +455,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         # What _make_request builds only where some request asks for it.
         "CACHE_SALTS": (any(r.cache_salt for r in requests), []),
         "PROMPT_EMBEDS": (any(r.embeds for r in requests), []),
+        "MULTIMODAL": (images := max((n for r in requests for *_, n in r.mm), default=0), [f"MULTIMODAL = {images!r}"]),
         "SKIPS_PREFIX_CACHE": (any(r.skip_reading_prefix_cache for r in requests), []),
         "STORE": (None, [
             "",

@@ -44,7 +44,7 @@ def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None
             if isinstance(op, AddRequest):
                 harness.add_request(op.token_ids, max_tokens=op.max_tokens, reply=op.reply, request_id=op.request_id,
                                     skip_reading_prefix_cache=op.skip_reading_prefix_cache, cache_salt=op.cache_salt,
-                                    lora=op.lora, embeds=op.embeds)
+                                    lora=op.lora, embeds=op.embeds, mm=op.mm)
             elif isinstance(op, Abort):
                 if op.during_step or op.request_id in harness.live_request_ids:
                     harness.abort(op.request_id, during_step=op.during_step)

@@ -154,7 +154,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     _s("lookahead-allocated", prom.check_lookahead_allocated, "lookahead_not_allocated", watches="contents lookahead"),
     _s("in-flight-reads-held", prom.check_in_flight_reads_held, "window_frees_in_flight", watches="pool tables reads in-flight"),
     _s("hits-within-namespace", prom.check_hits_within_namespace, "cache_salt_not_hashed", "lora_not_hashed",
-       "embeds_not_hashed", watches="contents namespaces"),
+       "embeds_not_hashed", "mm_not_hashed", watches="contents namespaces"),
     _s("hits-after-reset", prom.check_hits_after_reset, "reset_keeps_index", watches="contents resets"),
     _s("events-replay-index", prom.check_events_replay_index, "eviction_announces_nothing", "reset_announces_nothing",
        watches="events"),

@@ -2,7 +2,7 @@
 (``fuzz/targets/target_scheduler.py``): its configurations (pools sized for
 several requests at once, prefill cadence, context length, KV events), the
 failing-load runs' one-group configurations, and the per-request draws its
-rules make (generation lengths, cache salts, pool pressure)."""
+rules make (generation lengths, cache salts, images, pool pressure)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ __all__ = [
     "drafting_pressures",
     "failing_load_configs",
     "generation_lengths",
+    "image_tokens",
+    "images",
     "machine_configs",
     "namespaces",
     "pressure_lengths",
@@ -52,6 +54,40 @@ def namespaces() -> st.SearchStrategy[tuple[str | None, str | None, str | None]]
     token ids, of one of two tags (requests of one tag may share cached KV,
     of two tags never). Drawn inside the range; shrinks to none."""
     return st.integers(0, len(_NAMESPACES) - 1).map(lambda k: _NAMESPACES[k])
+
+
+# The images a prompt may carry: two, so that requests sending the same
+# tokens may carry different ones at the same placeholder.
+_IMAGES = ("image-a", "image-b")
+
+
+def image_tokens(block: int) -> int:
+    """The placeholder length of every image on a machine of ``block``-token
+    scheduler blocks (an image's identifier fixes its size): half a block
+    and one more, so that an image at a block's middle straddles two."""
+    return block // 2 + 1
+
+
+def images(num_tokens: int, block: int) -> st.SearchStrategy[tuple[tuple[str, int, int], ...]]:
+    """The images a prompt of ``num_tokens`` tokens carries, (identifier,
+    placeholder offset, placeholder length) each, in prompt order: none in
+    three prompts of four; else one of the two images at the prompt's
+    start, one token in, mid-block or a block in, and in half of those a
+    second one up to a block after it, wherever they fit. Shrinks to none."""
+    length = image_tokens(block)
+    spots = sorted({at for at in (0, 1, block // 2, block) if at + length <= num_tokens})
+    if not spots:
+        return st.just(())
+
+    @st.composite
+    def placed(draw: st.DrawFn) -> tuple[tuple[str, int, int], ...]:
+        first = (draw(st.sampled_from(_IMAGES)), draw(st.sampled_from(spots)), length)
+        room = num_tokens - (first[1] + 2 * length)
+        if room < 0 or not draw(st.booleans()):
+            return (first,)
+        return first, (draw(st.sampled_from(_IMAGES)), first[1] + length + draw(st.integers(0, min(room, block))), length)
+
+    return st.integers(0, 3).flatmap(lambda k: placed() if k == 3 else st.just(()))
 
 
 def pressure_lengths(layout: LayoutDraw, free_ahead: int, cached: int) -> st.SearchStrategy[int]:

@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import inspect
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -36,6 +36,8 @@ __all__ = [
     "lora_kw",
     "prompt_embeds",
     "request_lora_kw",
+    "request_mm_kw",
+    "grant_encoder_budget",
     "eagle_drop_group_ids",
     "eagle_manager_kwargs",
     "flag_draft_groups",
@@ -323,6 +325,39 @@ def prompt_embeds(tag: str, num_tokens: int) -> Any:
     from fuzz.adapter._contents import prompt_embedding_rows
 
     return torch.tensor(prompt_embedding_rows(tag, num_tokens), dtype=torch.float32)
+
+
+def request_mm_kw(items: Sequence[tuple[str, int, int]]) -> dict[str, Any]:
+    """``Request`` keywords for a prompt carrying the multimodal ``items``
+    ((identifier, placeholder offset, placeholder length) each; none: no
+    keywords): one ``MultiModalFeatureSpec`` per item, with no data (the
+    scheduler reads only the identifier and the placeholder)."""
+    if not items:
+        return {}
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+    return {"mm_features": [
+        MultiModalFeatureSpec(data=None, modality="image", identifier=name,
+                              mm_position=PlaceholderRange(offset=offset, length=length))
+        for name, offset, length in items
+    ]}
+
+
+def grant_encoder_budget(scheduler: Any, item_tokens: int) -> None:
+    """Give ``scheduler`` the encoder budget a multimodal model's has, for
+    items of up to ``item_tokens`` placeholder tokens: vLLM's
+    ``MultiModalBudget`` sizes both the per-step encoder compute budget and
+    the encoder cache at no less than the batch's token budget or one item.
+    A text model's scheduler has none (no request could reach its first
+    placeholder); it is granted before the first multimodal request, while
+    the encoder cache is still unused, which is the state construction
+    leaves. Idempotent."""
+    from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
+
+    size = max(scheduler.scheduler_config.max_num_batched_tokens, item_tokens)
+    if getattr(scheduler, "max_num_encoder_input_tokens", 0) < size:
+        scheduler.max_num_encoder_input_tokens = size
+        scheduler.encoder_cache_manager = EncoderCacheManager(cache_size=size)
 
 
 def request_lora_kw(name: str | None) -> dict[str, Any]:

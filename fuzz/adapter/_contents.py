@@ -30,8 +30,9 @@ prefill checkpoint is written where the worker puts it (see
 group that has them is not recorded.
 
 Each block also keeps the namespace of the request that last wrote it: what
-vLLM folds into a block's hash besides the tokens (its cache salt), so that
-a hit can be held to the namespace it was cached under.
+vLLM folds into a block's hash besides the tokens (its cache salt, LoRA
+adapter, prompt embeddings, and the multimodal items placed before the
+block's end), so that a hit can be held to the namespace it was cached under.
 
 A block counts as written once the step that computes it has been handed
 to the runner: vLLM registers a block in its prefix cache in the
@@ -50,7 +51,7 @@ from typing import Any
 __all__ = [
     "COPIED_BEFORE_FILL", "COPIED_FROM_COPY", "FAILED_LOAD", "BlockContents", "KeyPrefixes", "all_entries_of",
     "checkpoint_params",
-    "entries_of", "lora_identity", "namespace_of", "prefill_checkpoint", "prompt_embedding_rows", "read_positions",
+    "entries_of", "lora_identity", "namespace_of", "namespace_within", "prefill_checkpoint", "prompt_embedding_rows", "read_positions",
     "records_state",
 ]
 
@@ -64,12 +65,25 @@ COPIED_FROM_COPY = -2  # the source was itself another copy's destination in the
 FAILED_LOAD = -3
 
 
-def namespace_of(cache_salt: str | None, lora: str | None, embeds: str | None = None) -> str:
+def namespace_of(cache_salt: str | None, lora: str | None, embeds: str | None = None,
+                 items: Iterable[tuple[str, int]] = ()) -> str:
     """A request's namespace: what vLLM folds into its blocks' hashes besides
     the tokens (its cache salt, its LoRA adapter, the prompt embeddings it
-    sends in place of token ids); "" for none."""
+    sends in place of token ids, and each multimodal item's identifier at
+    its placeholder's offset, one ``mm:identifier@offset`` part per item of
+    ``items``); "" for none."""
     parts = [*([cache_salt] if cache_salt else []), *([f"lora:{lora}"] if lora else [])]
-    return "+".join([*parts, *([f"embeds:{embeds}"] if embeds else [])])
+    parts += [*([f"embeds:{embeds}"] if embeds else []), *(f"mm:{i}@{o}" for i, o in sorted(items, key=lambda x: x[1]))]
+    return "+".join(parts)
+
+
+def namespace_within(namespace: str, end: int) -> str:
+    """The part of ``namespace`` that names a request's first ``end``
+    tokens: vLLM chains each block's hash on the one before, and folds a
+    multimodal item into every block its placeholder overlaps, so a prefix
+    stands under the items whose placeholders start before its end."""
+    parts = namespace.split("+") if namespace else []
+    return "+".join(p for p in parts if not p.startswith("mm:") or int(p.rsplit("@", 1)[1]) < end)
 
 
 def prompt_embedding_rows(tag: str, num_tokens: int, width: int = 4) -> list[list[float]]:
@@ -451,11 +465,14 @@ class BlockContents:
         return wrong
 
     def foreign_blocks(self, request_id: str, block_ids: Sequence[Sequence[int]],
-                       tables: Sequence[Sequence[int]] | None = None) -> list[tuple[int, int, str]]:
-        """Of ``block_ids`` (per group) that ``request_id`` adopts, each of a
-        recorded group last written for a request of another namespace:
-        (group, block id, that namespace). Blocks never written here (or a
-        request added without a namespace) are taken on trust. Only adopted
+                       tables: Sequence[Sequence[int]] | None = None, hit: int | None = None
+                       ) -> list[tuple[int, int, str]]:
+        """Of ``block_ids`` (per group, in table order) that ``request_id``
+        adopts as a hit of ``hit`` tokens (None: whole blocks), each of a
+        recorded group last written for a request of another namespace, as
+        far as the adopted prefix goes (:func:`namespace_within`): (group,
+        block id, that namespace). Blocks never written here (or a request
+        added without a namespace) are taken on trust. Only adopted
         blocks still in the request's block table after its allocation
         (``tables``, per group; default: the table the runner holds) count:
         a window group drops blocks it adopted below its window, and the
@@ -470,12 +487,15 @@ class BlockContents:
             if group >= len(self.per_position) or not self.per_position[group]:
                 continue
             held = set(tables[group]) if tables is not None and group < len(tables) else None
-            for block_id in ids:
+            for index, block_id in enumerate(ids):
                 if held is not None and block_id not in held:
                     continue
                 theirs = self.written_under.get(block_id)
-                if block_id != self.null_block_id and theirs is not None and theirs != mine:
-                    found.append((group, block_id, theirs))
+                end = (index + 1) * self.block_sizes[group]
+                end = end if hit is None else min(hit, end)
+                if block_id != self.null_block_id and theirs is not None and (
+                        namespace_within(theirs, end) != namespace_within(mine, end)):
+                    found.append((group, block_id, namespace_within(theirs, end)))
         return found
 
     def written_before(self, block_ids: Sequence[Sequence[int]], hit: int, step: int,

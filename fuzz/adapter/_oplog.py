@@ -97,7 +97,9 @@ def model_runner_output(fed: FedOutput) -> Any:
 def request_of(op: AddRequest, hash_block_size: int) -> Request:
     """The vLLM ``Request`` that ``op`` adds (the harness's and a replay's):
     ``SamplingParams.skip_reading_prefix_cache`` only when set (None is
-    vLLM's default), its cache salt and LoRA adapter; a request sending
+    vLLM's default), its cache salt, LoRA adapter and multimodal items
+    (the caller grants the scheduler an encoder budget first:
+    :func:`grant_budget_for`); a request sending
     prompt embeddings has no token ids and no skip."""
     return Request(
         request_id=op.request_id,
@@ -111,6 +113,7 @@ def request_of(op: AddRequest, hash_block_size: int) -> Request:
         block_hasher=get_request_block_hasher(hash_block_size, sha256),
         **({"cache_salt": op.cache_salt} if op.cache_salt else {}),
         **_compat.request_lora_kw(op.lora),
+        **_compat.request_mm_kw(op.mm),
     ) if op.embeds is None else Request(
         request_id=op.request_id,
         prompt_token_ids=None,
@@ -121,6 +124,13 @@ def request_of(op: AddRequest, hash_block_size: int) -> Request:
         **({"cache_salt": op.cache_salt} if op.cache_salt else {}),
         **_compat.request_lora_kw(op.lora),
     )
+
+
+def grant_budget_for(scheduler: Any, op: AddRequest) -> None:
+    """Before ``op``'s request reaches ``scheduler``: the encoder budget its
+    multimodal items need (none for a text-only request)."""
+    if op.mm:
+        _compat.grant_encoder_budget(scheduler, max(length for *_, length in op.mm))
 
 
 def replay_oplog(log: OpLog) -> list[ScheduledOutput | None]:
@@ -137,6 +147,7 @@ def replay_oplog(log: OpLog) -> list[ScheduledOutput | None]:
         if isinstance(op, AddRequest):
             if op.reply is not None:
                 script.replies[op.request_id] = op.reply
+            grant_budget_for(sched, op)
             sched.add_request(request_of(op, built.hash_block_size))
         elif isinstance(op, Abort) and op.during_step:  # applied inside the next step
             during.append(op.request_id)

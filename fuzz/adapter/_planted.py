@@ -608,6 +608,12 @@ _FUNCTION_EDITS: dict[str, tuple[str, tuple[str, str], tuple[tuple[str, str], ..
         ("vllm.v1.core.kv_cache_utils", "_gen_prompt_embeds_extra_hash_keys"),
         (("if request.prompt_embeds is None:", "if True:"),),
     ),
+    "mm_not_hashed": (
+        "_gen_mm_extra_hash_keys gives no extra keys for a request's multimodal items: "
+        "prompts whose placeholders hold different images share prefix-cache entries",
+        ("vllm.v1.core.kv_cache_utils", "_gen_mm_extra_hash_keys"),
+        (("if not mm_features:", "if True:"),),
+    ),
     "lora_not_hashed": (
         "_gen_lora_extra_hash_keys gives no extra keys for a request's LoRA adapter: requests "
         "under an adapter share prefix-cache entries with the base model's and other adapters'",

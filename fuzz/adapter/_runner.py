@@ -189,7 +189,8 @@ class ScriptedRunner:
                 continue
             mine = self.contents.namespaces.get(adm.request_id, "")
             held = adm.block_table or None
-            for group, block_id, theirs in self.contents.foreign_blocks(adm.request_id, adm.alloc_local_blocks, held):
+            for group, block_id, theirs in self.contents.foreign_blocks(
+                    adm.request_id, adm.alloc_local_blocks, held, adm.alloc_local_tokens):
                 found.append(ForeignHit(adm.request_id, mine, group, block_id, theirs))
         return tuple(found)
 

@@ -211,13 +211,14 @@ class SchedulerHarness:
         cache_salt: str | None = None,
         lora: str | None = None,
         embeds: str | None = None,
+        mm: Sequence[tuple[str, int, int]] = (),
     ) -> str:
         """Add a request; ``skip_reading_prefix_cache`` sets that
         ``SamplingParams`` field (a release without it gets a plain request,
         recorded as such); ``cache_salt`` is the request's (a tenant's);
         ``lora`` the LoRA adapter it runs under; ``embeds`` the tag of the
         prompt embeddings it sends instead of ``tokens`` (only their number
-        counts: vLLM records zeros)."""
+        counts: vLLM records zeros); ``mm`` its multimodal items (AddRequest.mm)."""
         limit = self.max_model_len
         if not 0 < len(tokens) < limit:
             # EngineCore never sees such a prompt: vLLM's input processor
@@ -229,13 +230,14 @@ class SchedulerHarness:
             tokens, skip_reading_prefix_cache = [0] * len(tokens), False
         skip = skip_reading_prefix_cache and _compat.HAS_SKIP_READING_PREFIX_CACHE
         op = AddRequest(rid, tuple(tokens), max_tokens, reply, self.step_index, skip_reading_prefix_cache=skip,
-                        cache_salt=cache_salt or None, lora=lora, embeds=embeds)
+                        cache_salt=cache_salt or None, lora=lora, embeds=embeds, mm=tuple(mm))
+        _oplog.grant_budget_for(self.scheduler, op)
         req = _oplog.request_of(op, self.hash_block_size)
         if reply is not None:
             self.script.replies[rid] = reply
         self._requests[rid] = req
         self.worker.add(rid, tokens)
-        self.contents.namespaces[rid] = namespace_of(cache_salt, lora, embeds)
+        self.contents.namespaces[rid] = namespace_of(cache_salt, lora, embeds, [(i, at) for i, at, _ in mm])
         if skip:
             self.observer.skips.add(rid)
         self.oplog.ops.append(op)

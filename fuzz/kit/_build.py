@@ -24,8 +24,10 @@ from vllm.config import (
     VllmConfig,
 )
 from vllm.lora.request import LoRARequest
+from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
+from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
 from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config, get_request_block_hasher
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.request import Request
@@ -49,6 +51,7 @@ from fuzz.kit._params import (
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
     MODEL_CONFIG,
+    MULTIMODAL,
     NUM_BLOCKS,
     NUM_SPECULATIVE_TOKENS,
     PREFILL_SCHEDULE_INTERVAL,
@@ -155,7 +158,7 @@ def _make_scheduler(tmp_path):
         # --kv-events-config: the block pool queues KV events and
         # update_from_output() hands each step's batch to the publisher.
         vllm_config.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
-    return vllm_config.scheduler_config.get_scheduler_cls()(  # as EngineCore: AsyncScheduler if async
+    scheduler = vllm_config.scheduler_config.get_scheduler_cls()(  # as EngineCore: AsyncScheduler if async
         vllm_config=vllm_config,
         kv_cache_config=_make_kv_cache_config(),
         structured_output_manager=StructuredOutputManager(vllm_config),
@@ -163,13 +166,21 @@ def _make_scheduler(tmp_path):
         hash_block_size=HASH_BLOCK_SIZE,
         log_stats=False,
     )
+    if MULTIMODAL:
+        # A multimodal model's encoder budget and cache (a text model's
+        # scheduler has none): at least the batch's tokens or one item, as
+        # vLLM's MultiModalBudget sizes them.
+        size = max(MAX_NUM_BATCHED_TOKENS, MULTIMODAL)
+        scheduler.max_num_encoder_input_tokens = size
+        scheduler.encoder_cache_manager = EncoderCacheManager(cache_size=size)
+    return scheduler
 
 
 def _make_request(request_id, token_ids, max_tokens, **options):
     """A request decoding ``max_tokens`` tokens after ``token_ids``.
 
     Its options, each built only where the file's program uses it:
-    skip_reading_prefix_cache, cache_salt, lora, embeds."""
+    skip_reading_prefix_cache, cache_salt, lora, embeds, mm."""
     sampling = {}  # SamplingParams' options
     extra = {}  # Request's
     if SKIPS_PREFIX_CACHE:
@@ -183,6 +194,14 @@ def _make_request(request_id, token_ids, max_tokens, **options):
         # lora: the adapter it runs under; vLLM folds its name and path into every block's hash.
         if options.get("lora") is not None:
             extra["lora_request"] = LoRARequest(*lora_identity(options["lora"]))
+    if MULTIMODAL:
+        # mm: its images, (identifier, placeholder offset, placeholder length)
+        # each; vLLM folds each identifier into every block its placeholder overlaps.
+        extra["mm_features"] = [
+            MultiModalFeatureSpec(data=None, modality="image", identifier=name,
+                                  mm_position=PlaceholderRange(offset=offset, length=length))
+            for name, offset, length in options.get("mm", ())
+        ]
     if PROMPT_EMBEDS:
         # embeds: the tag of the prompt embeddings it sends instead of token ids
         # (token_ids then only count them); vLLM hashes each block's slice.

@@ -17,9 +17,10 @@ def _check_hits_within_namespace(scheduler, out, watch, step):
     """Isolation: every block a request adopts from the prefix cache as
     computed (the local blocks handed to allocate_slots) was last written
     for a request of the same namespace: the same cache_salt, LoRA adapter
-    and prompt embeddings (none is a namespace of its own). vLLM folds them
-    into the block hashes, and every later hash chains on them, so no
-    lookup may cross namespaces."""
+    and prompt embeddings (none is a namespace of its own), and the same
+    images placed in the adopted prefix. vLLM folds them into the block
+    hashes, and every later hash chains on them, so no lookup may cross
+    namespaces."""
     hits = [
         f"request {rid} (namespace {mine!r}) adopted block {block} of group {g} {type(SPECS[g]).__name__} "
         f"(block_size={SPECS[g].block_size}) as computed (adopted {watch.admissions[rid]['adopted'][g]}), last "
@@ -28,7 +29,7 @@ def _check_hits_within_namespace(scheduler, out, watch, step):
     ]
     assert not hits, (
         f"step {step}: a prefix-cache hit crosses namespaces (cache_salt, 'lora:' adapter, 'embeds:' prompt "
-        f"embeddings; '' for none): " + "; ".join(hits)
+        f"embeddings, 'mm:' image@placeholder offset, as far as the hit reaches; '' for none): " + "; ".join(hits)
         + f"; a tenant is served another tenant's KV; groups: {_describe_groups()}"
     )
 

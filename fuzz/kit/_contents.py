@@ -55,12 +55,13 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
     the prefix-cache entries ahead of their blocks' contents, and those
     naming blocks that hold other KV."""
     contents, tokens = watch.contents, watch.worker.tokens
-    if WATCH_NAMESPACES:  # each request's namespace: its cache salt, LoRA adapter, embeddings ("" for none)
+    if WATCH_NAMESPACES:  # each request's namespace: cache salt, LoRA adapter, embeddings, images ("" for none)
         for rid, request in scheduler.requests.items():
             lora = request.lora_request.lora_name if request.lora_request else None
             # Two embeddings tags differ at every position: the first row names them.
             embeds = None if request.prompt_embeds is None else repr(request.prompt_embeds[0].tolist())
-            contents.namespaces.setdefault(rid, namespace_of(request.cache_salt, lora, embeds))
+            items = [(f.identifier, f.mm_position.offset) for f in request.mm_features or ()]
+            contents.namespaces.setdefault(rid, namespace_of(request.cache_salt, lora, embeds, items))
     contents.forget(out.finished_req_ids or ())
     contents.take_tables(out)
     if WATCH_LOOKAHEAD:
@@ -96,7 +97,7 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
             (rid, contents.namespaces.get(rid, ""), *hit)
             for rid, adm in watch.admissions.items()
             if adm.get("adopted") is not None
-            for hit in contents.foreign_blocks(rid, adm["adopted"], adm.get("table"))
+            for hit in contents.foreign_blocks(rid, adm["adopted"], adm.get("table"), adm.get("local"))
         ]
     if WATCH_RESETS:  # after the step's forward pass, as for namespaces
         watch.across_reset = [

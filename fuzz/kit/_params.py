@@ -54,6 +54,9 @@ MAX_LORAS = 0
 # skips reading the prefix cache (_make_request's options).
 CACHE_SALTS = False
 PROMPT_EMBEDS = False
+# The longest multimodal item's placeholder, where some request carries
+# one (the scheduler gets an encoder budget); 0: none does.
+MULTIMODAL = 0
 SKIPS_PREFIX_CACHE = False
 # The external store, per request (see ScriptedConnector).
 STORE: dict[str, Any] = {}

@@ -189,25 +189,28 @@ class MissingLookahead:
 @dataclasses.dataclass(frozen=True)
 class ForeignHit:
     """A block a request adopted from the prefix cache that was written for
-    a request of another namespace (cache salt, LoRA adapter): the hit
-    crosses tenants or adapters."""
+    a request of another namespace (cache salt, LoRA adapter, prompt
+    embeddings, or the multimodal items placed in the adopted prefix): the
+    hit crosses tenants, adapters or inputs."""
 
     request_id: str
     namespace: str  # the adopting request's ("" for none; see fuzz.adapter._contents.namespace_of)
     group: int
     block_id: int
-    written_under: str  # the namespace of the request that wrote the block
+    written_under: str  # the namespace of the request that wrote the block (as far as the hit adopts it)
 
     def describe(self) -> str:
         def salt(s: str) -> str:
             parts = s.split("+") if s else []
-            salts = [p for p in parts if not p.startswith(("lora:", "embeds:"))]
+            salts = [p for p in parts if not p.startswith(("lora:", "embeds:", "mm:"))]
             loras = [p.removeprefix("lora:") for p in parts if p.startswith("lora:")]
             embeds = [p.removeprefix("embeds:") for p in parts if p.startswith("embeds:")]
+            items = [p.removeprefix("mm:").rsplit("@", 1) for p in parts if p.startswith("mm:")]
             return ", ".join(
                 [f"cache_salt={salts[0]!r}" if salts else "no cache_salt"]
                 + [f"LoRA adapter {name!r}" for name in loras]
                 + [f"prompt embeddings {tag!r}" for tag in embeds]
+                + [f"multimodal item {name!r} at position {at}" for name, at in items]
             )
 
         return (

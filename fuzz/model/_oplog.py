@@ -82,6 +82,11 @@ class AddRequest:
     # vLLM hashes each block's slice into its key); token_ids are then the
     # zeros vLLM records for such a prompt. None: token ids.
     embeds: str | None = None
+    # The multimodal items its prompt carries, (identifier, placeholder
+    # offset, placeholder length) each, in prompt order (fuzz.adapter's
+    # mm_features builds them; vLLM folds each identifier, with its offset in
+    # the block, into the hash of every block its placeholder overlaps).
+    mm: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

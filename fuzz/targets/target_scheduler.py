@@ -58,6 +58,7 @@ from strategies.machine import (
     namespaces,
     failing_load_configs,
     generation_lengths,
+    images,
     machine_configs,
     pressure_lengths,
 )
@@ -309,14 +310,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         # One request in eight skips the prefix cache its predecessors filled.
         skip = data.draw(prefix_cache_skips(), label="skip_reading_prefix_cache")
         salt, lora, embeds = data.draw(namespaces(), label="cache_salt, lora, prompt embeddings")
+        mm = () if embeds else data.draw(images(len(tokens), self.block), label="images")
         rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply, skip_reading_prefix_cache=skip,
-                                       cache_salt=salt, lora=lora, embeds=embeds)
+                                       cache_salt=salt, lora=lora, embeds=embeds, mm=mm)
         note(
             f"add_request({rid}, shared[:{cut}] + {own} own, max_tokens={max_tokens}, ext={reply!r}"
             + (", skip_reading_prefix_cache=True" if skip else "")
             + (f", cache_salt={salt!r}" if salt else "")
             + (f", lora={lora!r}" if lora else "")
             + (f", embeds={embeds!r}" if embeds else "")
+            + (f", mm={mm!r}" if mm else "")
             + ")"
         )
 

@@ -236,6 +236,8 @@ PROMISE_BUGS = {
     "lora_not_hashed": ("hits-within-namespace", "lora='adapter-b'"),
     # Requests sending prompt embeddings: the file builds them from their tag.
     "embeds_not_hashed": ("hits-within-namespace", "embeds='embeds-b'"),
+    # Requests carrying images: the file builds their features and the encoder budget.
+    "mm_not_hashed": ("hits-within-namespace", "mm=(('image-b', 2, 6),)"),
     # KV events on: the scheduler's block pool queues them.
     "eviction_announces_nothing": (
         "events-replay-index", "KVEventsConfig(enable_kv_cache_events=True, publisher=\"null\")"

@@ -10,8 +10,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from fuzz.adapter._contents import (
-    COPIED_BEFORE_FILL, COPIED_FROM_COPY, FAILED_LOAD, BlockContents, checkpoint_params, prefill_checkpoint,
-    read_positions, records_state,
+    COPIED_BEFORE_FILL, COPIED_FROM_COPY, FAILED_LOAD, BlockContents, checkpoint_params, namespace_of,
+    namespace_within, prefill_checkpoint, read_positions, records_state,
 )
 
 NULL = 0
@@ -216,6 +216,34 @@ def test_an_adopted_block_the_request_no_longer_holds_is_not_foreign() -> None:
     # A block the request keeps is judged.
     contents.written_under[6] = "tenant-b"
     assert contents.foreign_blocks("r4", adopted, [[0, 0, 6, 0, 8, 9]]) == [(0, 6, "tenant-b")]
+
+
+def test_an_image_is_a_namespace_from_its_placeholder_on() -> None:
+    """vLLM folds an image into the hash of every block its placeholder
+    overlaps and chains the rest on it: a prefix ending at or before the
+    placeholder's start stands under no image, one past it under the image."""
+    ns = namespace_of("tenant-a", None, None, [("image-b", 9), ("image-a", 2)])
+    assert ns == "tenant-a+mm:image-a@2+mm:image-b@9"
+    assert namespace_within(ns, 2) == "tenant-a"
+    assert namespace_within(ns, 3) == "tenant-a+mm:image-a@2"
+    assert namespace_within(ns, 10) == ns
+
+
+def test_a_hit_is_judged_by_the_images_placed_before_its_end() -> None:
+    """r0 wrote blocks 5 and 6 (4 tokens each) with an image at position 6;
+    r1 sends the same tokens without it. A hit of 4 tokens (block 5) reads
+    nothing of the image and crosses no namespace; a partial hit of 6
+    tokens that adopts block 6 ends at the placeholder and crosses none
+    either; a hit of 8 reads the image's first positions and crosses."""
+    contents = BlockContents([4], [True], null_block_id=0)
+    contents.namespaces.update({"r0": namespace_of(None, None, None, [("image-a", 6)]), "r1": ""})
+    contents.tables["r0"] = [[5, 6]]
+    contents.write("r0", 0, 8, 1, list(range(8)))
+    assert contents.foreign_blocks("r1", [[5]], hit=4) == []
+    assert contents.foreign_blocks("r1", [[5, 6]], hit=6) == []
+    assert contents.foreign_blocks("r1", [[5, 6]], hit=8) == [(0, 6, "mm:image-a@6")]
+    # Whole blocks when the hit is not known.
+    assert contents.foreign_blocks("r1", [[5, 6]]) == [(0, 6, "mm:image-a@6")]
 
 
 def test_a_block_a_same_step_load_refills_is_judged_by_its_new_writer() -> None:

@@ -311,6 +311,23 @@ def embeddings_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def images_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """One 13-token prompt with an image at positions 2 to 7, sent with
+    image a, then image b, then image a again, then with no image, one after
+    another: only the third may hit (3 blocks of 4 tokens), and does; the
+    encoder budget the multimodal requests need comes with them."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17)
+    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2))
+    run = Stepper(harness, checks)
+    hits = []
+    for image in ("image-a", "image-b", "image-a", None):
+        rid = harness.add_request(range(13), max_tokens=2, mm=((image, 2, 6),) if image else ())
+        hits += [a.local_hit for a in run.step().admissions if a.request_id == rid]
+        run.drain()
+    assert hits == [0, 0, 12, 0], hits
+    return run
+
+
 def _repeated_local_prompt(local: SpecDraw, kind: str) -> Callable[[tuple[Callable[..., None], ...]], Stepper]:
     def run(checks: tuple[Callable[..., None], ...]) -> Stepper:
         layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), local), hash_block_size=4, num_blocks=33)
@@ -433,6 +450,7 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
     (check_hits_within_namespace, "hits-within-namespace", "cache_salt_not_hashed", tenants_run, None),
     (check_hits_within_namespace, "hits-within-namespace", "lora_not_hashed", adapters_run, None),
     (check_hits_within_namespace, "hits-within-namespace", "embeds_not_hashed", embeddings_run, None),
+    (check_hits_within_namespace, "hits-within-namespace", "mm_not_hashed", images_run, None),
     (check_hits_after_reset, "hits-after-reset", "reset_keeps_index", reset_run, None),
     (check_lookahead_allocated, "lookahead-allocated", "lookahead_not_allocated", eagle_run, None),
     (check_in_flight_reads_held, "in-flight-reads-held", "window_frees_in_flight", windowed_decoding_run, None),

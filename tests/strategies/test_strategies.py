@@ -170,3 +170,26 @@ def test_a_planted_bug_shrinks_to_the_minimal_hybrid_layout(seed: int) -> None:
     kinds = [(g.kind, g.block_size) for g in minimal.layout.groups]
     assert kinds == [("FullAttentionSpec", 1), ("MambaSpec", 1)], f"seed {seed}: shrank to {minimal!r}"
     assert len(minimal.prompts) == 1, f"seed {seed}: shrank to {minimal!r}"
+
+
+@given(num_tokens=st.integers(1, 80), block=st.integers(1, 20), data=st.data())
+def test_drawn_images_fit_their_prompt_in_order(num_tokens: int, block: int, data: st.DataObject) -> None:
+    from strategies.machine import image_tokens, images
+
+    drawn = data.draw(images(num_tokens, block))
+    assert len(drawn) <= 2, drawn
+    end = 0
+    for name, offset, length in drawn:
+        assert name in ("image-a", "image-b") and length == image_tokens(block), drawn
+        assert end <= offset and offset + length <= num_tokens, (num_tokens, drawn)
+        end = offset + length
+
+
+def test_images_shrink_to_none_and_are_drawn_where_they_fit() -> None:
+    from hypothesis import find
+
+    from strategies.machine import images
+
+    assert find(images(20, 4), lambda _: True) == ()
+    assert find(images(20, 4), bool) == (("image-a", 0, 3),)
+    assert find(images(2, 4), lambda _: True) == ()  # a 3-token image fits nowhere in 2 tokens
