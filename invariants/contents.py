@@ -9,6 +9,7 @@ blocks without their contents, and is reported by that claim.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from fuzz.model import InvariantViolation, StepObservation
@@ -102,39 +103,64 @@ def check_reads_written(step: StepObservation) -> None:
     loaded by a synchronous load that did not fail, or by an async load
     reported landed (fuzz/adapter/_contents.py). A position it lacks is
     read as whatever the block holds: a local or external hit adopted a
-    block that was never filled, or whose load is still in flight."""
-    if not step.unwritten_reads:
-        return
-    reads = step.unwritten_reads
-    state, where = _contents_blame(reads, UNWRITTEN_READ)
+    block that was never filled, or whose load is still in flight.
+
+    One violation per cause (:func:`_read_cause`): a step showing two known
+    bugs at once is two known bugs, and one showing a known bug beside an
+    unexplained read still reports the unexplained one."""
+    for violation in _reads_violations(step):
+        raise violation
+
+
+def _read_cause(step: StepObservation, read: Any) -> tuple[str, str]:
+    """(state, where) of one unwritten read."""
+    state, where = _contents_blame((read,), UNWRITTEN_READ)
+    if state != UNWRITTEN_READ:
+        return state, where
     # The request's recompute after a whole-prompt async load landed, or
     # after a failed synchronous load rolled it back (the ownership model
     # blames the same two places for what the request reads).
-    if state == UNWRITTEN_READ and all(r.after_whole_prompt_load for r in reads):
-        state, where = UNWRITTEN_READ_AFTER_WHOLE_LOAD, "Scheduler._update_waiting_for_remote_kv"
-    elif state == UNWRITTEN_READ and all(r.request_id in step.rolled_back_in_flight for r in reads):
+    if read.after_whole_prompt_load:
+        return UNWRITTEN_READ_AFTER_WHOLE_LOAD, "Scheduler._update_waiting_for_remote_kv"
+    if read.request_id in step.rolled_back_in_flight:
         # ... rolled back past the load's end, over a step in flight (async).
-        state, where = UNWRITTEN_READ_AFTER_ROLLBACK_IN_FLIGHT, "Scheduler._update_requests_with_invalid_blocks"
-    elif state == UNWRITTEN_READ and all(r.request_id in step.rolled_back for r in reads):
-        state, where = UNWRITTEN_READ_AFTER_ROLLBACK, "Scheduler._update_requests_with_invalid_blocks"
+        return UNWRITTEN_READ_AFTER_ROLLBACK_IN_FLIGHT, "Scheduler._update_requests_with_invalid_blocks"
+    if read.request_id in step.rolled_back:
+        return UNWRITTEN_READ_AFTER_ROLLBACK, "Scheduler._update_requests_with_invalid_blocks"
     # KV computed from the token the runner kept after a failed-load
     # recompute (the output placeholder kv-matches-tokens blames), read later.
-    elif state == UNWRITTEN_READ and all(r.recomputed_failed_load and r.other_tokens_only for r in reads):
-        state, where = READ_OTHER_TOKENS_AFTER_FAILED_LOAD, _PLACEHOLDERS
+    if read.recomputed_failed_load and read.other_tokens_only:
+        return READ_OTHER_TOKENS_AFTER_FAILED_LOAD, _PLACEHOLDERS
     # A Mamba state from before the boundary the request resumes at: a
     # prefill chunk ran past that boundary and left the block behind.
-    elif state == UNWRITTEN_READ and all(r.earlier_state for r in reads):
-        state, where = MAMBA_EARLIER_STATE, _MAMBA_SPLIT
-    kinds = {r.group_kind for r in reads}
-    raise InvariantViolation(
-        "reads-written",
-        "\n".join(r.describe() for r in reads)
-        + f"\n{step.describe()}"
-        + (f"\n  scenario: {step.context}" if step.context else ""),
-        where=where,
-        state=state,
-        group_kind=kinds.pop() if len(kinds) == 1 else None,
-    )
+    if read.earlier_state:
+        return MAMBA_EARLIER_STATE, _MAMBA_SPLIT
+    return state, where
+
+
+def _by_cause(found: Sequence[Any], cause: Callable[[Any], tuple[str, str]]) -> dict[tuple[str, str], list[Any]]:
+    """``found`` grouped by ``cause``, in the order the causes first appear."""
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for f in found:
+        groups.setdefault(cause(f), []).append(f)
+    return groups
+
+
+def _reads_violations(step: StepObservation) -> Iterator[InvariantViolation]:
+    for (state, where), reads in _by_cause(step.unwritten_reads, lambda r: _read_cause(step, r)).items():
+        kinds = {r.group_kind for r in reads}
+        yield InvariantViolation(
+            "reads-written",
+            "\n".join(r.describe() for r in reads)
+            + f"\n{step.describe()}"
+            + (f"\n  scenario: {step.context}" if step.context else ""),
+            where=where,
+            state=state,
+            group_kind=kinds.pop() if len(kinds) == 1 else None,
+        )
+
+
+check_reads_written.violations = _reads_violations  # type: ignore[attr-defined]
 
 
 def check_index_written(step: StepObservation) -> None:
@@ -145,20 +171,31 @@ def check_index_written(step: StepObservation) -> None:
     that fills it (that step runs before any later reader on the device);
     an async load fills its blocks only when the worker reports it landed,
     and a failed load fills nothing. An entry ahead of its contents serves
-    the next hit garbage."""
-    if not step.unbacked_entries:
-        return
-    state, where = _contents_blame(step.unbacked_entries, UNBACKED_ENTRY)
-    if state == UNBACKED_ENTRY and all(e.earlier_state for e in step.unbacked_entries):
-        state, where = MAMBA_EARLIER_STATE, _MAMBA_SPLIT
-    raise InvariantViolation(
-        "index-written",
-        "\n".join(e.describe() for e in step.unbacked_entries)
-        + f"\n{step.describe()}"
-        + (f"\n  scenario: {step.context}" if step.context else ""),
-        where=where,
-        state=state,
-    )
+    the next hit garbage. One violation per cause, as for reads-written."""
+    for violation in _entries_violations(step):
+        raise violation
+
+
+def _entry_cause(entry: Any) -> tuple[str, str]:
+    state, where = _contents_blame((entry,), UNBACKED_ENTRY)
+    if state == UNBACKED_ENTRY and entry.earlier_state:
+        return MAMBA_EARLIER_STATE, _MAMBA_SPLIT
+    return state, where
+
+
+def _entries_violations(step: StepObservation) -> Iterator[InvariantViolation]:
+    for (state, where), entries in _by_cause(step.unbacked_entries, _entry_cause).items():
+        yield InvariantViolation(
+            "index-written",
+            "\n".join(e.describe() for e in entries)
+            + f"\n{step.describe()}"
+            + (f"\n  scenario: {step.context}" if step.context else ""),
+            where=where,
+            state=state,
+        )
+
+
+check_index_written.violations = _entries_violations  # type: ignore[attr-defined]
 
 
 def check_index_names_its_prefix(step: StepObservation) -> None:
