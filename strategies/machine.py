@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 
 from hypothesis import strategies as st
 
@@ -30,6 +31,7 @@ __all__ = [
     "generation_lengths",
     "image_tokens",
     "images",
+    "prefix_image",
     "machine_configs",
     "namespaces",
     "pressure_lengths",
@@ -68,26 +70,29 @@ def image_tokens(block: int) -> int:
     return block // 2 + 1
 
 
-def images(num_tokens: int, block: int) -> st.SearchStrategy[tuple[tuple[str, int, int], ...]]:
+def images(num_tokens: int, block: int, anchored: int | None = None
+           ) -> st.SearchStrategy[tuple[tuple[str, int, int], ...]]:
     """The images a prompt of ``num_tokens`` tokens carries, (identifier,
-    placeholder offset, placeholder length) each, in prompt order: none in
-    three prompts of four; else one of the two images at the prompt's
-    start, one token in, mid-block or a block in, and in half of those a
-    second one up to a block after it, wherever they fit. Shrinks to none."""
+    placeholder offset, placeholder length) each: on a shared prefix that
+    carries an image at ``anchored`` (the offset; None: none) inside the
+    prompt, that image in half the prompts, the other image at the same
+    placeholder in a quarter (the same tokens, another picture), and none
+    in a quarter (the same tokens as text). No draw is made for a prompt
+    without one, so the rest of a run's choices are as they were. Shrinks
+    to the prefix's image."""
     length = image_tokens(block)
-    spots = sorted({at for at in (0, 1, block // 2, block) if at + length <= num_tokens})
-    if not spots:
+    if anchored is None or anchored + length > num_tokens:
         return st.just(())
+    return st.integers(0, 3).map(lambda k: () if k == 3 else ((_IMAGES[k // 2], anchored, length),))
 
-    @st.composite
-    def placed(draw: st.DrawFn) -> tuple[tuple[str, int, int], ...]:
-        first = (draw(st.sampled_from(_IMAGES)), draw(st.sampled_from(spots)), length)
-        room = num_tokens - (first[1] + 2 * length)
-        if room < 0 or not draw(st.booleans()):
-            return (first,)
-        return first, (draw(st.sampled_from(_IMAGES)), first[1] + length + draw(st.integers(0, min(room, block))), length)
 
-    return st.integers(0, 3).flatmap(lambda k: placed() if k == 3 else st.just(()))
+def prefix_image(prefix: Sequence[int], block: int) -> int | None:
+    """Where a shared prefix carries an image (the placeholder's offset), or
+    None: one prefix in four does, by its first token (a conversation whose
+    turns share a picture), at one token in, mid-block or a block in."""
+    if not prefix or prefix[0] % 4 != 3:
+        return None
+    return (1, block // 2, block)[(prefix[0] // 4) % 3]
 
 
 def pressure_lengths(layout: LayoutDraw, free_ahead: int, cached: int) -> st.SearchStrategy[int]:

@@ -58,8 +58,10 @@ from strategies.machine import (
     namespaces,
     failing_load_configs,
     generation_lengths,
+    image_tokens,
     images,
     machine_configs,
+    prefix_image,
     pressure_lengths,
 )
 from strategies.scheduler import external_replies, prefix_cache_skips, scheduler_draws, scheduler_layouts
@@ -158,6 +160,9 @@ DRAFTS_PREEMPTED = "request holding drafts preempted"
 # and of one whose reset preempted the running requests first.
 CACHE_RESET = "prefix cache reset"
 RUNNING_RESET = "prefix cache reset with running requests preempted"
+# The label of a run where a request carrying an image adopted cached KV
+# past its first image's placeholder start (the hit the images' keys guard).
+IMAGE_HIT = "hit past an image's placeholder start"
 
 # Per state-machine run: how many runs reached each branch label ("runs" = total).
 MACHINE_REACH: Counter[str] = Counter()
@@ -193,6 +198,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.stepper: Stepper | None = None  # None: vLLM refused the config
         self.salt = 0
         self.labels: set[str] = set()  # branch labels reached in this run
+        self.first_image: dict[str, int] = {}  # request id -> its first image's placeholder offset
         self.drafts_preempted = 0  # preemptions of a request holding drafts
 
     # -- set-up ---------------------------------------------------------------
@@ -310,9 +316,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         # One request in eight skips the prefix cache its predecessors filled.
         skip = data.draw(prefix_cache_skips(), label="skip_reading_prefix_cache")
         salt, lora, embeds = data.draw(namespaces(), label="cache_salt, lora, prompt embeddings")
-        mm = () if embeds else data.draw(images(len(tokens), self.block), label="images")
+        image = prefix_image(prefix, self.block)
+        anchored = image if image is not None and image + image_tokens(self.block) <= cut else None
+        mm = () if embeds else data.draw(images(len(tokens), self.block, anchored), label="images")
         rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply, skip_reading_prefix_cache=skip,
                                        cache_salt=salt, lora=lora, embeds=embeds, mm=mm)
+        if mm:
+            self.first_image[rid] = mm[0][1]
         note(
             f"add_request({rid}, shared[:{cut}] + {own} own, max_tokens={max_tokens}, ext={reply!r}"
             + (", skip_reading_prefix_cache=True" if skip else "")
@@ -477,6 +487,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             if any(adm.admitted for adm in obs.admissions):
                 self.labels.add("admission")
                 event("admission")
+            if any(adm.admitted and (adm.alloc_local_tokens or 0) > self.first_image.get(adm.request_id, 1 << 30)
+                   for adm in obs.admissions):
+                self.labels.add(IMAGE_HIT)
+                event(IMAGE_HIT)
             if drafting and any(p.request_id in drafting for p in obs.preemptions):
                 self.drafts_preempted += 1
                 self.labels.add(DRAFTS_PREEMPTED)

@@ -172,24 +172,29 @@ def test_a_planted_bug_shrinks_to_the_minimal_hybrid_layout(seed: int) -> None:
     assert len(minimal.prompts) == 1, f"seed {seed}: shrank to {minimal!r}"
 
 
-@given(num_tokens=st.integers(1, 80), block=st.integers(1, 20), data=st.data())
-def test_drawn_images_fit_their_prompt_in_order(num_tokens: int, block: int, data: st.DataObject) -> None:
+@given(num_tokens=st.integers(1, 80), block=st.integers(1, 20), anchored=st.none() | st.integers(0, 40),
+       data=st.data())
+def test_drawn_images_fit_their_prompt_at_the_prefixs_placeholder(
+        num_tokens: int, block: int, anchored: int | None, data: st.DataObject) -> None:
     from strategies.machine import image_tokens, images
 
-    drawn = data.draw(images(num_tokens, block))
-    assert len(drawn) <= 2, drawn
-    end = 0
+    drawn = data.draw(images(num_tokens, block, anchored))
+    assert len(drawn) <= 1, drawn
     for name, offset, length in drawn:
-        assert name in ("image-a", "image-b") and length == image_tokens(block), drawn
-        assert end <= offset and offset + length <= num_tokens, (num_tokens, drawn)
-        end = offset + length
+        assert name in ("image-a", "image-b") and length == image_tokens(block) and offset == anchored, drawn
+        assert offset + length <= num_tokens, (num_tokens, drawn)
 
 
-def test_images_shrink_to_none_and_are_drawn_where_they_fit() -> None:
+def test_a_prefix_image_is_carried_swapped_or_left_out() -> None:
     from hypothesis import find
 
-    from strategies.machine import images
+    from strategies.machine import image_tokens, images, prefix_image
 
-    assert find(images(20, 4), lambda _: True) == ()
-    assert find(images(20, 4), bool) == (("image-a", 0, 3),)
-    assert find(images(2, 4), lambda _: True) == ()  # a 3-token image fits nowhere in 2 tokens
+    assert prefix_image((0, 7, 14), 8) is None and prefix_image((), 8) is None
+    assert prefix_image((131, 138), 8) == (1, 4, 8)[(131 // 4) % 3]
+    assert find(images(20, 8, 4), lambda _: True) == (("image-a", 4, image_tokens(8)),)
+    assert find(images(20, 8, 4), lambda d: bool(d) and d[0][0] == "image-b") == (("image-b", 4, image_tokens(8)),)
+    assert find(images(20, 8, 4), lambda d: not d) == ()
+    # No image on the prefix, or one that does not fit the prompt: none, and no draw.
+    assert find(images(20, 8), lambda _: True) == ()
+    assert find(images(6, 8, 4), lambda _: True) == ()
