@@ -73,24 +73,35 @@ def image_tokens(block: int) -> int:
 def images(num_tokens: int, block: int, anchored: int | None = None
            ) -> st.SearchStrategy[tuple[tuple[str, int, int], ...]]:
     """The images a prompt of ``num_tokens`` tokens carries, (identifier,
-    placeholder offset, placeholder length) each: on a shared prefix that
-    carries an image at ``anchored`` (the offset; None: none) inside the
-    prompt, that image in half the prompts, the other image at the same
-    placeholder in a quarter (the same tokens, another picture), and none
-    in a quarter (the same tokens as text). No draw is made for a prompt
-    without one, so the rest of a run's choices are as they were. Shrinks
-    to the prefix's image."""
+    placeholder offset, placeholder length) each, in prompt order: on a
+    shared prefix that carries an image at ``anchored`` (the offset; None:
+    none) inside the prompt, that image in half the prompts, the other
+    image at the same placeholder in a quarter (the same tokens, another
+    picture), and none in a quarter (the same tokens as text); and in half
+    of them, where it fits after that, a second image ending with the prompt
+    (its blocks are hashed as the request decodes). No draw is made for a
+    prompt without one, so the rest of a run's choices are as they were.
+    Shrinks to the prefix's image alone."""
     length = image_tokens(block)
     if anchored is None or anchored + length > num_tokens:
         return st.just(())
-    return st.integers(0, 3).map(lambda k: () if k == 3 else ((_IMAGES[k // 2], anchored, length),))
+
+    @st.composite
+    def carried(draw: st.DrawFn) -> tuple[tuple[str, int, int], ...]:
+        k = draw(st.integers(0, 3))
+        found = () if k == 3 else ((_IMAGES[k // 2], anchored, length),)
+        if num_tokens - length >= anchored + length and draw(st.booleans()):
+            found += ((draw(st.sampled_from(_IMAGES)), num_tokens - length, length),)
+        return found
+
+    return carried()
 
 
 def prefix_image(prefix: Sequence[int], block: int) -> int | None:
     """Where a shared prefix carries an image (the placeholder's offset), or
-    None: one prefix in four does, by its first token (a conversation whose
+    None: one prefix in two does, by its first token (a conversation whose
     turns share a picture), at one token in, mid-block or a block in."""
-    if not prefix or prefix[0] % 4 != 3:
+    if not prefix or prefix[0] % 2 != 1:
         return None
     return (1, block // 2, block)[(prefix[0] // 4) % 3]
 

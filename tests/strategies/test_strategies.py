@@ -179,10 +179,13 @@ def test_drawn_images_fit_their_prompt_at_the_prefixs_placeholder(
     from strategies.machine import image_tokens, images
 
     drawn = data.draw(images(num_tokens, block, anchored))
-    assert len(drawn) <= 1, drawn
-    for name, offset, length in drawn:
-        assert name in ("image-a", "image-b") and length == image_tokens(block) and offset == anchored, drawn
-        assert offset + length <= num_tokens, (num_tokens, drawn)
+    assert len(drawn) <= 2, drawn
+    end = 0
+    for i, (name, offset, length) in enumerate(drawn):
+        assert name in ("image-a", "image-b") and length == image_tokens(block), drawn
+        assert end <= offset and offset + length <= num_tokens, (num_tokens, drawn)
+        assert offset == anchored or offset + length == num_tokens, drawn  # the prefix's, or one ending the prompt
+        end = offset + length
 
 
 def test_a_prefix_image_is_carried_swapped_or_left_out() -> None:
@@ -190,11 +193,12 @@ def test_a_prefix_image_is_carried_swapped_or_left_out() -> None:
 
     from strategies.machine import image_tokens, images, prefix_image
 
-    assert prefix_image((0, 7, 14), 8) is None and prefix_image((), 8) is None
+    assert prefix_image((0, 7, 14), 8) is None and prefix_image((), 8) is None and prefix_image((132,), 8) is None
     assert prefix_image((131, 138), 8) == (1, 4, 8)[(131 // 4) % 3]
     assert find(images(20, 8, 4), lambda _: True) == (("image-a", 4, image_tokens(8)),)
     assert find(images(20, 8, 4), lambda d: bool(d) and d[0][0] == "image-b") == (("image-b", 4, image_tokens(8)),)
     assert find(images(20, 8, 4), lambda d: not d) == ()
+    assert find(images(20, 8, 4), lambda d: len(d) == 2) == (("image-a", 4, 5), ("image-a", 15, 5))
     # No image on the prefix, or one that does not fit the prompt: none, and no draw.
     assert find(images(20, 8), lambda _: True) == ()
     assert find(images(6, 8, 4), lambda _: True) == ()
