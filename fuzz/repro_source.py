@@ -47,6 +47,7 @@ from fuzz.repro_prune import (
     without_lines,
     without_unused_locals,
 )
+from fuzz.repro_prune_inline import inlined_helpers
 
 __all__ = ["KitSource", "kit_attributes", "kit_definitions", "kit_source", "specialise", "trim"]
 
@@ -349,6 +350,10 @@ def kit_source(
             changed |= kept != sources[name]
             sources[name] = kept
         changed |= _prune(sources, selected, selected & set(kept_methods), constants, extra, in_full)
+        if not changed:  # what is left: a helper called once moves to its call, one a round
+            chosen = {name: sources[name] for name in selected}
+            for name, new in inlined_helpers(chosen, selected & set(kept_methods), extra, keep=in_full).items():
+                changed |= _replace(sources, name, new)
         if not changed:
             break
     used: set[str] = set(roots)
