@@ -34,8 +34,18 @@ def _body(fn: ast.FunctionDef) -> list[ast.stmt]:
     return fn.body[1:] if doc else fn.body
 
 
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
 def _names_in(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+    """Every name ``node`` spells, but a comprehension's own variables
+    inside it (a scope of their own: a name bound beside it is another)."""
+    own: set[int] = set()
+    for c in ast.walk(node):
+        if isinstance(c, _COMPREHENSIONS):
+            targets = {n.id for g in c.generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
+            own |= {id(n) for n in ast.walk(c) if isinstance(n, ast.Name) and n.id in targets}
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and id(n) not in own} | {
         a.arg for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.Lambda)) for a in _all_args(n.args)
     }
 
@@ -68,10 +78,18 @@ def _movable(fn: ast.FunctionDef, method: bool) -> list[str] | None:
     return params
 
 
+def _comprehension_names(fn: ast.FunctionDef) -> set[str]:
+    return {n.id for c in ast.walk(fn) if isinstance(c, ast.comprehension) for n in ast.walk(c.target)
+            if isinstance(n, ast.Name)}
+
+
 def _locals(fn: ast.FunctionDef, params: list[str]) -> set[str]:
-    """Every name ``fn``'s body binds (comprehension variables too), its parameters aside."""
-    return {n.id for s in _body(fn) for n in ast.walk(s) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
-            } - set(params)
+    """Every name ``fn``'s body binds, its parameters aside; a comprehension's
+    variables only where the body binds them otherwise too (a comprehension
+    is a scope of its own)."""
+    bound = [n for s in _body(fn) for n in ast.walk(s) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)]
+    in_comprehensions = {id(n) for c in ast.walk(fn) if isinstance(c, ast.comprehension) for n in ast.walk(c.target)}
+    return {n.id for n in bound if id(n) not in in_comprehensions} - set(params)
 
 
 def _callers(tree: ast.Module) -> list[tuple[ast.FunctionDef, ast.ClassDef | None]]:
@@ -103,10 +121,27 @@ def _statement_of(call: ast.Call, fn: ast.FunctionDef) -> tuple[ast.stmt, str | 
     return None
 
 
-def _arguments(call: ast.Call, fn: ast.FunctionDef, params: list[str], source: str) -> dict[str, str] | None:
-    """Parameter -> the text the body reads in its place: the name or
-    literal passed (or the literal default); None where a call passes
-    anything else or splats."""
+# Calls a body may make and still read an attribute passed to it as the caller would have.
+_READING_BUILTINS = frozenset("all any bool dict enumerate frozenset len list max min range set sorted str sum tuple "
+                              "zip".split())
+
+
+def _attribute_chain(node: ast.expr) -> bool:
+    """``a``, ``a.b``, ``a.b.c``: read, never called."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name)
+
+
+def _arguments(call: ast.Call, fn: ast.FunctionDef, params: list[str], source: str,
+               bind: bool) -> tuple[dict[str, str], list[tuple[str, str]]] | None:
+    """Parameter -> the text the body reads in its place (the name or
+    literal passed, or the literal default; an attribute like ``watch.step``
+    where nothing between the call and the body's one expression can
+    change it), and, where ``bind``, the parameters bound first to what
+    the call passes them (``done = _worker_done(out, watch)``, in the
+    call's order, one line each); None where a call passes anything else
+    or splats."""
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         return None
     if len(call.args) > len(params):
@@ -117,14 +152,30 @@ def _arguments(call: ast.Call, fn: ast.FunctionDef, params: list[str], source: s
             return None
         passed[k.arg] = k.value
     defaults = dict(zip(params[len(params) - len(fn.args.defaults):], fn.args.defaults))
-    out = {}
-    for p in params:
-        value = passed.get(p, defaults.get(p))
+    body = _body(fn)
+    calls_nothing = len(body) == 1 and isinstance(body[0], ast.Return) and all(
+        isinstance(n.func, ast.Name) and n.func.id in _READING_BUILTINS for n in ast.walk(body[0]) if isinstance(n, ast.Call))
+    in_order = sorted(passed.items(), key=lambda item: (item[1].lineno, item[1].col_offset))
+    out: dict[str, str] = {}
+    bound: list[tuple[str, str]] = []
+    for i, (p, value) in enumerate(in_order):
+        text = ast.get_source_segment(source, value) or ""
         simple = isinstance(value, (ast.Name, ast.Constant)) or isinstance(value, ast.Tuple) and not value.elts
-        if value is None or not simple:
+        later_simple = all(isinstance(v, (ast.Name, ast.Constant)) or _attribute_chain(v) for _, v in in_order[i + 1 :])
+        if simple or _attribute_chain(value) and calls_nothing and later_simple:
+            out[p] = text
+        elif bind and value.lineno == value.end_lineno:
+            bound.append((p, text))
+        else:
             return None
-        out[p] = ast.get_source_segment(source, value) if p in passed else ast.unparse(value)  # type: ignore[assignment]
-    return out
+    for p in params:
+        if p in passed:
+            continue
+        value = defaults.get(p)
+        if not (isinstance(value, ast.Constant) or isinstance(value, ast.Tuple) and not value.elts):
+            return None
+        out[p] = ast.unparse(value)  # type: ignore[arg-type]
+    return out, bound
 
 
 def _renamed_lines(source: str, stmts: list[ast.stmt], names: Mapping[str, str]) -> list[str]:
@@ -167,9 +218,10 @@ def _inline_one(sources: Mapping[str, str], name: str, fn: ast.FunctionDef, owne
             break
     else:
         return None
-    args = _arguments(call, fn, params, caller_source)
-    if args is None:
+    passed = _arguments(call, fn, params, caller_source, bind=found is not None)
+    if passed is None:
         return None
+    args, bound = passed
     if found is None:
         out = _expression_inlined(sources[owner], fn, params, caller_source, caller, call, args)
         return None if out is None else _without_method(caller_name, out, method)
@@ -187,11 +239,13 @@ def _inline_one(sources: Mapping[str, str], name: str, fn: ast.FunctionDef, owne
     caller_names = _names_in(caller)
     renames = {p: a for p, a in args.items()}
     free = {n.id for s in body for n in ast.walk(s) if isinstance(n, ast.Name)} - set(params) - local
+    free -= _comprehension_names(fn)
     if isinstance(stmt, ast.Assign) and isinstance(returned, ast.Name) and returned.id in local:
         renames[returned.id] = target  # type: ignore[assignment]  # the local it returns is the caller's name
         local = local - {returned.id}
         body = body[:-1]
-    if local & caller_names:
+    local |= {p for p, _ in bound}  # bound before the body: the caller's locals now
+    if local & caller_names or _comprehension_names(fn) & {n for text in renames.values() for n in _names_in(ast.parse(text))}:
         return None
     if method is not None:
         free.discard(fn.args.args[0].arg)
@@ -202,14 +256,14 @@ def _inline_one(sources: Mapping[str, str], name: str, fn: ast.FunctionDef, owne
     fn_source = sources[owner]
     indent = body[0].col_offset if body else 0
     lines = _renamed_lines(fn_source, body, renames) if body else []
-    moved = _reindented(lines, indent, stmt.col_offset)
+    moved = [" " * stmt.col_offset + f"{p} = {text}" for p, text in bound] + _reindented(lines, indent, stmt.col_offset)
     if isinstance(stmt, ast.Assign) and body and body[-1] is last and isinstance(last, ast.Return):
         head = " " * stmt.col_offset + "return "
-        i = (last.lineno - 1) - (body[0].lineno - 1)
+        i = len(bound) + (last.lineno - 1) - (body[0].lineno - 1)
         assert moved[i].startswith(head)
         moved[i] = " " * stmt.col_offset + f"{target} = " + moved[i][len(head):]
     if isinstance(stmt, ast.Expr) and isinstance(last, ast.Return):
-        moved = moved[: (last.lineno - 1) - (body[0].lineno - 1)]  # a bare return at the end
+        moved = moved[: len(bound) + (last.lineno - 1) - (body[0].lineno - 1)]  # a bare return at the end
     caller_lines = caller_source.splitlines()
     new = caller_lines[: stmt.lineno - 1] + moved + caller_lines[stmt.end_lineno or stmt.lineno :]
     out = "\n".join(new)
@@ -232,7 +286,9 @@ def _expression_inlined(fn_source: str, fn: ast.FunctionDef, params: list[str], 
     if value.lineno != value.end_lineno or call.lineno != call.end_lineno:
         return None
     local = _locals(fn, params)
-    free = _names_in(value) - set(params) - local
+    free = _names_in(value) - set(params) - local - _comprehension_names(fn)
+    if _comprehension_names(fn) & {n for text in args.values() for n in _names_in(ast.parse(text))}:
+        return None
     if method_self := (fn.args.args[0].arg if fn.args.args and params != [a.arg for a in fn.args.args] else None):
         free.discard(method_self)
     caller_bound = {n.id for n in ast.walk(caller) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
@@ -302,7 +358,7 @@ def inlined_helpers(sources: Mapping[str, str], plain: Iterable[str], extra: str
                 strings.add(n.value)
             elif isinstance(n, ast.FunctionDef) and id(n) not in tops:
                 names[n.name] = names.get(n.name, 0) + 1  # a nested def of the same name
-    for name, tree in trees.items():
+    for name, tree in sorted(trees.items()):  # by name: the file must not depend on a set's order
         if name in keep:
             continue
         node = tree.body[0]

@@ -13,7 +13,9 @@ The kit (:mod:`fuzz.kit`) is real modules; this module reads their source
   read and the imports they need; of a kit class without bases (the
   watch, the worker's record), only the methods something calls;
 * **dropping** (:mod:`fuzz.repro_prune`'s passes, run until nothing
-  changes): what nothing in the file reads;
+  changes): what nothing in the file reads; then a helper the file calls
+  once moves to its call (:mod:`fuzz.repro_prune_inline`), and the copied
+  code loses its type annotations (:mod:`fuzz.repro_prune_annotations`);
 * **trimming**: each copied definition's docstring cut to its first
   sentence (its first line where the sentence runs longer) and its
   comment-only lines dropped (read with :mod:`ast` and
@@ -47,6 +49,7 @@ from fuzz.repro_prune import (
     without_lines,
     without_unused_locals,
 )
+from fuzz.repro_prune_annotations import without_annotations
 from fuzz.repro_prune_inline import inlined_helpers
 
 __all__ = ["KitSource", "kit_attributes", "kit_definitions", "kit_source", "specialise", "trim"]
@@ -356,6 +359,8 @@ def kit_source(
                 changed |= _replace(sources, name, new)
         if not changed:
             break
+    for name in selected - in_full:  # typed for the suite; the file is read, not type-checked
+        sources[name] = without_annotations(sources[name])
     used: set[str] = set(roots)
     for name in selected:
         used |= _names(sources[name])
