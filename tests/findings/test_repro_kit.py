@@ -501,3 +501,14 @@ def test_annotations_go_but_a_class_body_s_fields_keep_theirs() -> None:
     assert without_annotations(source) == (
         "class C:\n    x: int = 3\n\n    def f(self, a, b=None):\n        y = []\n        return bool(y)"
     )
+
+
+def test_a_summary_too_long_to_cut_goes_rather_than_a_fragment() -> None:
+    long = '''def f():
+    """Per request of ``out``, the tokens the scheduler counted before it
+    scheduled this step, as the runner reads them from the output, and
+    not from scheduler.requests."""
+    return 1'''
+    clause = long.replace("Per request of ``out``, the tokens", "Per request: the tokens")
+    assert trim(long) == "def f():\n    return 1"
+    assert trim(clause) == 'def f():\n    """Per request."""\n    return 1'
