@@ -202,8 +202,8 @@ def _inline_one(sources: Mapping[str, str], name: str, fn: ast.FunctionDef, owne
     if params is None or len(calls) != 1:
         return None
     caller_name, call = calls[0]
-    if caller_name == owner and method is None:
-        return None
+    if caller_name == owner and method is None or caller_name.startswith("test_"):
+        return None  # a test function (the truncation repro's) is the program: its helpers name its steps
     caller_source = sources[caller_name]
     caller_tree = ast.parse(caller_source)
     call = next(n for n in ast.walk(caller_tree) if isinstance(n, ast.Call)
