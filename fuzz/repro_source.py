@@ -13,9 +13,12 @@ The kit (:mod:`fuzz.kit`) is real modules; this module reads their source
   read and the imports they need; of a kit class without bases (the
   watch, the worker's record), only the methods something calls;
 * **dropping** (:mod:`fuzz.repro_prune`'s passes, run until nothing
-  changes): what nothing in the file reads;
+  changes): what nothing in the file reads; then a helper the file calls
+  once moves to its call (:mod:`fuzz.repro_prune_inline`), and the copied
+  code loses its type annotations (:mod:`fuzz.repro_prune_annotations`);
 * **trimming**: each copied definition's docstring cut to its first
-  sentence (its first line where the sentence runs longer) and its
+  sentence (where it runs over two lines, its first line's words up to a
+  colon; without one, the docstring goes: no fragment) and its
   comment-only lines dropped (read with :mod:`ast` and
   :mod:`tokenize`), except the definitions the file names in full (its
   failing check): the kit stays documented, the file stays short.
@@ -47,6 +50,8 @@ from fuzz.repro_prune import (
     without_lines,
     without_unused_locals,
 )
+from fuzz.repro_prune_annotations import without_annotations
+from fuzz.repro_prune_inline import inlined_helpers
 
 __all__ = ["KitSource", "kit_attributes", "kit_definitions", "kit_source", "specialise", "trim"]
 
@@ -206,20 +211,24 @@ _SENTENCE_END = re.compile(r"\.(?=\s+[A-Z]|\s*$)")
 _SUMMARY_LINES = 2
 
 
-def _summary(doc: str) -> str:
+def _summary(doc: str) -> str | None:
     """The first sentence of a docstring's first paragraph (its line breaks
-    kept); its first line and " ..." when the sentence runs longer."""
+    kept); where the sentence runs longer, its first line's words up to a
+    colon or semicolon as a sentence of their own, else None (no fragment)."""
     paragraph = doc.split("\n\n", 1)[0].rstrip()
     end = _SENTENCE_END.search(paragraph)
     sentence = paragraph if end is None else paragraph[: end.end()]
     lines = sentence.splitlines()
-    return sentence if len(lines) <= _SUMMARY_LINES else lines[0] + " ..."
+    if len(lines) <= _SUMMARY_LINES:
+        return sentence
+    clause = re.match(r"(.+?)[:;]\s", lines[0])
+    return None if clause is None else clause.group(1).rstrip(",") + "."
 
 
 def trim(source: str) -> str:
-    """``source`` with every docstring cut to its first sentence (or first
-    line) and every comment-only line dropped; code, trailing comments and
-    one-line docstrings stay as they are."""
+    """``source`` with every docstring cut to its first sentence (see
+    :func:`_summary`; one it cannot cut goes) and every comment-only line
+    dropped; code, trailing comments and one-line docstrings stay as they are."""
     lines = source.splitlines()
     edits: dict[int, tuple[int, list[str]]] = {}  # first line (0-based) -> (end, replacement)
     for node in ast.walk(ast.parse(source)):
@@ -234,7 +243,11 @@ def trim(source: str) -> str:
         doc = ast.get_docstring(node)
         if doc is None or any("\\" in line for line in text):
             continue  # escapes: the source is not the text, keep it
-        summary = _summary(doc).splitlines()
+        cut = _summary(doc)
+        if cut is None and len(node.body) > 1:
+            edits[start] = (end, [])  # a sentence too long to cut: the code says it
+            continue
+        summary = (cut or doc.splitlines()[0]).splitlines()
         if len(summary) == end - start and end - start == 1:
             continue
         indent = " " * first.col_offset
@@ -349,8 +362,14 @@ def kit_source(
             changed |= kept != sources[name]
             sources[name] = kept
         changed |= _prune(sources, selected, selected & set(kept_methods), constants, extra, in_full)
+        if not changed:  # what is left: a helper called once moves to its call, one a round
+            chosen = {name: sources[name] for name in selected}
+            for name, new in inlined_helpers(chosen, selected & set(kept_methods), extra, keep=in_full).items():
+                changed |= _replace(sources, name, new)
         if not changed:
             break
+    for name in selected - in_full:  # typed for the suite; the file is read, not type-checked
+        sources[name] = without_annotations(sources[name])
     used: set[str] = set(roots)
     for name in selected:
         used |= _names(sources[name])

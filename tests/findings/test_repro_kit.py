@@ -405,7 +405,7 @@ def test_a_written_truncation_file_lints_clean(tmp_path: Path) -> None:
     path.write_text(source)
     result = _ruff(path)
     assert result.returncode == 0, result.stdout + result.stderr + source
-    assert "def _lookup(" in source and "_per_group_hit" in source
+    assert "def _lookup(" in source and "find_longest_cache_hit_per_group" in source  # the per-group lookup is written
 
 
 # --- records never filled, fields fixed, calls doing nothing, unused parameters ---
@@ -457,3 +457,58 @@ def test_a_parameter_the_docstring_names_stays() -> None:
     sources = {"f": 'def f(out, done):\n    """For each request of ``out``."""\n    return done',
                "g": "def g(x):\n    return f(x, 1)"}
     assert unused_parameters(sources, set(), extra="") == {}
+
+
+# --- helpers called once, annotations -----------------------------------------
+
+
+def test_a_helper_called_once_moves_to_its_call() -> None:
+    """Its body replaces the call (parameters renamed to the names passed,
+    ``return v`` the call's assignment, a passed call bound first); a
+    helper called twice, or whose locals clash with the caller's, stays."""
+    from fuzz.repro_prune_inline import inlined_helpers
+
+    sources = {
+        "begin": 'def begin(w):\n    """Doc."""\n    w.step += 1\n    w.seen = []',
+        "sampled": "def sampled(out, done, step):\n    return [[step] if d else [] for d in done]",
+        "step": "def step(s, watch):\n    begin(watch)\n    got = sampled(s, s.run(), watch.step)\n    return got",
+    }
+    once = inlined_helpers(sources, set(), extra="step(1, 2)")
+    assert once == {"step": "def step(s, watch):\n    watch.step += 1\n    watch.seen = []\n"
+                             "    got = sampled(s, s.run(), watch.step)\n    return got"}
+    twice = inlined_helpers(sources, set(), extra="begin(3)")  # the test calls it too: only sampled moves
+    assert "    begin(watch)\n    done = s.run()\n" in twice["step"]
+    moved = inlined_helpers({"sampled": sources["sampled"], "step": once["step"]}, set(), extra="step(1, 2)")
+    assert moved["step"].endswith("    done = s.run()\n    got = [[watch.step] if d else [] for d in done]\n    return got")
+    assert inlined_helpers({"f": "def f(x):\n    y = x + 1\n    return y", "g": "def g(y):\n    z = f(y)\n    return z"},
+                           set(), extra="g(1)") == {"g": "def g(y):\n    z = y + 1\n    return z"}
+    clash = {"f": "def f(x):\n    y = x + 1\n    return y * 2", "g": "def g(y):\n    z = f(y)\n    return z + y"}
+    assert inlined_helpers(clash, set(), extra="g(1)") == {}
+
+
+def test_a_one_line_method_called_once_moves_into_its_expression() -> None:
+    from fuzz.repro_prune_inline import inlined_helpers
+
+    sources = {"W": "class W:\n    def a(self, x):\n        return self.b(x) + 1\n\n    def b(self, y):\n        return y * 2"}
+    assert inlined_helpers(sources, {"W"}, extra="W().a(1)") == {"W": "class W:\n    def a(self, x):\n        return (x * 2) + 1"}
+
+
+def test_annotations_go_but_a_class_body_s_fields_keep_theirs() -> None:
+    from fuzz.repro_prune_annotations import without_annotations
+
+    source = ("class C:\n    x: int = 3\n\n    def f(self, a: int,\n          b: str | None = None) -> bool:\n"
+              "        y: list[int] = []\n        return bool(y)")
+    assert without_annotations(source) == (
+        "class C:\n    x: int = 3\n\n    def f(self, a, b=None):\n        y = []\n        return bool(y)"
+    )
+
+
+def test_a_summary_too_long_to_cut_goes_rather_than_a_fragment() -> None:
+    long = '''def f():
+    """Per request of ``out``, the tokens the scheduler counted before it
+    scheduled this step, as the runner reads them from the output, and
+    not from scheduler.requests."""
+    return 1'''
+    clause = long.replace("Per request of ``out``, the tokens", "Per request: the tokens")
+    assert trim(long) == "def f():\n    return 1"
+    assert trim(clause) == 'def f():\n    """Per request."""\n    return 1'
