@@ -87,8 +87,8 @@ class Faults:
     def new_step(self) -> frozenset[str]:
         """Start a step's records; the requests still recomputing what a
         rolled-back synchronous load had covered (from the step after the
-        rollback until they compute past the load's end, over as many steps
-        as their chunks take)."""
+        rollback until they compute past the load's end and the failed
+        step's own tokens, over as many steps as their chunks take)."""
         self.step_failed_loads = []
         live = self.scheduler.requests
         for rid in [r for r, end in self.recomputing.items() if r not in live or live[r].num_computed_tokens >= end]:
@@ -212,9 +212,12 @@ class Faults:
             # Rolled back to the first invalid block: the request recomputes
             # from there up to where the failed load had brought it.
             for rid, (*_, load_end) in self.sync_failures.items():
-                self.recomputing[rid] = load_end
                 self.recomputed_failed_load.add(rid)
                 had, before_fed_step = self._computed_before.get(rid, (0, 0))
+                # The rollback discards the failed step's own tokens too, and
+                # leaves the tables laid out for where that step ended (a
+                # Mamba group's null padding): the recompute runs up to there.
+                self.recomputing[rid] = max(load_end, had) if before_fed_step <= load_end else load_end
                 if before_fed_step > load_end:
                     self.past_load[rid] = had
         self.sync_failures.clear()

@@ -486,8 +486,8 @@ class StepObservation:
     # scheduler took back out of WAITING_FOR_REMOTE_KVS in this step.
     failed_loads: tuple[FailedLoad, ...] = ()
     # Requests recomputing what a failed synchronous load (invalid_block_ids,
-    # recompute policy) had covered before vLLM rolled them back: from the
-    # step after the rollback until they compute past the load's end; and
+    # recompute policy) had covered before vLLM rolled them back: from the step after
+    # the rollback until they compute past the load and the failed step's tokens; and
     # those it rolled back past that end too (async scheduling: the tokens of
     # a step in flight), until they compute past where they had been.
     rolled_back: frozenset[str] = frozenset()

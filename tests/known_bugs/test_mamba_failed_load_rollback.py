@@ -95,6 +95,42 @@ def test_the_failure_is_the_registered_known_bug() -> None:
     assert bug.id == "mamba-failed-load-rollback"
 
 
+def _failed_sync_load_rolled_back_to_its_start() -> list[StepObservation]:
+    """7 tokens, one Mamba group of block 2, 4 tokens a step; the connector
+    answers 2 from 0 and the load fails: vLLM rolls the request back to 0
+    (the load's start, a valid resume point). Its table stays laid out for
+    the failed step ([2, 6): the loaded state at index 0, the running one at
+    2, index 1 null), so the recompute of [0, 4) writes its state at 4 into
+    the null block and the next chunk, [4, 6), reads it from there.
+
+    Met by a 400 s machine campaign on unmodified vLLM 0.33.0 (2026-12-04),
+    shrunk to this one request."""
+    layout = LayoutDraw((SpecDraw("MambaSpec", 2),), hash_block_size=2, num_blocks=7)
+    harness = SchedulerHarness(SchedulerDraw(layout=layout, max_num_batched_tokens=4, max_num_seqs=1,
+                                             kv_load_failure_policy="recompute"))
+    harness.add_request((0, 7, 14, 3128, 3129, 3130, 3131), max_tokens=1, reply=ExternalReply("store", store_len=2))
+    harness.fail_next_sync_loads()
+    return harness.drain(context="MambaSpec: sync load of [0, 2) fails, rolled back to 0")
+
+
+@known_vllm_bug("vLLM: a Mamba request rolled back to its load's start recomputes into the failed step's null padding")
+def test_a_mamba_rollback_to_the_loads_start_recomputes_into_real_blocks() -> None:
+    for step in _failed_sync_load_rolled_back_to_its_start():
+        check_read_blocks_held(step)
+
+
+def test_every_chunk_of_that_recompute_is_the_known_bug() -> None:
+    """The chunk that writes into the null block and the one that reads it
+    there are both this bug, not a new violation."""
+    steps = _failed_sync_load_rolled_back_to_its_start()
+    flagged = {s.step: list(check_read_blocks_held.violations(s)) for s in steps}
+    assert [n for n, vs in flagged.items() if vs] == [2, 3], {n: [str(v) for v in vs] for n, vs in flagged.items()}
+    for vs in flagged.values():
+        for v in vs:
+            (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(v))]
+            assert bug.id == "mamba-failed-load-rollback", str(v)
+
+
 def _failed_sync_load_on_a_window() -> list[StepObservation]:
     """18 tokens, one sliding-window group (block 2, window 8), 4 tokens a
     step; the connector answers 17 from 0 and that load fails block by block."""
