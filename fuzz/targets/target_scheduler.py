@@ -193,6 +193,10 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     prefixes = Bundle("prefixes")
 
+    # Whether requests carry the images of their shared prefixes (a
+    # measurement of one rule alone may switch them off).
+    draws_images = True
+
     def __init__(self) -> None:
         super().__init__()
         self.stepper: Stepper | None = None  # None: vLLM refused the config
@@ -316,7 +320,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         # One request in eight skips the prefix cache its predecessors filled.
         skip = data.draw(prefix_cache_skips(), label="skip_reading_prefix_cache")
         salt, lora, embeds = data.draw(namespaces(), label="cache_salt, lora, prompt embeddings")
-        image = prefix_image(prefix, self.block)
+        image = prefix_image(prefix, self.block) if self.draws_images else None
         anchored = image if image is not None and image + image_tokens(self.block) <= cut else None
         mm = () if embeds else data.draw(images(len(tokens), self.block, anchored), label="images")
         rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply, skip_reading_prefix_cache=skip,

@@ -121,6 +121,10 @@ class PressedTurnMachine(SchedulerMachine):
     def _preemptible_with_drafts(self) -> bool:
         return False  # no drafts press before the turns: this measures next_turn alone
 
+    # No images either: the draw they add to add_request moved the
+    # derandomized sample the same way (8 of 41 pressed runs).
+    draws_images = False
+
     def reset_prefix_cache(self, data: st.DataObject) -> None:  # type: ignore[override]
         """Not a rule here: this measures next_turn alone (a rule the sample
         did not have moved its derandomized draws: 8 of 41 pressed runs)."""
