@@ -193,9 +193,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     prefixes = Bundle("prefixes")
 
-    # Whether requests carry the images of their shared prefixes (a
-    # measurement of one rule alone may switch them off).
-    draws_images = True
+    draws_images = True  # requests carry their shared prefix's images (a one-rule measurement may not)
 
     def __init__(self) -> None:
         super().__init__()
