@@ -138,26 +138,29 @@ def _read_cause(step: StepObservation, read: Any) -> tuple[str, str]:
     return state, where
 
 
-def _by_cause(found: Sequence[Any], cause: Callable[[Any], tuple[str, str]]) -> dict[tuple[str, str], list[Any]]:
-    """``found`` grouped by ``cause``, in the order the causes first appear."""
+def _by_cause(invariant: str, step: StepObservation, found: Sequence[Any],
+              cause: Callable[[Any], tuple[str, str]], kinds: bool = False) -> Iterator[InvariantViolation]:
+    """One ``invariant`` violation per (state, where) that ``cause`` gives
+    ``found``, in the order the causes first appear; with ``kinds``, naming
+    the group kind its findings share."""
     groups: dict[tuple[str, str], list[Any]] = {}
     for f in found:
         groups.setdefault(cause(f), []).append(f)
-    return groups
-
-
-def _reads_violations(step: StepObservation) -> Iterator[InvariantViolation]:
-    for (state, where), reads in _by_cause(step.unwritten_reads, lambda r: _read_cause(step, r)).items():
-        kinds = {r.group_kind for r in reads}
+    for (state, where), items in groups.items():
+        shared = {f.group_kind for f in items} if kinds else set()
         yield InvariantViolation(
-            "reads-written",
-            "\n".join(r.describe() for r in reads)
+            invariant,
+            "\n".join(f.describe() for f in items)
             + f"\n{step.describe()}"
             + (f"\n  scenario: {step.context}" if step.context else ""),
             where=where,
             state=state,
-            group_kind=kinds.pop() if len(kinds) == 1 else None,
+            group_kind=shared.pop() if len(shared) == 1 else None,
         )
+
+
+def _reads_violations(step: StepObservation) -> Iterator[InvariantViolation]:
+    return _by_cause("reads-written", step, step.unwritten_reads, lambda r: _read_cause(step, r), kinds=True)
 
 
 check_reads_written.violations = _reads_violations  # type: ignore[attr-defined]
@@ -184,15 +187,7 @@ def _entry_cause(entry: Any) -> tuple[str, str]:
 
 
 def _entries_violations(step: StepObservation) -> Iterator[InvariantViolation]:
-    for (state, where), entries in _by_cause(step.unbacked_entries, _entry_cause).items():
-        yield InvariantViolation(
-            "index-written",
-            "\n".join(e.describe() for e in entries)
-            + f"\n{step.describe()}"
-            + (f"\n  scenario: {step.context}" if step.context else ""),
-            where=where,
-            state=state,
-        )
+    return _by_cause("index-written", step, step.unbacked_entries, _entry_cause)
 
 
 check_index_written.violations = _entries_violations  # type: ignore[attr-defined]

@@ -89,7 +89,7 @@ def test_a_step_showing_two_known_bugs_is_set_aside_as_both() -> None:
 
 
 def test_a_known_bug_beside_an_unexplained_read_still_reports_the_read() -> None:
-    from fuzz.model import UnwrittenRead
+    from fuzz.model import InvariantViolation, UnwrittenRead
     from invariants.contents import check_reads_written
 
     step = _reads_step(UnwrittenRead(*_LOST_TO_COPY), UnwrittenRead(*_UNEXPLAINED))
@@ -97,5 +97,5 @@ def test_a_known_bug_beside_an_unexplained_read_still_reports_the_read() -> None
     assert known == ["same-step-partial-hit-reads-unwritten-block"], known
     assert len(unknown) == 1 and "request r5" in str(unknown[0]) and "request r4" not in str(unknown[0]), unknown
     # The check alone still raises, on the first cause.
-    with pytest.raises(Exception, match=r"reads-written"):
+    with pytest.raises(InvariantViolation, match=r"\[reads-written\] request r4"):
         check_reads_written(step)

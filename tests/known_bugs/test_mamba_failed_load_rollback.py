@@ -119,16 +119,21 @@ def test_a_mamba_rollback_to_the_loads_start_recomputes_into_real_blocks() -> No
         check_read_blocks_held(step)
 
 
-def test_every_chunk_of_that_recompute_is_the_known_bug() -> None:
-    """The chunk that writes into the null block and the one that reads it
-    there are both this bug, not a new violation."""
-    steps = _failed_sync_load_rolled_back_to_its_start()
+def _steps_all_this_bug(steps: list[StepObservation]) -> list[int]:
+    """The steps whose read-blocks-held violations there are, each one
+    asserted to be this bug."""
     flagged = {s.step: list(check_read_blocks_held.violations(s)) for s in steps}
-    assert [n for n, vs in flagged.items() if vs] == [2, 3], {n: [str(v) for v in vs] for n, vs in flagged.items()}
     for vs in flagged.values():
         for v in vs:
             (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(v))]
             assert bug.id == "mamba-failed-load-rollback", str(v)
+    return [n for n, vs in flagged.items() if vs]
+
+
+def test_every_chunk_of_that_recompute_is_the_known_bug() -> None:
+    """The chunk that writes into the null block and the one that reads it
+    there are both this bug, not a new violation."""
+    assert _steps_all_this_bug(_failed_sync_load_rolled_back_to_its_start()) == [2, 3]
 
 
 def _failed_sync_load_on_a_window() -> list[StepObservation]:
@@ -154,14 +159,8 @@ def test_failed_sync_load_on_a_lone_window_recomputes_inside_its_window() -> Non
 def test_every_recomputed_chunk_on_the_window_is_the_known_bug() -> None:
     """Both chunks of the recompute read null blocks, and both are labelled
     this bug: the second is no new violation."""
-    steps = _failed_sync_load_on_a_window()
-    flagged = {s.step: list(check_read_blocks_held.violations(s)) for s in steps}
-    chunks = [n for n, vs in flagged.items() if vs]
-    assert len(chunks) == 2, {n: [str(v) for v in vs] for n, vs in flagged.items()}
-    for vs in flagged.values():
-        for v in vs:
-            (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(v))]
-            assert bug.id == "mamba-failed-load-rollback", str(v)
+    chunks = _steps_all_this_bug(_failed_sync_load_on_a_window())
+    assert len(chunks) == 2, chunks
 
 
 def _failed_sync_load_under_an_async_load() -> list[StepObservation]:
