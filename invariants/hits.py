@@ -8,8 +8,9 @@ holding positions ``[(L - 1) // b * b, L)`` of that prefix, full when ``b``
 divides ``L``, else the partial tail of a prompt).
 
 The rules, stated for layouts whose groups are all full attention, sliding
-window, chunked local or Mamba (no EAGLE block drop, no DCP/PCP; other
-layouts carry no ``index_hold`` and get no prediction):
+window, chunked local or Mamba (no DCP/PCP; with an EAGLE-style drafter's
+block drop, at most two distinct group specs; other layouts carry no
+``index_hold`` and get no prediction):
 
 * a group reaches ``L`` when it holds every full block of the prefix below
   ``L // b * b`` and, where ``b`` does not divide ``L``, the partial entry
@@ -31,6 +32,14 @@ layouts carry no ``index_hold`` and get no prediction):
   ``ChunkedLocalAttentionManager.find_longest_cache_hit``), and gets no
   prediction where ``C`` is not whole blocks or the hit alignment is not
   its block;
+* a group an EAGLE-style drafter drops for (it holds draft layers, or
+  is looked up with one that does; every group when none is flagged;
+  never a Mamba group) serves a length ``L`` only where it would also
+  serve ``L`` without the drop and holds the entry past it by the drop
+  unit (one hash unit for full attention with sub-block hits on, else one
+  of its blocks): the drafter wrote the KV at ``L - 1`` with the token at
+  ``L``, and only an entry past ``L`` under the request's own chain proves
+  that token the request's (the entry may lie past the caller's limit);
 * the hit is the longest prefix, a multiple of the hit alignment (the hash
   block with sub-block hits on, else the scheduler block) and no longer
   than the caller's limit (``num_tokens - 1`` by default), that every group
@@ -122,6 +131,7 @@ def predicted_hit(adm: AdmissionObservation) -> tuple[int, tuple[int, ...]] | No
         adm.divergent_capable,
         adm.hit_windows,
         adm.hit_chunks,
+        adm.hit_drops,
     )
 
 

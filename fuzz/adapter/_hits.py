@@ -11,8 +11,12 @@ lookup: how long a hit those entries allow is the claim's own rule.
 
 The record is made only for layouts whose rules the claim states: every
 group full attention, sliding window, chunked local or Mamba and
-prefix-cacheable, no EAGLE block drop, no
-context-parallel sharding (DCP/PCP), and a lookup the request does not skip.
+prefix-cacheable, no
+context-parallel sharding (DCP/PCP), and a lookup the request does not skip;
+with an EAGLE-style drafter's block drop, at most two distinct group specs
+(the coordinator settles those in one pass; with more it iterates and
+re-verifies the drop, the open upstream question of vLLM issues 32802 and
+51771, which this claim does not state).
 
 vLLM and the standard library only: standalone repro files carry this
 module's source (what differs between vLLM releases, where the index lives
@@ -32,10 +36,37 @@ from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionS
 __all__ = ["index_hold"]
 
 
+def _drops(manager: Any, alignment: int) -> tuple[int, ...]:
+    """Per group, the tokens an EAGLE-style drafter's drop takes off its
+    hit (0: none), from the configuration alone: the manager built with the
+    drop on, the groups that hold draft layers (``is_eagle_group``; every
+    group when none is flagged), and a group looked up together with one of
+    them (the same spec) drops with it. A Mamba group never drops; a sliding
+    window drops one of its blocks; full attention one hash unit with
+    sub-block hits on, else one block."""
+    groups = manager.kv_cache_config.kv_cache_groups
+    if not getattr(manager, "use_eagle", False):
+        return (0,) * len(groups)
+    flagged = {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)} or set(range(len(groups)))
+    specs = [g.kv_cache_spec for g in groups]
+    drops = []
+    for i, spec in enumerate(specs):
+        if isinstance(spec, MambaSpec) or not any(specs[j] == spec for j in flagged):
+            drops.append(0)
+        else:
+            block = int(spec.block_size)
+            drops.append(block if isinstance(spec, SlidingWindowSpec) else min(alignment, block))
+    return tuple(drops)
+
+
 def _stated(manager: Any) -> bool:
     """The layout is one the hit-length claim predicts for."""
     coordinator = manager.coordinator
-    if getattr(coordinator, "drop_eagle_group_ids", None) or getattr(manager, "use_eagle", False):
+    distinct: list[Any] = []
+    for group in manager.kv_cache_config.kv_cache_groups:
+        if group.kv_cache_spec not in distinct:
+            distinct.append(group.kv_cache_spec)
+    if getattr(manager, "use_eagle", False) and len(distinct) > 2:
         return False
     if int(getattr(coordinator, "pcp_world_size", 1) or 1) > 1:
         return False
@@ -64,7 +95,7 @@ def index_hold(
     for, in every group of its spec (vLLM looks those up together); the hit
     alignment; the caller's limit; per group, the sliding
     window of a sliding-window group and the attention chunk of a
-    chunked-local one (0 for any other). Empty (no prediction) for a
+    chunked-local one (0 for any other); per group, the EAGLE drop. Empty (no prediction) for a
     layout the claim does not state, a request that skips the lookup, or a
     release that keeps its index otherwise (``cached`` None)."""
     # Whether vLLM looks at all is its own call (prompt logprobs, skip_reading_prefix_cache): not this claim's.
@@ -100,4 +131,4 @@ def index_hold(
         for g in manager.kv_cache_config.kv_cache_groups
     )
     return {"index_hold": held, "hit_alignment": alignment, "hit_limit": limit, "hit_windows": windows,
-            "hit_chunks": chunks}
+            "hit_chunks": chunks, "hit_drops": _drops(manager, alignment)}

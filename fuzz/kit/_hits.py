@@ -53,7 +53,7 @@ def _check_hit_matches_index(scheduler, out, watch, step):
         allowed = allowed_hit(held["index_hold"], [m.block_size for m in managers],
                               [type(m.kv_cache_spec).__name__ == "MambaSpec" for m in managers],
                               held["hit_alignment"], held["hit_limit"], DIVERGENT_HITS, held["hit_windows"],
-                              held["hit_chunks"])
+                              held["hit_chunks"], held["hit_drops"])
         if allowed is None or served == allowed[0]:
             continue
         what = (

@@ -284,20 +284,19 @@ class AdmissionObservation:
     # Per group, the block ids update_state_after_alloc handed the connector
     # (None: it was not called for this admission).
     connector_block_ids: tuple[tuple[int, ...], ...] | None = None
-    # The harness built the request with
-    # SamplingParams(skip_reading_prefix_cache=True) (what it asked for, not
-    # what vLLM's Request says): it must read no cached tokens.
+    # The harness built the request with SamplingParams(skip_reading_prefix_cache=True)
+    # (what it asked for, not what vLLM's Request says): it reads no cached tokens.
     skips_prefix_cache: bool = False
-    # The model's index at the instant of the lookup (fuzz/adapter/_hits.py):
-    # per group, the prefix lengths of the request the prefix-cache index
-    # holds an entry for; the hit alignment; the caller's limit; per group,
-    # the sliding window and the attention chunk (0: none). None: a layout or request
-    # the hit-length claim makes no prediction for.
+    # The model's index at the lookup (fuzz/adapter/_hits.py): per group, the prefix
+    # lengths of the request the index holds an entry for; the hit alignment; the
+    # caller's limit; per group, the sliding window, the attention chunk and the
+    # EAGLE drop (0: none). None: a layout or request the claim makes no prediction for.
     index_hold: tuple[tuple[int, ...], ...] | None = None
     hit_alignment: int = 0
     hit_limit: int = 0
     hit_windows: tuple[int, ...] = ()
     hit_chunks: tuple[int, ...] = ()
+    hit_drops: tuple[int, ...] = ()
 
     @property
     def partial_tail(self) -> int:
@@ -336,6 +335,7 @@ class AdmissionObservation:
                 f"hit alignment {self.hit_alignment}, limit {self.hit_limit}"
                 + (f", sliding windows per group {list(self.hit_windows)}" if any(self.hit_windows) else "")
                 + (f", attention chunks per group {list(self.hit_chunks)}" if any(self.hit_chunks) else "")
+                + (f", EAGLE drop per group {list(self.hit_drops)}" if any(self.hit_drops) else "")
             )
         if self.truncated_at is not None:
             lines.append(f"  truncate_computed_blocks(blocks, {self.truncated_at}) was called")

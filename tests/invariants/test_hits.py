@@ -16,15 +16,15 @@ CHUNKED = "vllm.v1.kv_cache_interface.ChunkedLocalAttentionSpec"
 
 
 def _adm(groups: list[tuple[str, int]], held: list[tuple[int, ...]], *, align: int, limit: int, hit: int = 0,
-         divergent: bool = False, windows: tuple[int, ...] = (), chunks: tuple[int, ...] = ()
-         ) -> AdmissionObservation:
+         divergent: bool = False, windows: tuple[int, ...] = (), chunks: tuple[int, ...] = (),
+         drops: tuple[int, ...] = ()) -> AdmissionObservation:
     infos = tuple(GroupInfo(i, cls, (), size, True) for i, (cls, size) in enumerate(groups))
     return AdmissionObservation(
         request_id="r0", step=1, num_tokens=limit + 1, groups=infos, spans=tuple(None for _ in groups),
         scheduler_block_size=max(s for _, s in groups), hash_block_size=align, null_block_id=0,
         divergent_capable=divergent, local_hit=hit, local_blocks=(), hit_diverged=False, per_group_hits=(),
         joint_hit=hit, joint_blocks=(), index_hold=tuple(held), hit_alignment=align, hit_limit=limit,
-        hit_windows=windows, hit_chunks=chunks,
+        hit_windows=windows, hit_chunks=chunks, hit_drops=drops,
     )
 
 
@@ -108,6 +108,35 @@ def test_the_longest_hit_a_sliding_window_serves(groups, windows, held, align, l
 )
 def test_the_longest_hit_a_chunked_local_group_serves(groups, chunks, held, align, limit, expected) -> None:
     predicted = predicted_hit(_adm(groups, held, align=align, limit=limit, chunks=chunks))
+    assert predicted is not None and predicted[0] == expected, predicted
+
+
+@pytest.mark.parametrize(
+    ("groups", "windows", "drops", "held", "align", "limit", "expected"),
+    [
+        # One full-attention group: a length needs the entry one drop unit past
+        # it; a resend of a cached block-aligned prompt (limit 11 of 12 tokens)
+        # is proven by the block past the limit.
+        ([(FULL, 4)], (), (4,), [(4, 8, 12)], 4, 11, 8),
+        ([(FULL, 4)], (), (4,), [(4, 8, 12)], 4, 12, 8),
+        ([(FULL, 4)], (), (4,), [(4, 8)], 4, 20, 4),
+        ([(FULL, 4)], (), (4,), [(4,)], 4, 20, 0),
+        # Sub-block hits: the drop is one hash unit, and a partial entry proves it.
+        ([(FULL, 8)], (), (4,), [(8, 12)], 4, 20, 8),
+        ([(FULL, 8)], (), (4,), [(8, 16)], 4, 20, 12),
+        # A group that holds no draft layers (drop 0) keeps its whole reach.
+        ([(FULL, 4), (WINDOW, 4)], (0, 8), (4, 0), [(4, 8, 12, 16), (8, 12)], 4, 15, 12),
+        # A sliding window needs its window before the length and its block after it.
+        ([(WINDOW, 4)], (8,), (4,), [(4, 8, 12)], 4, 12, 8),
+        ([(WINDOW, 4)], (8,), (4,), [(4, 8)], 4, 12, 4),
+        ([(FULL, 4), (WINDOW, 4)], (0, 8), (4, 4), [(4, 8, 12, 16), (8, 12, 16)], 4, 15, 12),
+        # A Mamba group never drops: a state within the full-attention group's proven reach.
+        ([(FULL, 4), (MAMBA, 8)], (), (4, 0), [(4, 8, 12, 16), (8, 16)], 8, 15, 8),
+        ([(FULL, 4), (MAMBA, 8)], (), (4, 0), [(4, 8, 12, 16, 20), (8, 16)], 8, 16, 16),
+    ],
+)
+def test_the_longest_hit_with_an_eagle_drop(groups, windows, drops, held, align, limit, expected) -> None:
+    predicted = predicted_hit(_adm(groups, held, align=align, limit=limit, windows=windows, drops=drops))
     assert predicted is not None and predicted[0] == expected, predicted
 
 
