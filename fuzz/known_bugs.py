@@ -26,7 +26,7 @@ from fuzz.model import InvariantViolation
 from invariants.contents import LOST_TO_COPY_BEFORE_FILL as _LOST_TO_COPY_BEFORE_FILL
 from invariants.contents import LOST_TO_COPY_OF_COPY as _LOST_TO_COPY_OF_COPY
 from invariants.contents import MISNAMED_AFTER_FAILED_LOAD, OTHER_TOKENS_AFTER_FAILED_LOAD, READ_OTHER_TOKENS_AFTER_FAILED_LOAD
-from invariants.hits import HIT_SHORTER_INSIDE_A_FULL_BLOCK
+from invariants.hits import HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT, HIT_SHORTER_INSIDE_A_FULL_BLOCK
 from invariants.ownership import ROLLED_BACK_IN_FLIGHT
 from invariants.promises import EVENTS_ORPHANED_PARTIAL
 from invariants.scheduler import STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
@@ -709,6 +709,33 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "on full attention of 8- and 12-token blocks beside Mamba (4), one-token hash unit; "
             "scheduler-API only as shown."
         ),
+    ),
+    KnownBug(
+        id="eagle-resend-drops-proven-block",
+        title="EAGLE drop: a single-group cache drops a block on a block-aligned resend that the hybrid "
+        "coordinator keeps (a missed hit)",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=(
+            Signature("hit-matches-index", where="KVCacheManager.get_computed_blocks",
+                      state=HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT),
+        ),
+        reach=ENGINE_IN_PRINCIPLE,
+        pinned_by="tests/known_bugs/test_eagle_resend_drops_proven_block.py"
+        "::test_a_single_group_keeps_the_block_the_next_one_proves",
+        analysis=(
+            "Under an EAGLE-style drafter a lookup keeps a last block only where the token after it is "
+            "the request's own. HybridKVCacheCoordinator proves it by looking one drop unit past the "
+            "candidate (up to the hashed length, past num_tokens - 1) and dropping that; "
+            "UnitaryKVCacheCoordinator (one group) looks no further than num_tokens - 1 and drops the "
+            "last block it found. On a resend of a block-aligned prompt the single group hits a block "
+            "less (12 tokens on 4-token blocks: 4, against the hybrid's 8 on the same cache; 32 on "
+            "16: nothing). Performance only. Engine in principle: one KV-cache group for target and "
+            "draft layers, EAGLE with the block drop, prefix caching, an identical block-aligned "
+            "prompt again. No upstream report found; vLLM issue 50438 discusses the drop's cost."
+        ),
+        bench_note="the scheduler targets rarely resend a block-aligned prompt under EAGLE on one "
+        "group; not met by a 240 s default campaign",
     ),
     KnownBug(
         id="skip-reading-prefix-cache-takes-connector-hit",

@@ -111,6 +111,9 @@ HIT_SHORTER = "a missed hit"
 # ... where a full-attention group holds a full block past the hit but no
 # entry at the hit's length inside it (a block size that does not divide it).
 HIT_SHORTER_INSIDE_A_FULL_BLOCK = "a missed hit inside a cached full block of a full-attention group"
+# ... where an EAGLE-dropping group's proof of the hit is an entry past the
+# caller's limit (a lookup that reads no further than the limit drops a block more).
+HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT = "a missed hit whose EAGLE drop is proven by an entry past the caller's limit"
 WHERE = "KVCacheManager.get_computed_blocks"
 EVICTED_OUT_OF_ORDER = "a cached block evicted while one the free order puts ahead of it stays free"
 EVICTION_WHERE = "BlockPool.get_new_blocks"
@@ -159,12 +162,16 @@ def check_hit_matches_index(adm: AdmissionObservation, context: str = "") -> Non
 
 
 def _shortfall(adm: AdmissionObservation, hit: int, reaches: tuple[int, ...]) -> str:
-    """Which missed hit: one where a full-attention group reaches past the
-    hit through a cached full block but files no entry at the hit's length
-    (its block size does not divide it), or any other."""
+    """Which missed hit: one whose EAGLE drop is proven by an entry past the
+    caller's limit; one where a full-attention group reaches past the hit
+    through a cached full block but files no entry at the hit's length (its
+    block size does not divide it); or any other."""
     assert adm.index_hold is not None
     windows = adm.hit_windows or (0,) * len(adm.groups)
     chunks = adm.hit_chunks or (0,) * len(adm.groups)
+    drops = adm.hit_drops or (0,) * len(adm.groups)
+    if any(d and hit + d > adm.hit_limit and hit + d in held for d, held in zip(drops, adm.index_hold)):
+        return HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT
     for g, held, reach, window, chunk in zip(adm.groups, adm.index_hold, reaches, windows, chunks):
         full = group_kind(g) != "MambaSpec" and not window and not chunk
         if full and hit % g.block_size and hit not in held and reach > hit:

@@ -579,6 +579,18 @@ _MANAGER_EDITS["chunk_hit_stops_a_block_early"] = (
       "for i in range(local_attention_start_block_idx, max_num_blocks - 1):"),),
 )
 
+# An EAGLE-style drafter's hit (invariants/hits.py): the coordinator forgets
+# which groups drop, so a hit keeps the block whose last position's KV the
+# drafter wrote with the token after it.
+_MANAGER_EDITS["eagle_drop_forgotten"] = (
+    "KVCacheCoordinator leaves every group out of the EAGLE last-block drop: a speculating "
+    "request's hit adopts a prefix with no cached entry past it, whose KV at the hit's last "
+    "position the drafter wrote with a token the request may not have",
+    ("vllm.v1.core.kv_cache_coordinator", "KVCacheCoordinator", "__init__"),
+    (("self.drop_eagle_group_ids = self.eagle_group_ids if use_eagle else set()",
+      "self.drop_eagle_group_ids = set()"),),
+)
+
 # Which cached blocks survive pool pressure (invariants/hits.py): a request's
 # free goes head first, so its prefix's first block is evicted before the
 # blocks that only serve with it.

@@ -264,6 +264,8 @@ PROMISE_BUGS = {
     "window_hit_needs_a_block_more": ("hit-matches-index", "SlidingWindowSpec("),
     # ... beside a chunked-local group: the file passes each group's chunk to the rule.
     "chunk_hit_stops_a_block_early": ("hit-matches-index", "ChunkedLocalAttentionSpec("),
+    # ... under an EAGLE drafter: the file speculates with it and passes each group's drop to the rule.
+    "eagle_drop_forgotten": ("hit-matches-index", "SPECULATIVE_METHOD = 'eagle'"),
     # A Mamba state adopted in the step that writes it: the file reads each state before the step writes.
     "mamba_adopts_same_step_state": ("reads-written", "watch.unread_states = [(rid, *m)"),
     # ... and one whose cached partial-tail state stays under its key as the request writes on.

@@ -357,6 +357,27 @@ chunked_repeated_prompt_run = _repeated_local_prompt(
     SpecDraw("ChunkedLocalAttentionSpec", 4, (("attention_chunk_size", 8),)), "8-token attention chunks")
 
 
+def eagle_shared_prefix_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """Full attention (4-token blocks) under an async EAGLE drafter (k = 2):
+    a 13-token prompt, then a 17-token one sharing its first 9 tokens; the
+    second lookup reaches the 2 shared blocks and the drop leaves 1 (4
+    tokens), as the index allows: no entry past the second proves the
+    token after it."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=33)
+    harness = SchedulerHarness(SchedulerDraw(
+        layout, max_num_batched_tokens=32, max_num_seqs=2, model_runner="v1", async_scheduling=True,
+        speculative_method="eagle", num_speculative_tokens=2, draft_acceptance=(1,)))
+    run = Stepper(harness, checks)
+    seen = []
+    for prompt in (range(13), [*range(9), *[99] * 8]):
+        rid = harness.add_request(prompt, max_tokens=2)
+        seen += [a for a in run.step().admissions if a.request_id == rid]
+        run.drain()
+    last = seen[-1]
+    assert last.index_hold == ((4, 8),) and last.hit_drops == (4,) and last.local_hit == 4, last.describe()
+    return run
+
+
 def eagle_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     """:func:`speculating_harness`'s async EAGLE run (k = 3: the drafter
     writes 3 positions ahead of every step it drafts from), stepped with
@@ -463,6 +484,7 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
      None),
     (check_hit_matches_index, "hit-matches-index", "chunk_hit_stops_a_block_early", chunked_repeated_prompt_run,
      None),
+    (check_hit_matches_index, "hit-matches-index", "eagle_drop_forgotten", eagle_shared_prefix_run, None),
     # What a Mamba state block holds (invariants/contents.py).
     (check_reads_written, "reads-written", "mamba_adopts_same_step_state", hybrid_twins_run, None),
     (check_index_written, "index-written", "mamba_tail_state_overwritten", hybrid_tail_run, None),

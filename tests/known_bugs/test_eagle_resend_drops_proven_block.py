@@ -1,0 +1,87 @@
+"""Known vLLM bug (a missed hit, performance only): under an EAGLE-style
+drafter, a single-group cache drops one block more than a hybrid one when
+a block-aligned prompt is sent again.
+
+Found by: ``hit-matches-index`` once it predicted hits under the EAGLE
+drop (2026-12-04), on the first program written to exercise that rule;
+the scenario below is that program.
+
+Analysis (vLLM 0.33.0, ``vllm/v1/core/kv_cache_coordinator.py``,
+``single_type_kv_cache_manager.py``):
+
+- The drafter writes the KV of a hit's last position with the token after
+  it, so a speculating lookup must not keep a last block unless the token
+  after it is the request's own. ``HybridKVCacheCoordinator`` checks this
+  by looking one drop unit past the candidate length (up to the request's
+  hashed length, past ``num_tokens - 1``) and dropping what it found
+  there: a block is kept when the index holds the block after it under the
+  request's own chain.
+- ``UnitaryKVCacheCoordinator`` (one KV-cache group) looks no further than
+  ``num_tokens - 1`` and drops the last block it found. For a prompt whose
+  length is a whole number of blocks, the last block is never looked at,
+  so the drop takes a block the hybrid rule keeps: a 12-token prompt on
+  4-token blocks sent twice hits 4 tokens, where a full-attention group
+  beside a sliding window (the hybrid coordinator, the same cache) hits 8.
+  A 32-token prompt on 16-token blocks hits nothing.
+- Nothing wrong is read: the extra block is recomputed. (Neither rule
+  proves the dropped-or-kept block's draft KV was written by a request
+  with the same next token; vLLM issue 50438 proposes keys that would.)
+
+Reach: engine in principle. A model whose target and draft layers form one
+KV-cache group, an EAGLE-style drafter with the block drop, prefix caching
+on, and an identical block-aligned prompt sent again: vLLM's own code path
+(``Scheduler`` builds ``KVCacheManager(use_eagle=...)``, which builds the
+unitary coordinator for one group). Shown through the scheduler API.
+
+Strict xfail: this turns red the day the two coordinators agree; then set
+``fixed_in`` on the ``eagle-resend-drops-proven-block`` entry of
+fuzz/known_bugs.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz.adapter import SchedulerHarness
+from fuzz.known_bugs import failure_of, known_bug
+from fuzz.model import InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.targets.target_scheduler import UNSUPPORTED
+from invariants.hits import check_hit_matches_index
+from tests.known_bugs._pin import known_vllm_bug
+
+pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
+
+
+def _resend(*specs: SpecDraw):
+    """A 12-token prompt sent twice, one after the other, on ``specs``
+    (4-token blocks) under an async EAGLE drafter (k = 2); returns the
+    second lookup's admission."""
+    layout = LayoutDraw(specs, hash_block_size=4, num_blocks=65)
+    harness = SchedulerHarness(SchedulerDraw(
+        layout, max_num_batched_tokens=32, max_num_seqs=2, model_runner="v1", async_scheduling=True,
+        speculative_method="eagle", num_speculative_tokens=2, draft_acceptance=(1,)))
+    seen = []
+    for _ in range(2):
+        rid = harness.add_request(range(12), max_tokens=2)
+        seen += [a for a in harness.step().admissions if a.request_id == rid]
+        harness.drain()
+    return seen[-1]
+
+
+def test_the_hybrid_coordinator_keeps_the_block_the_next_one_proves() -> None:
+    """The control: full attention beside a sliding window (the hybrid
+    coordinator) holds all three blocks in both groups and hits 8."""
+    adm = _resend(SpecDraw("FullAttentionSpec", 4), SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 8),)))
+    check_hit_matches_index(adm)
+    assert adm.index_hold == ((4, 8, 12), (4, 8, 12)) and adm.local_hit == 8, adm.describe()
+
+
+@known_vllm_bug("vLLM bug eagle-resend-drops-proven-block (fuzz/known_bugs.py)")
+def test_a_single_group_keeps_the_block_the_next_one_proves() -> None:
+    adm = _resend(SpecDraw("FullAttentionSpec", 4))
+    assert adm.index_hold == ((4, 8, 12),) and adm.hit_drops == (4,), adm.describe()
+    try:
+        check_hit_matches_index(adm)
+    except InvariantViolation as exc:
+        assert known_bug("eagle-resend-drops-proven-block").shows_in(failure_of(exc)), str(exc)
+        raise
