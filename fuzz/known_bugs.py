@@ -26,7 +26,9 @@ from fuzz.model import InvariantViolation
 from invariants.contents import LOST_TO_COPY_BEFORE_FILL as _LOST_TO_COPY_BEFORE_FILL
 from invariants.contents import LOST_TO_COPY_OF_COPY as _LOST_TO_COPY_OF_COPY
 from invariants.contents import MISNAMED_AFTER_FAILED_LOAD, OTHER_TOKENS_AFTER_FAILED_LOAD, READ_OTHER_TOKENS_AFTER_FAILED_LOAD
-from invariants.hits import HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT, HIT_SHORTER_INSIDE_A_FULL_BLOCK
+from invariants.hits import (
+    HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT, HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO, HIT_SHORTER_INSIDE_A_FULL_BLOCK,
+)
 from invariants.ownership import ROLLED_BACK_IN_FLIGHT
 from invariants.promises import EVENTS_ORPHANED_PARTIAL
 from invariants.scheduler import STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
@@ -736,6 +738,32 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         ),
         bench_note="the scheduler targets rarely resend a block-aligned prompt under EAGLE on one "
         "group; not met by a 240 s default campaign",
+    ),
+    KnownBug(
+        id="eagle-window-aligns-before-drop",
+        title="EAGLE drop: a sliding window on blocks finer than the hit alignment rounds its run from "
+        "token 0 down before it drops, losing an alignment unit (a missed hit)",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=(
+            Signature("hit-matches-index", where="KVCacheManager.get_computed_blocks",
+                      state=HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO),
+        ),
+        reach="scheduler-api",
+        pinned_by="tests/known_bugs/test_eagle_window_aligns_before_drop.py"
+        "::test_a_window_longer_than_the_prefix_serves_the_hit",
+        analysis=(
+            "SlidingWindowManager.find_longest_cache_hit, when its right-to-left search finds no run "
+            "as long as the window (plus the EAGLE block), falls back to the run of cached blocks from "
+            "token 0, rounds it down to the hit alignment, drops the EAGLE block and rounds again. On "
+            "4-token window blocks under an 8-token alignment a 3-block run gives 8, then 4, then 0, "
+            "where dropping first gives 8, which the window and the EAGLE proof block serve (the "
+            "search path checks the alignment after the drop). Every prompt shorter than the window "
+            "recomputes an alignment unit more. Performance only. Scheduler-API as shown (vLLM's own "
+            "comment names Gemma 4's page sizes as where such layouts arise). No upstream report found."
+        ),
+        bench_note="the scheduler targets rarely draw EAGLE over a window on finer blocks than the "
+        "alignment; not met by a 240 s default campaign",
     ),
     KnownBug(
         id="skip-reading-prefix-cache-takes-connector-hit",

@@ -114,6 +114,11 @@ HIT_SHORTER_INSIDE_A_FULL_BLOCK = "a missed hit inside a cached full block of a 
 # ... where an EAGLE-dropping group's proof of the hit is an entry past the
 # caller's limit (a lookup that reads no further than the limit drops a block more).
 HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT = "a missed hit whose EAGLE drop is proven by an entry past the caller's limit"
+# ... where a dropping sliding-window group holds every block from token 0
+# past the hit, a run shorter than its window, on blocks finer than the alignment.
+HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO = (
+    "a missed hit of a sliding window under an EAGLE drop whose run from token 0 is shorter than its window"
+)
 WHERE = "KVCacheManager.get_computed_blocks"
 EVICTED_OUT_OF_ORDER = "a cached block evicted while one the free order puts ahead of it stays free"
 EVICTION_WHERE = "BlockPool.get_new_blocks"
@@ -163,7 +168,8 @@ def check_hit_matches_index(adm: AdmissionObservation, context: str = "") -> Non
 
 def _shortfall(adm: AdmissionObservation, hit: int, reaches: tuple[int, ...]) -> str:
     """Which missed hit: one whose EAGLE drop is proven by an entry past the
-    caller's limit; one where a full-attention group reaches past the hit
+    caller's limit; one of a dropping sliding window whose run of blocks
+    from token 0 is shorter than its window; one where a full-attention group reaches past the hit
     through a cached full block but files no entry at the hit's length (its
     block size does not divide it); or any other."""
     assert adm.index_hold is not None
@@ -172,6 +178,13 @@ def _shortfall(adm: AdmissionObservation, hit: int, reaches: tuple[int, ...]) ->
     drops = adm.hit_drops or (0,) * len(adm.groups)
     if any(d and hit + d > adm.hit_limit and hit + d in held for d, held in zip(drops, adm.index_hold)):
         return HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT
+    for g, held, window, drop in zip(adm.groups, adm.index_hold, windows, drops):
+        run = hit // g.block_size + 1  # blocks from token 0 through the one past the hit
+        need = max(1, -(-(window - 1) // g.block_size)) + 1
+        if window and drop and g.block_size < adm.hit_alignment and run < need and all(
+            k * g.block_size in held for k in range(1, run + 1)
+        ):
+            return HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO
     for g, held, reach, window, chunk in zip(adm.groups, adm.index_hold, reaches, windows, chunks):
         full = group_kind(g) != "MambaSpec" and not window and not chunk
         if full and hit % g.block_size and hit not in held and reach > hit:
