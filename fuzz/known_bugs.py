@@ -736,8 +736,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "draft layers, EAGLE with the block drop, prefix caching, an identical block-aligned "
             "prompt again. No upstream report found; vLLM issue 50438 discusses the drop's cost."
         ),
-        bench_note="the scheduler targets rarely resend a block-aligned prompt under EAGLE on one "
-        "group; not met by a 240 s default campaign",
+        targets=("scheduler-machine",),
     ),
     KnownBug(
         id="eagle-window-aligns-before-drop",

@@ -7,8 +7,9 @@ entry for the prefix of ``L`` tokens in a group of block ``b``: a block
 holding positions ``[(L - 1) // b * b, L)`` of that prefix, full when ``b``
 divides ``L``, else the partial tail of a prompt).
 
-The rules, stated for layouts whose groups are all full attention, sliding
-window, chunked local or Mamba (no DCP/PCP; with an EAGLE-style drafter's
+The rules, stated for layouts whose groups are all full attention (R-SWA's
+included: it looks hits up as full attention), sliding window, chunked
+local or Mamba (no DCP/PCP; with an EAGLE-style drafter's
 block drop, at most two distinct group specs; other layouts carry no
 ``index_hold`` and get no prediction):
 

@@ -10,10 +10,10 @@ lengths of the request the index has an entry for. It never calls vLLM's
 lookup: how long a hit those entries allow is the claim's own rule.
 
 The record is made only for layouts whose rules the claim states: every
-group full attention, sliding window, chunked local or Mamba and
-prefix-cacheable, no
-context-parallel sharding (DCP/PCP), and a lookup the request does not skip;
-with an EAGLE-style drafter's block drop, at most two distinct group specs
+group full attention (R-SWA's included), sliding window, chunked local or
+Mamba and prefix-cacheable, no context-parallel sharding (DCP/PCP), and a
+lookup the request does not skip; with an EAGLE-style drafter's block drop,
+at most two distinct group specs
 (the coordinator settles those in one pass; with more it iterates and
 re-verifies the drop, the open upstream question of vLLM issues 32802 and
 51771, which this claim does not state).
@@ -72,7 +72,9 @@ def _stated(manager: Any) -> bool:
         return False
     for group, single in zip(manager.kv_cache_config.kv_cache_groups, coordinator.single_type_managers):
         spec = group.kv_cache_spec
-        if not (isinstance(spec, FullAttentionSpec) and type(single) is FullAttentionManager) and not (
+        # R-SWA looks hits up as full attention (RSWAManager inherits the lookup; it frees decode gaps only).
+        full = type(single) is FullAttentionManager or type(single).__name__ == "RSWAManager"
+        if not (isinstance(spec, FullAttentionSpec) and full) and not (
             type(spec) is MambaSpec and type(single) is MambaManager
         ) and not (isinstance(spec, SlidingWindowSpec) and type(single) is SlidingWindowManager) and not (
             type(spec) is ChunkedLocalAttentionSpec and type(single) is ChunkedLocalAttentionManager

@@ -301,16 +301,17 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(prefix=prefixes, data=st.data())
     def add_request(self, prefix: tuple[int, ...], data: st.DataObject) -> None:
         assert self.harness is not None
-        cut = data.draw(st.integers(max(1, len(prefix) // 2), len(prefix)), label="shared tokens")
-        own = data.draw(st.integers(0, 2 * self.block), label="own tokens")
+        # One request in eight resends the prefix whole (a client sending a prompt again).
+        whole = data.draw(st.integers(0, 7), label="resend the prefix whole") == 0
+        shares = st.integers(max(1, len(prefix) // 2), len(prefix))
+        cut = len(prefix) if whole else data.draw(shares, label="shared tokens")
+        own = 0 if whole else data.draw(st.integers(0, 2 * self.block), label="own tokens")
         self.salt += 1
         tokens = self._fit(list(prefix[:cut]) + [3_000 + 64 * (self.salt % 60) + j for j in range(own)])
-        # Half the requests mostly miss the external store (their local hits
-        # stay), half mostly hit it (a sub-block local tail then meets a
-        # longer external hit: the truncation branch).
+        # Half the requests mostly miss the external store (their local hits stay), half mostly
+        # hit it (a sub-block local tail then meets a longer external hit: the truncation branch).
         misses = data.draw(st.booleans(), label="store mostly misses")
-        # A producer (P/D prefill instance) never loads: its connector finds
-        # nothing (NIXL's and LMCache's kv_producer answer 0).
+        # A producer (P/D prefill) never loads: its connector finds nothing (NIXL's, LMCache's).
         reply = ExternalReply() if self.harness.draw.kv_role == "kv_producer" else data.draw(
             external_replies(len(tokens), allow_over=False, often_zero=misses, saved=True), label="reply"
         )

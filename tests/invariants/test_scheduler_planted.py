@@ -508,6 +508,29 @@ def test_invariant_catches_planted_bug_in_a_fixed_run(
     assert not unmodified.harness.live_request_ids
 
 
+def test_an_rswa_group_is_judged_as_full_attention() -> None:
+    """R-SWA looks hits up as full attention: a lone R-SWA group (4-token
+    blocks, a one-block decode window) sent one 12-token prompt twice has a
+    prediction and hits 8 (the limit is 11), and the full-attention lookup
+    planted to round its limit up to a whole block serves 12, a hit longer
+    than the index allows."""
+    def run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+        layout = LayoutDraw((SpecDraw("RSWASpec", 4, (("rswa_window", 4),)),), hash_block_size=4, num_blocks=33)
+        stepper = Stepper(SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2)), checks)
+        seen = []
+        for _ in range(2):
+            rid = stepper.harness.add_request(range(12), max_tokens=6)
+            seen += [a for a in stepper.step().admissions if a.request_id == rid]
+            stepper.drain()
+        assert seen[-1].index_hold == ((4, 8, 12),) and seen[-1].local_hit == 8, seen[-1].describe()
+        return stepper
+
+    run((check_hit_matches_index,))
+    with planted_scheduler_bug("lookup_rounds_limit_up"), pytest.raises(InvariantViolation) as caught:
+        run((check_hit_matches_index,))
+    assert caught.value.invariant == "hit-matches-index", str(caught.value)
+
+
 def test_a_request_preempted_with_its_step_in_flight_is_resumable() -> None:
     """Async scheduling on a producer: vLLM preempts requests whose step is
     still running (their output placeholders are counted stale instead);
