@@ -59,7 +59,8 @@ def _check_hit_matches_index(scheduler, out, watch, step):
         what = (
             f"request {rid}'s lookup served a hit of {served} tokens, the index allows {allowed[0]} (per group "
             f"reach {list(allowed[1])}; prefix lengths the index held per group {[list(g) for g in held['index_hold']]}, "
-            f"hit alignment {held['hit_alignment']}, limit {held['hit_limit']})"
+            f"hit alignment {held['hit_alignment']}, limit {held['hit_limit']}"
+            + (f", EAGLE drop per group {list(held['hit_drops'])}" if any(held["hit_drops"]) else "") + ")"
         )
         (shorter if served < allowed[0] else longer).append(what)
     assert not longer, (
