@@ -168,21 +168,25 @@ def check_hit_matches_index(adm: AdmissionObservation, context: str = "") -> Non
 
 
 def _shortfall(adm: AdmissionObservation, hit: int, reaches: tuple[int, ...]) -> str:
-    """Which missed hit: one whose EAGLE drop is proven by an entry past the
-    caller's limit; one of a dropping sliding window whose run of blocks
-    from token 0 is shorter than its window; one where a full-attention group reaches past the hit
-    through a cached full block but files no entry at the hit's length (its
-    block size does not divide it); or any other."""
+    """Which missed hit: a lone group's, one EAGLE drop unit short, proven by
+    an entry past the caller's limit; one alignment unit short, where a
+    dropping sliding window's run of blocks from token 0 is shorter than its
+    window; one where a full-attention group reaches past the hit through a
+    cached full block but files no entry at the hit's length (its block size
+    does not divide it); or any other."""
     assert adm.index_hold is not None
     windows = adm.hit_windows or (0,) * len(adm.groups)
     chunks = adm.hit_chunks or (0,) * len(adm.groups)
     drops = adm.hit_drops or (0,) * len(adm.groups)
-    if any(d and hit + d > adm.hit_limit and hit + d in held for d, held in zip(drops, adm.index_hold)):
+    # One group (vLLM's unitary coordinator), one drop unit short, the proof past the limit.
+    if len(adm.groups) == 1 and drops[0] and adm.local_hit == hit - drops[0] and hit + drops[0] > adm.hit_limit \
+            and hit + drops[0] in adm.index_hold[0]:
         return HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT
     for g, held, window, drop in zip(adm.groups, adm.index_hold, windows, drops):
         run = hit // g.block_size + 1  # blocks from token 0 through the one past the hit
         need = max(1, -(-(window - 1) // g.block_size)) + 1
-        if window and drop and g.block_size < adm.hit_alignment and run < need and all(
+        if window and drop and g.block_size < adm.hit_alignment and run < need \
+                and adm.local_hit == max(0, hit - adm.hit_alignment) and all(
             k * g.block_size in held for k in range(1, run + 1)
         ):
             return HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO

@@ -8,7 +8,10 @@ from __future__ import annotations
 import pytest
 
 from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, MissedHit
-from invariants.hits import check_hit_matches_index, predicted_hit
+from invariants.hits import (
+    HIT_SHORTER, HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT, HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO, check_hit_matches_index,
+    predicted_hit,
+)
 
 FULL, MAMBA = "vllm.v1.kv_cache_interface.FullAttentionSpec", "vllm.v1.kv_cache_interface.MambaSpec"
 WINDOW = "vllm.v1.kv_cache_interface.SlidingWindowSpec"
@@ -169,6 +172,30 @@ def test_longer_is_a_violation_shorter_a_missed_hit_equal_passes() -> None:
     with pytest.raises(InvariantViolation) as long:
         check_hit_matches_index(_adm(groups, held, align=4, limit=12, hit=12))
     assert not isinstance(long.value, MissedHit) and long.value.state == "a hit longer than the index holds"
+
+
+@pytest.mark.parametrize(
+    ("groups", "windows", "drops", "held", "align", "limit", "hit", "state"),
+    [
+        # A lone group one drop short of a hit proven past the limit (a block-aligned resend).
+        ([(FULL, 4)], (), (4,), [(4, 8, 12)], 4, 11, 4, HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT),
+        # ... two short, or beside another group: another missed hit, not that one.
+        ([(FULL, 4)], (), (4,), [(4, 8, 12)], 4, 11, 0, HIT_SHORTER),
+        ([(FULL, 4), (MAMBA, 4)], (), (4, 0), [(4, 8, 12), (4, 8)], 4, 11, 4, HIT_SHORTER),
+        # A window on finer blocks than the alignment, its run from token 0 shorter than
+        # the window and the block after: one alignment unit short.
+        ([(FULL, 8), (WINDOW, 4)], (0, 64), (8, 4), [(8, 16), (4, 8, 12)], 8, 20, 0,
+         HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO),
+        # ... a window the run covers: another missed hit.
+        ([(FULL, 8), (WINDOW, 4)], (0, 8), (8, 4), [(8, 16), (4, 8, 12)], 8, 20, 0, HIT_SHORTER),
+    ],
+)
+def test_each_eagle_shortfall_is_told_apart(groups, windows, drops, held, align, limit, hit, state) -> None:
+    """The missed hits known bugs match are told apart from any other
+    shortfall, so triage cannot set a new one aside as a known one."""
+    with pytest.raises(MissedHit) as short:
+        check_hit_matches_index(_adm(groups, held, align=align, limit=limit, hit=hit, windows=windows, drops=drops))
+    assert short.value.state == state, short.value
 
 
 def test_no_prediction_without_the_models_index() -> None:
