@@ -7,20 +7,25 @@ failure is an error, and the day vLLM fixes the bug the test passes and turns
 the run red (XPASS, strict). Then set ``fixed_in`` on the bug's entry in
 ``fuzz/known_bugs.py`` and delete the pin.
 
+Inside the pin, ``with shown_as(bug_id):`` lets the expected violation
+through only where the registry recognises it as that bug (the signature
+triage matches), so a different failure on the same path is not taken for it.
+
 A standalone repro that must import vLLM only
 (``test_sink_full_attention_manager.py``) spells the two marks out instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pytest
 
 from fuzz.model import InvariantViolation
 
-__all__ = ["known_vllm_bug"]
+__all__ = ["known_vllm_bug", "shown_as"]
 
 _T = TypeVar("_T", bound=Callable[..., object])
 
@@ -40,3 +45,17 @@ def known_vllm_bug(
         return pytest.mark.known_vllm_bug(test)
 
     return pin
+
+
+@contextlib.contextmanager
+def shown_as(bug_id: str, context: Callable[[], str] | None = None) -> Iterator[None]:
+    """Re-raise an InvariantViolation from the block only after asserting
+    that the registry's ``bug_id`` shows in it (its message, or
+    ``context()``, explains a mismatch)."""
+    from fuzz.known_bugs import failure_of, known_bug
+
+    try:
+        yield
+    except InvariantViolation as exc:
+        assert known_bug(bug_id).shows_in(failure_of(exc)), context() if context else str(exc)
+        raise

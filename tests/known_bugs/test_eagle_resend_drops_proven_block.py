@@ -43,11 +43,10 @@ from __future__ import annotations
 import pytest
 
 from fuzz.adapter import SchedulerHarness
-from fuzz.known_bugs import failure_of, known_bug
-from fuzz.model import InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.hits import check_hit_matches_index
-from tests.known_bugs._pin import known_vllm_bug
+from tests.known_bugs._pin import known_vllm_bug, shown_as
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -80,8 +79,5 @@ def test_the_hybrid_coordinator_keeps_the_block_the_next_one_proves() -> None:
 def test_a_single_group_keeps_the_block_the_next_one_proves() -> None:
     adm = _resend(SpecDraw("FullAttentionSpec", 4))
     assert adm.index_hold == ((4, 8, 12),) and adm.hit_drops == (4,), adm.describe()
-    try:
+    with shown_as("eagle-resend-drops-proven-block"):
         check_hit_matches_index(adm)
-    except InvariantViolation as exc:
-        assert known_bug("eagle-resend-drops-proven-block").shows_in(failure_of(exc)), str(exc)
-        raise

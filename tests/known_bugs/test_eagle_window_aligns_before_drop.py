@@ -42,11 +42,10 @@ from __future__ import annotations
 import pytest
 
 from fuzz.adapter import SchedulerHarness
-from fuzz.known_bugs import failure_of, known_bug
-from fuzz.model import InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.hits import check_hit_matches_index
-from tests.known_bugs._pin import known_vllm_bug
+from tests.known_bugs._pin import known_vllm_bug, shown_as
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -83,8 +82,5 @@ def test_a_window_whose_search_finds_its_run_serves_the_hit() -> None:
 def test_a_window_longer_than_the_prefix_serves_the_hit() -> None:
     adm = _second_lookup(64)
     assert adm.index_hold == ((8, 16), (4, 8, 12)) and adm.hit_drops == (8, 4), adm.describe()
-    try:
+    with shown_as("eagle-window-aligns-before-drop"):
         check_hit_matches_index(adm)
-    except InvariantViolation as exc:
-        assert known_bug("eagle-window-aligns-before-drop").shows_in(failure_of(exc)), str(exc)
-        raise

@@ -39,11 +39,10 @@ from __future__ import annotations
 import pytest
 
 from fuzz.adapter import SchedulerHarness
-from fuzz.known_bugs import failure_of, known_bug
-from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.hits import check_hit_matches_index
-from tests.known_bugs._pin import known_vllm_bug
+from tests.known_bugs._pin import known_vllm_bug, shown_as
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -83,8 +82,5 @@ def test_a_second_group_whose_blocks_end_at_the_hit_serves_it() -> None:
 @known_vllm_bug("vLLM bug full-block-past-hybrid-hit-unused (fuzz/known_bugs.py)")
 def test_a_cached_full_block_serves_a_hit_inside_it() -> None:
     adm = _third_admission(12)
-    try:
+    with shown_as("full-block-past-hybrid-hit-unused"):
         check_hit_matches_index(adm)
-    except InvariantViolation as exc:
-        assert known_bug("full-block-past-hybrid-hit-unused").shows_in(failure_of(exc)), str(exc)
-        raise

@@ -37,11 +37,10 @@ from __future__ import annotations
 import pytest
 
 from fuzz.adapter import SchedulerHarness
-from fuzz.known_bugs import failure_of, known_bug
-from fuzz.model import InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.promises import check_events_chain
-from tests.known_bugs._pin import known_vllm_bug
+from tests.known_bugs._pin import known_vllm_bug, shown_as
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -82,8 +81,5 @@ def test_full_attention_alone_caches_no_partial_entry() -> None:
 def test_a_partial_entrys_event_hangs_under_an_announced_parent() -> None:
     """30 tokens: the partial entry at 28 names as parent the key at 24,
     which nothing announced."""
-    try:
+    with shown_as("partial-event-names-unannounced-parent"):
         _one_prompt(HYBRID, 30)
-    except InvariantViolation as exc:
-        assert known_bug("partial-event-names-unannounced-parent").shows_in(failure_of(exc)), str(exc)
-        raise

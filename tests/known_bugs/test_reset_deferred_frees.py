@@ -47,11 +47,10 @@ from __future__ import annotations
 import pytest
 
 from fuzz.adapter import SchedulerHarness
-from fuzz.known_bugs import failure_of, known_bug
-from fuzz.model import InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.scheduler import check_no_exception_escapes
-from tests.known_bugs._pin import known_vllm_bug
+from tests.known_bugs._pin import known_vllm_bug, shown_as
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -84,8 +83,5 @@ def test_a_producer_resets_with_a_step_in_flight() -> None:
 @known_vllm_bug("vLLM bug reset-running-fails-on-deferred-frees (fuzz/known_bugs.py)")
 def test_a_consumer_resets_with_a_step_in_flight() -> None:
     """kv_both: the preempted request's blocks are deferred, and the reset raises."""
-    try:
+    with shown_as("reset-running-fails-on-deferred-frees"):
         _reset_while_decoding("kv_both")
-    except InvariantViolation as exc:
-        assert known_bug("reset-running-fails-on-deferred-frees").shows_in(failure_of(exc)), str(exc)
-        raise

@@ -42,11 +42,10 @@ from __future__ import annotations
 import pytest
 
 from fuzz.adapter import SchedulerHarness
-from fuzz.known_bugs import failure_of, known_bug
-from fuzz.model import InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.scheduler import check_no_exception_escapes
-from tests.known_bugs._pin import known_vllm_bug
+from tests.known_bugs._pin import known_vllm_bug, shown_as
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -85,8 +84,5 @@ def test_threshold_above_the_padding_is_fine(method: str) -> None:
 @known_vllm_bug("vLLM bug spec-decode-padding-cut-by-long-prefill-threshold (fuzz/known_bugs.py)")
 def test_padded_spec_decode_admission_survives_the_threshold() -> None:
     step = _second_admission("ngram", threshold=2)
-    try:
+    with shown_as("spec-decode-padding-cut-by-long-prefill-threshold", step.describe):
         check_no_exception_escapes(step)
-    except InvariantViolation as exc:
-        assert known_bug("spec-decode-padding-cut-by-long-prefill-threshold").shows_in(failure_of(exc)), step.describe()
-        raise
