@@ -288,7 +288,7 @@ def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw])
 
 
 # The layout families of the machine's configurations (scheduler_layouts).
-_LAYOUT_WEIGHTS = (6, 2, 2, 1, 2)
+_LAYOUT_WEIGHTS = (6, 2, 2, 1, 2, 2)
 
 
 def machine_configs(

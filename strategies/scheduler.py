@@ -120,11 +120,15 @@ def _uniform_or_not(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw]) -> 
 # full-attention-type group, which the coordinator's per-group lookup does
 # not take as its reference (only the first is).
 _SECOND_FULL_ATTENTION = ("FullAttentionSpec", "MLAAttentionSpec", "HiddenStateCacheSpec")
+# Full attention layers interleaved with sliding-window ones.
+_WINDOWED_HYBRID = ("FullAttentionSpec", "SlidingWindowSpec")
 
 
 @functools.cache
-def scheduler_layouts(*, weights: tuple[int, int, int, int, int] = (1, 0, 0, 0, 0)) -> st.SearchStrategy[LayoutDraw]:
-    """Engine-realistic layouts (:func:`engine_layout`), drawn from five
+def scheduler_layouts(
+    *, weights: tuple[int, int, int, int, int, int] = (1, 0, 0, 0, 0, 0)
+) -> st.SearchStrategy[LayoutDraw]:
+    """Engine-realistic layouts (:func:`engine_layout`), drawn from six
     families with relative ``weights`` (default: the core case only):
     exactly full attention + Mamba (the core case), full attention + Mamba +
     one or two other groups, any 1-4 group layout of every drawable kind,
@@ -133,14 +137,16 @@ def scheduler_layouts(*, weights: tuple[int, int, int, int, int] = (1, 0, 0, 0, 
     vLLM maps ``invalid_block_ids`` to requests for one group only), and
     the core case plus a second full-attention-type group (full attention
     of another page size, MLA, a hidden-state cache), whose per-group hit
-    may lag the first's.
+    may lag the first's, and full attention beside a sliding window (the
+    layout of Gemma 2 and 3, gpt-oss, Mistral's windowed models): two specs,
+    so an EAGLE drafter's hits are predicted there.
     One in three layouts puts every group on one block size, as a hybrid
     model whose layers share ``cache_config.block_size`` does.
 
     Shrinks to a two-group full attention + Mamba layout on one block size.
     """
-    if len(weights) != 5 or min(weights) < 0 or not sum(weights):
-        raise ValueError(f"weights={weights} must be five non-negative counts, not all 0")
+    if len(weights) != 6 or min(weights) < 0 or not sum(weights):
+        raise ValueError(f"weights={weights} must be six non-negative counts, not all 0")
     seconds = tuple(k for k in _SECOND_FULL_ATTENTION if k in drawable_kinds())
     families = (
         kv_cache_layouts(min_groups=2, max_groups=2, required=_CORE),
@@ -150,6 +156,7 @@ def scheduler_layouts(*, weights: tuple[int, int, int, int, int] = (1, 0, 0, 0, 
         st.sampled_from(seconds).flatmap(
             lambda k: kv_cache_layouts(min_groups=3, max_groups=3, required=(*_CORE, k))
         ),
+        kv_cache_layouts(min_groups=2, max_groups=2, required=_WINDOWED_HYBRID),
     )
     picks = [i for i, w in enumerate(weights) for _ in range(w)]
     return st.sampled_from(picks).flatmap(lambda i: _uniform_or_not(families[i]))

@@ -46,11 +46,13 @@ def _window_serves(held: frozenset[int], block: int, window: int, alignment: int
                    drop: int = 0) -> set[int]:
     """The prefix lengths one sliding-window group serves, up to ``limit``:
     a whole number of its blocks and of the hit alignment, for which it
-    holds each of the last ``max(1, ceil((window - 1) / block))`` full blocks
-    before it (those the next token's window reads, fewer near token 0);
-    blocks further back, out of every later token's window, are not needed.
-    With an EAGLE drop (``drop``, one block), also the block after it."""
-    need = max(1, -(-(window - 1) // block))
+    holds each of the last ``ceil((window - 1) / block)`` full blocks before
+    it (those the next token's window reads, fewer near token 0); blocks
+    further back, out of every later token's window, are not needed. With an
+    EAGLE drop (``drop``, one block), also the block after it; without one,
+    at least one block (vLLM's search stops on a cached block: a one-token
+    window, which reads no block before it, still needs one)."""
+    need = -(-(window - 1) // block) if drop else max(1, -(-(window - 1) // block))
     step = block * alignment // _gcd(block, alignment)
     return {n for n in range(step, limit + 1, step)
             if all(k * block in held for k in range(max(1, n // block - need + 1), n // block + 1))

@@ -88,7 +88,7 @@ def single_shot_strategy():  # type: ignore[no-untyped-def]
 
 def any_layout_strategy():  # type: ignore[no-untyped-def]
     return single_shot_scenarios(
-        configs=scheduler_draws(layouts=scheduler_layouts(weights=(0, 1, 1, 0, 0))),
+        configs=scheduler_draws(layouts=scheduler_layouts(weights=(0, 1, 1, 0, 0, 0))),
         shortcut=False,
         flavours=ANY_LAYOUT_FLAVOURS,
     )

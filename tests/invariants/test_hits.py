@@ -133,6 +133,14 @@ def test_the_longest_hit_a_chunked_local_group_serves(groups, chunks, held, alig
         ([(WINDOW, 4)], (8,), (4,), [(4, 8, 12)], 4, 12, 8),
         ([(WINDOW, 4)], (8,), (4,), [(4, 8)], 4, 12, 4),
         ([(FULL, 4), (WINDOW, 4)], (0, 8), (4, 4), [(4, 8, 12, 16), (8, 12, 16)], 4, 15, 12),
+        # A one-token window reads no block before the length: the block after it
+        # alone serves it (vLLM adopts the null block below; found on a lone
+        # SlidingWindowMLASpec group, block 1, window 1, whose entry 1 was evicted).
+        ([(WINDOW, 1)], (1,), (1,), [(2,)], 1, 2, 1),
+        ([(WINDOW, 4)], (1,), (4,), [(8,)], 4, 12, 4),
+        # Without the drop it still needs a block: vLLM's search stops on a cached one.
+        ([(WINDOW, 1)], (1,), (0,), [(2,)], 1, 2, 2),
+        ([(WINDOW, 1)], (1,), (0,), [()], 1, 2, 0),
         # A Mamba group never drops: a state within the full-attention group's proven reach.
         ([(FULL, 4), (MAMBA, 8)], (), (4, 0), [(4, 8, 12, 16), (8, 16)], 8, 15, 8),
         ([(FULL, 4), (MAMBA, 8)], (), (4, 0), [(4, 8, 12, 16, 20), (8, 16)], 8, 16, 16),

@@ -37,7 +37,7 @@ STRATEGIES = {
     "truncation_scenarios": lambda: truncation_scenarios(),
     "single_shot_scenarios": lambda: single_shot_scenarios(shortcut=False, allow_over=False),
     "single_shot_any_layout": lambda: single_shot_scenarios(
-        configs=scheduler_draws(layouts=scheduler_layouts(weights=(0, 1, 1, 0, 0))),
+        configs=scheduler_draws(layouts=scheduler_layouts(weights=(0, 1, 1, 0, 0, 0))),
         shortcut=False,
         flavours={"tail": 1, "inside": 1, "free": 1, "twins": 1, "load": 1},
     ),
@@ -54,8 +54,9 @@ PINNED = {
     "single_shot_scenarios": "ca90ba661a992feb839184ad76d75cde3b36eb7cf3c380b6ce70deda3466f6c1",
     "single_shot_any_layout": "c7babd2e71c4208fac82def85697c85688a86fefa1d0aff53f9eca4684ec30c2",
     # Moved when machine_configs began drawing kv_role (async configs), speculative decoding,
-    # prefill_schedule_interval, and KV events (last).
-    "machine_configs": "9bac6e22e5676f3f06ce72864550600c3990b4edb0ea064fa2761abf52a9e7b0",
+    # prefill_schedule_interval, and KV events (last); moved again with the sixth layout family
+    # (full attention beside a sliding window).
+    "machine_configs": "be004463f854cf1d672af62bdd278f811c88803079f62e5b580b2c8babeba4e2",
     "failing_load_configs": "24625c599295dad0658f2b7acf705bbf2da527c6302f56cb6a3a7e8dad769c4f",
 }
 

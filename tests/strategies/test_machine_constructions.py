@@ -131,7 +131,7 @@ class PressedTurnMachine(SchedulerMachine):
 
     def config_draws(self, failing_load: bool):  # type: ignore[no-untyped-def]
         return machine_configs(configs=scheduler_draws(
-            layouts=scheduler_layouts(weights=(6, 2, 2, 1, 2)), asynchronous=True, producers=True, speculative=True,
+            layouts=scheduler_layouts(weights=(6, 2, 2, 1, 2, 0)), asynchronous=True, producers=True, speculative=True,
             asynchronous_only=True))
 
     @initialize(target=SchedulerMachine.prefixes, data=st.data())
