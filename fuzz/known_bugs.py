@@ -732,9 +732,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "UnitaryKVCacheCoordinator (one group) looks no further than num_tokens - 1 and drops the "
             "last block it found. On a resend of a block-aligned prompt the single group hits a block "
             "less (12 tokens on 4-token blocks: 4, against the hybrid's 8 on the same cache; 32 on "
-            "16: nothing). Performance only. Engine in principle: one KV-cache group for target and "
-            "draft layers, EAGLE with the block drop, prefix caching, an identical block-aligned "
-            "prompt again. No upstream report found; vLLM issue 50438 discusses the drop's cost."
+            "16: nothing). On a lone sliding window the lookup finds no run of the window and the block "
+            "after it within the limit and can lose the whole hit (9 tokens on 3-token blocks, "
+            "window 3, entries 6 and 9 held: 0, not 6). Performance only. Engine in principle: one "
+            "KV-cache group for target and draft layers, EAGLE with the block drop, prefix caching, "
+            "a prompt sent again whose proof block lies past num_tokens - 1. No upstream report found; vLLM issue 50438 discusses the drop's cost."
         ),
         targets=("scheduler-machine",),
     ),
@@ -761,8 +763,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "recomputes an alignment unit more. Performance only. Scheduler-API as shown (vLLM's own "
             "comment names Gemma 4's page sizes as where such layouts arise). No upstream report found."
         ),
-        bench_note="the scheduler targets rarely draw EAGLE over a window on finer blocks than the "
-        "alignment; not met by a 240 s default campaign",
+        targets=("scheduler-machine",),
     ),
     KnownBug(
         id="skip-reading-prefix-cache-takes-connector-hit",

@@ -87,6 +87,7 @@ the harness's watch of the frees, ``fuzz/adapter/_evictions.py``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from fuzz.model import (
@@ -112,8 +113,10 @@ HIT_SHORTER = "a missed hit"
 # ... where a full-attention group holds a full block past the hit but no
 # entry at the hit's length inside it (a block size that does not divide it).
 HIT_SHORTER_INSIDE_A_FULL_BLOCK = "a missed hit inside a cached full block of a full-attention group"
-# ... where an EAGLE-dropping group's proof of the hit is an entry past the
-# caller's limit (a lookup that reads no further than the limit drops a block more).
+# ... where a lone EAGLE-dropping group's proof of the hit is an entry past
+# the caller's limit, and the lookup served what the index allows without it
+# (a lookup that reads no further than the limit: a block less, or on a
+# sliding window the whole hit).
 HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT = "a missed hit whose EAGLE drop is proven by an entry past the caller's limit"
 # ... where a dropping sliding-window group holds every block from token 0
 # past the hit, a run shorter than its window, on blocks finer than the alignment.
@@ -168,8 +171,9 @@ def check_hit_matches_index(adm: AdmissionObservation, context: str = "") -> Non
 
 
 def _shortfall(adm: AdmissionObservation, hit: int, reaches: tuple[int, ...]) -> str:
-    """Which missed hit: a lone group's, one EAGLE drop unit short, proven by
-    an entry past the caller's limit; one alignment unit short, where a
+    """Which missed hit: a lone EAGLE-dropping group's that served exactly
+    what the index allows a lookup reading nothing past the caller's limit,
+    where the model's proof is an entry past it; one alignment unit short, where a
     dropping sliding window's run of blocks from token 0 is shorter than its
     window; one where a full-attention group reaches past the hit through a
     cached full block but files no entry at the hit's length (its block size
@@ -178,13 +182,15 @@ def _shortfall(adm: AdmissionObservation, hit: int, reaches: tuple[int, ...]) ->
     windows = adm.hit_windows or (0,) * len(adm.groups)
     chunks = adm.hit_chunks or (0,) * len(adm.groups)
     drops = adm.hit_drops or (0,) * len(adm.groups)
-    # One group (vLLM's unitary coordinator), one drop unit short, the proof past the limit.
-    if len(adm.groups) == 1 and drops[0] and adm.local_hit == hit - drops[0] and hit + drops[0] > adm.hit_limit \
-            and hit + drops[0] in adm.index_hold[0]:
-        return HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT
+    # One group (vLLM's unitary coordinator): what the index allows without its entries past the limit.
+    if len(adm.groups) == 1 and drops[0]:
+        within = tuple(tuple(n for n in held if n <= adm.hit_limit) for held in adm.index_hold)
+        blind = predicted_hit(dataclasses.replace(adm, index_hold=within))
+        if blind is not None and adm.local_hit == blind[0]:
+            return HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT
     for g, held, window, drop in zip(adm.groups, adm.index_hold, windows, drops):
         run = hit // g.block_size + 1  # blocks from token 0 through the one past the hit
-        need = max(1, -(-(window - 1) // g.block_size)) + 1
+        need = -(-(window - 1) // g.block_size) + 1  # the blocks vLLM's dropping search looks for
         if window and drop and g.block_size < adm.hit_alignment and run < need \
                 and adm.local_hit == max(0, hit - adm.hit_alignment) and all(
             k * g.block_size in held for k in range(1, run + 1)

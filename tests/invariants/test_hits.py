@@ -187,6 +187,13 @@ def test_longer_is_a_violation_shorter_a_missed_hit_equal_passes() -> None:
     [
         # A lone group one drop short of a hit proven past the limit (a block-aligned resend).
         ([(FULL, 4)], (), (4,), [(4, 8, 12)], 4, 11, 4, HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT),
+        # A lone window whose proof lies past the limit loses the whole hit: its search
+        # finds no run of the window and the block after within the limit.
+        ([(WINDOW, 4)], (4,), (4,), [(8, 12)], 4, 11, 0, HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT),
+        ([(WINDOW, 4)], (8,), (4,), [(4, 8, 12)], 4, 11, 4, HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT),
+        # ... any other answer, or a proof within the limit: another missed hit.
+        ([(WINDOW, 4)], (8,), (4,), [(4, 8, 12)], 4, 11, 0, HIT_SHORTER),
+        ([(WINDOW, 4)], (4,), (4,), [(8, 12)], 4, 12, 0, HIT_SHORTER),
         # ... two short, or beside another group: another missed hit, not that one.
         ([(FULL, 4)], (), (4,), [(4, 8, 12)], 4, 11, 0, HIT_SHORTER),
         ([(FULL, 4), (MAMBA, 4)], (), (4, 0), [(4, 8, 12), (4, 8)], 4, 11, 4, HIT_SHORTER),

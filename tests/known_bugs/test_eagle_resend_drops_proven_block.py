@@ -23,6 +23,14 @@ Analysis (vLLM 0.33.0, ``vllm/v1/core/kv_cache_coordinator.py``,
   4-token blocks sent twice hits 4 tokens, where a full-attention group
   beside a sliding window (the hybrid coordinator, the same cache) hits 8.
   A 32-token prompt on 16-token blocks hits nothing.
+- On a lone sliding window the same blindness can lose the whole hit: the
+  window's search needs its window and the block after it within the
+  limit, finds no such run, and falls back to the run from token 0. A
+  9-token prompt on 3-token blocks under a 3-token window, resent as a
+  prefix of a 10-token one whose first block the window freed uncached,
+  hits 0 where the index (entries 6 and 9) serves 6. Found by the state
+  machine from scratch (2026-12-05, 600 s campaign, shrunk to the program
+  of the second test below).
 - Nothing wrong is read: the extra block is recomputed. (Neither rule
   proves the dropped-or-kept block's draft KV was written by a request
   with the same next token; vLLM issue 50438 proposes keys that would.)
@@ -79,5 +87,25 @@ def test_the_hybrid_coordinator_keeps_the_block_the_next_one_proves() -> None:
 def test_a_single_group_keeps_the_block_the_next_one_proves() -> None:
     adm = _resend(SpecDraw("FullAttentionSpec", 4))
     assert adm.index_hold == ((4, 8, 12),) and adm.hit_drops == (4,), adm.describe()
+    with shown_as("eagle-resend-drops-proven-block"):
+        check_hit_matches_index(adm)
+
+
+@known_vllm_bug("vLLM bug eagle-resend-drops-proven-block (fuzz/known_bugs.py)")
+def test_a_single_window_keeps_the_hit_the_next_block_proves() -> None:
+    """The campaign's shrunk program (its group a SlidingWindowMLASpec, here
+    the plain spec: the same manager): a 10-token prompt, then its first 9
+    tokens, on one window of 3 tokens over 3-token blocks, one sequence and
+    4 tokens a step (sync, k = 1, no draft accepted)."""
+    layout = LayoutDraw((SpecDraw("SlidingWindowSpec", 3, (("sliding_window", 3),)),), hash_block_size=3,
+                        num_blocks=13)
+    harness = SchedulerHarness(SchedulerDraw(
+        layout, max_num_batched_tokens=4, max_num_seqs=1, model_runner="v2",
+        speculative_method="eagle", num_speculative_tokens=1, draft_acceptance=(0,)))
+    harness.add_request(range(0, 70, 7), max_tokens=1)
+    harness.drain()
+    rid = harness.add_request(range(0, 63, 7), max_tokens=1)
+    (adm,) = [a for a in harness.step().admissions if a.request_id == rid]
+    assert adm.index_hold == ((6, 9),) and adm.hit_limit == 8 and adm.hit_drops == (3,), adm.describe()
     with shown_as("eagle-resend-drops-proven-block"):
         check_hit_matches_index(adm)
