@@ -9,9 +9,8 @@ divides ``L``, else the partial tail of a prompt).
 
 The rules, stated for layouts whose groups are all full attention (R-SWA's
 included: it looks hits up as full attention), sliding window, chunked
-local or Mamba (no DCP/PCP; with an EAGLE-style drafter's
-block drop, at most two distinct group specs; other layouts carry no
-``index_hold`` and get no prediction):
+local or Mamba (no DCP/PCP; other layouts carry no ``index_hold`` and get
+no prediction):
 
 * a group reaches ``L`` when it holds every full block of the prefix below
   ``L // b * b`` and, where ``b`` does not divide ``L``, the partial entry
@@ -40,7 +39,9 @@ block drop, at most two distinct group specs; other layouts carry no
   unit (one hash unit for full attention with sub-block hits on, else one
   of its blocks): the drafter wrote the KV at ``L - 1`` with the token at
   ``L``, and only an entry past ``L`` under the request's own chain proves
-  that token the request's (the entry may lie past the caller's limit);
+  that token the request's (the entry may lie past the caller's limit); a
+  dropping sliding window needs ``ceil((W - 1) / b)`` blocks before ``L``
+  (none for a one-token window) and that entry;
 * the hit is the longest prefix, a multiple of the hit alignment (the hash
   block with sub-block hits on, else the scheduler block) and no longer
   than the caller's limit (``num_tokens - 1`` by default), that every group

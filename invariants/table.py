@@ -174,7 +174,8 @@ INVARIANTS: tuple[Invariant, ...] = (
     ),
     # How long a hit each lookup serves, which cached blocks survive (invariants/hits.py).
     _s("hit-matches-index", hits.check_hit_matches_index, "hit_stops_a_block_early",
-       "window_hit_needs_a_block_more", "chunk_hit_stops_a_block_early", "eagle_drop_forgotten", watches="hits"),
+       "window_hit_needs_a_block_more", "chunk_hit_stops_a_block_early", "eagle_drop_forgotten",
+       "eagle_drop_reapplied", watches="hits"),
     _s("eviction-order", hits.check_eviction_order, "free_evicts_head_first", watches="evictions"),
 )
 

@@ -120,7 +120,8 @@ def _uniform_or_not(draw: st.DrawFn, layouts: st.SearchStrategy[LayoutDraw]) -> 
 # full-attention-type group, which the coordinator's per-group lookup does
 # not take as its reference (only the first is).
 _SECOND_FULL_ATTENTION = ("FullAttentionSpec", "MLAAttentionSpec", "HiddenStateCacheSpec")
-# Full attention layers interleaved with sliding-window ones.
+# Full attention layers interleaved with sliding-window ones (and, drawn
+# from the same two kinds, a third group of another page size).
 _WINDOWED_HYBRID = ("FullAttentionSpec", "SlidingWindowSpec")
 
 
@@ -138,8 +139,9 @@ def scheduler_layouts(
     the core case plus a second full-attention-type group (full attention
     of another page size, MLA, a hidden-state cache), whose per-group hit
     may lag the first's, and full attention beside a sliding window (the
-    layout of Gemma 2 and 3, gpt-oss, Mistral's windowed models): two specs,
-    so an EAGLE drafter's hits are predicted there.
+    layout of Gemma 2 and 3, gpt-oss, Mistral's windowed models), with in
+    about a third of them a third group of either kind on another page size
+    (an EAGLE drafter's own layers, Gemma 4's global and local head sizes).
     One in three layouts puts every group on one block size, as a hybrid
     model whose layers share ``cache_config.block_size`` does.
 
@@ -156,7 +158,7 @@ def scheduler_layouts(
         st.sampled_from(seconds).flatmap(
             lambda k: kv_cache_layouts(min_groups=3, max_groups=3, required=(*_CORE, k))
         ),
-        kv_cache_layouts(min_groups=2, max_groups=2, required=_WINDOWED_HYBRID),
+        kv_cache_layouts(kinds=_WINDOWED_HYBRID, min_groups=2, max_groups=3, required=_WINDOWED_HYBRID),
     )
     picks = [i for i, w in enumerate(weights) for _ in range(w)]
     return st.sampled_from(picks).flatmap(lambda i: _uniform_or_not(families[i]))

@@ -12,11 +12,11 @@ lookup: how long a hit those entries allow is the claim's own rule.
 The record is made only for layouts whose rules the claim states: every
 group full attention (R-SWA's included), sliding window, chunked local or
 Mamba and prefix-cacheable, no context-parallel sharding (DCP/PCP), and a
-lookup the request does not skip; with an EAGLE-style drafter's block drop,
-at most two distinct group specs
-(the coordinator settles those in one pass; with more it iterates and
-re-verifies the drop, the open upstream question of vLLM issues 32802 and
-51771, which this claim does not state).
+lookup the request does not skip. Under an EAGLE-style drafter's block drop
+the rule is the same for any number of specs: the longest length every
+group serves with its own proof (with three or more the coordinator reaches
+it by a fixed point that verifies each group's drop once per candidate
+length; vLLM issues 32802 and 51771 are about that loop).
 
 vLLM and the standard library only: standalone repro files carry this
 module's source (what differs between vLLM releases, where the index lives
@@ -62,12 +62,6 @@ def _drops(manager: Any, alignment: int) -> tuple[int, ...]:
 def _stated(manager: Any) -> bool:
     """The layout is one the hit-length claim predicts for."""
     coordinator = manager.coordinator
-    distinct: list[Any] = []
-    for group in manager.kv_cache_config.kv_cache_groups:
-        if group.kv_cache_spec not in distinct:
-            distinct.append(group.kv_cache_spec)
-    if getattr(manager, "use_eagle", False) and len(distinct) > 2:
-        return False
     if int(getattr(coordinator, "pcp_world_size", 1) or 1) > 1:
         return False
     for group, single in zip(manager.kv_cache_config.kv_cache_groups, coordinator.single_type_managers):

@@ -591,6 +591,18 @@ _MANAGER_EDITS["eagle_drop_forgotten"] = (
       "self.drop_eagle_group_ids = set()"),),
 )
 
+# ... the hybrid coordinator drops again on every pass of its fixed point: a
+# group it already verified at the current length loses another block each
+# time a later group shrinks the hit (vLLM issue 32802's spiral).
+_MANAGER_EDITS["eagle_drop_reapplied"] = (
+    "HybridKVCacheCoordinator.find_longest_cache_hit passes the EAGLE drop to a group on "
+    "every pass of its fixed point, its lookahead margin only on the first: a group "
+    "already verified at the candidate length drops a block more on each later pass and "
+    "the hit spirals down (a missed hit, the shape of vLLM issue 32802)",
+    ("vllm.v1.core.kv_cache_coordinator", "HybridKVCacheCoordinator", "find_longest_cache_hit"),
+    (("drop_eagle_block=drop_eagle_block,", "drop_eagle_block=use_eagle,"),),
+)
+
 # Which cached blocks survive pool pressure (invariants/hits.py): a request's
 # free goes head first, so its prefix's first block is evicted before the
 # blocks that only serve with it.

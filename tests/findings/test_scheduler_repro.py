@@ -266,6 +266,8 @@ PROMISE_BUGS = {
     "chunk_hit_stops_a_block_early": ("hit-matches-index", "ChunkedLocalAttentionSpec("),
     # ... under an EAGLE drafter: the file speculates with it and passes each group's drop to the rule.
     "eagle_drop_forgotten": ("hit-matches-index", "SPECULATIVE_METHOD = 'eagle'"),
+    # ... on three specs, where the coordinator's fixed point takes a second pass.
+    "eagle_drop_reapplied": ("hit-matches-index", "MambaSpec("),
     # A Mamba state adopted in the step that writes it: the file reads each state before the step writes.
     "mamba_adopts_same_step_state": ("reads-written", "watch.unread_states = [(rid, *m)"),
     # ... and one whose cached partial-tail state stays under its key as the request writes on.

@@ -378,6 +378,29 @@ def eagle_shared_prefix_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     return run
 
 
+def eagle_three_specs_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
+    """Full attention, Mamba and an 8-token sliding window (4-token blocks,
+    in that order) under an EAGLE drafter (k = 1), 4 tokens a step: a
+    12-token prompt, then an 11-token one sharing its first 8. The hybrid
+    coordinator's fixed point takes more than one pass on three specs; the
+    second lookup hits 4 (each group holds 4 and 8: 8 would need the entry
+    at 12 as its proof)."""
+    groups = (SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4),
+              SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 8),)))
+    harness = SchedulerHarness(SchedulerDraw(
+        LayoutDraw(groups, hash_block_size=4, num_blocks=65), max_num_batched_tokens=4, max_num_seqs=1,
+        speculative_method="eagle", num_speculative_tokens=1, draft_acceptance=(1,)))
+    run = Stepper(harness, checks)
+    seen = []
+    for prompt in (range(12), [*range(8), 900, 901, 902]):
+        rid = harness.add_request(prompt, max_tokens=1)
+        seen += [a for a in run.step().admissions if a.request_id == rid]
+        run.drain()
+    last = seen[-1]
+    assert last.index_hold == ((4, 8),) * 3 and last.hit_drops == (4, 0, 4) and last.local_hit == 4, last.describe()
+    return run
+
+
 def eagle_run(checks: tuple[Callable[..., None], ...]) -> Stepper:
     """:func:`speculating_harness`'s async EAGLE run (k = 3: the drafter
     writes 3 positions ahead of every step it drafts from), stepped with
@@ -485,6 +508,7 @@ FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], s
     (check_hit_matches_index, "hit-matches-index", "chunk_hit_stops_a_block_early", chunked_repeated_prompt_run,
      None),
     (check_hit_matches_index, "hit-matches-index", "eagle_drop_forgotten", eagle_shared_prefix_run, None),
+    (check_hit_matches_index, "hit-matches-index", "eagle_drop_reapplied", eagle_three_specs_run, None),
     # What a Mamba state block holds (invariants/contents.py).
     (check_reads_written, "reads-written", "mamba_adopts_same_step_state", hybrid_twins_run, None),
     (check_index_written, "index-written", "mamba_tail_state_overwritten", hybrid_tail_run, None),
