@@ -27,7 +27,8 @@ from invariants.contents import LOST_TO_COPY_BEFORE_FILL as _LOST_TO_COPY_BEFORE
 from invariants.contents import LOST_TO_COPY_OF_COPY as _LOST_TO_COPY_OF_COPY
 from invariants.contents import MISNAMED_AFTER_FAILED_LOAD, OTHER_TOKENS_AFTER_FAILED_LOAD, READ_OTHER_TOKENS_AFTER_FAILED_LOAD
 from invariants.hits import (
-    HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT, HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO, HIT_SHORTER_INSIDE_A_FULL_BLOCK,
+    HIT_LONGER_WITHOUT_EAGLE_PROOF, HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT, HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO,
+    HIT_SHORTER_INSIDE_A_FULL_BLOCK,
 )
 from invariants.ownership import ROLLED_BACK_IN_FLIGHT
 from invariants.promises import EVENTS_ORPHANED_PARTIAL
@@ -762,6 +763,38 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "search path checks the alignment after the drop). Every prompt shorter than the window "
             "recomputes an alignment unit more. Performance only. Scheduler-API as shown (vLLM's own "
             "comment names Gemma 4's page sizes as where such layouts arise). No upstream report found."
+        ),
+        targets=("scheduler-machine",),
+    ),
+    KnownBug(
+        id="eagle-verification-survives-shrink",
+        title="EAGLE drop on three or more specs: a Mamba group's shrink leaves a window group's drop "
+        "verified at the longer length, and the hit keeps a window block no entry past it proves",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=(
+            Signature("hit-matches-index", where="KVCacheManager.get_computed_blocks",
+                      state=HIT_LONGER_WITHOUT_EAGLE_PROOF),
+        ),
+        reach="scheduler-api",
+        pinned_by="tests/known_bugs/test_eagle_verification_survives_shrink.py"
+        "::test_a_window_group_proves_the_hit_it_keeps",
+        analysis=(
+            "HybridKVCacheCoordinator.find_longest_cache_hit verifies each dropping group's EAGLE "
+            "proof once per candidate length (eagle_verified): a lookup with the drop adds the "
+            "group, and only a lookup without it that shrinks the length clears the set. With no "
+            "group annotated as holding draft layers the coordinator flags every group, Mamba "
+            "included; the Mamba finder takes no margin and never drops, so when it shrinks the "
+            "length it is added, not clearing the set. On the next pass a window group verified at "
+            "the longer length is looked up at the shorter one without the drop and keeps a last "
+            "block whose next entry is not cached: full attention, an 8-token window and Mamba on "
+            "4-token blocks, a 30-token request over a cached 24-token prefix whose window entry "
+            "at 12 was evicted, Mamba states at 8 and 24: the hit is 8 (window verified at 20, "
+            "Mamba shrinks to 8); the rule allows 0. The drafter may then read KV at the hit's "
+            "last position that another request wrote with another next token: its drafts suffer, "
+            "not the verified output. With the draft groups annotated (Mamba not dropping) the same cache "
+            "hits 0. Scheduler-API as shown (no group annotated, a layout of three specs); vLLM "
+            "warns about unannotated EAGLE drafters on Mamba models. No upstream report found."
         ),
         targets=("scheduler-machine",),
     ),

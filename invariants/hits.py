@@ -104,12 +104,15 @@ from fuzz.model import (
 )
 
 __all__ = [
-    "EVICTED_OUT_OF_ORDER", "HIT_CHECKS", "HIT_LONGER", "HIT_SHORTER", "HIT_STEP_CHECKS", "check_eviction_order",
+    "EVICTED_OUT_OF_ORDER", "HIT_CHECKS", "HIT_LONGER", "HIT_LONGER_WITHOUT_EAGLE_PROOF", "HIT_SHORTER", "HIT_STEP_CHECKS", "check_eviction_order",
     "check_hit_matches_index", "predicted_hit", "reused_before",
 ]
 
 # The failing conditions (deduplication and known-bug matching name them).
 HIT_LONGER = "a hit longer than the index holds"
+# ... where every group serves the hit without its EAGLE drop, and a dropping
+# group lacks only the entry past it that proves the drafter's last position.
+HIT_LONGER_WITHOUT_EAGLE_PROOF = "a hit longer than the index allows that only a dropping group's EAGLE proof refuses"
 HIT_SHORTER = "a missed hit"
 # ... where a full-attention group holds a full block past the hit but no
 # entry at the hit's length inside it (a block size that does not divide it).
@@ -167,8 +170,20 @@ def check_hit_matches_index(adm: AdmissionObservation, context: str = "") -> Non
         + (f"\n  scenario: {context}" if context else "")
     )
     if longer:
-        raise InvariantViolation("hit-matches-index", text, where=WHERE, state=HIT_LONGER)
+        raise InvariantViolation("hit-matches-index", text, where=WHERE, state=_excess(adm))
     raise MissedHit("hit-matches-index", text, where=WHERE, state=_shortfall(adm, hit, reaches))
+
+
+def _excess(adm: AdmissionObservation) -> str:
+    """Which longer hit: one every group serves without its EAGLE drop (the
+    hit the index allows with no drop and the served length as the limit is
+    the served length itself), so that only a dropping group's missing
+    proof entry refuses it; or any other."""
+    if any(adm.hit_drops):
+        blind = predicted_hit(dataclasses.replace(adm, hit_drops=(), hit_limit=adm.local_hit))
+        if blind is not None and blind[0] == adm.local_hit:
+            return HIT_LONGER_WITHOUT_EAGLE_PROOF
+    return HIT_LONGER
 
 
 def _shortfall(adm: AdmissionObservation, hit: int, reaches: tuple[int, ...]) -> str:

@@ -9,8 +9,8 @@ import pytest
 
 from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, MissedHit
 from invariants.hits import (
-    HIT_SHORTER, HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT, HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO, check_hit_matches_index,
-    predicted_hit,
+    HIT_LONGER, HIT_LONGER_WITHOUT_EAGLE_PROOF, HIT_SHORTER, HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT,
+    HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO, check_hit_matches_index, predicted_hit,
 )
 
 FULL, MAMBA = "vllm.v1.kv_cache_interface.FullAttentionSpec", "vllm.v1.kv_cache_interface.MambaSpec"
@@ -211,6 +211,23 @@ def test_each_eagle_shortfall_is_told_apart(groups, windows, drops, held, align,
     with pytest.raises(MissedHit) as short:
         check_hit_matches_index(_adm(groups, held, align=align, limit=limit, hit=hit, windows=windows, drops=drops))
     assert short.value.state == state, short.value
+
+
+@pytest.mark.parametrize(
+    ("drops", "held", "hit", "state"),
+    [
+        # Every group serves 8 without the drop; the window lacks 12, the entry proving 8.
+        ((4, 4, 0), [(4, 8, 12, 16), (4, 8, 16), (8, 24)], 8, HIT_LONGER_WITHOUT_EAGLE_PROOF),
+        # ... no drop at all, or a length a group does not serve even without it: another longer hit.
+        ((), [(4, 8, 12, 16), (4, 16), (8, 24)], 8, HIT_LONGER),
+        ((4, 4, 0), [(4, 8, 12, 16), (4, 8, 16), (8, 24)], 16, HIT_LONGER),
+    ],
+)
+def test_a_longer_hit_missing_only_its_eagle_proof_is_told_apart(drops, held, hit, state) -> None:
+    groups = [(FULL, 4), (WINDOW, 4), (MAMBA, 4)]
+    with pytest.raises(InvariantViolation) as long:
+        check_hit_matches_index(_adm(groups, held, align=4, limit=29, hit=hit, windows=(0, 8, 0), drops=drops))
+    assert not isinstance(long.value, MissedHit) and long.value.state == state, long.value
 
 
 def test_no_prediction_without_the_models_index() -> None:
