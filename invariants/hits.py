@@ -175,13 +175,19 @@ def check_hit_matches_index(adm: AdmissionObservation, context: str = "") -> Non
 
 
 def _excess(adm: AdmissionObservation) -> str:
-    """Which longer hit: one every group serves without its EAGLE drop (the
-    hit the index allows with no drop and the served length as the limit is
-    the served length itself), so that only a dropping group's missing
-    proof entry refuses it; or any other."""
-    if any(adm.hit_drops):
-        blind = predicted_hit(dataclasses.replace(adm, hit_drops=(), hit_limit=adm.local_hit))
-        if blind is not None and blind[0] == adm.local_hit:
+    """Which longer hit: on three or more distinct specs with a Mamba group,
+    one every group serves without its EAGLE drop (the hit the index allows
+    with no drop and the served length as the limit is the served length
+    itself), refused only because sliding-window groups lack the entry past
+    it that proves their drop; or any other."""
+    assert adm.index_hold is not None
+    served, drops = adm.local_hit, adm.hit_drops or (0,) * len(adm.groups)
+    windows = adm.hit_windows or (0,) * len(adm.groups)
+    specs = {(g.spec_class, g.block_size, w) for g, w in zip(adm.groups, windows)}
+    unproven = [w for held, drop, w in zip(adm.index_hold, drops, windows) if drop and served + drop not in held]
+    if len(specs) >= 3 and any(group_kind(g) == "MambaSpec" for g in adm.groups) and unproven and all(unproven):
+        blind = predicted_hit(dataclasses.replace(adm, hit_drops=(), hit_limit=served))
+        if blind is not None and blind[0] == served:
             return HIT_LONGER_WITHOUT_EAGLE_PROOF
     return HIT_LONGER
 

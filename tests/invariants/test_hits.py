@@ -221,6 +221,8 @@ def test_each_eagle_shortfall_is_told_apart(groups, windows, drops, held, align,
         # ... no drop at all, or a length a group does not serve even without it: another longer hit.
         ((), [(4, 8, 12, 16), (4, 16), (8, 24)], 8, HIT_LONGER),
         ((4, 4, 0), [(4, 8, 12, 16), (4, 8, 16), (8, 24)], 16, HIT_LONGER),
+        # ... a full-attention group short of its proof: not that bug's shape.
+        ((4, 4, 0), [(4, 8, 16), (4, 8, 12, 16), (8, 24)], 8, HIT_LONGER),
     ],
 )
 def test_a_longer_hit_missing_only_its_eagle_proof_is_told_apart(drops, held, hit, state) -> None:
@@ -228,6 +230,14 @@ def test_a_longer_hit_missing_only_its_eagle_proof_is_told_apart(drops, held, hi
     with pytest.raises(InvariantViolation) as long:
         check_hit_matches_index(_adm(groups, held, align=4, limit=29, hit=hit, windows=(0, 8, 0), drops=drops))
     assert not isinstance(long.value, MissedHit) and long.value.state == state, long.value
+
+
+def test_a_lone_group_kept_past_its_eagle_proof_is_another_longer_hit() -> None:
+    """No group dropping at all (the planted eagle_drop_forgotten) on one
+    full-attention group is not the three-spec bug's shape."""
+    with pytest.raises(InvariantViolation) as long:
+        check_hit_matches_index(_adm([(FULL, 4)], [(4, 8)], align=4, limit=16, hit=8, drops=(4,)))
+    assert long.value.state == HIT_LONGER, long.value
 
 
 def test_no_prediction_without_the_models_index() -> None:
