@@ -737,7 +737,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "after it within the limit and can lose the whole hit (9 tokens on 3-token blocks, "
             "window 3, entries 6 and 9 held: 0, not 6). Performance only. Engine in principle: one "
             "KV-cache group for target and draft layers, EAGLE with the block drop, prefix caching, "
-            "a prompt sent again whose proof block lies past num_tokens - 1. No upstream report found; vLLM issue 50438 discusses the drop's cost."
+            "a prompt sent again whose proof block lies past num_tokens - 1. No upstream report "
+            "found; vLLM issue 50438 discusses the drop's cost."
         ),
         targets=("scheduler-machine",),
     ),
@@ -792,8 +793,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "at 12 was evicted, Mamba states at 8 and 24: the hit is 8 (window verified at 20, "
             "Mamba shrinks to 8); the rule allows 0. The drafter may then read KV at the hit's "
             "last position that another request wrote with another next token: its drafts suffer, "
-            "not the verified output. With the draft groups annotated (Mamba not dropping) the same cache "
-            "hits 0. Scheduler-API as shown (no group annotated, a layout of three specs); vLLM "
+            "not the verified output. With the draft groups annotated (Mamba not dropping) the "
+            "same cache hits 0. Scheduler-API as shown (no group annotated, a layout of three specs); vLLM "
             "warns about unannotated EAGLE drafters on Mamba models. No upstream report found."
         ),
         targets=("scheduler-machine",),

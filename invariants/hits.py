@@ -104,8 +104,8 @@ from fuzz.model import (
 )
 
 __all__ = [
-    "EVICTED_OUT_OF_ORDER", "HIT_CHECKS", "HIT_LONGER", "HIT_LONGER_WITHOUT_EAGLE_PROOF", "HIT_SHORTER", "HIT_STEP_CHECKS", "check_eviction_order",
-    "check_hit_matches_index", "predicted_hit", "reused_before",
+    "EVICTED_OUT_OF_ORDER", "HIT_CHECKS", "HIT_LONGER", "HIT_LONGER_WITHOUT_EAGLE_PROOF", "HIT_SHORTER",
+    "HIT_STEP_CHECKS", "check_eviction_order", "check_hit_matches_index", "predicted_hit", "reused_before",
 ]
 
 # The failing conditions (deduplication and known-bug matching name them).
@@ -195,9 +195,9 @@ def _excess(adm: AdmissionObservation) -> str:
 def _shortfall(adm: AdmissionObservation, hit: int, reaches: tuple[int, ...]) -> str:
     """Which missed hit: a lone EAGLE-dropping group's that served exactly
     what the index allows a lookup reading nothing past the caller's limit,
-    where the model's proof is an entry past it; one alignment unit short, where a
-    dropping sliding window's run of blocks from token 0 is shorter than its
-    window; one where a full-attention group reaches past the hit through a
+    where the model's proof is an entry past it; one alignment unit short,
+    where a dropping sliding window's run of blocks from token 0 is shorter
+    than its window; one where a full-attention group reaches past the hit through a
     cached full block but files no entry at the hit's length (its block size
     does not divide it); or any other."""
     assert adm.index_hold is not None

@@ -13,6 +13,7 @@ from typing import Any
 
 from fuzz.adapter import _compat
 from fuzz.adapter._env import VLLM_VERSION, init_hashing, sha256
+from fuzz.adapter._hits import index_hold
 from fuzz.adapter._observe import raising_statement, vllm_frames
 from fuzz.adapter._specs import kv_cache_config, qualified_name, refused, resolve_block_sizes
 
@@ -22,6 +23,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
 from fuzz.model import (  # noqa: E402
+    AdmissionObservation,
     BlockRef,
     EagleDraw,
     GroupInfo,
@@ -239,6 +241,34 @@ class ManagerHarness:
     def evict(self, block_ids: set[int]) -> None:
         """Drop blocks from the prefix cache (the connector-load-failure path's call)."""
         self.manager.evict_blocks(set(block_ids))
+
+    def evict_entry(self, tokens: Sequence[int], length: int, group: int) -> None:
+        """Drop from the prefix cache the block that ``group`` files the
+        prefix of ``tokens`` of ``length`` tokens (a multiple of the hash
+        block) under."""
+        req = self._request(tokens)
+        key = _kcu.make_block_hash_with_group_id(req.block_hashes[length // self.hash_block_size - 1], group)
+        cached = _compat.prefix_cache_map(self.manager.block_pool)
+        entry = None if cached is None else cached.get(key)
+        if entry is None:
+            raise KeyError(f"group {group} files no entry for the prefix of {length} tokens")
+        self.evict({(entry if hasattr(entry, "block_id") else next(iter(entry.values()))).block_id})
+
+    def admission(self, tokens: Sequence[int]) -> AdmissionObservation:
+        """A joint lookup of ``tokens`` (``get_computed_blocks``) as the
+        hit-length claim sees a scheduler's: the index read as the lookup
+        begins (fuzz/adapter/_hits.py) and the hit it served."""
+        req = self._request(tokens)
+        held = index_hold(self.manager, req, None, _compat.prefix_cache_map(self.manager.block_pool),
+                          self.partial_hits_enabled)
+        _, hit, _ = self.manager.get_computed_blocks(req)
+        return AdmissionObservation(
+            request_id=req.request_id, step=0, num_tokens=req.num_tokens, groups=self.groups,
+            spans=(None,) * len(self.groups), scheduler_block_size=self.scheduler_block_size,
+            hash_block_size=self.hash_block_size, null_block_id=self.manager.block_pool.null_block.block_id,
+            divergent_capable=False, local_hit=hit, local_blocks=(), hit_diverged=False, per_group_hits=(),
+            joint_hit=hit, joint_blocks=(), **held,
+        )
 
     # -- truncation -------------------------------------------------------
     def observe_truncate(

@@ -48,10 +48,8 @@ entry of fuzz/known_bugs.py.
 from __future__ import annotations
 
 import pytest
-from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
 from fuzz.adapter import ManagerHarness
-from fuzz.adapter._hits import index_hold
 from fuzz.model import AdmissionObservation, EagleDraw, LayoutDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.hits import check_hit_matches_index
@@ -72,19 +70,8 @@ def _lookup(draft_groups: tuple[int, ...]) -> AdmissionObservation:
     harness.prefill(prefix[:8])
     harness.prefill(prefix)
     tokens = [*prefix, *range(900, 906)]
-    request = harness._request(tokens)
-    manager = harness.manager
-    cache = manager.block_pool.cached_block_hash_to_block._cache
-    entry = cache[make_block_hash_with_group_id(request.block_hashes[2], 1)]
-    harness.evict({(entry if hasattr(entry, "block_id") else next(iter(entry.values()))).block_id})
-    held = index_hold(manager, request, None, cache, False)
-    found = harness.lookup(tokens, "joint")
-    return AdmissionObservation(
-        request_id=request.request_id, step=1, num_tokens=len(tokens), groups=harness.groups,
-        spans=(None,) * len(GROUPS), scheduler_block_size=4, hash_block_size=4, null_block_id=0,
-        divergent_capable=False, local_hit=found.num_tokens, local_blocks=(), hit_diverged=False,
-        per_group_hits=(), joint_hit=found.num_tokens, joint_blocks=(), **held,
-    )
+    harness.evict_entry(tokens, 12, group=1)
+    return harness.admission(tokens)
 
 
 def test_with_the_draft_groups_annotated_the_hit_is_proven() -> None:
