@@ -29,7 +29,7 @@ def repro_header(*, title: str, vllm_version: str, target: str, seed: object, in
         f"target: {target}\n"
         f"seed: {seed}\n"
         f"invariant: {invariant}\n"
-        f"violation: {first}\n\n"
+        + (f"violation: {first}\n" if first else "") + "\n"
         "Scenario (as drawn):\n"
         + textwrap.indent(textwrap.fill(scenario, 88), "    ")
         + '\n"""\n'

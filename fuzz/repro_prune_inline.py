@@ -312,6 +312,63 @@ def _expression_inlined(fn_source: str, fn: ast.FunctionDef, params: list[str], 
     return out
 
 
+# A helper whose whole body is ``return <expression>`` on one line this short
+# is read more easily where it is called, however often.
+MAX_EVERYWHERE_CHARACTERS = 40
+
+
+def _in_test(call: ast.Call, caller: ast.AST) -> bool:
+    """``call`` is what an ``if``/``while`` tests, or what ``not`` negates there."""
+    for node in ast.walk(caller):
+        if isinstance(node, (ast.If, ast.While)):
+            test = node.test
+            if test is call or isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and test.operand is call:
+                return True
+    return False
+
+
+def _inlined_everywhere(sources: Mapping[str, str], fn: ast.FunctionDef, owner: str,
+                        callers: list[str]) -> dict[str, str] | None:
+    """The callers' new sources with every call of ``fn``, a one-line
+    ``return`` of a short expression, replaced by that expression (``bool(x)``
+    tested by an ``if`` or ``while`` by ``x``); None where one call cannot be."""
+    params = _movable(fn, False)
+    body = _body(fn)
+    if params is None or len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
+        return None
+    value = body[0].value
+    segment = ast.get_source_segment(sources[owner], value) or ""
+    if value.lineno != value.end_lineno or len(segment) > MAX_EVERYWHERE_CHARACTERS:
+        return None
+    truth = isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "bool" \
+        and len(value.args) == 1 and not value.keywords
+    out: dict[str, str] = {}
+    for caller_name in dict.fromkeys(callers):
+        source = out.get(caller_name, sources[caller_name])
+        while True:
+            tree = ast.parse(source)
+            call = next((n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                         and n.func.id == fn.name), None)
+            if call is None:
+                break
+            caller = next((c for c, _ in _callers(tree) if any(n is call for n in ast.walk(c))), None)
+            passed = None if caller is None else _arguments(call, fn, params, source, bind=False)
+            if caller is None or passed is None:
+                return None
+            one = fn
+            if truth and _in_test(call, caller):  # bool(x) where only its truth is read: x
+                one = ast.FunctionDef(fn.name, fn.args, [ast.Return(value.args[0], lineno=value.lineno,
+                                                                    col_offset=value.args[0].col_offset)],
+                                      [], None, None, lineno=fn.lineno, col_offset=fn.col_offset)
+                ast.fix_missing_locations(one)
+            new = _expression_inlined(sources[owner], one, params, source, caller, call, passed[0])
+            if new is None:
+                return None
+            source = new
+        out[caller_name] = source
+    return out
+
+
 def _without_method(caller_name: str, out: str, method: str | None) -> dict[str, str]:
     """``{caller_name: out}``, the inlined ``method`` (if one) gone from its class (the caller's)."""
     if method is None:
@@ -367,6 +424,14 @@ def inlined_helpers(sources: Mapping[str, str], plain: Iterable[str], extra: str
             calls = [(owner, n) for owner, t in trees.items() for n in ast.walk(t)
                      if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name]
             candidates.append((node, None, calls))
+        elif (isinstance(node, ast.FunctionDef) and name not in strings and names.get(name, 0) > 1
+              and name not in _names_in(ast.parse(extra) if extra else ast.Module([], []))):
+            calls = [(owner, n) for owner, t in trees.items() for n in ast.walk(t)
+                     if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name]
+            if len(calls) == names[name] and not any(caller in keep for caller, _ in calls):
+                changed = _inlined_everywhere(sources, node, name, [caller for caller, _ in calls])
+                if changed:
+                    return changed
         elif isinstance(node, ast.ClassDef) and name in plain:
             for m in node.body:
                 if (isinstance(m, ast.FunctionDef) and not m.name.startswith("__") and attrs.get(m.name) == 1

@@ -301,6 +301,11 @@ def _read_rules(log: OpLog) -> list[tuple[str, int]]:
     return list(read_rules(config, log.config.groups, tuple(spans), behaviours))
 
 
+# The vLLM dataclasses whose declared defaults a file leaves unsaid.
+_DEFAULTED = ("vllm.config.ModelConfig", "vllm.config.SchedulerConfig", "vllm.config.CacheConfig",
+              "vllm.v1.outputs.ModelRunnerOutput")
+
+
 def scheduler_repro(
     log: OpLog, *, invariant: str, target: str, seed: object, violation: str, vllm_version: str | None = None
 ) -> str | None:
@@ -322,8 +327,9 @@ def scheduler_repro(
         invariant=invariant,
         violation=violation,
         scenario=(
-            f"{draw!r}; {size['groups']} groups, {size['blocks']} blocks, {size['requests']} requests, "
-            f"{size['steps']} schedule() steps"
+            f"{draw!r}; " + ", ".join(f"{size[k]} {noun if size[k] == 1 else noun + 's'}" for k, noun in
+                                      (("groups", "group"), ("blocks", "block"), ("requests", "request"),
+                                       ("steps", "schedule() step")))
         ),
     )
     requests = log.until_step(broken).requests
@@ -340,13 +346,15 @@ def scheduler_repro(
         **{k: ("vllm.v1.kv_cache_interface", k) for k in _spec_classes(draw.layout.groups)},
     }
     roots = {"pytest", "ScriptedConnector"} if draw.connector else {"pytest"}
-    values.update(_records_read(roots, values, constant_names=constants, extra=test, more_imports=more_imports))
-    kit = kit_source(roots, values, constant_names=constants, extra=test, more_imports=more_imports)
+    defaults = adapter.declared_defaults(_DEFAULTED)
+    values.update(_records_read(roots, values, constant_names=constants, extra=test, more_imports=more_imports,
+                                defaults=defaults))
+    kit = kit_source(roots, values, constant_names=constants, extra=test, more_imports=more_imports, defaults=defaults)
     prompts = [_tokens(_const(r.request_id), r.token_ids) for r in requests]
     emitted = [line for name, (_, text) in constants.items() if name in kit.constants for line in text]
     # The constants' values name spec classes (and torch dtypes): their imports too.
     kit = kit_source(roots, values, constant_names=constants, extra=test + "\n" + "\n".join(emitted),
-                     more_imports=more_imports, in_full={_CHECK_OF[invariant]})
+                     more_imports=more_imports, in_full={_CHECK_OF[invariant]}, defaults=defaults)
     return "\n".join([
         header,
         *kit.imports,
@@ -379,7 +387,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
             "# A tiny local model: vLLM reads its config.json only (no weights, no hub).",
             "MODEL_CONFIG = " + _compact_dict(json.loads(cfg.model_json)),
         ]),
-        "SPECS": (None, ["SPECS = [", *[f"    {_spec_code(g)}," for g in draw.layout.groups], "]"]),
+        "SPECS": (None, _specs_lines(draw.layout.groups)),
         "ROLES": (None, [
             "# Per group, what it holds of a request's prefix: every block (must-cover), the state",
             "# at the boundary (whole-state), nothing (scratch); 'windowed' (skips old tokens): unchecked.",
@@ -509,9 +517,15 @@ def _test_function(log: OpLog, broken: int, invariant: str) -> str:
     return "\n".join(lines)
 
 
+def _specs_lines(groups: tuple[SpecDraw, ...]) -> list[str]:
+    """``SPECS = [...]``: on one line where it fits in 120 characters, else a spec a line."""
+    one = "SPECS = [" + ", ".join(_spec_code(g) for g in groups) + "]"
+    return [one] if len(one) <= 120 else ["SPECS = [", *[f"    {_spec_code(g)}," for g in groups], "]"]
+
+
 def _compact_dict(d: dict) -> str:
-    """``d`` as a literal, its items filled into lines of at most 100 characters."""
-    body = textwrap.fill(", ".join(f"{k!r}: {v!r}" for k, v in d.items()), 96, initial_indent="    ",
+    """``d`` as a literal, its items filled into lines of at most 120 characters."""
+    body = textwrap.fill(", ".join(f"{k!r}: {v!r}" for k, v in d.items()), 116, initial_indent="    ",
                          subsequent_indent="    ", break_on_hyphens=False)
     return "{\n" + body + ",\n}"
 

@@ -51,7 +51,9 @@ from fuzz.repro_prune import (
     without_unused_locals,
 )
 from fuzz.repro_prune_annotations import without_annotations
+from fuzz.repro_prune_defaults import without_default_arguments
 from fuzz.repro_prune_inline import inlined_helpers
+from fuzz.repro_prune_stores import with_literals_inlined, without_overwritten_stores
 
 __all__ = ["KitSource", "kit_attributes", "kit_definitions", "kit_source", "specialise", "trim"]
 
@@ -245,7 +247,8 @@ def trim(source: str) -> str:
             continue  # escapes: the source is not the text, keep it
         cut = _summary(doc)
         if cut is None and len(node.body) > 1:
-            edits[start] = (end, [])  # a sentence too long to cut: the code says it
+            blank_after = end < len(lines) and not lines[end].strip()
+            edits[start] = (end + blank_after, [])  # a sentence too long to cut: the code says it (no gap left)
             continue
         summary = (cut or doc.splitlines()[0]).splitlines()
         if len(summary) == end - start and end - start == 1:
@@ -314,6 +317,7 @@ def kit_source(
     more_imports: Mapping[str, tuple[str, str | None]] | None = None,
     modules: tuple[str, ...] = KIT_MODULES,
     in_full: Iterable[str] = (),
+    defaults: Mapping[str, Mapping[str, object]] | None = None,
 ) -> KitSource:
     """The kit code reached from ``roots`` (names a file's own code uses;
     ``extra``: more of that code, whose names count as roots too),
@@ -321,13 +325,16 @@ def kit_source(
     ``if`` may read; ``constant_names``: the others it defines): its
     imports (the kit's, and ``more_imports`` for names the file's own code
     uses), the constants it reads, and the definitions in kit order, each
-    trimmed (:func:`trim`) but those named ``in_full``."""
+    trimmed (:func:`trim`) but those named ``in_full``; a keyword argument
+    equal to the default vLLM declares for it (``defaults``: class name ->
+    field -> default) is left unsaid."""
     defs, kit_imports = _module_parts(modules)
     imports = {**kit_imports, **(more_imports or {})}
     names_of_constants = set(constants) | set(constant_names)
     in_full = frozenset(in_full)
     roots = set(roots) | (_names(extra) if extra else set())
-    sources = {name: specialise(d.source, constants) for name, d in defs.items()}
+    sources = {name: without_default_arguments(specialise(d.source, constants), defaults or {}, constants)
+               for name, d in defs.items()}
     kept_methods: dict[str, set[str] | None] = {name: None for name, d in defs.items() if d.is_plain_class}
     while True:
         selected: set[str] = set()
@@ -358,7 +365,8 @@ def kit_source(
             changed |= dropped != sources[name]
             sources[name] = dropped
         for name in selected:
-            kept = without_unused_locals(sources[name])
+            kept = with_literals_inlined(without_overwritten_stores(without_unused_locals(sources[name])))
+            kept = without_default_arguments(kept, defaults or {}, constants)
             changed |= kept != sources[name]
             sources[name] = kept
         changed |= _prune(sources, selected, selected & set(kept_methods), constants, extra, in_full)
@@ -446,7 +454,7 @@ def _render_imports(names: Mapping[str, tuple[str, str | None]]) -> tuple[str, .
         for module in sorted(m for m in froms if stdlib(m) == group):
             attrs = sorted(froms[module])
             one = f"from {module} import {', '.join(attrs)}"
-            block.append(one if len(one) <= 100 else f"from {module} import (\n" + "".join(f"    {a},\n" for a in attrs) + ")")
+            block.append(one if len(one) <= 120 else f"from {module} import (\n" + "".join(f"    {a},\n" for a in attrs) + ")")
         if block:
             out += [*block, ""]
     return tuple(out[:-1])

@@ -25,7 +25,7 @@ package; strategies and invariants never import it, and speak in
 
 import dataclasses as _dataclasses
 
-from fuzz.adapter._compat import CAPABILITIES, eagle_manager_kwargs, missing_capabilities
+from fuzz.adapter._compat import CAPABILITIES, declared_defaults, eagle_manager_kwargs, missing_capabilities
 from fuzz.adapter._env import VLLM_VERSION, init_hashing
 from fuzz.adapter._manager import Lookup, ManagerHarness
 from fuzz.adapter._planted import (
@@ -65,6 +65,7 @@ __all__ = [
     "SchedulerHarness",
     "SpecFacts",
     "build_spec",
+    "declared_defaults",
     "eagle_manager_kwargs",
     "init_hashing",
     "missing_capabilities",

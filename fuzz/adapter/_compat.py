@@ -33,6 +33,7 @@ __all__ = [
     "missing_capabilities",
     "HAS_SPEC_REGISTRY",
     "cache_hit_limit",
+    "declared_defaults",
     "lora_kw",
     "prompt_embeds",
     "request_lora_kw",
@@ -382,3 +383,23 @@ def kv_events_kw(enabled: bool) -> dict[str, Any]:
     from vllm.config import KVEventsConfig
 
     return {"kv_events_config": KVEventsConfig(enable_kv_cache_events=True, publisher="null")}
+
+
+def declared_defaults(qualified_names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per vLLM dataclass named (``"vllm.config.CacheConfig"``), keyed by its
+    class name, the default each field declares (a pydantic ``Field``'s own
+    default; fields with none or a factory left out): what a repro file may
+    leave unsaid. All releases."""
+    import importlib
+
+    out: dict[str, dict[str, Any]] = {}
+    for qualified in qualified_names:
+        module, _, name = qualified.rpartition(".")
+        declared = {}
+        for f in dataclasses.fields(getattr(importlib.import_module(module), name)):
+            default = getattr(f.default, "default", f.default)  # FieldInfo(default=...) or the value itself
+            if default is not dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                if type(default).__module__ != "pydantic_core":  # PydanticUndefined: none declared
+                    declared[f.name] = default
+        out[name] = declared
+    return out

@@ -28,8 +28,8 @@ def computed_before(out: Any) -> dict[str, int]:
     from ``scheduled_cached_reqs``."""
     computed = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
     cached = out.scheduled_cached_reqs
-    for i, rid in enumerate(cached.req_ids):
-        computed.setdefault(rid, cached.num_computed_tokens[i])
+    for i, req_id in enumerate(cached.req_ids):
+        computed.setdefault(req_id, cached.num_computed_tokens[i])
     return computed
 
 

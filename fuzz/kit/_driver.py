@@ -124,7 +124,8 @@ def _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_i
             )
     if NUM_SPECULATIVE_TOKENS:
         watch.verified = _verified(scheduler, fed, sampled)
-    scheduler.update_from_output(fed, model_runner_output(list(fed.num_scheduled_tokens), sampled, connector_output))
+    model_output = model_runner_output(list(fed.num_scheduled_tokens), sampled, connector_output)
+    scheduler.update_from_output(fed, model_output)
     if WATCH_EVENTS:
         watch.event_gaps = _event_gaps(scheduler, watch)
         watch.event_orphans = watch.events.take_orphans()

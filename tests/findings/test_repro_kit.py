@@ -512,3 +512,64 @@ def test_a_summary_too_long_to_cut_goes_rather_than_a_fragment() -> None:
     clause = long.replace("Per request of ``out``, the tokens", "Per request: the tokens")
     assert trim(long) == "def f():\n    return 1"
     assert trim(clause) == 'def f():\n    """Per request."""\n    return 1'
+
+
+# --- what a file leaves unsaid ---------------------------------------------------
+
+
+def test_an_argument_equal_to_vllm_s_declared_default_goes() -> None:
+    from fuzz.repro_prune_defaults import without_default_arguments
+
+    defaults = {"Config": {"seed": 0, "flag": True, "mode": "none"}}
+    source = ("def make():\n    return Config(\n        seed=SEED,\n        flag=1,\n        mode='none',\n"
+              "        other=0,\n    ), Other(seed=0)")
+    out = without_default_arguments(source, defaults, {"SEED": 0})
+    assert out == "def make():\n    return Config(\n        flag=1,\n        other=0,\n    ), Other(seed=0)"
+    # Another value, a value of another type (1 is not True), or one it cannot read statically stays.
+    assert without_default_arguments("Config(seed=SEED, flag=f())", defaults, {"SEED": 3}) == "Config(seed=SEED, flag=f())"
+
+
+def test_the_declared_defaults_are_read_from_vllm() -> None:
+    from fuzz.adapter import declared_defaults
+
+    found = declared_defaults(("vllm.config.SchedulerConfig", "vllm.v1.outputs.ModelRunnerOutput"))
+    assert found["SchedulerConfig"]["prefill_schedule_interval"] == 1
+    assert found["ModelRunnerOutput"]["kv_connector_output"] is None
+    assert "req_ids" not in found["ModelRunnerOutput"]  # no default declared
+
+
+def test_a_literal_bound_once_and_read_once_moves_to_its_read() -> None:
+    from fuzz.repro_prune_stores import with_literals_inlined
+
+    source = "def f(s):\n    out = None\n    s.update(x=out)\n    return s"
+    assert with_literals_inlined(source) == "def f(s):\n    s.update(x=None)\n    return s"
+    twice = "def f(s):\n    out = None\n    s.update(x=out)\n    return out"
+    assert with_literals_inlined(twice) == twice
+    rebound = "def f(s):\n    out = None\n    if s:\n        out = 1\n    return out"
+    assert with_literals_inlined(rebound) == rebound
+
+
+def test_a_store_the_next_statement_about_its_owner_overwrites_goes() -> None:
+    from fuzz.repro_prune_stores import without_overwritten_stores
+
+    source = "def f(s, w):\n    w.a = []\n    out = s.run()\n    w.a = g(out)\n    return out"
+    assert without_overwritten_stores(source) == "def f(s, w):\n    out = s.run()\n    w.a = g(out)\n    return out"
+    read = "def f(s, w):\n    w.a = []\n    h(w)\n    w.a = g()"
+    assert without_overwritten_stores(read) == read
+    reads_itself = "def f(w):\n    w.a = []\n    w.a = w.a + [1]"
+    assert without_overwritten_stores(reads_itself) == reads_itself
+
+
+def test_a_one_line_helper_called_often_moves_into_each_call() -> None:
+    from fuzz.repro_prune_inline import inlined_helpers
+
+    sources = {
+        "busy": 'def busy(s):\n    """Doc."""\n    return bool(s.requests)',
+        "drain": "def drain(s):\n    if not busy(s):\n        return\n    while busy(s):\n        s.step()\n    left = busy(s)",
+    }
+    assert inlined_helpers(sources, set(), extra="drain(1)") == {
+        "drain": "def drain(s):\n    if not s.requests:\n        return\n    while s.requests:\n        s.step()\n"
+                 "    left = bool(s.requests)"
+    }
+    # The test calls it too: it keeps its name.
+    assert inlined_helpers(sources, set(), extra="drain(1)\nbusy(2)") == {}

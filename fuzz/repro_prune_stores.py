@@ -1,0 +1,78 @@
+"""Stores a repro file's code makes for nothing.
+
+After :mod:`fuzz.repro_source` specialises the kit to a file's constants,
+some statements are left doing no work in that file: a local bound to a
+literal only to be passed on once (``connector_output = None`` where the
+file has no connector), a record reset right before the next statement
+sets it again. :func:`with_literals_inlined` and
+:func:`without_overwritten_stores` take them out; both read the source
+with :mod:`ast` and keep every statement that might matter.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from fuzz.repro_prune import _Effects, without_lines
+
+__all__ = ["with_literals_inlined", "without_overwritten_stores"]
+
+
+def with_literals_inlined(source: str) -> str:
+    """``source`` with each local a function binds once, at its top level,
+    to ``None``, a bool or a number, and reads once after, replaced by that
+    literal where it is read (``connector_output = None`` ... ``f(x=connector_output)``:
+    ``f(x=None)``)."""
+    tree = ast.parse(source)
+    cuts: list[tuple[int, int, int, str]] = []  # (line, start col, end col, text), 1-based lines
+    drop: set[int] = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        names = [n for n in ast.walk(fn) if isinstance(n, ast.Name)]
+        params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+        for stmt in fn.body:
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                    and isinstance(stmt.value, ast.Constant) and type(stmt.value.value) in (type(None), bool, int)):
+                continue
+            name = stmt.targets[0].id
+            uses = [n for n in names if n.id == name]
+            if name in params or len(uses) != 2 or not isinstance(uses[1].ctx, ast.Load):
+                continue
+            load = uses[1]
+            if (load.lineno, load.col_offset) <= (stmt.lineno, stmt.col_offset) or load.lineno == stmt.lineno:
+                continue
+            cuts.append((load.lineno, load.col_offset, load.end_col_offset or 0, repr(stmt.value.value)))
+            drop.add(stmt.lineno - 1)
+    if not cuts:
+        return source
+    lines = source.splitlines()
+    for line, start, end, text in sorted(cuts, reverse=True):
+        raw = lines[line - 1].encode()
+        lines[line - 1] = (raw[:start] + text.encode() + raw[end:]).decode()
+    return "\n".join(line for i, line in enumerate(lines) if i not in drop)
+
+
+def without_overwritten_stores(source: str) -> str:
+    """``source`` without each ``owner.field = <value that changes nothing>``
+    at a function's top level that the next top-level statement naming
+    ``owner`` stores again (``watch.preempted = []`` right before
+    ``watch.preempted = _preempted_states(...)``): nothing between reads it."""
+    effects = _Effects({}, ())
+    drop: set[int] = set()
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        for i, stmt in enumerate(fn.body):
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and effects.pure(stmt.value)):
+                continue
+            target = stmt.targets[0]
+            if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)):
+                continue
+            owner = target.value.id
+            later = next((s for s in fn.body[i + 1 :] if any(isinstance(n, ast.Name) and n.id == owner
+                                                             for n in ast.walk(s))), None)
+            if (isinstance(later, ast.Assign) and len(later.targets) == 1 and ast.dump(later.targets[0]) == ast.dump(target)
+                    and not any(isinstance(n, ast.Name) and n.id == owner for n in ast.walk(later.value))):
+                drop.update(range(stmt.lineno - 1, stmt.end_lineno or stmt.lineno))
+    return without_lines(source, drop) if drop else source
