@@ -300,7 +300,8 @@ def test_the_failing_run_s_log_travels_with_the_violation() -> None:
 def _planted_runs():  # type: ignore[no-untyped-def]
     """(planted bug, the suite's check, its invariant, a run returning the
     failing log under the plant): the fixed runs of tests/invariants/test_scheduler_planted.py."""
-    from tests.invariants.test_scheduler_planted import FIXED_CASES, SPEC_DECODE_CASES, speculating_harness
+    from tests.invariants.planted_runs import speculating_harness
+    from tests.invariants.test_scheduler_planted import FIXED_CASES, SPEC_DECODE_CASES
 
     def stepped(run):  # type: ignore[no-untyped-def]
         def log(check):  # type: ignore[no-untyped-def]

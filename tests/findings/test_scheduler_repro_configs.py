@@ -209,7 +209,7 @@ def test_accepted_drafts_recorded_as_other_tokens_become_a_standalone_repro(
     the worker's own record and states kv-matches-tokens at the step vLLM's
     tokens and the runner's part."""
     from invariants.scheduler import check_kv_matches_tokens
-    from tests.invariants.test_scheduler_planted import speculating_harness
+    from tests.invariants.planted_runs import speculating_harness
 
     bug = "records_first_sampled_token"
     with planted_scheduler_bug(bug):

@@ -16,7 +16,7 @@ from fuzz.adapter import SchedulerHarness
 from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.runners.scheduler import ALL_CHECKS, Stepper
 from fuzz.targets.target_scheduler import UNSUPPORTED
-from tests.invariants.test_scheduler_planted import reset_run
+from tests.invariants.planted_runs import reset_run
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
