@@ -446,6 +446,23 @@ CHECK_ALONE = [
 ]
 
 
+def _searched_with_its_check() -> list[tuple[Callable[..., None], str]]:
+    """A plant the single-shot search shows caught (``SEARCHED`` of
+    tests/invariants/test_scheduler_planted.py) that neither list above
+    writes: searched with the check of the first row naming it alone."""
+    from invariants.table import INVARIANTS
+    from tests.invariants.test_scheduler_planted import SEARCHED
+
+    written = set(BUGS) | {bug for _, bug in CHECK_ALONE}
+    return [
+        (next(row.check for row in INVARIANTS if row.tier == "scheduler" and bug in row.planted), bug)
+        for bug in SEARCHED if bug not in written
+    ]
+
+
+CHECK_ALONE += _searched_with_its_check()
+
+
 @pytest.mark.parametrize(("check", "bug"), CHECK_ALONE, ids=lambda v: v if isinstance(v, str) else v.__name__)
 def test_a_check_alone_becomes_a_repro(check, bug: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     @SEARCH

@@ -37,21 +37,34 @@ from invariants.table import INVARIANTS
 from tests.invariants import planted_runs
 from tests.invariants.planted_runs import preempting_producer_run, speculating_harness
 
-# Planted bugs the single-shot search finds: each is shown failing the check
-# of every scheduler row that names it (invariants/table.py).
-SEARCHED = (
-    "pre_fix_assert_all", "skip_truncation", "truncation_one_block_short", "reports_external_twice",
-    "no_divergent_fallback", "fallback_discards_hit", "truncate_touches_refcounts",
-    # A request with skip_reading_prefix_cache: the scheduler's override of
-    # the connector's answer, and the manager's lookup gate.
-    "skipping_request_loads_external", "skipping_request_reads_local_cache",
-    # The KV-connector protocol (invariants/connector.py).
-    "asks_connector_unaligned", "tells_connector_total", "hands_connector_cached_blocks", "keeps_tail_and_loads",
-    "skips_meta_on_empty_step", "async_load_counted_scheduled", "no_sync_load_flag", "async_load_computes_at_once",
-    "connector_finished_twice",
-    # What the blocks hold (fuzz/adapter/_contents.py).
-    "partial_hit_shares_its_block", "caches_async_load_early",
+# Planted bugs only the state machine can reach: the single-shot scenarios
+# never fail a load. (check, invariant, planted bug)
+MACHINE_CASES: list[tuple[Callable[..., None], str, str]] = [
+    (conn.check_failed_load_recomputed, "failed-load-recomputed", "resumes_past_invalid_block"),
+    (conn.check_failed_load_not_cached, "failed-load-not-cached", "evicts_invalid_blocks_on_recompute"),
+    (conn.check_failed_load_recomputed, "failed-load-recomputed", "failed_async_load_kept"),
+]
+
+# Planted bugs in speculative decoding's bookkeeping, shown on a fixed run
+# that speculates (check, invariant, planted bug).
+SPEC_DECODE_CASES: list[tuple[Callable[..., None], str, str]] = [
+    (inv.check_rejected_drafts_rolled_back, "rejected-drafts-rolled-back", "rejected_drafts_stay_computed"),
+    (inv.check_kv_matches_tokens, "kv-matches-tokens", "records_first_sampled_token"),
+]
+
+# Planted bugs the single-shot search finds: every one a scheduler row of
+# invariants/table.py names that no other case shows (a fixed run of
+# tests/invariants/planted_runs.py, the state machine, the speculating run,
+# the block-ownership cases of tests/invariants/test_ownership_planted.py,
+# or the triage case drafts_never_cut). Each is shown failing the check of
+# every row that names it: a new plant the search finds needs no entry here.
+_SHOWN_ELSEWHERE = (
+    set(planted_runs.PLANTED_RUNS) | {bug for *_, bug in MACHINE_CASES} | {bug for *_, bug in SPEC_DECODE_CASES}
+    | set(PLANTED_OWNERSHIP_BUGS) | {"drafts_never_cut"}
 )
+SEARCHED = tuple(dict.fromkeys(
+    bug for row in INVARIANTS if row.tier == "scheduler" for bug in row.planted if bug not in _SHOWN_ELSEWHERE
+))
 # (check, invariant name, planted bug, search uses the evict shortcut)
 CASES: list[tuple[Callable[..., None], str, str, bool]] = [
     (row.check, row.name, bug, False) for bug in SEARCHED for row in INVARIANTS
@@ -108,13 +121,6 @@ def test_invariant_catches_planted_bug(
     run_single_shot(scenario, (check,), record=False)
 
 
-# Planted bugs only the state machine can reach: the single-shot scenarios
-# never fail a load. (check, invariant, planted bug)
-MACHINE_CASES: list[tuple[Callable[..., None], str, str]] = [
-    (conn.check_failed_load_recomputed, "failed-load-recomputed", "resumes_past_invalid_block"),
-    (conn.check_failed_load_not_cached, "failed-load-not-cached", "evicts_invalid_blocks_on_recompute"),
-    (conn.check_failed_load_recomputed, "failed-load-recomputed", "failed_async_load_kept"),
-]
 
 
 FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], str | None]] = [
@@ -167,12 +173,6 @@ def test_a_request_preempted_with_its_step_in_flight_is_resumable() -> None:
     assert STALE_OUTPUT in run.labels
 
 
-# Planted bugs in speculative decoding's bookkeeping, shown on a fixed run
-# that speculates (check, invariant, planted bug).
-SPEC_DECODE_CASES: list[tuple[Callable[..., None], str, str]] = [
-    (inv.check_rejected_drafts_rolled_back, "rejected-drafts-rolled-back", "rejected_drafts_stay_computed"),
-    (inv.check_kv_matches_tokens, "kv-matches-tokens", "records_first_sampled_token"),
-]
 
 
 def _speculating_run(async_scheduling: bool):  # type: ignore[no-untyped-def]
