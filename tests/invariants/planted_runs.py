@@ -7,7 +7,7 @@ The check a run is shown with is the one whose row in
 :data:`invariants.table.INVARIANTS` names the plant: a plant shown on a
 fixed run is one entry here, and the self-tests
 (``tests/invariants/test_scheduler_planted.py``) and repro tests
-(``tests/findings/test_scheduler_repro.py``) derive their cases from it.
+(``tests/findings/test_scheduler_repro_runs.py``) derive their cases from it.
 """
 
 from __future__ import annotations
