@@ -30,6 +30,8 @@ def with_literals_inlined(source: str) -> str:
         if not isinstance(fn, ast.FunctionDef):
             continue
         names = [n for n in ast.walk(fn) if isinstance(n, ast.Name)]
+        owned = {id(n.value) for n in ast.walk(fn) if isinstance(n, (ast.Attribute, ast.Subscript))}
+        owned |= {id(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)}
         params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
         for stmt in fn.body:
             if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
@@ -42,6 +44,8 @@ def with_literals_inlined(source: str) -> str:
             load = uses[1]
             if (load.lineno, load.col_offset) <= (stmt.lineno, stmt.col_offset) or load.lineno == stmt.lineno:
                 continue
+            if id(load) in owned:  # x.attr, x[i], x(): a literal there may not parse (1.real) or mean the same
+                continue
             cuts.append((load.lineno, load.col_offset, load.end_col_offset or 0, repr(stmt.value.value)))
             drop.add(stmt.lineno - 1)
     if not cuts:
@@ -50,14 +54,29 @@ def with_literals_inlined(source: str) -> str:
     for line, start, end, text in sorted(cuts, reverse=True):
         raw = lines[line - 1].encode()
         lines[line - 1] = (raw[:start] + text.encode() + raw[end:]).decode()
-    return "\n".join(line for i, line in enumerate(lines) if i not in drop)
+    out = "\n".join(line for i, line in enumerate(lines) if i not in drop)
+    try:
+        ast.parse(out)
+    except SyntaxError:
+        return source
+    return out
+
+
+# Statements after which the function may be left before the next store.
+_LEAVING = (ast.Return, ast.Raise, ast.Break, ast.Continue, ast.Try, ast.With, ast.Yield, ast.YieldFrom, ast.Await)
 
 
 def without_overwritten_stores(source: str) -> str:
     """``source`` without each ``owner.field = <value that changes nothing>``
     at a function's top level that the next top-level statement naming
     ``owner`` stores again (``watch.preempted = []`` right before
-    ``watch.preempted = _preempted_states(...)``): nothing between reads it."""
+    ``watch.preempted = _preempted_states(...)``): nothing between reads it
+    or leaves the function (no ``return``, ``raise``, ``try``, ``with``).
+    A call between that raises would leave the record as the step before
+    set it; a file's checks read a record after its step returns, and the
+    checks that run when ``schedule()`` raises read the pool's records,
+    which are emptied in place (``clear()``), never rebound, so this pass
+    leaves them alone."""
     effects = _Effects({}, ())
     drop: set[int] = set()
     for fn in ast.walk(ast.parse(source)):
@@ -70,8 +89,10 @@ def without_overwritten_stores(source: str) -> str:
             if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)):
                 continue
             owner = target.value.id
-            later = next((s for s in fn.body[i + 1 :] if any(isinstance(n, ast.Name) and n.id == owner
-                                                             for n in ast.walk(s))), None)
+            j, later = next(((j, s) for j, s in enumerate(fn.body[i + 1 :], i + 1)
+                             if any(isinstance(n, ast.Name) and n.id == owner for n in ast.walk(s))), (0, None))
+            if any(isinstance(n, _LEAVING) for s in fn.body[i + 1 : j] for n in ast.walk(s)):
+                continue
             if (isinstance(later, ast.Assign) and len(later.targets) == 1 and ast.dump(later.targets[0]) == ast.dump(target)
                     and not any(isinstance(n, ast.Name) and n.id == owner for n in ast.walk(later.value))):
                 drop.update(range(stmt.lineno - 1, stmt.end_lineno or stmt.lineno))

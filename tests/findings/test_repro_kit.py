@@ -548,6 +548,8 @@ def test_a_literal_bound_once_and_read_once_moves_to_its_read() -> None:
     assert with_literals_inlined(twice) == twice
     rebound = "def f(s):\n    out = None\n    if s:\n        out = 1\n    return out"
     assert with_literals_inlined(rebound) == rebound
+    attribute = "def f(s):\n    n = 1\n    return n.real"  # 1.real would not parse
+    assert with_literals_inlined(attribute) == attribute
 
 
 def test_a_store_the_next_statement_about_its_owner_overwrites_goes() -> None:
@@ -559,6 +561,8 @@ def test_a_store_the_next_statement_about_its_owner_overwrites_goes() -> None:
     assert without_overwritten_stores(read) == read
     reads_itself = "def f(w):\n    w.a = []\n    w.a = w.a + [1]"
     assert without_overwritten_stores(reads_itself) == reads_itself
+    leaves = "def f(s, w):\n    w.a = []\n    if s:\n        return\n    w.a = g()"  # w.a is [] after an early return
+    assert without_overwritten_stores(leaves) == leaves
 
 
 def test_a_one_line_helper_called_often_moves_into_each_call() -> None:
