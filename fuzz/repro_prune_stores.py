@@ -4,9 +4,11 @@ After :mod:`fuzz.repro_source` specialises the kit to a file's constants,
 some statements are left doing no work in that file: a local bound to a
 literal only to be passed on once (``connector_output = None`` where the
 file has no connector), a record reset right before the next statement
-sets it again. :func:`with_literals_inlined` and
-:func:`without_overwritten_stores` take them out; both read the source
-with :mod:`ast` and keep every statement that might matter.
+sets it again, a name bound to what a call returns and never read (the
+call's effect is what counts). :func:`with_literals_inlined`,
+:func:`without_overwritten_stores` and :func:`without_unread_names` take
+them out; they read the source with :mod:`ast` and keep every statement
+that might matter.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import ast
 
 from fuzz.repro_prune import _Effects, without_lines
 
-__all__ = ["with_literals_inlined", "without_overwritten_stores"]
+__all__ = ["with_literals_inlined", "without_overwritten_stores", "without_unread_names"]
 
 
 def with_literals_inlined(source: str) -> str:
@@ -97,3 +99,40 @@ def without_overwritten_stores(source: str) -> str:
                     and not any(isinstance(n, ast.Name) and n.id == owner for n in ast.walk(later.value))):
                 drop.update(range(stmt.lineno - 1, stmt.end_lineno or stmt.lineno))
     return without_lines(source, drop) if drop else source
+
+
+def without_unread_names(source: str) -> str:
+    """``source`` with ``name = <call>`` turned into ``<call>`` where the
+    function (nested functions included) never reads ``name``: what other
+    passes leave once the code that read it is specialised away
+    (``facts = self.failed_waiting.pop(rid, None)``). Values that change
+    nothing go whole elsewhere (:func:`fuzz.repro_prune.without_unused_locals`)."""
+    tree = ast.parse(source)
+    cuts: list[tuple[int, int, int]] = []  # (line, start col, end col) of "name = "
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        declared = {name for n in ast.walk(fn) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
+        read = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+        inner = {id(s) for d in ast.walk(fn) if d is not fn and isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 for s in ast.walk(d)}
+        for stmt in ast.walk(fn):
+            if (id(stmt) in inner or not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1
+                    or not isinstance(stmt.targets[0], ast.Name) or not isinstance(stmt.value, ast.Call)):
+                continue
+            target = stmt.targets[0]
+            if target.id in read or target.id in declared or stmt.value.lineno != target.lineno:
+                continue
+            cuts.append((target.lineno, target.col_offset, stmt.value.col_offset))
+    if not cuts:
+        return source
+    lines = source.splitlines()
+    for line, start, end in sorted(cuts, reverse=True):
+        raw = lines[line - 1].encode()
+        lines[line - 1] = (raw[:start] + raw[end:]).decode()
+    out = "\n".join(lines)
+    try:
+        ast.parse(out)
+    except SyntaxError:
+        return source
+    return out

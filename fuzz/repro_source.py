@@ -53,7 +53,7 @@ from fuzz.repro_prune import (
 from fuzz.repro_prune_annotations import without_annotations
 from fuzz.repro_prune_defaults import without_default_arguments
 from fuzz.repro_prune_inline import inlined_helpers
-from fuzz.repro_prune_stores import with_literals_inlined, without_overwritten_stores
+from fuzz.repro_prune_stores import with_literals_inlined, without_overwritten_stores, without_unread_names
 
 __all__ = ["KitSource", "kit_attributes", "kit_definitions", "kit_source", "specialise", "trim"]
 
@@ -365,7 +365,8 @@ def kit_source(
             changed |= dropped != sources[name]
             sources[name] = dropped
         for name in selected:
-            kept = with_literals_inlined(without_overwritten_stores(without_unused_locals(sources[name])))
+            kept = without_unused_locals(sources[name])
+            kept = without_unread_names(with_literals_inlined(without_overwritten_stores(kept)))
             kept = without_default_arguments(kept, defaults or {}, constants)
             changed |= kept != sources[name]
             sources[name] = kept

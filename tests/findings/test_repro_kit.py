@@ -578,3 +578,14 @@ def test_a_one_line_helper_called_often_moves_into_each_call() -> None:
     }
     # The test calls it too: it keeps its name.
     assert inlined_helpers(sources, set(), extra="drain(1)\nbusy(2)") == {}
+
+
+def test_a_name_bound_to_a_call_and_never_read_keeps_only_the_call() -> None:
+    from fuzz.repro_prune_stores import without_unread_names
+
+    source = "def f(s, rid):\n    def g(r):\n        facts = s.pending.pop(r, None)\n        return 1\n    return g(rid)"
+    assert without_unread_names(source) == (
+        "def f(s, rid):\n    def g(r):\n        s.pending.pop(r, None)\n        return 1\n    return g(rid)"
+    )
+    read = "def f(s):\n    x = s.pop()\n    return x"
+    assert without_unread_names(read) == read
