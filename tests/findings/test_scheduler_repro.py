@@ -14,7 +14,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib.util
-import subprocess
 import sys
 import traceback
 from collections.abc import Callable
@@ -147,8 +146,9 @@ def _check_repro(source: str | None, bug: str, tmp_path: Path, check: str | None
     path = tmp_path / f"test_repro_{bug}.py"
     path.write_text(source)
     if importlib.util.find_spec("ruff") is not None:  # in requirements/lean.txt: CI lints every file written
-        lint = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--select", "F,E9", str(path)],
-                              capture_output=True, text=True, check=False)
+        from tests.findings.test_repro_kit import _ruff
+
+        lint = _ruff(path)
         assert lint.returncode == 0, f"{bug}: the repro does not lint clean\n{lint.stdout}{lint.stderr}\n{source}"
     failure = _run_repro(path, tmp_path, bug)
     assert failure is not None, f"{bug}: the repro passes with the bug planted\n{source}"
