@@ -25,6 +25,8 @@ import ast
 import re
 from collections.abc import Iterable, Mapping
 
+from fuzz.repro_trees import parents, parse, walk
+
 __all__ = [
     "calls_doing_nothing", "constant_fields", "never_filled", "unread_records", "unused_parameters", "without_lines",
     "without_unused_locals",
@@ -50,7 +52,7 @@ class _Effects:
         self.functions: dict[str, list[ast.FunctionDef]] = {}
         self.methods: dict[str, list[ast.FunctionDef]] = {}
         for name, source in sources.items():
-            node = ast.parse(source).body[0]
+            node = parse(source).body[0]
             if isinstance(node, ast.FunctionDef):
                 self.functions.setdefault(name, []).append(node)
             elif isinstance(node, ast.ClassDef) and name in plain:
@@ -63,7 +65,7 @@ class _Effects:
         if id(fn) not in self.known:
             self.known[id(fn)] = False  # recursion: not known pure
             fresh = _fresh_locals(fn)
-            self.known[id(fn)] = all(self._pure_node(n, fresh) for n in ast.walk(fn) if n is not fn)
+            self.known[id(fn)] = all(self._pure_node(n, fresh) for n in walk(fn) if n is not fn)
         return self.known[id(fn)]
 
     def _pure_node(self, node: ast.AST, local: set[str]) -> bool:
@@ -92,7 +94,7 @@ class _Effects:
 
     def pure(self, node: ast.AST | None) -> bool:
         """Whether evaluating ``node`` (an expression) changes nothing."""
-        return node is None or all(self._pure_call(n) for n in ast.walk(node) if isinstance(n, ast.Call))
+        return node is None or all(self._pure_call(n) for n in walk(node) if isinstance(n, ast.Call))
 
 
 _FRESH = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
@@ -102,16 +104,17 @@ def _fresh_locals(fn: ast.FunctionDef) -> set[str]:
     """The locals of ``fn`` only ever bound to a container it builds itself
     (a literal, a comprehension, ``dict(...)``, ``list(...)``, ``set(...)``)."""
     fresh: dict[str, bool] = {}
-    for node in ast.walk(fn):
+    assigned: set[int] = set()  # the Name nodes those assignments bind
+    for node in walk(fn):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             value = node.value
             built = isinstance(value, _FRESH) or (
                 isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("dict", "list", "set")
             )
             fresh[node.targets[0].id] = fresh.get(node.targets[0].id, True) and built
-            node.targets[0].fresh = True  # type: ignore[attr-defined]
-    for node in ast.walk(fn):  # bound any other way (a loop, a tuple, a with): not fresh
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and not getattr(node, "fresh", False):
+            assigned.add(id(node.targets[0]))
+    for node in walk(fn):  # bound any other way (a loop, a tuple, a with): not fresh
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and id(node) not in assigned:
             fresh[node.id] = False
     return {name for name, ok in fresh.items() if ok}
 
@@ -154,20 +157,20 @@ def unread_records(sources: Mapping[str, str], plain: Iterable[str], extra: str)
     code) stays, with all its stores."""
     plain = set(plain)
     effects = _Effects(sources, plain)
-    trees = {name: ast.parse(source) for name, source in sources.items()}
+    trees = {name: parse(source) for name, source in sources.items()}
     stores: dict[str, list[tuple[str, ast.stmt, bool]]] = {}  # record -> (definition, statement, droppable)
     store_nodes: set[int] = set()
     for name, tree in trees.items():
         owners = ("self", "watch") if name in plain else ("watch",)
-        for stmt in ast.walk(tree):
+        for stmt in walk(tree):
             found = _store(stmt, owners) if isinstance(stmt, ast.stmt) else None
             if found is not None:
                 record, attr, rest = found
                 store_nodes.add(id(attr))
                 stores.setdefault(record, []).append((name, stmt, all(effects.pure(e) for e in rest)))
-    read = {n.attr for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.Attribute) and id(n) not in store_nodes}
-    read |= {n.attr for n in ast.walk(ast.parse(extra)) if isinstance(n, ast.Attribute)} if extra else set()
-    strings = {n.value for t in [*trees.values(), ast.parse(extra)] for n in ast.walk(t)
+    read = {n.attr for t in trees.values() for n in walk(t) if isinstance(n, ast.Attribute) and id(n) not in store_nodes}
+    read |= {n.attr for n in walk(parse(extra)) if isinstance(n, ast.Attribute)} if extra else set()
+    strings = {n.value for t in [*trees.values(), parse(extra)] for n in walk(t)
                if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     out: dict[str, set[int]] = {}
     for record, found in stores.items():
@@ -183,9 +186,9 @@ def without_lines(source: str, drop: set[int]) -> str:
     empty goes too where its header changes nothing, else (an ``if``) its
     test stays as a statement."""
     lines = source.splitlines()
-    tree = ast.parse(source)
+    tree = parse(source)
     effects = _Effects({}, ())
-    for node in reversed(list(ast.walk(tree))):  # the innermost blocks first
+    for node in reversed(list(walk(tree))):  # the innermost blocks first
         for field in ("body", "orelse"):
             body = getattr(node, field, None)
             if not isinstance(body, list) or not body or not isinstance(node, (ast.If, ast.For, ast.With)):
@@ -216,12 +219,12 @@ def _unused_locals(source: str) -> tuple[set[int], list[ast.keyword]]:
     effects = _Effects({}, ())
     drop: set[int] = set()
     dropped_splats: list[ast.keyword] = []
-    for fn in ast.walk(ast.parse(source)):
+    for fn in walk(parse(source)):
         if not isinstance(fn, ast.FunctionDef):
             continue
-        loads = [n for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
-        stores = [n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
-        splats = {id(k.value): k for c in ast.walk(fn) if isinstance(c, ast.Call) for k in c.keywords
+        loads = [n for n in walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+        stores = [n.id for n in walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+        splats = {id(k.value): k for c in walk(fn) if isinstance(c, ast.Call) for k in c.keywords
                   if k.arg is None and isinstance(k.value, ast.Name)}
         for stmt in fn.body:
             if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
@@ -266,8 +269,7 @@ _EMPTYING = frozenset({"clear", "discard", "pop", "remove"})
 _READING_CALLS = frozenset("all any bool enumerate len list max min reversed set sorted sum tuple".split())
 
 
-def _parents(tree: ast.AST) -> dict[int, ast.AST]:
-    return {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+_parents = parents
 
 
 def _is_empty(value: ast.expr | None) -> bool:
@@ -318,12 +320,12 @@ def never_filled(sources: Mapping[str, str], plain: Iterable[str], extra: str) -
     owner) leaves it empty (:func:`_leaves_empty`); never named in a string
     or a class body. An ``if`` testing one is decided (:func:`record_facts`)."""
     plain = set(plain)
-    trees = [ast.parse(source) for source in sources.values()] + ([ast.parse(extra)] if extra else [])
+    trees = [parse(source) for source in sources.values()] + ([parse(extra)] if extra else [])
     owned: set[str] = set()
     spoiled: set[str] = set()
     for tree in trees:
         parents = _parents(tree)
-        for node in ast.walk(tree):
+        for node in walk(tree):
             if isinstance(node, ast.Attribute):
                 if not _leaves_empty(node, parents):
                     spoiled.add(node.attr)
@@ -333,7 +335,7 @@ def never_filled(sources: Mapping[str, str], plain: Iterable[str], extra: str) -
                 spoiled.add(node.value)
             elif isinstance(node, ast.ClassDef):
                 spoiled |= {n.id for s in node.body if isinstance(s, (ast.Assign, ast.AnnAssign))
-                            for n in ast.walk(s) if isinstance(n, ast.Name)}
+                            for n in walk(s) if isinstance(n, ast.Name)}
     return owned - spoiled
 
 
@@ -341,7 +343,7 @@ def _static(expr: ast.expr, constants: Mapping[str, object]) -> tuple[bool, obje
     """(known, value) of an expression of the file's constants and literals."""
     allowed = (ast.Name, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Load, ast.cmpop, ast.boolop,
                ast.unaryop, ast.Tuple)
-    if not all(isinstance(n, allowed) and (not isinstance(n, ast.Name) or n.id in constants) for n in ast.walk(expr)):
+    if not all(isinstance(n, allowed) and (not isinstance(n, ast.Name) or n.id in constants) for n in walk(expr)):
         return False, None
     return True, eval(compile(ast.Expression(expr), "<kit>", "eval"), {"__builtins__": {}}, dict(constants))  # noqa: S307
 
@@ -353,12 +355,12 @@ def constant_fields(sources: Mapping[str, str], plain: Iterable[str], extra: str
     passes the same value of constants (or leaves at its literal default),
     where nothing else stores ``.x`` or names it in a string and the class
     is only ever called. Keys ``self.x``, for :func:`specialise`."""
-    trees = {name: ast.parse(source) for name, source in sources.items()}
-    every = [*trees.values(), *([ast.parse(extra)] if extra else [])]
+    trees = {name: parse(source) for name, source in sources.items()}
+    every = [*trees.values(), *([parse(extra)] if extra else [])]
     stores: dict[str, int] = {}
     strings: set[str] = set()
     for tree in every:
-        for n in ast.walk(tree):
+        for n in walk(tree):
             if isinstance(n, ast.Attribute) and not isinstance(n.ctx, ast.Load):
                 stores[n.attr] = stores.get(n.attr, 0) + 1
             elif isinstance(n, ast.Constant) and isinstance(n.value, str):
@@ -374,7 +376,7 @@ def constant_fields(sources: Mapping[str, str], plain: Iterable[str], extra: str
             continue
         params = [a.arg for a in init.args.args[1:]]
         defaults = dict(zip(params[len(params) - len(init.args.defaults):], init.args.defaults))
-        local_stores = [n.id for n in ast.walk(init) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+        local_stores = [n.id for n in walk(init) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
         for stmt in init.body:
             if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.value, ast.Name)):
                 continue
@@ -396,7 +398,7 @@ def _calls_of(name: str, trees: Iterable[ast.AST]) -> list[ast.Call] | None:
     calls = []
     for tree in trees:
         parents = _parents(tree)
-        for n in ast.walk(tree):
+        for n in walk(tree):
             if isinstance(n, ast.Name) and n.id == name:
                 call = parents.get(id(n))
                 if not (isinstance(call, ast.Call) and call.func is n) or any(isinstance(a, ast.Starred) for a in call.args) \
@@ -430,10 +432,10 @@ def calls_doing_nothing(sources: Mapping[str, str]) -> dict[str, set[int]]:
     record never filled gone), with arguments that change nothing."""
     effects = _Effects({}, ())
     idle = {name for name, source in sources.items()
-            if isinstance(fn := ast.parse(source).body[0], ast.FunctionDef) and _does_nothing(fn)}
+            if isinstance(fn := parse(source).body[0], ast.FunctionDef) and _does_nothing(fn)}
     out: dict[str, set[int]] = {}
     for name, source in sources.items():
-        for stmt in ast.walk(ast.parse(source)):
+        for stmt in walk(parse(source)):
             if (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Name)
                     and stmt.value.func.id in idle and effects.pure(ast.Tuple([*stmt.value.args, *(k.value for k in stmt.value.keywords)]))):
                 out.setdefault(name, set()).update(range(stmt.lineno - 1, stmt.end_lineno or stmt.lineno))
@@ -455,8 +457,8 @@ def unused_parameters(sources: Mapping[str, str], plain: Iterable[str], extra: s
     Name -> new source, for the definitions that change."""
     keep = set(keep)
     effects = _Effects({}, ())
-    trees = {name: ast.parse(source) for name, source in sources.items()}
-    extra_tree = ast.parse(extra) if extra else ast.Module([], [])
+    trees = {name: parse(source) for name, source in sources.items()}
+    extra_tree = parse(extra) if extra else ast.Module([], [])
     edits: dict[str, list[tuple[tuple[int, int], tuple[int, int]]]] = {}  # name -> spans to cut
     for name, tree in trees.items():
         node = tree.body[0]
@@ -471,7 +473,7 @@ def unused_parameters(sources: Mapping[str, str], plain: Iterable[str], extra: s
             continue
         if fn is None or fn.args.vararg or fn.args.posonlyargs or fn.args.kwonlyargs or fn.decorator_list:
             continue
-        reads = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        reads = {n.id for n in walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         reads |= set(re.findall(r"``(\w+)``", ast.get_docstring(fn) or ""))  # one its docstring names stays
         params = _signature(fn)
         unread = [i for i, p in enumerate(params) if i >= skip and p not in reads]
@@ -481,7 +483,7 @@ def unused_parameters(sources: Mapping[str, str], plain: Iterable[str], extra: s
         calls = _calls_of(name, [*trees.values(), extra_tree])
         if calls is None:
             continue
-        in_extra = {id(n) for n in ast.walk(extra_tree)}
+        in_extra = {id(n) for n in walk(extra_tree)}
         named = set(params)
         # Drop a parameter only where no call in the test passes it, every call's argument changes nothing.
         drop = []
@@ -497,7 +499,7 @@ def unused_parameters(sources: Mapping[str, str], plain: Iterable[str], extra: s
         for call in calls:
             if id(call) in in_extra:
                 continue  # it passes none of them
-            owner = next(n for n, t in trees.items() if any(x is call for x in ast.walk(t)))
+            owner = next(n for n, t in trees.items() if any(x is call for x in walk(t)))
             items = _call_items(call)
             gone = {j for j, item in enumerate(items)
                     if (item.arg if isinstance(item, ast.keyword) else params[skip + call.args.index(item)]) in cut}

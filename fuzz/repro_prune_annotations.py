@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 
+from fuzz.repro_trees import parse, walk
+
 __all__ = ["without_annotations"]
 
 # A signature joined onto one line only where it fits.
@@ -32,7 +34,7 @@ def without_annotations(source: str) -> str:
     """``source`` without its parameters' and returns' annotations, nor a
     function's annotated assignments' (``x: T = v`` becomes ``x = v``);
     a signature that then fits on one line is joined onto it."""
-    tree = ast.parse(source)
+    tree = parse(source)
     lines, starts = _offsets(source)
 
     def offset(pos: _Pos) -> int:
@@ -40,7 +42,7 @@ def without_annotations(source: str) -> str:
         return starts[line - 1] + len(lines[line - 1].encode()[:col].decode())
 
     cuts: list[tuple[int, int]] = []
-    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    functions = [n for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for fn in functions:
         args = fn.args
         for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, *filter(None, [args.vararg, args.kwarg])]:
@@ -56,7 +58,7 @@ def without_annotations(source: str) -> str:
             while arrow > 0 and source[arrow - 1] in " \t":
                 arrow -= 1
             cuts.append((arrow, offset((fn.returns.end_lineno, fn.returns.end_col_offset))))  # type: ignore[arg-type]
-        for node in ast.walk(fn):
+        for node in walk(fn):
             if isinstance(node, ast.AnnAssign) and node.value is not None and node.simple in (0, 1):
                 target_end = offset((node.target.end_lineno, node.target.end_col_offset))  # type: ignore[arg-type]
                 cuts.append((target_end, offset((node.annotation.end_lineno, node.annotation.end_col_offset))))  # type: ignore[arg-type]
@@ -70,10 +72,10 @@ def _joined_signatures(source: str) -> str:
     """``source`` with each function header spread over lines joined onto one
     where it fits (its parameters as :func:`ast.unparse` writes them), unless a
     comment stands in it."""
-    tree = ast.parse(source)
+    tree = parse(source)
     lines = source.splitlines()
     headers = []
-    for fn in ast.walk(tree):
+    for fn in walk(tree):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         first, body = fn.lineno - 1, fn.body[0].lineno - 1

@@ -16,6 +16,7 @@ import ast
 from collections.abc import Mapping
 
 from fuzz.repro_prune import _call_items, _cut, _list_cuts, _span
+from fuzz.repro_trees import parse, walk
 
 __all__ = ["without_default_arguments"]
 
@@ -36,7 +37,7 @@ def without_default_arguments(source: str, defaults: Mapping[str, Mapping[str, o
     if not any(name in source for name in defaults):
         return source
     cuts = []
-    for call in ast.walk(ast.parse(source)):
+    for call in walk(parse(source)):
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in defaults):
             continue
         declared = defaults[call.func.id]

@@ -17,6 +17,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable, Mapping
 
+from fuzz.repro_trees import parse, walk
+
 __all__ = ["inlined_helpers"]
 
 # A helper longer than this many lines of body (its docstring aside) keeps its name.
@@ -41,12 +43,12 @@ def _names_in(node: ast.AST) -> set[str]:
     """Every name ``node`` spells, but a comprehension's own variables
     inside it (a scope of their own: a name bound beside it is another)."""
     own: set[int] = set()
-    for c in ast.walk(node):
+    for c in walk(node):
         if isinstance(c, _COMPREHENSIONS):
-            targets = {n.id for g in c.generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
-            own |= {id(n) for n in ast.walk(c) if isinstance(n, ast.Name) and n.id in targets}
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and id(n) not in own} | {
-        a.arg for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.Lambda)) for a in _all_args(n.args)
+            targets = {n.id for g in c.generators for n in walk(g.target) if isinstance(n, ast.Name)}
+            own |= {id(n) for n in walk(c) if isinstance(n, ast.Name) and n.id in targets}
+    return {n.id for n in walk(node) if isinstance(n, ast.Name) and id(n) not in own} | {
+        a.arg for n in walk(node) if isinstance(n, (ast.FunctionDef, ast.Lambda)) for a in _all_args(n.args)
     }
 
 
@@ -68,7 +70,7 @@ def _movable(fn: ast.FunctionDef, method: bool) -> list[str] | None:
         return None
     params = [a.arg for a in args.args][1 if method else 0 :]
     for stmt in body:
-        for n in ast.walk(stmt):
+        for n in walk(stmt):
             if isinstance(n, _REFUSED) or isinstance(n, ast.Return) and n is not body[-1]:
                 return None
             if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load) and n.id in params:
@@ -79,7 +81,7 @@ def _movable(fn: ast.FunctionDef, method: bool) -> list[str] | None:
 
 
 def _comprehension_names(fn: ast.FunctionDef) -> set[str]:
-    return {n.id for c in ast.walk(fn) if isinstance(c, ast.comprehension) for n in ast.walk(c.target)
+    return {n.id for c in walk(fn) if isinstance(c, ast.comprehension) for n in walk(c.target)
             if isinstance(n, ast.Name)}
 
 
@@ -87,8 +89,8 @@ def _locals(fn: ast.FunctionDef, params: list[str]) -> set[str]:
     """Every name ``fn``'s body binds, its parameters aside; a comprehension's
     variables only where the body binds them otherwise too (a comprehension
     is a scope of its own)."""
-    bound = [n for s in _body(fn) for n in ast.walk(s) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)]
-    in_comprehensions = {id(n) for c in ast.walk(fn) if isinstance(c, ast.comprehension) for n in ast.walk(c.target)}
+    bound = [n for s in _body(fn) for n in walk(s) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)]
+    in_comprehensions = {id(n) for c in walk(fn) if isinstance(c, ast.comprehension) for n in walk(c.target)}
     return {n.id for n in bound if id(n) not in in_comprehensions} - set(params)
 
 
@@ -108,9 +110,9 @@ def _statement_of(call: ast.Call, fn: ast.FunctionDef) -> tuple[ast.stmt, str | 
     """The statement of ``fn`` that is ``call`` (``f(...)``, ``x = f(...)``,
     ``return f(...)``) and the name it assigns; None when the call is part
     of a larger expression or inside a nested scope."""
-    for stmt in ast.walk(fn):
+    for stmt in walk(fn):
         if isinstance(stmt, _SCOPES) and stmt is not fn:
-            if any(n is call for n in ast.walk(stmt)):
+            if any(n is call for n in walk(stmt)):
                 return None
             continue
         if isinstance(stmt, (ast.Expr, ast.Return)) and stmt.value is call:
@@ -154,7 +156,7 @@ def _arguments(call: ast.Call, fn: ast.FunctionDef, params: list[str], source: s
     defaults = dict(zip(params[len(params) - len(fn.args.defaults):], fn.args.defaults))
     body = _body(fn)
     calls_nothing = len(body) == 1 and isinstance(body[0], ast.Return) and all(
-        isinstance(n.func, ast.Name) and n.func.id in _READING_BUILTINS for n in ast.walk(body[0]) if isinstance(n, ast.Call))
+        isinstance(n.func, ast.Name) and n.func.id in _READING_BUILTINS for n in walk(body[0]) if isinstance(n, ast.Call))
     in_order = sorted(passed.items(), key=lambda item: (item[1].lineno, item[1].col_offset))
     out: dict[str, str] = {}
     bound: list[tuple[str, str]] = []
@@ -182,7 +184,7 @@ def _renamed_lines(source: str, stmts: list[ast.stmt], names: Mapping[str, str])
     """The lines of ``stmts`` with each name of ``names`` replaced (by position)."""
     lines = source.splitlines()
     first, last = stmts[0].lineno - 1, stmts[-1].end_lineno or stmts[-1].lineno
-    spans = sorted(((n.lineno - 1, n.col_offset, n.end_col_offset, names[n.id]) for s in stmts for n in ast.walk(s)
+    spans = sorted(((n.lineno - 1, n.col_offset, n.end_col_offset, names[n.id]) for s in stmts for n in walk(s)
                     if isinstance(n, ast.Name) and n.id in names and names[n.id] != n.id), reverse=True)
     for line, start, end, new in spans:
         text = lines[line].encode()
@@ -205,15 +207,15 @@ def _inline_one(sources: Mapping[str, str], name: str, fn: ast.FunctionDef, owne
     if caller_name == owner and method is None or caller_name.startswith("test_"):
         return None  # a test function (the truncation repro's) is the program: its helpers name its steps
     caller_source = sources[caller_name]
-    caller_tree = ast.parse(caller_source)
-    call = next(n for n in ast.walk(caller_tree) if isinstance(n, ast.Call)
+    caller_tree = parse(caller_source)
+    call = next(n for n in walk(caller_tree) if isinstance(n, ast.Call)
                 and (n.lineno, n.col_offset) == (call.lineno, call.col_offset))
     found = None
     for caller, cls in _callers(caller_tree):
         if method is not None and (cls is None or cls.name != owner or not caller.args.args
                                    or caller.args.args[0].arg != fn.args.args[0].arg):
             continue
-        if any(n is call for n in ast.walk(caller)):
+        if any(n is call for n in walk(caller)):
             found = _statement_of(call, caller)
             break
     else:
@@ -238,18 +240,18 @@ def _inline_one(sources: Mapping[str, str], name: str, fn: ast.FunctionDef, owne
     local = _locals(fn, params)
     caller_names = _names_in(caller)
     renames = {p: a for p, a in args.items()}
-    free = {n.id for s in body for n in ast.walk(s) if isinstance(n, ast.Name)} - set(params) - local
+    free = {n.id for s in body for n in walk(s) if isinstance(n, ast.Name)} - set(params) - local
     free -= _comprehension_names(fn)
     if isinstance(stmt, ast.Assign) and isinstance(returned, ast.Name) and returned.id in local:
         renames[returned.id] = target  # type: ignore[assignment]  # the local it returns is the caller's name
         local = local - {returned.id}
         body = body[:-1]
     local |= {p for p, _ in bound}  # bound before the body: the caller's locals now
-    if local & caller_names or _comprehension_names(fn) & {n for text in renames.values() for n in _names_in(ast.parse(text))}:
+    if local & caller_names or _comprehension_names(fn) & {n for text in renames.values() for n in _names_in(parse(text))}:
         return None
     if method is not None:
         free.discard(fn.args.args[0].arg)
-    caller_bound = {n.id for n in ast.walk(caller) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    caller_bound = {n.id for n in walk(caller) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
     caller_bound |= {a.arg for a in _all_args(caller.args)}
     if free & caller_bound or target is not None and target in _names_in(fn) - {renames.get(target, "")}:
         return None
@@ -268,7 +270,7 @@ def _inline_one(sources: Mapping[str, str], name: str, fn: ast.FunctionDef, owne
     new = caller_lines[: stmt.lineno - 1] + moved + caller_lines[stmt.end_lineno or stmt.lineno :]
     out = "\n".join(new)
     try:
-        ast.parse(out)
+        parse(out)
     except SyntaxError:
         return None
     return _without_method(caller_name, out, method)
@@ -287,16 +289,16 @@ def _expression_inlined(fn_source: str, fn: ast.FunctionDef, params: list[str], 
         return None
     local = _locals(fn, params)
     free = _names_in(value) - set(params) - local - _comprehension_names(fn)
-    if _comprehension_names(fn) & {n for text in args.values() for n in _names_in(ast.parse(text))}:
+    if _comprehension_names(fn) & {n for text in args.values() for n in _names_in(parse(text))}:
         return None
     if method_self := (fn.args.args[0].arg if fn.args.args and params != [a.arg for a in fn.args.args] else None):
         free.discard(method_self)
-    caller_bound = {n.id for n in ast.walk(caller) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    caller_bound = {n.id for n in walk(caller) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
     caller_bound |= {a.arg for a in _all_args(caller.args)}
     if free & caller_bound or local & (_names_in(caller) | set(args.values())):
         return None
     segment = ast.get_source_segment(fn_source, value) or ""
-    expr = "\n".join(_renamed_lines(segment, [ast.parse(segment).body[0]], dict(args)))
+    expr = "\n".join(_renamed_lines(segment, [parse(segment).body[0]], dict(args)))
     atomic = (ast.Name, ast.Attribute, ast.Subscript, ast.Call, ast.Constant, ast.List, ast.Dict, ast.Set,
               ast.ListComp, ast.DictComp, ast.SetComp, ast.GeneratorExp, ast.Tuple)
     if not isinstance(value, atomic) or isinstance(value, ast.Tuple):
@@ -306,7 +308,7 @@ def _expression_inlined(fn_source: str, fn: ast.FunctionDef, params: list[str], 
     lines[call.lineno - 1] = (raw[: call.col_offset] + expr.encode() + raw[call.end_col_offset:]).decode()  # type: ignore[operator]
     out = "\n".join(lines)
     try:
-        ast.parse(out)
+        parse(out)
     except SyntaxError:
         return None
     return out
@@ -319,7 +321,7 @@ MAX_EVERYWHERE_CHARACTERS = 40
 
 def _in_test(call: ast.Call, caller: ast.AST) -> bool:
     """``call`` is what an ``if``/``while`` tests, or what ``not`` negates there."""
-    for node in ast.walk(caller):
+    for node in walk(caller):
         if isinstance(node, (ast.If, ast.While)):
             test = node.test
             if test is call or isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and test.operand is call:
@@ -346,12 +348,12 @@ def _inlined_everywhere(sources: Mapping[str, str], fn: ast.FunctionDef, owner: 
     for caller_name in dict.fromkeys(callers):
         source = out.get(caller_name, sources[caller_name])
         while True:
-            tree = ast.parse(source)
-            call = next((n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            tree = parse(source)
+            call = next((n for n in walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
                          and n.func.id == fn.name), None)
             if call is None:
                 break
-            caller = next((c for c, _ in _callers(tree) if any(n is call for n in ast.walk(c))), None)
+            caller = next((c for c, _ in _callers(tree) if any(n is call for n in walk(c))), None)
             passed = None if caller is None else _arguments(call, fn, params, source, bind=False)
             if caller is None or passed is None:
                 return None
@@ -373,7 +375,7 @@ def _without_method(caller_name: str, out: str, method: str | None) -> dict[str,
     """``{caller_name: out}``, the inlined ``method`` (if one) gone from its class (the caller's)."""
     if method is None:
         return {caller_name: out}
-    tree = ast.parse(out)
+    tree = parse(out)
     cls_node = tree.body[0]
     assert isinstance(cls_node, ast.ClassDef)
     m = next(x for x in cls_node.body if isinstance(x, ast.FunctionDef) and x.name == method)
@@ -397,8 +399,8 @@ def inlined_helpers(sources: Mapping[str, str], plain: Iterable[str], extra: str
     (the next round sees the moved code). Name -> new source."""
     keep = set(keep)
     plain = set(plain)
-    trees = {name: ast.parse(source) for name, source in sources.items()}
-    every = [*trees.values(), *([ast.parse(extra)] if extra else [])]
+    trees = {name: parse(source) for name, source in sources.items()}
+    every = [*trees.values(), *([parse(extra)] if extra else [])]
     names: dict[str, int] = {}
     attrs: dict[str, int] = {}
     strings: set[str] = set()
@@ -406,7 +408,7 @@ def inlined_helpers(sources: Mapping[str, str], plain: Iterable[str], extra: str
         tops = {id(tree.body[0])} if tree.body else set()
         if tree.body and isinstance(tree.body[0], ast.ClassDef):
             tops |= {id(m) for m in tree.body[0].body}
-        for n in ast.walk(tree):
+        for n in walk(tree):
             if isinstance(n, ast.Name):
                 names[n.id] = names.get(n.id, 0) + 1
             elif isinstance(n, ast.Attribute):
@@ -421,12 +423,12 @@ def inlined_helpers(sources: Mapping[str, str], plain: Iterable[str], extra: str
         node = tree.body[0]
         candidates: list[tuple[ast.FunctionDef, str | None, list[tuple[str, ast.Call]]]] = []
         if isinstance(node, ast.FunctionDef) and names.get(name) == 1 and name not in strings:
-            calls = [(owner, n) for owner, t in trees.items() for n in ast.walk(t)
+            calls = [(owner, n) for owner, t in trees.items() for n in walk(t)
                      if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name]
             candidates.append((node, None, calls))
         elif (isinstance(node, ast.FunctionDef) and name not in strings and names.get(name, 0) > 1
-              and name not in _names_in(ast.parse(extra) if extra else ast.Module([], []))):
-            calls = [(owner, n) for owner, t in trees.items() for n in ast.walk(t)
+              and name not in _names_in(parse(extra) if extra else ast.Module([], []))):
+            calls = [(owner, n) for owner, t in trees.items() for n in walk(t)
                      if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name]
             if len(calls) == names[name] and not any(caller in keep for caller, _ in calls):
                 changed = _inlined_everywhere(sources, node, name, [caller for caller, _ in calls])
@@ -436,7 +438,7 @@ def inlined_helpers(sources: Mapping[str, str], plain: Iterable[str], extra: str
             for m in node.body:
                 if (isinstance(m, ast.FunctionDef) and not m.name.startswith("__") and attrs.get(m.name) == 1
                         and m.name not in strings and names.get(m.name, 0) == 0):
-                    calls = [(name, n) for n in ast.walk(node) if isinstance(n, ast.Call)
+                    calls = [(name, n) for n in walk(node) if isinstance(n, ast.Call)
                              and isinstance(n.func, ast.Attribute) and n.func.attr == m.name
                              and isinstance(n.func.value, ast.Name) and n.func.value.id == m.args.args[0].arg]
                     candidates.append((m, m.name, calls))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 
 from fuzz.repro_prune import _Effects, without_lines
+from fuzz.repro_trees import parse, walk
 
 __all__ = ["with_literals_inlined", "without_overwritten_stores", "without_unread_names"]
 
@@ -25,16 +26,16 @@ def with_literals_inlined(source: str) -> str:
     to ``None``, a bool or a number, and reads once after, replaced by that
     literal where it is read (``connector_output = None`` ... ``f(x=connector_output)``:
     ``f(x=None)``)."""
-    tree = ast.parse(source)
+    tree = parse(source)
     cuts: list[tuple[int, int, int, str]] = []  # (line, start col, end col, text), 1-based lines
     drop: set[int] = set()
-    for fn in ast.walk(tree):
+    for fn in walk(tree):
         if not isinstance(fn, ast.FunctionDef):
             continue
-        names = [n for n in ast.walk(fn) if isinstance(n, ast.Name)]
-        owned = {id(n.value) for n in ast.walk(fn) if isinstance(n, (ast.Attribute, ast.Subscript))}
-        owned |= {id(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)}
-        params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+        names = [n for n in walk(fn) if isinstance(n, ast.Name)]
+        owned = {id(n.value) for n in walk(fn) if isinstance(n, (ast.Attribute, ast.Subscript))}
+        owned |= {id(n.func) for n in walk(fn) if isinstance(n, ast.Call)}
+        params = {a.arg for a in walk(fn.args) if isinstance(a, ast.arg)}
         for stmt in fn.body:
             if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
                     and isinstance(stmt.value, ast.Constant) and type(stmt.value.value) in (type(None), bool, int)):
@@ -58,7 +59,7 @@ def with_literals_inlined(source: str) -> str:
         lines[line - 1] = (raw[:start] + text.encode() + raw[end:]).decode()
     out = "\n".join(line for i, line in enumerate(lines) if i not in drop)
     try:
-        ast.parse(out)
+        parse(out)
     except SyntaxError:
         return source
     return out
@@ -81,7 +82,7 @@ def without_overwritten_stores(source: str) -> str:
     leaves them alone."""
     effects = _Effects({}, ())
     drop: set[int] = set()
-    for fn in ast.walk(ast.parse(source)):
+    for fn in walk(parse(source)):
         if not isinstance(fn, ast.FunctionDef):
             continue
         for i, stmt in enumerate(fn.body):
@@ -92,11 +93,11 @@ def without_overwritten_stores(source: str) -> str:
                 continue
             owner = target.value.id
             j, later = next(((j, s) for j, s in enumerate(fn.body[i + 1 :], i + 1)
-                             if any(isinstance(n, ast.Name) and n.id == owner for n in ast.walk(s))), (0, None))
-            if any(isinstance(n, _LEAVING) for s in fn.body[i + 1 : j] for n in ast.walk(s)):
+                             if any(isinstance(n, ast.Name) and n.id == owner for n in walk(s))), (0, None))
+            if any(isinstance(n, _LEAVING) for s in fn.body[i + 1 : j] for n in walk(s)):
                 continue
             if (isinstance(later, ast.Assign) and len(later.targets) == 1 and ast.dump(later.targets[0]) == ast.dump(target)
-                    and not any(isinstance(n, ast.Name) and n.id == owner for n in ast.walk(later.value))):
+                    and not any(isinstance(n, ast.Name) and n.id == owner for n in walk(later.value))):
                 drop.update(range(stmt.lineno - 1, stmt.end_lineno or stmt.lineno))
     return without_lines(source, drop) if drop else source
 
@@ -107,16 +108,16 @@ def without_unread_names(source: str) -> str:
     passes leave once the code that read it is specialised away
     (``facts = self.failed_waiting.pop(rid, None)``). Values that change
     nothing go whole elsewhere (:func:`fuzz.repro_prune.without_unused_locals`)."""
-    tree = ast.parse(source)
+    tree = parse(source)
     cuts: list[tuple[int, int, int]] = []  # (line, start col, end col) of "name = "
-    for fn in ast.walk(tree):
+    for fn in walk(tree):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
-        declared = {name for n in ast.walk(fn) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
-        read = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
-        inner = {id(s) for d in ast.walk(fn) if d is not fn and isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 for s in ast.walk(d)}
-        for stmt in ast.walk(fn):
+        declared = {name for n in walk(fn) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
+        read = {n.id for n in walk(fn) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+        inner = {id(s) for d in walk(fn) if d is not fn and isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 for s in walk(d)}
+        for stmt in walk(fn):
             if (id(stmt) in inner or not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1
                     or not isinstance(stmt.targets[0], ast.Name) or not isinstance(stmt.value, ast.Call)):
                 continue
@@ -132,7 +133,7 @@ def without_unread_names(source: str) -> str:
         lines[line - 1] = (raw[:start] + raw[end:]).decode()
     out = "\n".join(lines)
     try:
-        ast.parse(out)
+        parse(out)
     except SyntaxError:
         return source
     return out

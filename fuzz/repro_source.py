@@ -54,6 +54,7 @@ from fuzz.repro_prune_annotations import without_annotations
 from fuzz.repro_prune_defaults import without_default_arguments
 from fuzz.repro_prune_inline import inlined_helpers
 from fuzz.repro_prune_stores import with_literals_inlined, without_overwritten_stores, without_unread_names
+from fuzz.repro_trees import parse, walk
 
 __all__ = ["KitSource", "kit_attributes", "kit_definitions", "kit_source", "specialise", "trim"]
 
@@ -95,7 +96,7 @@ def _module_parts(modules: tuple[str, ...] = KIT_MODULES) -> tuple[dict[str, _De
             continue
         source = inspect.getsource(importlib.import_module(name))
         lines = source.splitlines()
-        for node in ast.parse(source).body:
+        for node in parse(source).body:
             if isinstance(node, ast.ImportFrom):
                 if node.module == "__future__" or (node.module or "").startswith("fuzz"):
                     continue
@@ -153,7 +154,7 @@ def _static_value(test: ast.expr, constants: Mapping[str, object]) -> tuple[bool
     if isinstance(test, ast.Attribute) and isinstance(test.value, ast.Name):
         key = f"{test.value.id}.{test.attr}"
         return (True, bool(constants[key])) if key in constants else (False, False)
-    for node in ast.walk(test):
+    for node in walk(test):
         if not isinstance(node, _STATIC) or (isinstance(node, ast.Name) and node.id not in constants):
             return False, False
     code = compile(ast.Expression(test), "<kit>", "eval")
@@ -165,7 +166,7 @@ def _dedent(lines: list[str], by: int) -> list[str]:
 
 
 def _first_static_if(tree: ast.AST, constants: Mapping[str, object]) -> tuple[ast.If, bool] | None:
-    for node in ast.walk(tree):  # breadth-first: an outer if before the ones inside it
+    for node in walk(tree):  # breadth-first: an outer if before the ones inside it
         if isinstance(node, ast.If):
             known, value = _static_value(node.test, constants)
             if known:
@@ -179,7 +180,7 @@ def specialise(source: str, constants: Mapping[str, object]) -> str:
     constant is refused: the kit writes ``else: if``). A key ``owner.attr``
     of ``constants`` gives that attribute's truth (see :func:`_static_value`)."""
     while True:
-        found = _first_static_if(ast.parse(source), constants)
+        found = _first_static_if(parse(source), constants)
         if found is None:
             return source
         node, value = found
@@ -233,7 +234,7 @@ def trim(source: str) -> str:
     dropped; code, trailing comments and one-line docstrings stay as they are."""
     lines = source.splitlines()
     edits: dict[int, tuple[int, list[str]]] = {}  # first line (0-based) -> (end, replacement)
-    for node in ast.walk(ast.parse(source)):
+    for node in walk(parse(source)):
         if not isinstance(node, _DOCUMENTED) or not node.body:
             continue
         first = node.body[0]
@@ -281,18 +282,20 @@ def trim(source: str) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _names(source: str) -> set[str]:
-    return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+@functools.lru_cache(maxsize=8192)
+def _names(source: str) -> frozenset[str]:
+    return frozenset(n.id for n in walk(parse(source)) if isinstance(n, ast.Name))
 
 
-def kit_attributes(source: str) -> set[str]:
+@functools.lru_cache(maxsize=8192)
+def kit_attributes(source: str) -> frozenset[str]:
     """Every attribute name ``source`` spells (``x.name``)."""
-    return {n.attr for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Attribute)}
+    return frozenset(n.attr for n in walk(parse(source)) if isinstance(n, ast.Attribute))
 
 
 def _without_methods(source: str, keep: set[str]) -> str:
     """A plain class's source without the methods not in ``keep`` (dunders stay)."""
-    cls = ast.parse(source).body[0]
+    cls = parse(source).body[0]
     assert isinstance(cls, ast.ClassDef)
     lines = source.splitlines()
     drop = [
@@ -336,6 +339,7 @@ def kit_source(
     sources = {name: without_default_arguments(specialise(d.source, constants), defaults or {}, constants)
                for name, d in defs.items()}
     kept_methods: dict[str, set[str] | None] = {name: None for name, d in defs.items() if d.is_plain_class}
+    tidied: dict[str, str] = {}  # a source -> what the per-definition passes make of it
     while True:
         selected: set[str] = set()
         todo = [n for n in roots if n in defs]
@@ -345,7 +349,7 @@ def kit_source(
                 continue
             selected.add(name)
             todo += [n for n in _names(sources[name]) if n in defs and n not in selected]
-        attrs = kit_attributes(extra) if extra else set()
+        attrs = set(kit_attributes(extra)) if extra else set()
         for name in selected:
             attrs |= kit_attributes(sources[name])
         changed = False
@@ -359,15 +363,17 @@ def kit_source(
         for name, lines in unread_records(chosen, selected & set(kept_methods), extra).items():
             dropped = without_lines(sources[name], lines)
             try:
-                ast.parse(dropped)
+                parse(dropped)
             except SyntaxError:  # a body left empty: the record stays
                 continue
             changed |= dropped != sources[name]
             sources[name] = dropped
         for name in selected:
-            kept = without_unused_locals(sources[name])
-            kept = without_unread_names(with_literals_inlined(without_overwritten_stores(kept)))
-            kept = without_default_arguments(kept, defaults or {}, constants)
+            if sources[name] not in tidied:  # most definitions come back unchanged from a round
+                kept = without_unused_locals(sources[name])
+                kept = without_unread_names(with_literals_inlined(without_overwritten_stores(kept)))
+                tidied[sources[name]] = without_default_arguments(kept, defaults or {}, constants)
+            kept = tidied[sources[name]]
             changed |= kept != sources[name]
             sources[name] = kept
         changed |= _prune(sources, selected, selected & set(kept_methods), constants, extra, in_full)
@@ -420,7 +426,7 @@ def _replace(sources: dict[str, str], name: str, new: str) -> bool:
     if new == sources[name]:
         return False
     try:
-        ast.parse(new)
+        parse(new)
     except SyntaxError:  # a body left empty: it stays
         return False
     sources[name] = new
@@ -432,7 +438,7 @@ def _joined(parts: list[str]) -> str:
     out = ""
     constant_before = False
     for part in parts:
-        constant = isinstance(ast.parse(part).body[0], ast.Assign)
+        constant = isinstance(parse(part).body[0], ast.Assign)
         out += ("\n" if constant and constant_before else "\n\n\n") + part if out else part
         constant_before = constant
     return out

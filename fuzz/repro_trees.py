@@ -1,0 +1,40 @@
+"""Parsed sources for the repro writer's passes, each parsed and walked once.
+
+The writer (:func:`fuzz.repro_source.kit_source`) runs its passes to a fixed
+point over the few hundred definitions a file may carry, and a round changes
+few of them: most passes read the same source text again and again. Here a
+text is parsed once, a node's walk and a tree's parent map are built once,
+and every pass reads them from here.
+
+The trees are shared between the passes, so a pass reads them and never
+changes them (no attribute set on a node, no node moved): a pass that needs
+a changed tree parses its new text.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+
+__all__ = ["parents", "parse", "walk"]
+
+# A file's prune sees a few thousand distinct texts; a campaign writes files one after another.
+_SIZE = 8192
+
+
+@lru_cache(maxsize=_SIZE)
+def parse(source: str) -> ast.Module:
+    """``ast.parse(source)``, shared (raises :class:`SyntaxError` as it does)."""
+    return ast.parse(source)
+
+
+@lru_cache(maxsize=_SIZE)
+def walk(node: ast.AST) -> tuple[ast.AST, ...]:
+    """Every node under ``node`` (itself included), in :func:`ast.walk`'s order."""
+    return tuple(ast.walk(node))
+
+
+@lru_cache(maxsize=_SIZE)
+def parents(tree: ast.AST) -> dict[int, ast.AST]:
+    """id(node) -> its parent, for every node under ``tree``."""
+    return {id(child): node for node in walk(tree) for child in ast.iter_child_nodes(node)}
