@@ -17,7 +17,7 @@ from fuzz.repro_source import kit_source
 from invariants.truncation import loud_failure_expected
 from fuzz.model import TruncationScenario
 
-__all__ = ["repro_header", "truncation_repro", "truncation_repro_of_failure"]
+__all__ = ["repro_header", "spec_classes", "specs_lines", "truncation_repro", "truncation_repro_of_failure"]
 
 
 def repro_header(*, title: str, vllm_version: str, target: str, seed: object, invariant: str, violation: str, scenario: str) -> str:
@@ -55,12 +55,19 @@ def _spec_code(draw: SpecDraw) -> str:
     return f"{cls.__name__}(" + ", ".join(f"{k}={_value_code(v)}" for k, v in kwargs.items()) + ")"
 
 
-def _kinds(draws: tuple[SpecDraw, ...]) -> set[str]:
+def spec_classes(draws: tuple[SpecDraw, ...]) -> set[str]:
+    """The vLLM spec classes a file's ``SPECS`` constructs (nested ones too)."""
     out: set[str] = set()
     for d in draws:
-        out.add(d.kind)
-        out |= _kinds(d.inner)
+        out.add(adapter.spec_constructor(d)[0].__name__)
+        out |= spec_classes(d.inner)
     return out
+
+
+def specs_lines(groups: tuple[SpecDraw, ...]) -> list[str]:
+    """A file's ``SPECS = [...]``: on one line where it fits in 120 characters, else a spec a line."""
+    one = "SPECS = [" + ", ".join(_spec_code(g) for g in groups) + "]"
+    return [one] if len(one) <= 120 else ["SPECS = [", *[f"    {_spec_code(g)}," for g in groups], "]"]
 
 
 def _expected_lengths(obs: TruncationObservation) -> list[int]:
@@ -108,7 +115,7 @@ def truncation_repro(
     drafter = {k: v for k, v in adapter.eagle_manager_kwargs(eagle).items() if k != "use_eagle"}
     # name -> (the value an if of the kit may read, None for the others; its lines)
     constants: dict[str, tuple[object, list[str]]] = {
-        "SPECS": (None, ["SPECS = [", *[f"    {_spec_code(g)}," for g in layout.groups], "]"]),
+        "SPECS": (None, specs_lines(layout.groups)),
         "HASH_BLOCK_SIZE": (None, [f"HASH_BLOCK_SIZE = {layout.hash_block_size}"]),
         "SCHEDULER_BLOCK_SIZE": (
             None, [f"SCHEDULER_BLOCK_SIZE = {layout.scheduler_block_size}  # LCM of the group block sizes"]
@@ -144,7 +151,7 @@ def truncation_repro(
     used = kit_source(roots, values, constant_names=constants, modules=TRUNCATION_KIT_MODULES).constants
     emitted = [line for name, (_, text) in constants.items() if name in used for line in text]
     # The constants' values name spec classes (and torch dtypes): their imports too.
-    more_imports = {"torch": ("torch", None), **{k: ("vllm.v1.kv_cache_interface", k) for k in _kinds(layout.groups)}}
+    more_imports = {"torch": ("torch", None), **{k: ("vllm.v1.kv_cache_interface", k) for k in spec_classes(layout.groups)}}
     kit = kit_source(roots, values, constant_names=constants, extra="\n".join(emitted), more_imports=more_imports,
                      modules=TRUNCATION_KIT_MODULES)
     return "\n".join([header, *kit.imports, "", *emitted, "", "", kit.code, ""])

@@ -46,12 +46,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import textwrap
-from collections.abc import Iterable
 
 from fuzz import adapter
+from fuzz.repro import repro_header, spec_classes, specs_lines
 from fuzz.repro_shrink import _replay_checked, shrink_oplog
 from fuzz.repro_source import kit_attributes, kit_definitions, kit_source
-from fuzz.model import Abort, AddRequest, Evict, OpLog, ResetPrefixCache, SpecDraw, Step
+from fuzz.model import Abort, AddRequest, Evict, OpLog, ResetPrefixCache, Step
 from fuzz.model import group_behaviour
 from fuzz.model import Behaviour, classification_of_kind
 from invariants.table import INVARIANTS
@@ -125,31 +125,6 @@ def repro_size(log: OpLog) -> dict[str, int]:
 # ---------------------------------------------------------------------------
 # Writing the file
 # ---------------------------------------------------------------------------
-
-
-def _spec_code(draw: SpecDraw) -> str:
-    cls, kwargs = adapter.spec_constructor(draw)
-    args = ", ".join(f"{k}={_value(v)}" for k, v in kwargs.items())
-    return f"{cls.__name__}({args})"
-
-
-def _value(v: object) -> str:
-    if isinstance(v, SpecDraw):
-        return _spec_code(v)
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k!r}: {_value(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, tuple):
-        items = [_value(x) for x in v]
-        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
-    return repr(v)
-
-
-def _spec_classes(draws: Iterable[SpecDraw]) -> set[str]:
-    out: set[str] = set()
-    for d in draws:
-        out.add(adapter.spec_constructor(d)[0].__name__)
-        out |= _spec_classes(d.inner)
-    return out
 
 
 def _tokens(name: str, tokens: tuple[int, ...]) -> str:
@@ -313,8 +288,6 @@ def scheduler_repro(
     ``invariant`` at its last step (None when the file cannot state it)."""
     if invariant not in _CHECK_OF or not log.steps:
         return None
-    from fuzz.repro import repro_header
-
     cfg = log.config
     draw = cfg.draw
     broken = _broken_step(log)
@@ -343,7 +316,7 @@ def scheduler_repro(
         "pytest": ("pytest", None),
         "traceback": ("traceback", None),
         "torch": ("torch", None),
-        **{k: ("vllm.v1.kv_cache_interface", k) for k in _spec_classes(draw.layout.groups)},
+        **{k: ("vllm.v1.kv_cache_interface", k) for k in spec_classes(draw.layout.groups)},
     }
     roots = {"pytest", "ScriptedConnector"} if draw.connector else {"pytest"}
     defaults = adapter.declared_defaults(_DEFAULTED)
@@ -387,7 +360,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
             "# A tiny local model: vLLM reads its config.json only (no weights, no hub).",
             "MODEL_CONFIG = " + _compact_dict(json.loads(cfg.model_json)),
         ]),
-        "SPECS": (None, _specs_lines(draw.layout.groups)),
+        "SPECS": (None, specs_lines(draw.layout.groups)),
         "ROLES": (None, [
             "# Per group, what it holds of a request's prefix: every block (must-cover), the state",
             "# at the boundary (whole-state), nothing (scratch); 'windowed' (skips old tokens): unchecked.",
@@ -515,12 +488,6 @@ def _test_function(log: OpLog, broken: int, invariant: str) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def _specs_lines(groups: tuple[SpecDraw, ...]) -> list[str]:
-    """``SPECS = [...]``: on one line where it fits in 120 characters, else a spec a line."""
-    one = "SPECS = [" + ", ".join(_spec_code(g) for g in groups) + "]"
-    return [one] if len(one) <= 120 else ["SPECS = [", *[f"    {_spec_code(g)}," for g in groups], "]"]
 
 
 def _compact_dict(d: dict) -> str:
