@@ -12,41 +12,19 @@ Scenario (as drawn):
     Scheduler(plain, Layout([FullAttentionSpec(block_size=4)], hash_block_size=1,
     num_blocks=19), max_num_batched_tokens=16, max_num_seqs=2,
     long_prefill_token_threshold=0, connector.supports_divergent_local_hybrid_hits=True,
-    kv_load_failure_policy='fail'); 1 groups, 19 blocks, 1 requests, 1 schedule() steps
+    kv_load_failure_policy='fail'); 1 group, 19 blocks, 1 request, 1 schedule() step
 """
 
 import json
-import traceback
 
 import pytest
 import torch
-
-from vllm.config import (
-    CacheConfig,
-    DeviceConfig,
-    KVTransferConfig,
-    ModelConfig,
-    SchedulerConfig,
-    VllmConfig,
-)
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1,
-    KVConnectorMetadata,
-    SupportsHMA,
-)
+from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, SupportsHMA
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import (
-    generate_scheduler_kv_cache_config,
-    get_request_block_hasher,
-    init_none_hash,
-)
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-)
+from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config, get_request_block_hasher, init_none_hash
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
@@ -55,35 +33,25 @@ pytestmark = pytest.mark.cpu_test
 
 # A tiny local model: vLLM reads its config.json only (no weights, no hub).
 MODEL_CONFIG = {
-    'architectures': ['LlamaForCausalLM'],
-    'model_type': 'llama',
-    'hidden_size': 64,
-    'num_hidden_layers': 1,
-    'num_attention_heads': 2,
-    'num_key_value_heads': 1,
-    'intermediate_size': 128,
-    'vocab_size': 1024,
-    'max_position_embeddings': 4096,
-    'torch_dtype': 'float32',
+    'architectures': ['LlamaForCausalLM'], 'model_type': 'llama', 'hidden_size': 64, 'num_hidden_layers': 1,
+    'num_attention_heads': 2, 'num_key_value_heads': 1, 'intermediate_size': 128, 'vocab_size': 1024,
+    'max_position_embeddings': 4096, 'torch_dtype': 'float32',
 }
-SPECS = [
-    FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32),
-]
-# Per group, what it must hold of a request's local prefix: every block
-# (must-cover), its state at the boundary (whole-state), nothing (scratch);
-# 'windowed' groups skip old tokens (their window is not checked here).
+SPECS = [FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32)]
+# Per group, what it holds of a request's prefix: every block (must-cover), the state
+# at the boundary (whole-state), nothing (scratch); 'windowed' (skips old tokens): unchecked.
 ROLES = ['must-cover']
 NUM_BLOCKS = 19  # block 0 is the null block
 NULL_BLOCK = 0
 BLOCK_SIZE = 4  # the smallest prefix-cacheable group block, as the engine sets it
-PREFIX_MATCH_UNIT = None
 SCHEDULER_BLOCK_SIZE = 4  # LCM of the group block sizes
 HASH_BLOCK_SIZE = 4
 MAX_MODEL_LEN = 1024
 MAX_NUM_SEQS = 2
 MAX_NUM_BATCHED_TOKENS = 16
-LONG_PREFILL_TOKEN_THRESHOLD = 0
+ASYNC_SCHEDULING = False  # --no-async-scheduling: one batch in flight
 KV_LOAD_FAILURE_POLICY = 'fail'
+KV_ROLE = 'kv_both'
 # What the engine's KV-cache planning writes onto the KVCacheConfig.
 KV_CONFIG_FIELDS = {'prefix_cache_retention_interval': 0, 'hash_block_size': 4, 'cache_hit_alignment_tokens': 4}
 # The connector's supports_divergent_local_hybrid_hits.
@@ -106,9 +74,7 @@ PROMPT_R0 = list(range(0, 12))  # 12 tokens
 
 
 class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
-    """A scheduler-side KV connector answering from STORE. It never moves KV:
-    it records what the scheduler tells it, and which async loads are in
-    flight (the test reports them done, or failed, in the next step)."""
+    """A scheduler-side KV connector answering from STORE."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -124,17 +90,8 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         self.finish_calls = []  # (request id, nth call for it, status)
         self.loads_in_flight = set()
         self.saved = []  # token prefixes finished requests computed, in whole scheduler blocks
-
-    def _saved_prefix(self, tokens):
-        best = 0
-        for entry in self.saved:
-            n = 0
-            for a, b in zip(entry, tokens):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n // SCHEDULER_BLOCK_SIZE * SCHEDULER_BLOCK_SIZE)
-        return best
+        self.whole_prompt_sent = set()  # requests handed an async load of their whole prompt
+        self.sends_in_flight = set()
 
     @property
     def supports_divergent_local_hybrid_hits(self):
@@ -155,10 +112,8 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
             return request.num_tokens - num_computed_tokens + extra, False
         if kind == "undecided" and asked < undecided:
             return None, False
-        if kind == "saved":  # the connector's own store: what finished requests computed
-            held = self._saved_prefix(list(request.prompt_token_ids))
-        # A sync load leaves the last token to compute; an async one may bring all.
-        limit = request.num_tokens if load_async else request.num_tokens - 1
+        whole = load_async and request.request_id not in self.whole_prompt_sent
+        limit = request.num_tokens if whole else request.num_tokens - 1
         answer = max(0, min(held, limit) - num_computed_tokens)
         self.answers[request.request_id] = answer
         self.async_answers[request.request_id] = bool(load_async and answer)
@@ -171,6 +126,8 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         kind, *_, load_async = STORE.get(request.request_id) or ("zero", 0, 0, 0, False)
         if num_external_tokens and load_async:
             self.loads_in_flight.add(request.request_id)
+            if self.asked_with.get(request.request_id, 0) + num_external_tokens >= request.num_tokens:
+                self.whole_prompt_sent.add(request.request_id)
 
     def build_connector_meta(self, scheduler_output):
         out = scheduler_output
@@ -189,17 +146,11 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         rid = request.request_id
         self.finished[rid] = self.finished.get(rid, 0) + 1
         self.finish_calls.append((rid, self.finished[rid], request.status.name))
-        if request.status.name != "FINISHED_ERROR":  # save what it computed, in whole blocks
-            computed = list(request.all_token_ids[: request.num_computed_tokens])
-            whole = len(computed) // SCHEDULER_BLOCK_SIZE * SCHEDULER_BLOCK_SIZE
-            if whole:
-                self.saved.append(computed[:whole])
         return False, None
 
     def request_finished_all_groups(self, request, block_ids):
         return self.request_finished(request, block_ids)
 
-    # Worker side: never used, the scheduler runs alone.
     def start_load_kv(self, forward_context, **kwargs):
         raise NotImplementedError
 
@@ -211,17 +162,6 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
 
     def wait_for_save(self):
         raise NotImplementedError
-
-
-def _make_model_config(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(MODEL_CONFIG))
-    return ModelConfig(
-        model=str(tmp_path),
-        skip_tokenizer_init=True,
-        dtype="float32",
-        seed=0,
-        max_model_len=MAX_MODEL_LEN,
-    )
 
 
 def _make_kv_cache_config():
@@ -237,36 +177,41 @@ def _make_kv_cache_config():
 
 
 def _make_scheduler(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    model_config = ModelConfig(
+        model=str(tmp_path),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+    )
+    transfer = {}
+    transfer = {
+        "kv_transfer_config": KVTransferConfig(
+            kv_connector="ScriptedConnector",
+            kv_connector_module_path=__name__,  # this file
+            kv_role=KV_ROLE,
+            kv_load_failure_policy=KV_LOAD_FAILURE_POLICY,
+        ),
+    }
     vllm_config = VllmConfig(
-        model_config=_make_model_config(tmp_path),
+        model_config=model_config,
         scheduler_config=SchedulerConfig(
             max_num_seqs=MAX_NUM_SEQS,
             max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
             max_model_len=MAX_MODEL_LEN,
-            long_prefill_token_threshold=LONG_PREFILL_TOKEN_THRESHOLD,
-            enable_chunked_prefill=True,
             is_encoder_decoder=False,
-            async_scheduling=False,  # --no-async-scheduling: one batch in flight
+            async_scheduling=ASYNC_SCHEDULING,  # False: --no-async-scheduling, one batch in flight
         ),
         cache_config=CacheConfig(
             block_size=BLOCK_SIZE,
-            enable_prefix_caching=True,
             mamba_cache_mode="align",
-            prefix_match_unit=PREFIX_MATCH_UNIT,
-            cache_dtype="auto",
-        ),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="ScriptedConnector",
-            kv_connector_module_path=__name__,  # this file
-            kv_role="kv_both",
-            kv_load_failure_policy=KV_LOAD_FAILURE_POLICY,
         ),
         device_config=DeviceConfig(device="cpu"),
+        **transfer,
     )
-    # As on GPU: the hybrid KV-cache manager is on (a CPU-only install turns it off).
-    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False  # as on GPU (a CPU install turns it off)
     vllm_config.cache_config.num_gpu_blocks = NUM_BLOCKS
-    return Scheduler(
+    scheduler = vllm_config.scheduler_config.get_scheduler_cls()(  # as EngineCore: AsyncScheduler if async
         vllm_config=vllm_config,
         kv_cache_config=_make_kv_cache_config(),
         structured_output_manager=StructuredOutputManager(vllm_config),
@@ -274,9 +219,11 @@ def _make_scheduler(tmp_path):
         hash_block_size=HASH_BLOCK_SIZE,
         log_stats=False,
     )
+    return scheduler
 
 
 def _make_request(request_id, token_ids, max_tokens):
+    """A request decoding ``max_tokens`` tokens after ``token_ids``."""
     return Request(
         request_id=request_id,
         prompt_token_ids=list(token_ids),
@@ -300,43 +247,88 @@ def _describe_groups():
     )
 
 
-class _Watch:
-    """What the scheduler's prefix-cache branch saw and did for each request
-    it admitted in the current step: its local lookup (and, beside it, the
-    joint hit every group agrees on and each group's own hit) and the
-    arguments of its allocate_slots call; and, for every request, which
-    blocks it holds right after schedule() (see _watch_blocks for what the
-    block pool and the single-type managers did). Nothing the scheduler does
-    changes."""
+def computed_before(out):
+    computed = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
+    cached = out.scheduled_cached_reqs
+    for i, req_id in enumerate(cached.req_ids):
+        computed.setdefault(req_id, cached.num_computed_tokens[i])
+    return computed
 
+
+class WorkerRecord:
+    """The worker's own view of each request."""
+
+    def __init__(self):
+        self.tokens = {}
+        self.prompt = {}
+
+    def add(self, request_id, prompt):
+        self.tokens[request_id] = list(prompt)
+        self.prompt[request_id] = len(self.tokens[request_id])
+
+    def known(self, request_id):
+        return len(self.tokens.get(request_id, ()))
+
+    def resync(self, out):
+        """Take the token lists ``out`` resends."""
+        for new in out.scheduled_new_reqs:
+            if new.prompt_token_ids is not None:
+                self.prompt.setdefault(new.req_id, len(new.prompt_token_ids))
+            tokens = getattr(new, "prefill_token_ids", None) or new.prompt_token_ids
+            if tokens is not None:
+                self.tokens[new.req_id] = list(tokens)
+        cached = out.scheduled_cached_reqs
+        for rid, tokens in (getattr(cached, "all_token_ids", None) or {}).items():
+            self.tokens[rid] = list(tokens)
+        for rid, outputs in zip(cached.req_ids, getattr(cached, "num_output_tokens", None) or ()):
+            if rid in self.prompt and self.prompt[rid] + outputs < self.known(rid):
+                del self.tokens[rid][self.prompt[rid] + outputs :]
+
+    def start(self, request_id, before):
+        """Where ``request_id``'s scheduled tokens really start."""
+        return before[request_id]
+
+    def reaches_end(self, out, request_id, before):
+        if request_id not in before:
+            return False
+        end = self.start(request_id, before) + out.num_scheduled_tokens[request_id]
+        return end >= self.known(request_id)
+
+    def sampled(self, request_id, tokens):
+        self.tokens.setdefault(request_id, []).extend(tokens)
+
+
+class _Watch:
     def __init__(self, scheduler):
         self.step = 0
         self.admissions = {}
-        self.num_tokens = {}
-        self.seen = set()  # every request seen in the scheduler
         self.aborts = []  # aborts that arrive while the model runs the next step
+        self.worker = WorkerRecord()  # what the model runner knows (see _worker_done)
+        self.async_answers_seen = {}  # request id -> whether its answer this step was async
         sched, mgr = scheduler, scheduler.kv_cache_manager
         lookup = type(sched)._get_local_prefix_cache_hit
-        allocate = type(mgr).allocate_slots
-        coordinator = mgr.coordinator
 
         def local_hit(request, max_cache_hit_length=None):
             limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
-            self._own_lookup = True  # the watch's lookups are not the scheduler's
             joint_blocks, joint_hit, _ = type(mgr).get_computed_blocks(mgr, request, max_cache_hit_length)
-            if hasattr(coordinator, "find_longest_cache_hit_per_group"):
-                per_group = list(coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)[1])
+            if hasattr(mgr.coordinator, "find_longest_cache_hit_per_group"):
+                per_group = list(mgr.coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)[1])
             else:
                 per_group = [joint_hit] * len(SPECS)
-            self._own_lookup = False
             result = lookup(sched, request, max_cache_hit_length)
-            blocks, num_local = result[0], result[1]
-            self.local_hits.append((request.request_id, num_local, request.num_tokens))
+            num_local = result[1]
             self.admissions[request.request_id] = dict(
-                local_hit=num_local, lookup=_ids(blocks), joint_hit=joint_hit, joint=_ids(joint_blocks),
-                per_group=per_group,
+                local_hit=num_local, lookup=_ids(result[0]),
+                skips=bool(getattr(request.sampling_params, "skip_reading_prefix_cache", None)),
+                diverged=bool(result[3]) if len(result) > 3 else False,
+            )
+            self.admissions[request.request_id].update(
+                joint_hit=joint_hit, joint=_ids(joint_blocks), per_group=per_group
             )
             return result
+
+        sched._get_local_prefix_cache_hit = local_hit
+        allocate = type(mgr).allocate_slots
 
         def allocate_slots(request, num_new_tokens, *args, **kwargs):
             adm = self.admissions.get(request.request_id)
@@ -350,152 +342,39 @@ class _Watch:
                 blocks = kwargs.get("new_computed_blocks")
                 adm["local"] = kwargs.get("num_new_computed_tokens", 0)
                 adm["adopted"] = [[] for _ in SPECS] if blocks is None else _ids(blocks)
-            # What this call counts per group and takes from the pool (_watch_blocks).
-            outer, self._alloc = self._alloc, dict(
-                request=request.request_id, num_new_tokens=num_new_tokens, kwargs=kwargs,
-                counted=[None] * len(SPECS), taken=[0] * len(SPECS), takers=[set() for _ in SPECS],
-            )
-            result, raised = None, True
-            try:
-                result = allocate(mgr, request, num_new_tokens, *args, **kwargs)
-                raised = False
-            finally:
-                if raised or result is not None:  # None: it refused, taking nothing
-                    self.allocations.append(dict(self._alloc, raised=raised))
-                self._alloc = outer
-            return result
+            return allocate(mgr, request, num_new_tokens, *args, **kwargs)
 
-        sched._get_local_prefix_cache_hit = local_hit
         mgr.allocate_slots = allocate_slots
-        self._watch_blocks(mgr)
-        # Failed loads: reported this step (request id -> facts), and failed
-        # async loads waiting to leave WAITING_FOR_REMOTE_KVS.
-        self.failed = {}
-        self.async_answers_seen = {}
-        self.failed_waiting = {}
+        self.failed = {}  # failed loads reported this step: request id -> facts
         self.landed = {}  # request id -> failed blocks still cached as it left
+        self.failed_waiting = {}
+        self._watch_waiting_for_remote_kvs(sched, mgr)
+
+    def _watch_waiting_for_remote_kvs(self, sched, mgr):
+        """As a failed async load's request leaves WAITING_FOR_REMOTE_KVS: the
+        failed blocks still cached (landed)."""
         waiting_done = getattr(sched, "_update_waiting_for_remote_kv", None)
-        if waiting_done is not None:
-            def update_waiting_for_remote_kv(request):
-                result = waiting_done(request)
-                facts = self.failed_waiting.pop(request.request_id, None)
-                if facts is not None:
-                    self.landed[request.request_id] = (facts, _still_cached(mgr, facts["blocks"]))
-                return result
+        if waiting_done is None:
+            return
 
-            sched._update_waiting_for_remote_kv = update_waiting_for_remote_kv
-
-    def _watch_blocks(self, mgr):
-        """Per step: the blocks the pool hands out (get_new_blocks, for which
-        request); per allocate_slots, what each group's
-        get_num_blocks_to_allocate counted against what the group then took
-        from the pool (new blocks, and cached blocks nobody references that
-        it touched: they leave the free queue); each prefix-cache lookup's
-        max_cache_hit_length and hit, per group where the call gives one."""
-        self.fresh = []  # (block id, request id)
-        self.allocations = []
-        self.lookups = []  # (call, max_cache_hit_length, hits)
-        self.local_hits = []  # (request id, local hit, num_tokens) per scheduler lookup
-        self.held = {}
-        self._alloc = None  # the allocate_slots call running
-        self._group = None  # (group, method) of the allocation call running
-        self._own_lookup = False
-        pool, coordinator = mgr.block_pool, mgr.coordinator
-        get_new_blocks, touch = pool.get_new_blocks, pool.touch
-
-        def take(n):
-            if n and self._alloc is not None and self._group is not None:
-                g, method = self._group
-                self._alloc["taken"][g] += n
-                self._alloc["takers"][g].add(method)
-
-        def new_blocks(num_blocks):
-            blocks = get_new_blocks(num_blocks)
-            rid = "?" if self._alloc is None else self._alloc["request"]
-            self.fresh += [(b.block_id, rid) for b in blocks]
-            take(len(blocks))
-            return blocks
-
-        def touch_blocks(blocks):
-            take(sum(1 for b in blocks if b.ref_cnt == 0 and not b.is_null))
-            return touch(blocks)
-
-        pool.get_new_blocks, pool.touch = new_blocks, touch_blocks
-        for g, manager in enumerate(coordinator.single_type_managers):
-            self._watch_group(g, manager)
-        for name in ("find_longest_cache_hit", "find_longest_cache_hit_per_group"):
-            if hasattr(coordinator, name):
-                setattr(coordinator, name, self._watched_lookup(name, getattr(coordinator, name)))
-
-    def _watch_group(self, g, manager):
-        count = manager.get_num_blocks_to_allocate
-
-        def get_num_blocks_to_allocate(*args, **kwargs):
-            n = count(*args, **kwargs)
-            if self._alloc is not None:
-                self._alloc["counted"][g] = n  # the last count is the one allocate_slots compares
-            return n
-
-        def in_group(method, call):
-            def run(*args, **kwargs):
-                outer, self._group = self._group, (g, method)
-                try:
-                    return call(*args, **kwargs)
-                finally:
-                    self._group = outer
-            return run
-
-        manager.get_num_blocks_to_allocate = get_num_blocks_to_allocate
-        for method in ("add_local_computed_blocks", "allocate_external_computed_blocks", "allocate_new_blocks"):
-            if hasattr(manager, method):
-                setattr(manager, method, in_group(method, getattr(manager, method)))
-
-    def _watched_lookup(self, name, lookup):
-        def call(block_hashes, max_cache_hit_length, *args, **kwargs):
-            result = lookup(block_hashes, max_cache_hit_length, *args, **kwargs)
-            if not self._own_lookup:
-                hits = [result[1]] if name == "find_longest_cache_hit" else list(result[1])
-                self.lookups.append((name, max_cache_hit_length, hits))
+        def update_waiting_for_remote_kv(request):
+            result = waiting_done(request)
+            facts = self.failed_waiting.pop(request.request_id, None)
+            if facts is not None:
+                self.landed[request.request_id] = (facts, _still_cached(mgr, facts["blocks"]))
             return result
-        return call
 
-    def hold(self, scheduler, out):
-        """Right after schedule(): per request, its block table in every
-        group, the tokens it had computed before the step and the tokens
-        scheduled now; per block, (ref_cnt, in the free queue, cached)."""
-        managers = scheduler.kv_cache_manager.coordinator.single_type_managers
-        self.held = {}
-        for g, manager in enumerate(managers):
-            for rid, blocks in manager.req_to_blocks.items():
-                row = self.held.setdefault(rid, dict(tables=[[] for _ in managers]))
-                row["tables"][g] = [b.block_id for b in blocks]
-        for rid, row in self.held.items():
-            request, n = scheduler.requests.get(rid), out.num_scheduled_tokens.get(rid, 0)
-            row["scheduled"] = n
-            row["computed_before"] = 0 if request is None else request.num_computed_tokens - n
-            row["num_prompt_tokens"] = 0 if request is None else request.num_prompt_tokens
-        self.blocks = {
-            b.block_id: (b.ref_cnt, b.prev_free_block is not None, b.block_hash is not None)
-            for b in scheduler.kv_cache_manager.block_pool.blocks
-        }
+        sched._update_waiting_for_remote_kv = update_waiting_for_remote_kv
 
-    def settle(self, scheduler, out):
-        """After schedule(): each admitted request's computed tokens, its
-        block table, the external tokens the connector was told, and the
-        connector's answer. Requests that were not admitted are dropped."""
-        computed = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
-        cached = out.scheduled_cached_reqs
-        for i, rid in enumerate(cached.req_ids):
-            computed.setdefault(rid, cached.num_computed_tokens[i])
+    def take_admissions(self, scheduler, out):
+        """After schedule()."""
+        computed = computed_before(out)
         told = scheduler.connector.told
-        self.seen |= set(scheduler.requests)
-        self.num_tokens = {rid: scheduler.requests[rid].num_tokens for rid in computed}
         for rid in list(self.admissions):
             adm = self.admissions[rid]
             if rid not in told or rid not in scheduler.requests or "local" not in adm:
                 del self.admissions[rid]
                 continue
-            # An async load's request waits for its KV outside the output.
             adm["num_computed_tokens"] = computed.get(rid, scheduler.requests[rid].num_computed_tokens)
             adm["external"] = told[rid]
             adm["num_tokens"] = scheduler.requests[rid].num_tokens
@@ -532,7 +411,7 @@ def _failed_facts(scheduler, watch, failed_loads, invalid_block_ids):
             continue
         (table,) = adm["table"]
         start = adm["num_computed_tokens"] - adm["external"]
-        end = _cdiv(adm["num_computed_tokens"], SPECS[0].block_size)
+        end = min(_cdiv(adm["num_computed_tokens"], SPECS[0].block_size), len(table))
         bad = [k for k in range(start // SPECS[0].block_size, end) if table[k] in invalid_block_ids]
         if bad:
             facts[rid] = dict(how="invalid_block_ids", start=start, first=bad[0] * SPECS[0].block_size,
@@ -544,69 +423,68 @@ def _failed_facts(scheduler, watch, failed_loads, invalid_block_ids):
 
 
 def _step(scheduler, watch, failed_loads=(), invalid_block_ids=()):
-    """One engine step: schedule(), then what a model runner returns (a
-    sampled token for each request whose prefill completes, none for a
-    partial chunk; each async load in flight reported done, or failed)."""
+    """One engine step."""
     watch.step += 1
     watch.admissions.clear()
     connector = scheduler.connector
     for record in (connector.told, connector.answers, connector.asked_with, connector.async_answers,
                    connector.told_blocks, connector.events, connector.metas):
         record.clear()
-    watch.seen |= set(scheduler.requests)
     watch.loads_in_flight = set(connector.loads_in_flight)
     watch.landed.clear()
-    for record in (watch.fresh, watch.allocations, watch.lookups, watch.local_hits):
-        record.clear()
     out = scheduler.schedule()
-    watch.hold(scheduler, out)
-    watch.async_answers_seen = dict(connector.async_answers)
-    watch.settle(scheduler, out)
-    ids = list(out.num_scheduled_tokens)
-    sampled = []
-    for rid in ids:
-        req = scheduler.requests[rid]
-        sampled.append([1000 + watch.step % 24] if req.num_computed_tokens >= req.num_tokens else [])
-    _abort_during_step(scheduler, watch)
-    recving = {r for r in connector.loads_in_flight if r in scheduler.requests}
-    connector.loads_in_flight -= recving
+    watch.async_answers_seen = dict(scheduler.connector.async_answers)
+    watch.take_admissions(scheduler, out)
+    watch.worker.resync(out)
+    before = computed_before(out)
+    done = [watch.worker.reaches_end(out, rid, before) for rid in out.num_scheduled_tokens]
+    sampled = [[1000 + watch.step % 24] if ends else [] for ends in done]
+    for rid, tokens in zip(out.num_scheduled_tokens, sampled):
+        watch.worker.sampled(rid, tokens)
+    if watch.aborts:
+        scheduler.finish_requests(list(watch.aborts), RequestStatus.FINISHED_ABORTED)
+        watch.aborts.clear()
+    recving = set()
+    recving = set(scheduler.connector.loads_in_flight)
+    scheduler.connector.loads_in_flight -= recving
+    sending = set()
     watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
     watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
     connector_output = None
-    if recving or invalid_block_ids:
+    if recving or invalid_block_ids or sending:
         connector_output = KVConnectorOutput(
+            finished_sending=sending,
             finished_recving=recving,
             failed_recving=recving & set(failed_loads),
             invalid_block_ids=set(invalid_block_ids),
         )
-    scheduler.update_from_output(
-        out,
-        ModelRunnerOutput(
-            req_ids=ids,
-            req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=sampled,
-            kv_connector_output=connector_output,
-        ),
+    req_ids = list(out.num_scheduled_tokens)
+    model_output = ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        sampled_token_ids=sampled,
+        kv_connector_output=connector_output,
     )
+    scheduler.update_from_output(out, model_output)
     return out
 
 
-def _abort_during_step(scheduler, watch):
-    """Aborts that arrived while the model ran the step: the engine core
-    applies them right before update_from_output (_process_aborts_queue)."""
-    if watch.aborts:
-        scheduler.finish_requests(list(watch.aborts), RequestStatus.FINISHED_ABORTED)
-        watch.aborts.clear()
+def _busy(scheduler):
+    """Requests left, or reports the worker still owes (loads, sends in flight)."""
+    connector = scheduler.connector
+    if connector.loads_in_flight or connector.sends_in_flight:
+        return True
+    return bool(scheduler.requests)
 
 
 def _drain(scheduler, watch, max_steps=400):
     for _ in range(max_steps):
-        if not scheduler.requests:
+        if not _busy(scheduler):
             return
         _step(scheduler, watch)
     for rid in list(scheduler.requests):  # stalled: end them
         scheduler.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
-    while scheduler.requests:
+    while _busy(scheduler):
         _step(scheduler, watch)
 
 
@@ -618,7 +496,6 @@ def _assert_no_leaked_blocks(scheduler):
     )
     held = [(b.block_id, b.ref_cnt) for b in pool.blocks if b.ref_cnt and not b.is_null]
     assert not held, f"blocks still referenced (block_id, ref_cnt): {held}"
-
 
 
 def _check_failed_load_not_cached(scheduler, out, watch, step):
@@ -641,7 +518,6 @@ def _check_failed_load_not_cached(scheduler, out, watch, step):
             f"step {step}: request {rid}'s async load failed, but as it left WAITING_FOR_REMOTE_KVS blocks "
             f"{cached} it was written into carry a prefix-cache hash; groups: {_describe_groups()}"
         )
-
 
 
 def test_scheduler_failed_load_not_cached_repro(tmp_path, monkeypatch):
