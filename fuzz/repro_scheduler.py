@@ -237,6 +237,17 @@ def _breaking_step(op: Step, args: str, invariant: str) -> list[str]:
             "    finally:",
             f"        {check}(scheduler, out, watch, step={op.index})",
         ]
+    if op.error and op.error_where == "update_from_output" and op.output is not None:
+        # vLLM raised feeding the output back, after schedule() did what the claim judges.
+        return [
+            f"    # Step {op.index}{sched}: the step where '{invariant}' broke. vLLM then raises",
+            f"    # {op.error.splitlines()[0][:100]} in update_from_output(): the check reads what",
+            "    # schedule() did before that escapes.",
+            "    try:",
+            f"        _step(scheduler, watch{args})",
+            "    finally:",
+            f"        {check}(scheduler, watch.last_output, watch, step={op.index})",
+        ]
     return [
         f"    # Step {op.index}{sched}: the step where '{invariant}' broke.",
         f"    out = _step(scheduler, watch{args})",

@@ -85,6 +85,7 @@ def _begin_step(scheduler, watch):
 def _scheduled(scheduler, watch):
     """schedule(), and what the watch takes from it right after."""
     out = scheduler.schedule()
+    watch.last_output = out
     if WATCH_IN_FLIGHT:
         # Async scheduling: the step queued last is still running; its
         # tables say what its forward pass reads while this one is planned.

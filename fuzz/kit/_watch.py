@@ -49,6 +49,7 @@ class _Watch:
         if WATCH_ADMISSIONS:
             self.admissions = {}
         self.scheduled_num_tokens = {}  # request id -> its num_tokens right after schedule()
+        self.last_output = None  # the last schedule()'s SchedulerOutput (a check may read it after vLLM raised)
         self.seen = set()  # every request seen in the scheduler
         self.queue = []  # (step, SchedulerOutput, sampled, admissions) not fed back yet, newest first
         self.aborts = []  # aborts that arrive while the model runs the next step

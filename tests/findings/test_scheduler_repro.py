@@ -123,6 +123,17 @@ def _run_repro(path: Path, tmp_path: Path, bug: str | None) -> BaseException | N
     return None
 
 
+# The claims every file states without a kit check of their own: where a
+# failing file states them (a frame, or its failure's text).
+_STATED_AT = {"no-exception": "escaped the scheduler", "no-leaked-blocks": "_assert_no_leaked_blocks"}
+
+
+def _header_invariant(source: str) -> str:
+    """The claim a written file's header names (``invariant: x``)."""
+    (name,) = [line.split(": ", 1)[1] for line in source.splitlines() if line.startswith("invariant: ")][:1]
+    return name
+
+
 def _imports(source: str) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(source)):
@@ -134,9 +145,14 @@ def _imports(source: str) -> set[str]:
 
 
 def _check_repro(source: str | None, bug: str, tmp_path: Path, check: str | None = None) -> Path:
-    """Write ``source``, run it with ``bug`` planted (it must fail; in the
-    kit's ``check`` where one is named) and without (it must pass)."""
+    """Write ``source``, run it with ``bug`` planted (it must fail, in the
+    kit's ``check``: by default the check of the claim its header names, the
+    one the suite's invariant broke on the run it replays) and without (it
+    must pass). Every file written here thus shows the kit's check and the
+    suite's invariant agreeing on one recorded run, planted and not."""
     assert source, f"{bug}: no repro written"
+    claim = _header_invariant(source)
+    check = check or _CHECK_OF[claim] or _STATED_AT[claim]
     assert _imports(source) <= ALLOWED_IMPORTS, _imports(source)
     assert "pytestmark = pytest.mark.cpu_test" in source
     # A file with the connector loads it by its own module path; one without has none of it.
@@ -152,9 +168,8 @@ def _check_repro(source: str | None, bug: str, tmp_path: Path, check: str | None
         assert lint.returncode == 0, f"{bug}: the repro does not lint clean\n{lint.stdout}{lint.stderr}\n{source}"
     failure = _run_repro(path, tmp_path, bug)
     assert failure is not None, f"{bug}: the repro passes with the bug planted\n{source}"
-    if check is not None:
-        frames = [frame.name for frame in traceback.extract_tb(failure.__traceback__)]
-        assert check in frames, f"{bug}: the repro fails outside {check}: {failure!r}\n{source}"
+    frames = [frame.name for frame in traceback.extract_tb(failure.__traceback__)]
+    assert check in frames or check in str(failure), f"{bug}: the repro fails outside {check}: {failure!r}\n{source}"
     assert _run_repro(path, tmp_path, None) is None, f"{bug}: the repro fails on unmodified vLLM\n{source}"
     return path
 
