@@ -25,7 +25,8 @@ import ast
 import re
 from collections.abc import Iterable, Mapping
 
-from fuzz.repro_trees import parents, parse, walk
+from fuzz.repro_trees import parents as _parents
+from fuzz.repro_trees import parse, walk
 
 __all__ = [
     "calls_doing_nothing", "constant_fields", "never_filled", "unread_records", "unused_parameters", "without_lines",
@@ -267,9 +268,6 @@ _EMPTY_BUILDERS = frozenset({"dict", "list", "set"})
 # What may be done to a record and leave it empty: empty it, or read it.
 _EMPTYING = frozenset({"clear", "discard", "pop", "remove"})
 _READING_CALLS = frozenset("all any bool enumerate len list max min reversed set sorted sum tuple".split())
-
-
-_parents = parents
 
 
 def _is_empty(value: ast.expr | None) -> bool:
