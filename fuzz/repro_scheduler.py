@@ -48,13 +48,14 @@ import json
 import textwrap
 
 from fuzz import adapter
+from fuzz.kit import SUITE_CHECK_MODULES
 from fuzz.repro import repro_header, spec_classes, specs_lines
 from fuzz.repro_shrink import _replay_checked, shrink_oplog
 from fuzz.repro_source import kit_attributes, kit_definitions, kit_source
 from fuzz.model import Abort, AddRequest, Evict, OpLog, ResetPrefixCache, Step
 from fuzz.model import group_behaviour
 from fuzz.model import Behaviour, classification_of_kind
-from invariants.table import INVARIANTS
+from invariants.table import INVARIANTS, Invariant
 
 __all__ = ["WRITABLE", "repro_size", "scheduler_repro", "scheduler_repro_of_failure", "shrink_oplog", "shrunk_log_of_failure"]
 
@@ -62,14 +63,41 @@ __all__ = ["WRITABLE", "repro_size", "scheduler_repro", "scheduler_repro_of_fail
 # not raise, and the pool check closes every file.
 _STATED_BY_EVERY_FILE = frozenset({"no-exception", "no-leaked-blocks"})
 
-# The scheduler claims a file can state (invariants/table.py, ``repro``), each
-# by the kit's function of its check's name (``check_x`` -> ``_check_x``), and
-# what the file watches for it (the row's ``watches``).
+# The scheduler claims a file can state (invariants/table.py, ``repro``), and
+# what the file watches for it (the row's ``watches``). A file states a claim
+# with the kit's function of its check's name where the kit has one
+# (``check_x`` -> ``_check_x``, called with the scheduler, the step's output
+# and the watch), else with the suite's check itself, which the kit carries
+# (:data:`fuzz.kit.SUITE_CHECK_MODULES`) and which reads the watch as a
+# StepObservation.
 _ROWS = {row.name: row for row in INVARIANTS if row.tier == "scheduler" and row.repro}
-_CHECK_OF = {
-    name: None if name in _STATED_BY_EVERY_FILE else "_" + row.check.__name__ for name, row in _ROWS.items()
-}
+
+
+def _stated_by(row: Invariant) -> str | None:
+    if row.name in _STATED_BY_EVERY_FILE:
+        return None
+    name = row.check.__name__
+    if "_" + name in kit_definitions():
+        return "_" + name
+    if row.check.__module__ not in SUITE_CHECK_MODULES:
+        raise ValueError(f"{row.name}: neither the kit's _{name} nor a check the kit carries states it")
+    return name
+
+
+_CHECK_OF = {name: _stated_by(row) for name, row in _ROWS.items()}
 WRITABLE = frozenset(_CHECK_OF)
+
+
+def _reads_output(check: str) -> bool:
+    """The kit's checks take the step's output; the suite's read the watch alone."""
+    return check.startswith("_")
+
+
+def _check_call(check: str, out: str, step: int) -> str:
+    """The call that states a claim at step ``step`` (``out``: its output)."""
+    if _reads_output(check):
+        return f"{check}(scheduler, {out}, watch, step={step})"
+    return f"{check}(watch)  # step {step}"
 
 
 # The row's watches that are kit constants of their own (WATCH_POOL, ...).
@@ -96,7 +124,7 @@ def _reads_joint_hits(invariant: str) -> bool:
 # The watch's records a file keeps only where its code, written without the
 # record, still reads it (constant -> the watch's attribute): what the claim's
 # check and the step loop read decides, not a list beside them.
-_KEPT_WHERE_READ = {"WATCH_ADMISSIONS": "admissions"}
+_KEPT_WHERE_READ = {"WATCH_ADMISSIONS": "admissions", "WATCH_ORPHANS": "event_orphans"}
 
 
 def _records_read(roots: set[str], values: dict[str, object], **kit: object) -> dict[str, bool]:
@@ -231,11 +259,11 @@ def _breaking_step(op: Step, args: str, invariant: str) -> list[str]:
         return [
             f"    # Step {op.index}{sched}: the step where '{invariant}' broke.",
             "    # What schedule() did is checked even if it raised (the check needs no output).",
-            "    out = None",
+            *(["    out = None"] if _reads_output(check) else []),
             "    try:",
-            f"        out = _step(scheduler, watch{args})",
+            f"        {'out = ' if _reads_output(check) else ''}_step(scheduler, watch{args})",
             "    finally:",
-            f"        {check}(scheduler, out, watch, step={op.index})",
+            f"        {_check_call(check, 'out', op.index)}",
         ]
     if op.error and op.error_where == "update_from_output" and op.output is not None:
         # vLLM raised feeding the output back, after schedule() did what the claim judges.
@@ -246,12 +274,12 @@ def _breaking_step(op: Step, args: str, invariant: str) -> list[str]:
             "    try:",
             f"        _step(scheduler, watch{args})",
             "    finally:",
-            f"        {check}(scheduler, watch.last_output, watch, step={op.index})",
+            f"        {_check_call(check, 'watch.last_output', op.index)}",
         ]
     return [
         f"    # Step {op.index}{sched}: the step where '{invariant}' broke.",
-        f"    out = _step(scheduler, watch{args})",
-        f"    {check}(scheduler, out, watch, step={op.index})",
+        f"    {'out = ' if _reads_output(check) else ''}_step(scheduler, watch{args})",
+        f"    {_check_call(check, 'out', op.index)}",
     ]
 
 

@@ -58,12 +58,17 @@ from fuzz.repro_trees import parse, walk
 
 __all__ = ["KitSource", "kit_attributes", "kit_definitions", "kit_source", "specialise", "trim"]
 
+# Bases that read nothing of a subclass's own: a class on them counts as
+# plain (its records and methods nothing reads may go), like one without.
+_PLAIN_BASES = frozenset({"AssertionError", "Exception"})
+
+
 @dataclasses.dataclass(frozen=True)
 class _Def:
     name: str
     module: str
     source: str
-    is_plain_class: bool  # a class without bases: its unused methods may go
+    is_plain_class: bool  # a class without bases (but _PLAIN_BASES): its unused methods may go
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +103,7 @@ def _module_parts(modules: tuple[str, ...] = KIT_MODULES) -> tuple[dict[str, _De
         lines = source.splitlines()
         for node in parse(source).body:
             if isinstance(node, ast.ImportFrom):
-                if node.module == "__future__" or (node.module or "").startswith("fuzz"):
+                if node.module == "__future__" or (node.module or "").startswith(("fuzz", "invariants")):
                     continue
                 for alias in node.names:
                     imports[alias.asname or alias.name] = (node.module or "", alias.name)
@@ -108,7 +113,8 @@ def _module_parts(modules: tuple[str, ...] = KIT_MODULES) -> tuple[dict[str, _De
             elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
                 first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
                 text = "\n".join(lines[_with_comments_above(lines, first) : node.end_lineno])
-                plain = isinstance(node, ast.ClassDef) and not node.bases
+                plain = isinstance(node, ast.ClassDef) and all(
+                    isinstance(b, ast.Name) and b.id in _PLAIN_BASES for b in node.bases)
                 _add(defs, _Def(node.name, name, text, plain))
             elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 if node.targets[0].id.startswith("__"):
@@ -383,7 +389,7 @@ def kit_source(
                 changed |= _replace(sources, name, new)
         if not changed:
             break
-    for name in selected - in_full:  # typed for the suite; the file is read, not type-checked
+    for name in selected:  # typed for the suite; the file is read, not type-checked
         sources[name] = without_annotations(sources[name])
     used: set[str] = set(roots)
     for name in selected:

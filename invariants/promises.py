@@ -52,7 +52,7 @@ LOOKAHEAD_UNALLOCATED = "a drafter's lookahead past the blocks allocated"
 PREEMPTED_NOT_RESET = "a preempted request keeps what it computed"
 
 
-def _report(invariant: str, found: Sequence[Any], step: StepObservation, *, where: str, state: str) -> None:
+def _report(invariant: str, found: Sequence[Any], step: StepObservation, where: str, state: str) -> None:
     """Raise ``invariant``'s violation for what the step ``found`` (each
     describing itself), if it found anything."""
     if not found:
@@ -144,10 +144,13 @@ def check_in_flight_reads_held(step: StepObservation) -> None:
 
 
 def check_hits_within_namespace(step: StepObservation) -> None:
-    """Every block a request adopts from the prefix cache as computed was
-    written for a request with the same cache salt (none counts as its own
-    namespace): vLLM folds the salt into the first block's hash, and every
-    later hash chains on it, so no lookup may cross salts."""
+    """Isolation: every block a request adopts from the prefix cache as
+    computed (the local blocks handed to allocate_slots) was last written
+    for a request of the same namespace: the same cache_salt, LoRA adapter
+    and prompt embeddings (none is a namespace of its own), and the same
+    images placed in the adopted prefix. vLLM folds them into the block
+    hashes, and every later hash chains on them, so no lookup may cross
+    namespaces."""
     _report("hits-within-namespace", step.foreign_hits, step, where="KVCacheManager.get_computed_blocks", state=CROSS_NAMESPACE_HIT)
 
 

@@ -42,8 +42,11 @@ class Invariant:
     * ``repro``: a standalone repro can state it (the scheduler writer's
       :data:`fuzz.repro_scheduler.WRITABLE`; the truncation writer asserts the
       call's failure or its per-group lengths and prefix view). A scheduler
-      file states it with the kit's function of the check's own name, an
-      underscore before it (``check_x`` -> ``fuzz.kit``'s ``_check_x``);
+      file states it with ``check`` itself where the kit keeps the records
+      it reads (its module is one of :data:`fuzz.kit.SUITE_CHECK_MODULES`,
+      and the kit has no restatement), else with the kit's function of the
+      check's own name, an underscore before it (``check_x`` ->
+      ``fuzz.kit``'s ``_check_x``);
     * ``watches``: what a scheduler repro file must watch for it beyond what
       every claim needs (the writer turns on the kit's ``WATCH_*`` constants
       and tables by these names): ``"pool"`` (blocks taken inside

@@ -55,10 +55,12 @@ class EventLog:
             if kind == "AllBlocksCleared":
                 self.counts.clear()
             elif kind == "BlockStored":
-                parent = event.parent_block_hash
-                if parent is not None and self.counts[(event.group_idx, parent)] <= 0:
-                    first = event.block_hashes[0] if event.block_hashes else None
-                    self.orphans.append((event.group_idx, parent, first, len(event.token_ids), event.block_size))
+                # (The orphan's record is one statement: a file that reads
+                # no orphans drops it, and its test, whole.)
+                if event.parent_block_hash is not None and self.counts[(event.group_idx, event.parent_block_hash)] <= 0:
+                    self.orphans.append((event.group_idx, event.parent_block_hash,
+                                         event.block_hashes[0] if event.block_hashes else None,
+                                         len(event.token_ids), event.block_size))
                 for key in event.block_hashes:
                     self.counts[(event.group_idx, key)] += 1
             elif kind == "BlockRemoved":

@@ -38,6 +38,7 @@ from fuzz.model import (  # noqa: E402
     SchedulerDraw,
     StaleOutput,
     StrandedRequest,
+    event_orphans_of,
 )
 
 __all__ = ["QUIET_STEPS", "Observer"]
@@ -99,12 +100,7 @@ class Observer:
         block, the others only some)."""
         if self.events is None:
             return ()
-        sizes = [g.block_size for g in self.groups]
-        return tuple(
-            EventOrphan(group, parent, first, tokens, size, group is not None and size < sizes[group],
-                        sparse=group is None or read_rules[group][0] != "full")
-            for group, parent, first, tokens, size in self.events.take_orphans()
-        )
+        return event_orphans_of(self.events.take_orphans(), [g.block_size for g in self.groups], read_rules)
 
     def _new_admission(self, request: Request, **lookup: Any) -> AdmissionObservation:
         """A waiting request's observation as its local lookup returns."""

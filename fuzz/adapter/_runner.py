@@ -37,6 +37,7 @@ from fuzz.model import (  # noqa: E402
     UnwrittenRead,
 )
 from fuzz.model import group_behaviour as _group_behaviour  # noqa: E402
+from fuzz.model import hits_across_reset_of  # noqa: E402
 from fuzz.model import group_kind as _group_kind  # noqa: E402
 
 __all__ = ["ScriptedRunner", "runner_output"]
@@ -201,17 +202,13 @@ class ScriptedRunner:
         ``reset_before``, the step the last prefix-cache reset that
         succeeded preceded (0: none did). Asked, like :meth:`foreign_hits`,
         after the step's loads and forward pass."""
-        found: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
+        found: list[HitAcrossReset] = []
         for adm in admissions if reset_before else ():
             if adm.alloc_local_blocks is None or not adm.alloc_local_tokens:
                 continue
-            for group, block_id, position, written in self.contents.written_before(
-                    adm.alloc_local_blocks, adm.alloc_local_tokens, reset_before, adm.block_table or None):
-                found.setdefault((adm.request_id, group, block_id), []).append((position, written))
-        return tuple(
-            HitAcrossReset(rid, group, block_id, tuple(sorted(p for p, _ in held)), max(w for _, w in held), reset_before)
-            for (rid, group, block_id), held in found.items()
-        )
+            found += hits_across_reset_of(adm.request_id, self.contents.written_before(
+                adm.alloc_local_blocks, adm.alloc_local_tokens, reset_before, adm.block_table or None), reset_before)
+        return tuple(found)
 
     def _verifiable(self, out: Any, rid: str, newly: frozenset[str]) -> int:
         """How many of the drafts scheduled for ``rid`` the rejection sampler

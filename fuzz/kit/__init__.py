@@ -23,18 +23,23 @@ and no Python lives in string templates:
   lookup, and the index read as the lookup begins; ``fuzz.model._evictions``,
   ``fuzz.adapter._evictions``: vLLM's free order, and the watch of every
   free and eviction (the suite's own, for :mod:`fuzz.kit._hits`'s claims);
-* the claims a file can state, one room each as the suite's invariants:
-  :mod:`fuzz.kit._checks_scheduler` (admission, the step loop),
-  :mod:`fuzz.kit._checks_connector`, :mod:`fuzz.kit._checks_ownership`,
-  :mod:`fuzz.kit._checks_contents`, :mod:`fuzz.kit._checks_promises` (a
+* the claims a file can state. Where the watch keeps a claim's records
+  under the suite's names and types (``fuzz.model._contents``), the file
+  carries the suite's check itself (:data:`SUITE_CHECK_MODULES`:
+  :mod:`invariants.promises`'s hits within a namespace and after a reset,
+  the drafter's lookahead, the KV events), reading the watch as the step it
+  judges. The others are restated here, one room each as the suite's
+  invariants: :mod:`fuzz.kit._checks_scheduler` (admission, the step
+  loop), :mod:`fuzz.kit._checks_connector`,
+  :mod:`fuzz.kit._checks_ownership`, :mod:`fuzz.kit._checks_contents` (a
   preemption's in :mod:`fuzz.kit._preempt`, with what it watches),
   :mod:`fuzz.kit._hits` (hit lengths and the eviction order);
 * :mod:`fuzz.kit._truncation` (constants in ``_truncation_params``): the
   repro of a ``truncate_computed_blocks`` failure, at the manager level.
 
 The kit's modules may import vLLM, pytest, the standard library and
-:data:`COPIED_MODULES` (which do the same); tests/test_repro_kit.py holds
-them to it.
+:data:`COPIED_MODULES` (which do the same); tests/findings/test_repro_kit.py
+holds them to it.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from __future__ import annotations
 from fuzz.kit._connector import saved_prefix
 from fuzz.kit._outputs import model_runner_output
 
-__all__ = ["COPIED_MODULES", "KIT_MODULES", "TRUNCATION_KIT_MODULES", "model_runner_output", "saved_prefix"]
+__all__ = ["COPIED_MODULES", "KIT_MODULES", "SUITE_CHECK_MODULES", "TRUNCATION_KIT_MODULES", "model_runner_output", "saved_prefix"]
 
 # In the order a file carries their definitions.
 KIT_MODULES = (
@@ -50,6 +55,8 @@ KIT_MODULES = (
     "fuzz.kit._connector",
     "fuzz.kit._build",
     "fuzz.adapter._reports",
+    "fuzz.model._violations",
+    "fuzz.model._contents",
     "fuzz.adapter._contents",
     "fuzz.adapter._events",
     "fuzz.model._hits",
@@ -68,12 +75,18 @@ KIT_MODULES = (
     "fuzz.kit._checks_connector",
     "fuzz.kit._checks_ownership",
     "fuzz.kit._checks_contents",
-    "fuzz.kit._checks_promises",
+    "invariants.promises",
 )
 # A truncation repro's (fuzz.repro): its constants, and the manager-level test.
 TRUNCATION_KIT_MODULES = ("fuzz.kit._truncation_params", "fuzz.kit._truncation")
 # The suite's own modules a file carries as they are (standard library only).
 COPIED_MODULES = (
-    "fuzz.adapter._reports", "fuzz.adapter._contents", "fuzz.adapter._events", "fuzz.model._hits", "fuzz.adapter._hits",
-    "fuzz.model._evictions", "fuzz.adapter._evictions",
+    "fuzz.model._violations", "fuzz.model._contents", "fuzz.adapter._reports", "fuzz.adapter._contents",
+    "fuzz.adapter._events", "fuzz.model._hits", "fuzz.adapter._hits", "fuzz.model._evictions", "fuzz.adapter._evictions",
 )
+# The suite's checks a file carries as they are: their claims' records are
+# the watch's, under the suite's names and types (fuzz.model), so the check
+# in the file is the suite's invariant itself. Their module imports the
+# vocabulary (fuzz.model) and its own room; a file takes only the
+# definitions it reaches, which import nothing of the suite.
+SUITE_CHECK_MODULES = ("invariants.promises",)

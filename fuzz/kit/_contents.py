@@ -11,6 +11,7 @@ from vllm.v1.core.kv_cache_utils import get_group_id
 
 from fuzz.adapter._contents import BlockContents, checkpoint_params, entries_of, namespace_of, records_state
 from fuzz.adapter._reports import computed_before
+from fuzz.model._contents import ForeignHit, MissingLookahead, hits_across_reset_of
 from fuzz.kit._index import _misnamed_entries
 from fuzz.kit._params import (
     CONNECTOR,
@@ -49,8 +50,9 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
     worker fails; an async one when it is reported landed; a divergent
     hybrid hit's lagging group is filled from the blocks it adopted). Then
     the positions each request computes (its drafts only as far as they
-    were accepted). Then, as far as the claim needs them: the tables short
-    of the drafter's lookahead; the blocks adopted across cache salts; what
+    were accepted). Then, as far as the claim needs them, as the suite's
+    records (fuzz.model): the tables short of the drafter's lookahead; the
+    blocks adopted across namespaces or a reset; what
     each request reads below where it starts that its blocks do not hold,
     the prefix-cache entries ahead of their blocks' contents, and those
     naming blocks that hold other KV."""
@@ -65,7 +67,7 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
     contents.forget(out.finished_req_ids or ())
     contents.take_tables(out)
     if WATCH_LOOKAHEAD:
-        watch.short_tables = _short_tables(scheduler, out, sampled, contents)
+        watch.missing_lookahead = _missing_lookahead(scheduler, out, sampled, contents)
     if CONNECTOR:
         for rid, adm in watch.admissions.items():
             if not adm.get("external"):
@@ -93,18 +95,21 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
         contents.write(rid, watch.starts[rid], end, watch.step, known)
     contents.settle_copies(watch.step)
     if WATCH_NAMESPACES:  # after the step's loads and forward pass: a block filled in it may be adopted in it
-        watch.foreign = [
-            (rid, contents.namespaces.get(rid, ""), *hit)
+        watch.foreign_hits = [
+            ForeignHit(rid, contents.namespaces.get(rid, ""), *hit)
             for rid, adm in watch.admissions.items()
             if adm.get("adopted") is not None
             for hit in contents.foreign_blocks(rid, adm["adopted"], adm.get("table"), adm.get("local"))
         ]
     if WATCH_RESETS:  # after the step's forward pass, as for namespaces
-        watch.across_reset = [
-            (rid, *hit)
+        watch.hits_across_reset = [
+            hit
             for rid, adm in watch.admissions.items()
             if adm.get("adopted") is not None and watch.reset_before
-            for hit in contents.written_before(adm["adopted"], adm["local"], watch.reset_before, adm.get("table"))
+            for hit in hits_across_reset_of(
+                rid, contents.written_before(adm["adopted"], adm["local"], watch.reset_before, adm.get("table")),
+                watch.reset_before,
+            )
         ]
     if WATCH_UNWRITTEN:
         watch.unwritten_reads = [
@@ -120,14 +125,13 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
         watch.misnamed = _misnamed_entries(scheduler, contents, watch.keys)
 
 
-def _short_tables(scheduler, out, sampled, contents):
+def _missing_lookahead(scheduler, out, sampled, contents):
     """A drafter with its own forward pass (EAGLE) writes KV
     num_lookahead_tokens positions past each step it drafts from: per
     request whose step reaches its end (the worker samples for it), each
     per-position group's table handed to the runner that covers fewer than
     min(num_computed_tokens + scheduled + lookahead, max_model_len)
-    positions, as (request, group, num_computed_tokens, scheduled, needed,
-    covered). A step that skips drafting (V2 runner: skip_drafts) writes none."""
+    positions. A step that skips drafting (V2 runner: skip_drafts) writes none."""
     lookahead = scheduler.num_lookahead_tokens
     if not lookahead or getattr(out, "skip_drafts", False):
         return []
@@ -141,5 +145,5 @@ def _short_tables(scheduler, out, sampled, contents):
         needed = min(before[rid] + n + lookahead, scheduler.max_model_len)
         for g, (table, size, recorded) in enumerate(zip(tables, contents.block_sizes, contents.per_position)):
             if recorded and len(table) * size < needed:
-                short.append((rid, g, before[rid], n, needed, len(table) * size))
+                short.append(MissingLookahead(rid, g, before[rid], n, lookahead, needed, len(table) * size))
     return short

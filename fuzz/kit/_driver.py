@@ -23,6 +23,8 @@ from fuzz.kit._params import (
     KV_ROLE,
     NUM_BLOCKS,
     NUM_SPECULATIVE_TOKENS,
+    READ_RULES,
+    SPECS,
     SPECULATIVE_METHOD,
     WATCH_ADMISSIONS,
     WATCH_CONTENTS,
@@ -32,6 +34,7 @@ from fuzz.kit._params import (
     WATCH_IN_FLIGHT,
     WATCH_LOOKAHEAD,
     WATCH_NAMESPACES,
+    WATCH_ORPHANS,
     WATCH_POOL,
     WATCH_PREEMPTED,
     WATCH_RESETS,
@@ -41,6 +44,7 @@ from fuzz.kit._params import (
 from fuzz.kit._preempt import _preempted_states
 from fuzz.kit._watch import _event_gaps, _failed_facts
 from fuzz.kit._worker import _propose_drafts, _sampled, _verified, _worker_done, _worker_sampled
+from fuzz.model._contents import event_orphans_of
 
 
 def _begin_step(scheduler, watch):
@@ -66,14 +70,15 @@ def _begin_step(scheduler, watch):
         for record in (watch.fresh, watch.allocations, watch.lookups, watch.local_hits):
             record.clear()
     if WATCH_RESETS:
-        watch.across_reset = []  # (request, group, block, position, step written) adopted across a reset
+        watch.hits_across_reset = []  # HitAcrossReset: what a request adopted that predates a reset
     if WATCH_NAMESPACES:
-        watch.foreign = []  # (request, its salt, group, block, its last writer's salt) adopted this step
+        watch.foreign_hits = []  # ForeignHit: blocks adopted this step, last written for another namespace
     if WATCH_LOOKAHEAD:
-        watch.short_tables = []  # tables this step hands the runner short of the drafter's lookahead
+        watch.missing_lookahead = []  # MissingLookahead: tables handed to the runner short of the lookahead
     if WATCH_EVENTS:
         watch.event_gaps = []
-        watch.event_orphans = []  # (group, parent, first key, tokens, block_size) of BlockStored events with no announced parent
+        if WATCH_ORPHANS:
+            watch.event_orphans = []  # EventOrphan: BlockStored events whose parent no event announced
     if WATCH_PREEMPTED:
         watch.preempted = []  # each request this step's schedule() preempted, as it left it
     if WATCH_HITS:
@@ -129,7 +134,8 @@ def _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_i
     scheduler.update_from_output(fed, model_output)
     if WATCH_EVENTS:
         watch.event_gaps = _event_gaps(scheduler, watch)
-        watch.event_orphans = watch.events.take_orphans()
+        if WATCH_ORPHANS:
+            watch.event_orphans = event_orphans_of(watch.events.take_orphans(), [s.block_size for s in SPECS], READ_RULES)
 
 
 def _step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failing_blocks=()):

@@ -82,6 +82,9 @@ WATCH_JOINT_HITS = True  # beside each lookup, the joint hit and each group's ow
 # Each admission's lookup, allocate_slots arguments and table (_Watch.take_admissions):
 # the writer keeps it where the file, written without it, still reads watch.admissions.
 WATCH_ADMISSIONS = True
+# The BlockStored events whose parent no event announced (EventOrphan): kept
+# likewise where the file reads watch.event_orphans.
+WATCH_ORPHANS = True
 # What the run did that most runs do not: loads reported failed, and the
 # connector's own store of what finished requests computed.
 FAILING_LOADS = False

@@ -13,7 +13,7 @@ from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, maybe_conv
 from fuzz.adapter._events import EventLog, event_gaps, index_counts
 from fuzz.adapter._contents import KeyPrefixes
 from fuzz.adapter._reports import WorkerRecord, computed_before
-from fuzz.kit._build import _cdiv, _ids
+from fuzz.kit._build import _cdiv, _describe_groups, _ids
 from fuzz.kit._contents import _make_contents
 from fuzz.kit._hits import _index_at_lookup, _watch_frees
 from fuzz.kit._params import (
@@ -33,6 +33,7 @@ from fuzz.kit._params import (
     WATCH_POOL,
     WATCH_TOKENS,
 )
+from fuzz.model._contents import EventGap
 
 
 class _Watch:
@@ -146,8 +147,17 @@ class _Watch:
             # Every batch update_from_output() publishes is replayed, as a
             # KV-aware router replays it (the null publisher hands it over).
             self.events = EventLog()
-            self.event_gaps = []  # (group, key, announcements, block ids) after the last update_from_output()
+            self.event_gaps = []  # EventGap: where the replay disagrees with the index after update_from_output()
             scheduler.kv_event_publisher.publish = self.events.publish
+
+    # The suite's checks a file carries as they are (invariants.promises's)
+    # read the watch as a StepObservation: the records they judge under the
+    # same names and types (fuzz.model), the step in a sentence, no scenario.
+    context = ""
+
+    def describe(self):
+        """The step, for a check's message."""
+        return f"at step {self.step}; groups: {_describe_groups()}"
 
     def _watch_waiting_for_remote_kvs(self, sched, mgr):
         """As a failed async load's request leaves WAITING_FOR_REMOTE_KVS: the
@@ -312,7 +322,8 @@ def _event_gaps(scheduler, watch):
     block ids) where the replay of every batch so far differs from the
     number of blocks the prefix-cache index files under that key."""
     cached = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
-    return event_gaps(watch.events.counts, index_counts(cached, _event_key))
+    gaps = event_gaps(watch.events.counts, index_counts(cached, _event_key))
+    return [EventGap(*gap) for gap in gaps]
 
 
 def _still_cached(manager, blocks):

@@ -97,6 +97,7 @@ from fuzz.model._scheduler import (
     StepObservation,
     StrandedRequest,
 )
+from fuzz.model._contents import event_orphans_of, hits_across_reset_of
 from fuzz.model._scenarios import EndpointRule, PromptDraw, SingleShotScenario, TruncationScenario
 from fuzz.model._violations import HarnessError, InvariantViolation, MissedHit
 
@@ -160,6 +161,8 @@ __all__ = [
     "UnbackedEntry",
     "EventGap",
     "EventOrphan",
+    "event_orphans_of",
+    "hits_across_reset_of",
     "ForeignHit",
     "HitAcrossReset",
     "FreedBlock",

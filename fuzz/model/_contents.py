@@ -18,6 +18,8 @@ __all__ = [
     "MissingLookahead",
     "UnbackedEntry",
     "UnwrittenRead",
+    "event_orphans_of",
+    "hits_across_reset_of",
 ]
 
 
@@ -285,3 +287,29 @@ class EventOrphan:
             f"block_size {self.block_size}) names parent {self.parent!r}, which no event published before it "
             f"announces in that group"
         )
+
+
+def hits_across_reset_of(request_id: str, found, reset_before: int) -> list[HitAcrossReset]:
+    """``found``'s positions, (group, block id, position, step written) each,
+    that one admission adopted across the reset preceding step
+    ``reset_before``: one record per block."""
+    held: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for group, block_id, position, written in found:
+        held.setdefault((group, block_id), []).append((position, written))
+    return [
+        HitAcrossReset(request_id, group, block_id, tuple(sorted(p for p, _ in at)), max(w for _, w in at), reset_before)
+        for (group, block_id), at in held.items()
+    ]
+
+
+def event_orphans_of(orphans, block_sizes, read_rules) -> tuple[EventOrphan, ...]:
+    """The replay's orphaned ``BlockStored`` events, (group, parent, first key,
+    tokens, block_size) each, as records: a partial entry's where the event's
+    block_size is below its group's, sparse where the group does not read
+    (so cache) every block of a request (``read_rules``: per group, what a
+    step reads)."""
+    return tuple(
+        EventOrphan(group, parent, first, tokens, size, group is not None and size < block_sizes[group],
+                    sparse=group is None or read_rules[group][0] != "full")
+        for group, parent, first, tokens, size in orphans
+    )

@@ -22,7 +22,6 @@ class InvariantViolation(AssertionError):
         self,
         invariant: str,
         message: str,
-        *,
         where: str = "",
         group_kind: str | None = None,
         exception: str | None = None,

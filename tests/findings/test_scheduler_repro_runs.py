@@ -23,8 +23,8 @@ pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "
 
 # Every planted bug shown on a fixed run (tests/invariants/planted_runs.py)
 # whose claim a file can state: its run, planted, shrunk with the claim's
-# check alone and written; with the plant the file fails in the kit's own
-# check. Beside some, a line the file must hold: what it builds for the claim.
+# check alone and written; with the plant the file fails in the check that
+# states the claim (the kit's, or the suite's own the kit carries). Beside some, a line the file must hold: what it builds for the claim.
 BUILT = {
     # Two tenants' requests for one prompt: the second's Request carries its salt.
     "cache_salt_not_hashed": "cache_salt='tenant-b'",
@@ -37,7 +37,7 @@ BUILT = {
     # KV events on: the scheduler's block pool queues them.
     "eviction_announces_nothing": "KVEventsConfig(enable_kv_cache_events=True, publisher=\"null\")",
     # KV events on, decoding past the prompt: the file replays each batch and keeps its orphans.
-    "stored_event_names_itself_parent": "watch.event_orphans = watch.events.take_orphans()",
+    "stored_event_names_itself_parent": "watch.event_orphans = event_orphans_of(watch.events.take_orphans()",
     # ... and one that announces nothing: the file replays the events against the index.
     "reset_announces_nothing": "_reset_prefix_cache(scheduler, watch, reset_running_requests=True)",
     # A reset while a request decodes: the file resets between steps and notes the step it preceded.
@@ -87,6 +87,6 @@ def test_a_planted_bug_shown_on_a_fixed_run_becomes_a_standalone_repro(bug: str,
         log = shrink_oplog(log, invariant, checks=(check,))
     source = scheduler_repro(log, invariant=invariant, target="scheduler-machine", seed=0, violation="")
     kit_check = _CHECK_OF[invariant]
-    assert source is not None and f"{kit_check}(scheduler, out, watch" in source, source
+    assert source is not None and f"    {kit_check}(" in source, source
     assert BUILT.get(bug, "") in source, source
     _check_repro(source, bug, tmp_path, check=kit_check)

@@ -26,7 +26,7 @@ ALLOWED = {
     "strategies": ("fuzz.model", "strategies", "fuzz.known_bugs"),
     "fuzz.kit": (
         "fuzz.kit", "fuzz.adapter._reports", "fuzz.adapter._contents", "fuzz.adapter._events", "fuzz.model._hits",
-        "fuzz.adapter._hits", "fuzz.model._evictions", "fuzz.adapter._evictions",
+        "fuzz.adapter._hits", "fuzz.model._evictions", "fuzz.adapter._evictions", "fuzz.model._contents",
     ),
 }
 
