@@ -37,7 +37,7 @@ from fuzz.model import (  # noqa: E402
     UnwrittenRead,
 )
 from fuzz.model import group_behaviour as _group_behaviour  # noqa: E402
-from fuzz.model import hits_across_reset_of  # noqa: E402
+from fuzz.model import hits_across_reset_of, unwritten_reads_of  # noqa: E402
 from fuzz.model import group_kind as _group_kind  # noqa: E402
 
 __all__ = ["ScriptedRunner", "runner_output"]
@@ -240,20 +240,14 @@ class ScriptedRunner:
         request computes in the same pass is there; a block copy is made
         before the pass and its loads)."""
         reads = []
+        kinds = [_group_kind(g) for g in self.groups]
         for rid, start in starts.items():
-            by_block: dict[tuple[int, int], list[tuple[int, tuple[int, int, int | None] | None]]] = {}
-            for group, block_id, position, holds in self.contents.unread(
+            found = [*self.contents.unread(
                 rid, start, self.worker.prompt.get(rid, 0), self.read_rules, self.worker.tokens.get(rid, []),
                 self._failing_now,
-            ):
-                by_block.setdefault((group, block_id), []).append((position, holds))
-            for group, block_id, position, holds in (m[1:] for m in states if m[0] == rid):
-                by_block.setdefault((group, block_id), []).append((position, holds))
+            ), *(m[1:] for m in states if m[0] == rid)]
             replay = rid in whole_prompt_landed and start == self.worker.prompt.get(rid, 0) - 1
-            reads += [
-                UnwrittenRead(rid, g, _group_kind(self.groups[g]), b, start, replay, tuple(missing), rid in recomputed)
-                for (g, b), missing in by_block.items()
-            ]
+            reads += unwritten_reads_of(rid, start, found, kinds, replay, rid in recomputed)
         return reads
 
     def index_entries(self, pool: Any, requests: Mapping[str, Any], recomputed: set[str]

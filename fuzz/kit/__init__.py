@@ -74,7 +74,7 @@ KIT_MODULES = (
     "fuzz.kit._checks_scheduler",
     "fuzz.kit._checks_connector",
     "fuzz.kit._checks_ownership",
-    "fuzz.kit._checks_contents",
+    "invariants.contents",
     "invariants.promises",
 )
 # A truncation repro's (fuzz.repro): its constants, and the manager-level test.
@@ -89,4 +89,4 @@ COPIED_MODULES = (
 # in the file is the suite's invariant itself. Their module imports the
 # vocabulary (fuzz.model) and its own room; a file takes only the
 # definitions it reaches, which import nothing of the suite.
-SUITE_CHECK_MODULES = ("invariants.promises",)
+SUITE_CHECK_MODULES = ("invariants.contents", "invariants.promises")

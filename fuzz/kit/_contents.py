@@ -11,7 +11,7 @@ from vllm.v1.core.kv_cache_utils import get_group_id
 
 from fuzz.adapter._contents import BlockContents, checkpoint_params, entries_of, namespace_of, records_state
 from fuzz.adapter._reports import computed_before
-from fuzz.model._contents import ForeignHit, MissingLookahead, hits_across_reset_of
+from fuzz.model._contents import ForeignHit, MissingLookahead, UnbackedEntry, hits_across_reset_of, unwritten_reads_of
 from fuzz.kit._index import _misnamed_entries
 from fuzz.kit._params import (
     CONNECTOR,
@@ -112,17 +112,24 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
             )
         ]
     if WATCH_UNWRITTEN:
+        # (The file does not tell apart a read by the recompute after a
+        # rollback or a whole-prompt load: the suite's check names such a
+        # read's cause, and reports it here as a plain one.)
         watch.unwritten_reads = [
-            (rid, *missing)
+            read
             for rid, start in watch.starts.items()
-            for missing in contents.unread(
-                rid, start, watch.worker.prompt.get(rid, 0), READ_RULES, tokens.get(rid, []), failing
-            )
-        ] + watch.unread_states
+            for read in unwritten_reads_of(rid, start, [
+                *contents.unread(rid, start, watch.worker.prompt.get(rid, 0), READ_RULES, tokens.get(rid, []), failing),
+                *(m[1:] for m in watch.unread_states if m[0] == rid),
+            ], [type(spec).__name__ for spec in SPECS])
+        ]
         cached = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
-        watch.unbacked = contents.unbacked_entries(entries_of(cached, get_group_id))
+        watch.unbacked_entries = [
+            UnbackedEntry(group, block, n, tuple(missing), contents.whole_state[group])
+            for group, block, n, missing in contents.unbacked_entries(entries_of(cached, get_group_id))
+        ]
     if WATCH_INDEX:  # what each key names, against what the key stands for
-        watch.misnamed = _misnamed_entries(scheduler, contents, watch.keys)
+        watch.misnamed_entries = _misnamed_entries(scheduler, contents, watch.keys)
 
 
 def _missing_lookahead(scheduler, out, sampled, contents):

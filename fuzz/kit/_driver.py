@@ -44,7 +44,7 @@ from fuzz.kit._params import (
 from fuzz.kit._preempt import _preempted_states
 from fuzz.kit._watch import _event_gaps, _failed_facts
 from fuzz.kit._worker import _propose_drafts, _sampled, _verified, _worker_done, _worker_sampled
-from fuzz.model._contents import event_orphans_of
+from fuzz.model._contents import KvFromOtherToken, event_orphans_of
 
 
 def _begin_step(scheduler, watch):
@@ -91,6 +91,7 @@ def _scheduled(scheduler, watch):
     """schedule(), and what the watch takes from it right after."""
     out = scheduler.schedule()
     watch.last_output = out
+    watch.copies = [(c.src_block_id, c.dst_block_id) for c in out.kv_cache_block_copies or ()]
     if WATCH_IN_FLIGHT:
         # Async scheduling: the step queued last is still running; its
         # tables say what its forward pass reads while this one is planned.
@@ -280,7 +281,7 @@ def _settle_tokens(scheduler, out, watch):
     """After the step: the positions the worker computed for a live request,
     below its num_computed_tokens, whose token vLLM records differently."""
     preempted = (out.preempted_req_ids or ()) if out is not None else ()
-    watch.kv_wrong = watch.worker.settle(scheduler.requests, preempted)
+    watch.kv_from_other_tokens = [KvFromOtherToken(*wrong) for wrong in watch.worker.settle(scheduler.requests, preempted)]
 
 
 def _busy(scheduler, watch):

@@ -47,6 +47,14 @@ class _Watch:
 
     def __init__(self, scheduler):
         self.step = 0
+        # The suite's checks a file carries as they are (fuzz.kit.SUITE_CHECK_MODULES)
+        # read the watch as a StepObservation: the records they judge under
+        # the same names and types (fuzz.model), the step in a sentence
+        # (describe), no scenario; no request rolled back by a failed load
+        # (the file does not tell them apart: the checks name a plainer cause).
+        self.context = ""
+        self.rolled_back = frozenset()
+        self.rolled_back_in_flight = frozenset()
         if WATCH_ADMISSIONS:
             self.admissions = {}
         self.scheduled_num_tokens = {}  # request id -> its num_tokens right after schedule()
@@ -62,7 +70,7 @@ class _Watch:
             self.send_started = {}  # request id -> the first step begun after its send started
             self.async_answers_seen = {}  # request id -> whether its answer this step was async
         if WATCH_TOKENS:
-            self.kv_wrong = []  # this step's positions computed from a token vLLM does not record (see _settle_tokens)
+            self.kv_from_other_tokens = []  # KvFromOtherToken: computed from a token vLLM does not record there
         self.contents = None  # what each block holds, where the file states it (see _make_contents)
         self.starts = {}  # request id -> where this step's tokens start (see _worker_done)
         self.preempted_at = {}  # request id -> the step whose schedule() last preempted it
@@ -149,11 +157,6 @@ class _Watch:
             self.events = EventLog()
             self.event_gaps = []  # EventGap: where the replay disagrees with the index after update_from_output()
             scheduler.kv_event_publisher.publish = self.events.publish
-
-    # The suite's checks a file carries as they are (invariants.promises's)
-    # read the watch as a StepObservation: the records they judge under the
-    # same names and types (fuzz.model), the step in a sentence, no scenario.
-    context = ""
 
     def describe(self):
         """The step, for a check's message."""

@@ -20,6 +20,7 @@ __all__ = [
     "UnwrittenRead",
     "event_orphans_of",
     "hits_across_reset_of",
+    "unwritten_reads_of",
 ]
 
 
@@ -313,3 +314,19 @@ def event_orphans_of(orphans, block_sizes, read_rules) -> tuple[EventOrphan, ...
                     sparse=group is None or read_rules[group][0] != "full")
         for group, parent, first, tokens, size in orphans
     )
+
+
+def unwritten_reads_of(request_id: str, start: int, found, group_kinds, after_whole_prompt_load: bool = False,
+                       recomputed_failed_load: bool = False) -> list[UnwrittenRead]:
+    """``found``'s positions, (group, block id, position, what the block
+    holds there) each, that the step of ``request_id`` computing from
+    ``start`` reads and its blocks lack: one record per block
+    (``group_kinds``: per group, its spec's bare class name)."""
+    by_block: dict[tuple[int, int], list] = {}
+    for group, block_id, position, holds in found:
+        by_block.setdefault((group, block_id), []).append((position, holds))
+    return [
+        UnwrittenRead(request_id, group, group_kinds[group], block_id, start, after_whole_prompt_load, tuple(missing),
+                      recomputed_failed_load)
+        for (group, block_id), missing in by_block.items()
+    ]
