@@ -26,13 +26,13 @@ and no Python lives in string templates:
 * the claims a file can state. Where the watch keeps a claim's records
   under the suite's names and types (``fuzz.model._contents``), the file
   carries the suite's check itself (:data:`SUITE_CHECK_MODULES`:
-  :mod:`invariants.promises`'s hits within a namespace and after a reset,
-  the drafter's lookahead, the KV events), reading the watch as the step it
-  judges. The others are restated here, one room each as the suite's
-  invariants: :mod:`fuzz.kit._checks_scheduler` (admission, the step
-  loop), :mod:`fuzz.kit._checks_connector`,
-  :mod:`fuzz.kit._checks_ownership`, :mod:`fuzz.kit._checks_contents` (a
-  preemption's in :mod:`fuzz.kit._preempt`, with what it watches),
+  :mod:`invariants.contents`'s claims on what blocks hold,
+  :mod:`invariants.promises`'s on what the cache promises), reading the
+  watch as the step it judges (:mod:`fuzz.kit._preempt` and
+  :mod:`fuzz.kit._index` keep two of those records). The others are
+  restated here, one room each as the suite's invariants:
+  :mod:`fuzz.kit._checks_scheduler` (admission, the step loop),
+  :mod:`fuzz.kit._checks_connector`, :mod:`fuzz.kit._checks_ownership`,
   :mod:`fuzz.kit._hits` (hit lengths and the eviction order);
 * :mod:`fuzz.kit._truncation` (constants in ``_truncation_params``): the
   repro of a ``truncate_computed_blocks`` failure, at the manager level.

@@ -7,10 +7,9 @@ watch (:data:`fuzz.repro_scheduler._CHECK_OF` pairs them); it is called as
 ``check(scheduler, out, watch, step)`` right after the step where the
 invariant broke, and raises AssertionError naming the step, the request,
 the group and the numbers that disagree. The other rooms of checks follow
-the suite's: ``_checks_connector``, ``_checks_ownership``,
-``_checks_contents`` (a preemption's in ``_preempt``). A claim whose
-records the watch keeps as the suite does needs no restating: the file
-carries the suite's check (:data:`fuzz.kit.SUITE_CHECK_MODULES`).
+the suite's: ``_checks_connector``, ``_checks_ownership``, ``_hits``. A
+claim whose records the watch keeps as the suite does needs no restating:
+the file carries the suite's check (:data:`fuzz.kit.SUITE_CHECK_MODULES`).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def _begin_step(scheduler, watch):
         if WATCH_ORPHANS:
             watch.event_orphans = []  # EventOrphan: BlockStored events whose parent no event announced
     if WATCH_PREEMPTED:
-        watch.preempted = []  # each request this step's schedule() preempted, as it left it
+        watch.preemptions = []  # PreemptedRequest: each this step's schedule() preempted, as it left it
     if WATCH_HITS:
         watch.hits.clear()
     if WATCH_EVICTIONS:
@@ -101,10 +101,10 @@ def _scheduled(scheduler, watch):
     watch.preempted_at.update(dict.fromkeys(out.preempted_req_ids or (), watch.step))
     if WATCH_PREEMPTED:
         ids = [r for r in sorted(out.preempted_req_ids or ()) if r not in out.num_scheduled_tokens]
-        watch.preempted = _preempted_states(scheduler, ids)
+        watch.preemptions = _preempted_states(scheduler, ids, watch.step)
         if watch.reset_preempted:  # a prefix-cache reset's come first, as the reset left them
-            taken = {p[0] for p in watch.reset_preempted}
-            watch.preempted = list(watch.reset_preempted) + [p for p in watch.preempted if p[0] not in taken]
+            taken = {p.request_id for p in watch.reset_preempted}
+            watch.preemptions = list(watch.reset_preempted) + [p for p in watch.preemptions if p.request_id not in taken]
             watch.reset_preempted = []
     if CONNECTOR:
         watch.async_answers_seen = dict(scheduler.connector.async_answers)
@@ -253,7 +253,7 @@ def _reset_prefix_cache(scheduler, watch, reset_running_requests):
         watch.reset_before = watch.step + 1
     if WATCH_PREEMPTED:  # as the reset left them
         still = {r.request_id for r in scheduler.running}
-        watch.reset_preempted = _preempted_states(scheduler, [r for r in running if r not in still])
+        watch.reset_preempted = _preempted_states(scheduler, [r for r in running if r not in still], watch.step)
 
 
 def _note_stale(scheduler, watch, ids, index):

@@ -16,6 +16,7 @@ __all__ = [
     "KvFromOtherToken",
     "MisnamedEntry",
     "MissingLookahead",
+    "PreemptedRequest",
     "UnbackedEntry",
     "UnwrittenRead",
     "event_orphans_of",
@@ -287,6 +288,32 @@ class EventOrphan:
             f"group {self.group}: BlockStored of {what} (first key {self.first_key!r}, {self.num_tokens} tokens, "
             f"block_size {self.block_size}) names parent {self.parent!r}, which no event published before it "
             f"announces in that group"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class PreemptedRequest:
+    """A request as the ``schedule()`` that preempted it left it: its status,
+    the counters it resumes from, and the blocks the KV-cache manager still
+    files under it (per group)."""
+
+    request_id: str
+    step: int
+    status: str  # its RequestStatus name
+    num_computed_tokens: int
+    num_output_placeholders: int
+    num_spec_tokens: int  # len(spec_token_ids)
+    blocks_held: tuple[int, ...]  # per group: blocks in the manager's req_to_blocks
+    # Scheduled again by the same schedule() (then it resumed: the admission
+    # checks judge it).
+    rescheduled: bool = False
+
+    def describe(self) -> str:
+        return (
+            f"request {self.request_id} preempted at step {self.step}: status {self.status}, "
+            f"num_computed_tokens={self.num_computed_tokens}, num_output_placeholders="
+            f"{self.num_output_placeholders}, {self.num_spec_tokens} spec_token_ids, blocks held per group "
+            f"{list(self.blocks_held)}{' (scheduled again in the same step)' if self.rescheduled else ''}"
         )
 
 

@@ -45,7 +45,7 @@ BUILT = {
     # Async EAGLE: the drafter writes ahead of every step it drafts from.
     "lookahead_not_allocated": "SPECULATIVE_METHOD = 'eagle'",
     # A preemption: the file watches each preempted request right after schedule().
-    "preempt_keeps_computed_tokens": "watch.preempted = _preempted_states(scheduler, ids)",
+    "preempt_keeps_computed_tokens": "watch.preemptions = _preempted_states(scheduler, ids, watch.step)",
     # ... of a speculating request: the file speculates (ngram) and watches its drafts.
     "preempt_keeps_drafts": "SPECULATIVE_METHOD = 'ngram'",
     # Async decoding past a sliding window: the file keeps the tables of the step in flight.
