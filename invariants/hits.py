@@ -127,7 +127,7 @@ HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT = "a missed hit whose EAGLE drop is proven by
 HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO = (
     "a missed hit of a sliding window under an EAGLE drop whose run from token 0 is shorter than its window"
 )
-WHERE = "KVCacheManager.get_computed_blocks"
+HIT_WHERE = "KVCacheManager.get_computed_blocks"
 EVICTED_OUT_OF_ORDER = "a cached block evicted while one the free order puts ahead of it stays free"
 EVICTION_WHERE = "BlockPool.get_new_blocks"
 
@@ -170,8 +170,8 @@ def check_hit_matches_index(adm: AdmissionObservation, context: str = "") -> Non
         + (f"\n  scenario: {context}" if context else "")
     )
     if longer:
-        raise InvariantViolation("hit-matches-index", text, where=WHERE, state=_excess(adm))
-    raise MissedHit("hit-matches-index", text, where=WHERE, state=_shortfall(adm, hit, reaches))
+        raise InvariantViolation("hit-matches-index", text, where=HIT_WHERE, state=_excess(adm))
+    raise MissedHit("hit-matches-index", text, where=HIT_WHERE, state=_shortfall(adm, hit, reaches))
 
 
 def _excess(adm: AdmissionObservation) -> str:

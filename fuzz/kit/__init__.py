@@ -76,6 +76,7 @@ KIT_MODULES = (
     "fuzz.kit._checks_ownership",
     "invariants.contents",
     "invariants.promises",
+    "invariants.hits",
 )
 # A truncation repro's (fuzz.repro): its constants, and the manager-level test.
 TRUNCATION_KIT_MODULES = ("fuzz.kit._truncation_params", "fuzz.kit._truncation")
@@ -89,4 +90,4 @@ COPIED_MODULES = (
 # in the file is the suite's invariant itself. Their module imports the
 # vocabulary (fuzz.model) and its own room; a file takes only the
 # definitions it reaches, which import nothing of the suite.
-SUITE_CHECK_MODULES = ("invariants.contents", "invariants.promises")
+SUITE_CHECK_MODULES = ("invariants.contents", "invariants.promises", "invariants.hits")

@@ -83,14 +83,14 @@ def _begin_step(scheduler, watch):
         watch.preemptions = []  # PreemptedRequest: each this step's schedule() preempted, as it left it
     if WATCH_HITS:
         watch.hits.clear()
-    if WATCH_EVICTIONS:
-        watch.evictions.take()  # the last step's: the claim reads this step's
 
 
 def _scheduled(scheduler, watch):
     """schedule(), and what the watch takes from it right after."""
     out = scheduler.schedule()
     watch.last_output = out
+    if WATCH_EVICTIONS:  # the cached blocks this schedule() evicted (Eviction)
+        watch.evictions = watch.eviction_watch.take()
     watch.copies = [(c.src_block_id, c.dst_block_id) for c in out.kv_cache_block_copies or ()]
     if WATCH_IN_FLIGHT:
         # Async scheduling: the step queued last is still running; its

@@ -1,6 +1,7 @@
-"""The claims a standalone repro states of how long a hit each lookup serves
-and which cached blocks survive pool pressure (:mod:`invariants.hits`'s),
-with the suite's own rules: the hit the index allows
+"""What a standalone repro watches of how long a hit each lookup serves and
+which cached blocks survive pool pressure (:mod:`invariants.hits`'s claims;
+the eviction order's is the suite's check itself, the hit length's restated
+here), with the suite's own rules: the hit the index allows
 (``fuzz/model/_hits.py``), the index read at the instant of the lookup
 (``fuzz/adapter/_hits.py``), vLLM's free order (``fuzz/model/_evictions.py``)
 and the watch of every free and eviction (``fuzz/adapter/_evictions.py``),
@@ -20,7 +21,6 @@ from fuzz.adapter._evictions import EvictionWatch
 from fuzz.adapter._hits import index_hold
 from fuzz.kit._build import _describe_groups
 from fuzz.kit._params import DIVERGENT_HITS
-from fuzz.model._evictions import describe_out_of_order, evicted_out_of_order
 from fuzz.model._hits import allowed_hit
 
 
@@ -72,17 +72,3 @@ def _check_hit_matches_index(scheduler, out, watch, step):
         f"groups: {_describe_groups()}"
     )
 
-
-def _check_eviction_order(scheduler, out, watch, step):
-    """Every cached block an allocation evicted in the step was, by vLLM's
-    free order (BlockPool.free_blocks, SingleTypeKVCacheManager.free), the
-    first of the free blocks still free: none the order puts ahead of it
-    (a block with no key, a request's later table block in the same free,
-    a block freed cached at an earlier step) survived the eviction."""
-    found = evicted_out_of_order(watch.evictions.take())
-    assert not found, (
-        f"step {step}: a missed hit (a performance bug: cached tokens recomputed): the pool evicted cached "
-        "block(s) out of vLLM's free order (tail blocks of a request's free first, blocks with no key before "
-        "cached ones, earlier frees first), dropping keys the order keeps:\n"
-        + describe_out_of_order(found) + f"\ngroups: {_describe_groups()}"
-    )

@@ -150,7 +150,8 @@ class _Watch:
         if WATCH_HITS:
             self.hits = {}  # request id -> (the local hit served, the index as its lookup began), this step
         if WATCH_EVICTIONS:
-            self.evictions = _watch_frees(scheduler, self)
+            self.eviction_watch = _watch_frees(scheduler, self)
+            self.evictions = []
         if WATCH_EVENTS:
             # Every batch update_from_output() publishes is replayed, as a
             # KV-aware router replays it (the null publisher hands it over).

@@ -67,7 +67,7 @@ BUILT = {
     # ... and one whose cached partial-tail state stays under its key as the request writes on.
     "mamba_tail_state_overwritten": "MambaSpec(",
     # Evictions: the file watches how every free block came back to the pool.
-    "free_evicts_head_first": "self.evictions = _watch_frees(scheduler, self)",
+    "free_evicts_head_first": "self.eviction_watch = _watch_frees(scheduler, self)",
 }
 
 
