@@ -44,6 +44,7 @@ for the others no file is written.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import textwrap
 
@@ -55,7 +56,7 @@ from fuzz.repro_source import kit_attributes, kit_definitions, kit_source
 from fuzz.model import Abort, AddRequest, Evict, OpLog, ResetPrefixCache, Step
 from fuzz.model import group_behaviour
 from fuzz.model import Behaviour, classification_of_kind
-from invariants.table import INVARIANTS, Invariant
+from invariants.table import INVARIANTS
 
 __all__ = ["WRITABLE", "repro_size", "scheduler_repro", "scheduler_repro_of_failure", "shrink_oplog", "shrunk_log_of_failure"]
 
@@ -73,7 +74,14 @@ _STATED_BY_EVERY_FILE = frozenset({"no-exception", "no-leaked-blocks"})
 _ROWS = {row.name: row for row in INVARIANTS if row.tier == "scheduler" and row.repro}
 
 
-def _stated_by(row: Invariant) -> str | None:
+WRITABLE = frozenset(_ROWS)
+
+
+@functools.cache
+def _check_of(invariant: str) -> str | None:
+    """The function a file states ``invariant`` with (None: every file states
+    it). Asked, not tabled at import: the answer reads the kit's source."""
+    row = _ROWS[invariant]
     if row.name in _STATED_BY_EVERY_FILE:
         return None
     name = row.check.__name__
@@ -82,10 +90,6 @@ def _stated_by(row: Invariant) -> str | None:
     if row.check.__module__ not in SUITE_CHECK_MODULES:
         raise ValueError(f"{row.name}: neither the kit's _{name} nor a check the kit carries states it")
     return name
-
-
-_CHECK_OF = {name: _stated_by(row) for name, row in _ROWS.items()}
-WRITABLE = frozenset(_CHECK_OF)
 
 
 def _reads_output(check: str) -> bool:
@@ -117,24 +121,31 @@ _READ_JOINT_HITS = ("fuzz.kit._checks_scheduler", "fuzz.kit._checks_connector")
 
 
 def _reads_joint_hits(invariant: str) -> bool:
-    check = _CHECK_OF.get(invariant)
+    check = _check_of(invariant) if invariant in WRITABLE else None
     return check is not None and kit_definitions().get(check) in _READ_JOINT_HITS
 
 
 # The watch's records a file keeps only where its code, written without the
 # record, still reads it (constant -> the watch's attribute): what the claim's
 # check and the step loop read decides, not a list beside them.
-_KEPT_WHERE_READ = {"WATCH_ADMISSIONS": "admissions", "WATCH_ORPHANS": "event_orphans"}
+_KEPT_WHERE_READ = {"WATCH_ADMISSIONS": "admissions", "WATCH_ORPHANS": "event_orphans",
+                    "WATCH_READS": "unwritten_reads", "WATCH_UNBACKED": "unbacked_entries"}
 
 
 def _records_read(roots: set[str], values: dict[str, object], **kit: object) -> dict[str, bool]:
-    """Per constant of :data:`_KEPT_WHERE_READ`: whether the file written with
-    it off still reads its record (then it stays on)."""
-    out = {}
-    for constant, record in _KEPT_WHERE_READ.items():
-        probe = kit_source(roots, {**values, constant: False}, **kit)  # type: ignore[arg-type]
-        out[constant] = record in kit_attributes(probe.code + "\n" + str(kit.get("extra", "")))
-    return out
+    """Per constant of :data:`_KEPT_WHERE_READ`: on where the file, written
+    with the records off, still reads its record. From all off, the records
+    still read go on until none more is (turning one on only adds reads): a
+    file writes every record it reads, and one probe usually settles it."""
+    on: set[str] = set()
+    while True:
+        flags = {constant: constant in on for constant in _KEPT_WHERE_READ}
+        probe = kit_source(roots, {**values, **flags}, **kit)  # type: ignore[arg-type]
+        read = kit_attributes(probe.code + "\n" + str(kit.get("extra", "")))
+        more = {c for c, record in _KEPT_WHERE_READ.items() if c not in on and record in read}
+        if not more:
+            return flags
+        on |= more
 
 
 _ROLE = {Behaviour.MUST_COVER: "must-cover", Behaviour.MAY_BE_SHORT: "whole-state", Behaviour.SCRATCH: "scratch"}
@@ -252,7 +263,7 @@ def _breaking_step(op: Step, args: str, invariant: str) -> list[str]:
             '                    f"{at.name} ({at.filename.rsplit(\'/vllm/\', 1)[-1]}:{at.lineno}); "',
             '                    f"groups: {_describe_groups()}")',
         ]
-    check = _CHECK_OF[invariant]
+    check = _check_of(invariant)
     if check is None:  # the pool check at the end states it
         return [f"    _step(scheduler, watch{args})  # step {op.index}"]
     if _watches(invariant, "even-if-it-raises"):
@@ -325,7 +336,7 @@ def scheduler_repro(
 ) -> str | None:
     """The source of a standalone pytest file reproducing ``log``'s failure of
     ``invariant`` at its last step (None when the file cannot state it)."""
-    if invariant not in _CHECK_OF or not log.steps:
+    if invariant not in WRITABLE or not log.steps:
         return None
     cfg = log.config
     draw = cfg.draw
@@ -366,7 +377,7 @@ def scheduler_repro(
     emitted = [line for name, (_, text) in constants.items() if name in kit.constants for line in text]
     # The constants' values name spec classes (and torch dtypes): their imports too.
     kit = kit_source(roots, values, constant_names=constants, extra=test + "\n" + "\n".join(emitted),
-                     more_imports=more_imports, in_full={_CHECK_OF[invariant]}, defaults=defaults)
+                     more_imports=more_imports, in_full={_check_of(invariant)}, defaults=defaults)
     return "\n".join([
         header,
         *kit.imports,
@@ -550,7 +561,7 @@ def shrunk_log_of_failure(failure: BaseException | None, invariant: str) -> OpLo
     failure carries no log, the log does not show it (several failures
     replayed at once), or the file cannot state ``invariant``."""
     log = getattr(failure, "oplog", None)
-    if not isinstance(log, OpLog) or invariant not in _CHECK_OF:
+    if not isinstance(log, OpLog) or invariant not in WRITABLE:
         return None
     if _replay_checked(log, invariant) is None:
         return None

@@ -3,7 +3,7 @@
 truncation, stale output, rejected drafts and liveness.
 
 Each kit check restates one suite invariant on vLLM's own objects and the
-watch (:data:`fuzz.repro_scheduler._CHECK_OF` pairs them); it is called as
+watch (``fuzz.repro_scheduler._check_of`` pairs them); it is called as
 ``check(scheduler, out, watch, step)`` right after the step where the
 invariant broke, and raises AssertionError naming the step, the request,
 the group and the numbers that disagree. The other rooms of checks follow

@@ -24,6 +24,8 @@ from fuzz.kit._params import (
     WATCH_LOOKAHEAD,
     WATCH_NAMESPACES,
     WATCH_RESETS,
+    WATCH_READS,
+    WATCH_UNBACKED,
     WATCH_UNWRITTEN,
 )
 
@@ -82,7 +84,7 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
             else:
                 contents.load(blocks, starts, end, watch.step, tokens.get(rid, []), failed=set(failing),
                               request_id=rid)
-    if WATCH_UNWRITTEN:  # the state each recurrent group's step starts from, read before the step writes
+    if WATCH_UNWRITTEN and WATCH_READS:  # the state each recurrent group's step starts from, read before it writes
         watch.unread_states = [(rid, *m) for rid, start in watch.starts.items()
                                for m in contents.unread_states(rid, start, tokens.get(rid, []))]
     for rid, new in zip(out.num_scheduled_tokens, sampled):
@@ -111,7 +113,7 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
                 watch.reset_before,
             )
         ]
-    if WATCH_UNWRITTEN:
+    if WATCH_UNWRITTEN and WATCH_READS:
         # (The file does not tell apart a read by the recompute after a
         # rollback or a whole-prompt load: the suite's check names such a
         # read's cause, and reports it here as a plain one.)
@@ -123,6 +125,7 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
                 *(m[1:] for m in watch.unread_states if m[0] == rid),
             ], [type(spec).__name__ for spec in SPECS])
         ]
+    if WATCH_UNWRITTEN and WATCH_UNBACKED:
         cached = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
         watch.unbacked_entries = [
             UnbackedEntry(group, block, n, tuple(missing), contents.whole_state[group])

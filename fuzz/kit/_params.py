@@ -85,6 +85,11 @@ WATCH_ADMISSIONS = True
 # The BlockStored events whose parent no event announced (EventOrphan): kept
 # likewise where the file reads watch.event_orphans.
 WATCH_ORPHANS = True
+# Of WATCH_UNWRITTEN's records, the reads a step's blocks lack (UnwrittenRead)
+# and the index entries ahead of their blocks (UnbackedEntry): each kept
+# likewise where the file reads it.
+WATCH_READS = True
+WATCH_UNBACKED = True
 # What the run did that most runs do not: loads reported failed, and the
 # connector's own store of what finished requests computed.
 FAILING_LOADS = False

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from fuzz.kit import COPIED_MODULES, KIT_MODULES, SUITE_CHECK_MODULES, TRUNCATION_KIT_MODULES
-from fuzz.repro_scheduler import _CHECK_OF, _constants, scheduler_repro
+from fuzz.repro_scheduler import WRITABLE, _check_of, _constants, scheduler_repro
 from fuzz.repro_source import kit_definitions, kit_source, specialise, trim
 from fuzz.targets.target_scheduler import UNSUPPORTED
 
@@ -80,7 +80,7 @@ def test_the_kit_lints_clean() -> None:
 def test_every_check_a_file_states_is_a_kit_definition() -> None:
     kit_definitions(TRUNCATION_KIT_MODULES)  # raises if a name is defined twice
     definitions = kit_definitions()
-    missing = {inv: check for inv, check in _CHECK_OF.items() if check is not None and check not in definitions}
+    missing = {inv: check for inv in WRITABLE if (check := _check_of(inv)) is not None and check not in definitions}
     assert not missing, missing
 
 
@@ -366,6 +366,10 @@ def _claims_on_fixed_runs() -> list[str]:
 @pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 @pytest.mark.parametrize("invariant", _claims_on_fixed_runs())
 def test_the_suite_s_invariant_and_the_kit_s_check_agree_on_recorded_runs(invariant: str, tmp_path: Path) -> None:
+    """A claim the kit restates: both statements break on the planted run and
+    hold without the plant. A claim the file states with the suite's own
+    check (``fuzz.kit.SUITE_CHECK_MODULES``): the watch's records agree with
+    the harness's on the same run."""
     from fuzz.adapter import planted_scheduler_bug
     from fuzz.repro_scheduler import _replay_checked, shrink_oplog
 
@@ -379,7 +383,7 @@ def test_the_suite_s_invariant_and_the_kit_s_check_agree_on_recorded_runs(invari
     path = tmp_path / f"test_kit_{invariant.replace('-', '_')}.py"
     path.write_text(source)
     kit_planted, kit_unplanted = _run_file(path, bug, tmp_path), _run_file(path, None, tmp_path)
-    kit_check = _CHECK_OF[invariant]
+    kit_check = _check_of(invariant)
     assert suite_planted is not None, f"{bug}: the suite's {invariant} does not break on the recorded run"
     assert kit_planted is not None and any(
         frame.name == kit_check for frame in traceback.extract_tb(kit_planted.__traceback__)

@@ -26,7 +26,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from fuzz.adapter import planted_scheduler_bug
 from fuzz.model import InvariantViolation
 from fuzz.repro_scheduler import (
-    _CHECK_OF,
+    _check_of,
     WRITABLE,
     repro_size,
     scheduler_repro,
@@ -153,7 +153,7 @@ def _check_repro(source: str | None, bug: str, tmp_path: Path, check: str | None
     suite's invariant agreeing on one recorded run, planted and not."""
     assert source, f"{bug}: no repro written"
     claim = _header_invariant(source)
-    check = check or _CHECK_OF[claim] or _STATED_AT.get(claim)
+    check = check or _check_of(claim) or _STATED_AT.get(claim)
     assert _imports(source) <= ALLOWED_IMPORTS, _imports(source)
     assert "pytestmark = pytest.mark.cpu_test" in source
     # A file with the connector loads it by its own module path; one without has none of it.
@@ -266,7 +266,7 @@ def test_a_failure_that_needs_no_connector_gets_a_file_without_one(tmp_path: Pat
     assert source is not None and "no KV connector" in source
     for absent in ("class ScriptedConnector", "KVTransferConfig", "STORE = ", "RECORDED_ANSWERS", "kv_connector_module_path"):
         assert absent not in source, absent
-    _check_repro(source, bug, tmp_path, check=_CHECK_OF[invariant])
+    _check_repro(source, bug, tmp_path, check=_check_of(invariant))
     with pytest.raises(ValueError, match="divergent"):
         SchedulerDraw(log.config.draw.layout, connector=False)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fuzz.adapter import planted_scheduler_bug
-from fuzz.repro_scheduler import _CHECK_OF, WRITABLE, scheduler_repro, shrink_oplog
+from fuzz.repro_scheduler import WRITABLE, _check_of, scheduler_repro, shrink_oplog
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from tests.findings.test_scheduler_repro import _check_repro, _fixed_case_log
 
@@ -86,7 +86,7 @@ def test_a_planted_bug_shown_on_a_fixed_run_becomes_a_standalone_repro(bug: str,
     with planted_scheduler_bug(bug):
         log = shrink_oplog(log, invariant, checks=(check,))
     source = scheduler_repro(log, invariant=invariant, target="scheduler-machine", seed=0, violation="")
-    kit_check = _CHECK_OF[invariant]
+    kit_check = _check_of(invariant)
     assert source is not None and f"    {kit_check}(" in source, source
     assert BUILT.get(bug, "") in source, source
     _check_repro(source, bug, tmp_path, check=kit_check)
