@@ -56,6 +56,7 @@ from fuzz.repro_source import kit_attributes, kit_definitions, kit_source
 from fuzz.model import Abort, AddRequest, Evict, OpLog, ResetPrefixCache, Step
 from fuzz.model import group_behaviour
 from fuzz.model import Behaviour, classification_of_kind
+from invariants.scheduler import ADMISSION_CHECKS
 from invariants.table import INVARIANTS
 
 __all__ = ["WRITABLE", "repro_size", "scheduler_repro", "scheduler_repro_of_failure", "shrink_oplog", "shrunk_log_of_failure"]
@@ -97,11 +98,20 @@ def _reads_output(check: str) -> bool:
     return check.startswith("_")
 
 
-def _check_call(check: str, out: str, step: int) -> str:
-    """The call that states a claim at step ``step`` (``out``: its output)."""
+# The suite's checks a file carries that judge one admission's lookup (the
+# suite's ADMISSION_CHECKS): the file calls them on each lookup the watch
+# served this step (fuzz.kit's HitLookup: the admission's fields they read).
+_PER_LOOKUP = frozenset(check.__name__ for check in ADMISSION_CHECKS)
+
+
+def _check_call(check: str, out: str, step: int, indent: str) -> list[str]:
+    """The lines that state a claim at step ``step`` (``out``: its output)."""
     if _reads_output(check):
-        return f"{check}(scheduler, {out}, watch, step={step})"
-    return f"{check}(watch)  # step {step}"
+        return [f"{indent}{check}(scheduler, {out}, watch, step={step})"]
+    if check in _PER_LOOKUP:
+        return [f"{indent}for lookup in watch.lookups_served.values():  # step {step}",
+                f"{indent}    {check}(lookup)"]
+    return [f"{indent}{check}(watch)  # step {step}"]
 
 
 # The row's watches that are kit constants of their own (WATCH_POOL, ...).
@@ -274,7 +284,7 @@ def _breaking_step(op: Step, args: str, invariant: str) -> list[str]:
             "    try:",
             f"        {'out = ' if _reads_output(check) else ''}_step(scheduler, watch{args})",
             "    finally:",
-            f"        {_check_call(check, 'out', op.index)}",
+            *_check_call(check, "out", op.index, "        "),
         ]
     if op.error and op.error_where == "update_from_output" and op.output is not None:
         # vLLM raised feeding the output back, after schedule() did what the claim judges.
@@ -285,12 +295,12 @@ def _breaking_step(op: Step, args: str, invariant: str) -> list[str]:
             "    try:",
             f"        _step(scheduler, watch{args})",
             "    finally:",
-            f"        {_check_call(check, 'watch.last_output', op.index)}",
+            *_check_call(check, "watch.last_output", op.index, "        "),
         ]
     return [
         f"    # Step {op.index}{sched}: the step where '{invariant}' broke.",
         f"    {'out = ' if _reads_output(check) else ''}_step(scheduler, watch{args})",
-        f"    {_check_call(check, 'out', op.index)}",
+        *_check_call(check, "out", op.index, "    "),
     ]
 
 

@@ -82,7 +82,7 @@ def _begin_step(scheduler, watch):
     if WATCH_PREEMPTED:
         watch.preemptions = []  # PreemptedRequest: each this step's schedule() preempted, as it left it
     if WATCH_HITS:
-        watch.hits.clear()
+        watch.lookups_served.clear()
 
 
 def _scheduled(scheduler, watch):

@@ -15,10 +15,11 @@ from fuzz.adapter._contents import KeyPrefixes
 from fuzz.adapter._reports import WorkerRecord, computed_before
 from fuzz.kit._build import _cdiv, _describe_groups, _ids
 from fuzz.kit._contents import _make_contents
-from fuzz.kit._hits import _index_at_lookup, _watch_frees
+from fuzz.kit._hits import HitLookup, _groups, _index_at_lookup, _watch_frees
 from fuzz.kit._params import (
     ASYNC_SCHEDULING,
     CONNECTOR,
+    DIVERGENT_HITS,
     FAILING_LOADS,
     HASH_BLOCK_SIZE,
     NULL_BLOCK,
@@ -97,7 +98,8 @@ class _Watch:
                     self.local_hits.append((request.request_id, num_local, request.num_tokens))
                 if WATCH_HITS:
                     if held:
-                        self.hits[request.request_id] = (num_local, held)
+                        self.lookups_served[request.request_id] = HitLookup(
+                            request.request_id, self.step, num_local, _groups(), DIVERGENT_HITS, **held)
                 if WATCH_ADMISSIONS:
                     self.admissions[request.request_id] = dict(
                         local_hit=num_local, lookup=_ids(result[0]),
@@ -148,7 +150,7 @@ class _Watch:
         if WATCH_INDEX:
             self.keys = KeyPrefixes(HASH_BLOCK_SIZE)  # what each prefix-cache key stands for
         if WATCH_HITS:
-            self.hits = {}  # request id -> (the local hit served, the index as its lookup began), this step
+            self.lookups_served = {}  # request id -> HitLookup: the hit served, the index as the lookup began
         if WATCH_EVICTIONS:
             self.eviction_watch = _watch_frees(scheduler, self)
             self.evictions = []

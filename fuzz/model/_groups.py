@@ -5,7 +5,7 @@ the scheduler acts on."""
 from __future__ import annotations
 
 from fuzz.model._classification import Behaviour, behaviour_of
-from fuzz.model._kv import GroupInfo
+from fuzz.model._kv import GroupInfo, group_kind
 from fuzz.model._scheduler import AdmissionObservation
 
 __all__ = ["answer_acted_on", "cdiv", "group_behaviour", "group_kind", "group_name"]
@@ -17,11 +17,6 @@ def group_behaviour(info: GroupInfo) -> Behaviour:
     if not info.prefix_cacheable:
         return Behaviour.SCRATCH
     return behaviour_of(info.spec_class)
-
-
-def group_kind(info: GroupInfo) -> str:
-    """The bare class name of the group's spec (``"MambaSpec"``)."""
-    return info.spec_class.rsplit(".", 1)[-1]
 
 
 def group_name(info: GroupInfo) -> str:

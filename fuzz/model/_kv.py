@@ -102,6 +102,11 @@ class GroupInfo:
     prefix_cacheable: bool
 
 
+def group_kind(info: GroupInfo) -> str:
+    """The bare class name of the group's spec (``"MambaSpec"``)."""
+    return info.spec_class.rsplit(".", 1)[-1]
+
+
 @dataclass(frozen=True)
 class GroupTruncation:
     """One group's side of a ``truncate_computed_blocks`` call."""

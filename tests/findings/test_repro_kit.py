@@ -84,6 +84,19 @@ def test_every_check_a_file_states_is_a_kit_definition() -> None:
     assert not missing, missing
 
 
+def test_the_kit_s_lookup_record_reads_as_an_admission() -> None:
+    """A file states the hit claim with the suite's own check, which reads an
+    AdmissionObservation: the kit's record of a lookup has only fields of
+    it, under the same names."""
+    import dataclasses
+
+    from fuzz.kit._hits import HitLookup
+    from fuzz.model import AdmissionObservation
+
+    kit = {f.name for f in dataclasses.fields(HitLookup)}
+    assert kit <= {f.name for f in dataclasses.fields(AdmissionObservation)}, kit
+
+
 # --- specialising ------------------------------------------------------------
 
 _SOURCE = '''def f(x):

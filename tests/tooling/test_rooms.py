@@ -27,6 +27,7 @@ ALLOWED = {
     "fuzz.kit": (
         "fuzz.kit", "fuzz.adapter._reports", "fuzz.adapter._contents", "fuzz.adapter._events", "fuzz.model._hits",
         "fuzz.adapter._hits", "fuzz.model._evictions", "fuzz.adapter._evictions", "fuzz.model._contents",
+        "fuzz.model._kv",
     ),
 }
 
