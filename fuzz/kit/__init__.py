@@ -23,23 +23,27 @@ and no Python lives in string templates:
   lookup, and the index read as the lookup begins; ``fuzz.model._evictions``,
   ``fuzz.adapter._evictions``: vLLM's free order, and the watch of every
   free and eviction (the suite's own, for :mod:`fuzz.kit._hits`'s claims);
-* the claims a file can state. Where the watch keeps a claim's records
-  under the suite's names and types (``fuzz.model._contents``), the file
-  carries the suite's check itself (:data:`SUITE_CHECK_MODULES`:
-  :mod:`invariants.contents`'s claims on what blocks hold,
-  :mod:`invariants.promises`'s on what the cache promises), reading the
-  watch as the step it judges (:mod:`fuzz.kit._preempt` and
-  :mod:`fuzz.kit._index` keep two of those records). The others are
-  restated here, one room each as the suite's invariants:
-  :mod:`fuzz.kit._checks_scheduler` (admission, the step loop),
-  :mod:`fuzz.kit._checks_connector`, :mod:`fuzz.kit._checks_ownership`,
-  :mod:`fuzz.kit._hits` (hit lengths and the eviction order);
+* the claims a file can state. Where the watch keeps what a claim reads
+  under the suite's names and types (the records of ``fuzz.model._contents``;
+  :class:`fuzz.kit._hits.HitLookup` for a lookup, and
+  :class:`fuzz.kit._ownership.StepOwnership` for block ownership, each the
+  fields of the suite's observation that the check reads), the file carries
+  the suite's check itself (:data:`SUITE_CHECK_MODULES`): what blocks hold
+  (:mod:`invariants.contents`), what the cache promises
+  (:mod:`invariants.promises`, reads in flight included), hit lengths and
+  the eviction order (:mod:`invariants.hits`). The others are restated
+  here, one room each as the suite's invariants, until their observations
+  are the watch's: :mod:`fuzz.kit._checks_scheduler` (admission, the step
+  loop), :mod:`fuzz.kit._checks_connector`,
+  :mod:`fuzz.kit._checks_ownership` (which reads blocks with the suite's
+  own ``read_indices``);
 * :mod:`fuzz.kit._truncation` (constants in ``_truncation_params``): the
   repro of a ``truncate_computed_blocks`` failure, at the manager level.
 
-The kit's modules may import vLLM, pytest, the standard library and
-:data:`COPIED_MODULES` (which do the same); tests/findings/test_repro_kit.py
-holds them to it.
+The kit's modules may import vLLM, pytest, the standard library,
+:data:`COPIED_MODULES` (which do the same) and :data:`SUITE_CHECK_MODULES`
+(whose definitions a file takes, never their imports);
+tests/findings/test_repro_kit.py holds them to it.
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ from __future__ import annotations
 from fuzz.kit._connector import saved_prefix
 from fuzz.kit._outputs import model_runner_output
 
-__all__ = ["COPIED_MODULES", "KIT_MODULES", "SUITE_CHECK_MODULES", "TRUNCATION_KIT_MODULES", "model_runner_output", "saved_prefix"]
+__all__ = [
+    "COPIED_MODULES", "KIT_MODULES", "SUITE_CHECK_MODULES", "TRUNCATION_KIT_MODULES", "model_runner_output", "saved_prefix",
+]
 
 # In the order a file carries their definitions.
 KIT_MODULES = (
@@ -67,6 +73,8 @@ KIT_MODULES = (
     "fuzz.kit._index",
     "fuzz.kit._hits",
     "fuzz.kit._contents",
+    "fuzz.model._ownership",
+    "fuzz.kit._ownership",
     "fuzz.kit._watch",
     "fuzz.kit._worker",
     "fuzz.kit._outputs",
@@ -74,6 +82,7 @@ KIT_MODULES = (
     "fuzz.kit._driver",
     "fuzz.kit._checks_scheduler",
     "fuzz.kit._checks_connector",
+    "invariants.ownership",
     "fuzz.kit._checks_ownership",
     "invariants.contents",
     "invariants.promises",
@@ -83,7 +92,7 @@ KIT_MODULES = (
 TRUNCATION_KIT_MODULES = ("fuzz.kit._truncation_params", "fuzz.kit._truncation")
 # The suite's own modules a file carries as they are (standard library only).
 COPIED_MODULES = (
-    "fuzz.model._violations", "fuzz.model._kv", "fuzz.model._contents", "fuzz.adapter._reports", "fuzz.adapter._contents",
+    "fuzz.model._violations", "fuzz.model._kv", "fuzz.model._contents", "fuzz.model._ownership", "fuzz.adapter._reports", "fuzz.adapter._contents",
     "fuzz.adapter._events", "fuzz.model._hits", "fuzz.adapter._hits", "fuzz.model._evictions", "fuzz.adapter._evictions",
 )
 # The suite's checks a file carries as they are: their claims' records are
@@ -91,4 +100,4 @@ COPIED_MODULES = (
 # in the file is the suite's invariant itself. Their module imports the
 # vocabulary (fuzz.model) and its own room; a file takes only the
 # definitions it reaches, which import nothing of the suite.
-SUITE_CHECK_MODULES = ("invariants.contents", "invariants.promises", "invariants.hits")
+SUITE_CHECK_MODULES = ("invariants.contents", "invariants.promises", "invariants.hits", "invariants.ownership")

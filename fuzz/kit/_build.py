@@ -226,9 +226,6 @@ def _ids(blocks):
     return [[b.block_id for b in group] for group in blocks.blocks]
 
 
-def _cdiv(a, b):
-    return -(-a // b)
-
 
 def _describe_groups():
     return ", ".join(

@@ -8,9 +8,10 @@ Called as ``check(scheduler, out, watch, step)`` like every kit check
 
 from __future__ import annotations
 
-from fuzz.kit._build import _cdiv, _describe_groups
+from fuzz.kit._build import _describe_groups
 from fuzz.kit._params import KV_LOAD_FAILURE_POLICY, ROLES, SCHEDULER_BLOCK_SIZE, SPECS
 from fuzz.kit._watch import _still_cached
+from fuzz.model._kv import cdiv
 
 
 def _check_external_range_contiguous(scheduler, out, watch, step):
@@ -51,9 +52,9 @@ def _check_load_blocks_cover_range(scheduler, out, watch, step):
         for g, (spec, role) in enumerate(zip(SPECS, ROLES)):
             b = spec.block_size
             if role == "whole-state":
-                needed = [_cdiv(total, b) - 1]
+                needed = [cdiv(total, b) - 1]
             elif role == "must-cover":
-                needed = list(range(local // b, _cdiv(total, b)))
+                needed = list(range(local // b, cdiv(total, b)))
             else:
                 continue
             ids = handed[g]

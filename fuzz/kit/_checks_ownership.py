@@ -4,38 +4,16 @@ is read before this step writes it, allocations stay within their count,
 and lookups within their limit.
 
 Called as ``check(scheduler, out, watch, step)`` like every kit check
-(:mod:`fuzz.kit._checks_scheduler`).
+(:mod:`fuzz.kit._checks_scheduler`). Which blocks a step reads is the
+suite's own rule (``read_indices``); the reads of the step still in flight
+are the suite's check itself (:mod:`fuzz.kit._ownership`).
 """
 
 from __future__ import annotations
 
-from fuzz.kit._build import _cdiv, _describe_groups
-from fuzz.kit._params import CONNECTOR, NULL_BLOCK, READ_RULES, SPECS
-
-
-def _read_indices(rule, block_size, start, end, num_prompt_tokens, table_len):
-    """Block indices a step computing tokens [start, end) reads (READ_RULES)."""
-    kind, value = rule
-    last = _cdiv(end, block_size)
-    if kind == "full":
-        return list(range(last))
-    if kind == "window":  # the window of the first computed token
-        return list(range(max(0, start - value + 1) // block_size, last))
-    if kind == "chunk":  # the current chunk
-        return list(range(start // value * value // block_size, last))
-    if kind == "rswa":  # the prompt, and the last `value` tokens
-        head = _cdiv(num_prompt_tokens, block_size)
-        tail = max(num_prompt_tokens, start - value) // block_size
-        return list(range(min(head, last))) + list(range(max(head, tail), last))
-    if kind == "state":  # the state it resumes from, and the one it writes
-        # With `value` speculative state blocks the worker resumes from the
-        # state index it recorded the step before (plus the drafts accepted):
-        # only the state it writes is claimed, the first of the table's last
-        # 1 + value blocks (MambaManager.allocate_new_blocks).
-        if value:
-            return [table_len - 1 - value if table_len > value else last - 1]
-        return sorted({last - 1} | ({_cdiv(start, block_size) - 1} if start > 0 else set()))
-    return []
+from fuzz.kit._build import _describe_groups
+from fuzz.kit._params import NULL_BLOCK, READ_RULES, SPECS
+from invariants.ownership import read_indices
 
 
 def _step_reads(managers, held):
@@ -49,7 +27,7 @@ def _step_reads(managers, held):
         end = start + row["scheduled"]
         for g, (spec, rule, table) in enumerate(zip(SPECS, READ_RULES, row["tables"])):
             block_size = managers[g].block_size
-            wanted = _read_indices(rule, block_size, start, end, row["num_prompt_tokens"], len(table))
+            wanted = read_indices(rule, block_size, start, end, row["num_prompt_tokens"], len(table))
             yield rid, g, spec, rule, table, start, end, block_size, wanted
 
 
@@ -91,42 +69,6 @@ def _check_read_blocks_held(scheduler, out, watch, step):
         )
 
 
-def _check_in_flight_reads_held(scheduler, out, watch, step):
-    """Under async scheduling, the step still in flight as this one is
-    scheduled keeps every block it reads (by READ_RULES, from the tables it
-    was handed) out of the free pool until its output is fed back: a
-    running request's skipped blocks are freed on the processed-token basis
-    (num_computed_tokens - num_in_flight_tokens); where vLLM defers frees
-    (batches overlap and the connector loads), a request finished or
-    preempted meanwhile (a prefix-cache reset's too, admitted again at once
-    or not) keeps its blocks until that output."""
-    defers = False
-    if CONNECTOR:  # without one, vLLM frees at once
-        config = scheduler.vllm_config
-        defers = config.max_concurrent_batches > 1 and config.kv_transfer_config.is_kv_consumer
-    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
-    popped = dict(watch.fresh)
-    for rid, g, spec, rule, table, start, end, block_size, wanted in _step_reads(managers, watch.in_flight_held):
-        if (rid not in watch.held or rid in (out.preempted_req_ids or ())) and not defers:
-            continue  # freed at once: the next step's writes come after it on the device
-        problems = []
-        for i in wanted:
-            bid = table[i] if i < len(table) else NULL_BLOCK
-            ref_cnt, free, _ = watch.blocks.get(bid, (0, False, False))
-            if bid == NULL_BLOCK:
-                continue
-            if bid in popped:
-                problems.append(f"block {bid} (index {i}) handed to {popped[bid]} as a fresh block")
-            elif free or ref_cnt <= 0:
-                problems.append(f"block {bid} (index {i}) is free (ref_cnt {ref_cnt})")
-        assert not problems, (
-            f"step {step}: the step still in flight computes tokens [{start}, {end}) of request {rid} and "
-            f"reads block indices {wanted} of group {g} {type(spec).__name__} (block_size={block_size}, "
-            f"reads {rule}) from its table {table}, but this schedule() let them go: " + "; ".join(problems)
-            + f" (its tables now {watch.held.get(rid, {}).get('tables')}); groups: {_describe_groups()}"
-        )
-
-
 def _check_no_same_step_hazard(scheduler, out, watch, step):
     """No block written in this step (a new block, a copy-on-write
     destination) is read by another request before the write: no
@@ -135,7 +77,7 @@ def _check_no_same_step_hazard(scheduler, out, watch, step):
     state (a state is read at the start of the step's scan, written at its
     end)."""
     copies = [(c.src_block_id, c.dst_block_id) for c in getattr(out, "kv_cache_block_copies", None) or []]
-    written = {bid: (rid, "a new block") for bid, rid in watch.fresh}
+    written = {bid: (rid, "a new block") for bid, rid, _ in watch.fresh}
     for rid, row in watch.held.items():
         for table in row["tables"]:
             written.update({dst: (rid, "a copy-on-write destination") for _, dst in copies if dst in table})

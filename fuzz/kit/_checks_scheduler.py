@@ -7,18 +7,19 @@ watch (``fuzz.repro_scheduler._check_of`` pairs them); it is called as
 ``check(scheduler, out, watch, step)`` right after the step where the
 invariant broke, and raises AssertionError naming the step, the request,
 the group and the numbers that disagree. The other rooms of checks follow
-the suite's: ``_checks_connector``, ``_checks_ownership``, ``_hits``. A
-claim whose records the watch keeps as the suite does needs no restating:
-the file carries the suite's check (:data:`fuzz.kit.SUITE_CHECK_MODULES`).
+the suite's: ``_checks_connector``, ``_checks_ownership``. A claim whose
+records the watch keeps as the suite does needs no restating: the file
+carries the suite's check (:data:`fuzz.kit.SUITE_CHECK_MODULES`).
 """
 
 from __future__ import annotations
 
 from vllm.v1.request import RequestStatus
 
-from fuzz.kit._build import _cdiv, _describe_groups
+from fuzz.kit._build import _describe_groups
 from fuzz.kit._driver import _step
 from fuzz.kit._params import CONNECTOR, DIVERGENT_HITS, ROLES, SCHEDULER_BLOCK_SIZE, SPECS
+from fuzz.model._kv import cdiv
 
 
 def _check_computed_below_num_tokens(scheduler, out, watch, step):
@@ -47,7 +48,7 @@ def _check_computed_tokens_add_up(scheduler, out, watch, step):
             f"num_new_computed_tokens={adm['local']}"
         )
         for g, (spec, role, adopted) in enumerate(zip(SPECS, ROLES, adm["adopted"])):
-            limit = 0 if role == "scratch" else _cdiv(local, spec.block_size)
+            limit = 0 if role == "scratch" else cdiv(local, spec.block_size)
             assert len(adopted) <= limit, (
                 f"step {step}, request {rid}: group {g} {type(spec).__name__} (block_size="
                 f"{spec.block_size}) adopted {len(adopted)} cached blocks {adopted}, but the local "
@@ -72,7 +73,7 @@ def _check_local_part_covered(scheduler, out, watch, step):
             adopted, table = adm["adopted"][g], adm["table"][g]
             lagging = completes and adm["per_group"][g] < local
             missing = [
-                i for i in range(_cdiv(local, spec.block_size))
+                i for i in range(cdiv(local, spec.block_size))
                 if not ((i < len(adopted) and adopted[i] != null) or (lagging and i < len(table) and table[i] != null))
             ]
             assert not missing, (
@@ -121,7 +122,7 @@ def _check_mamba_state_at_resume_boundary(scheduler, out, watch, step):
             if role != "whole-state":
                 continue
             adopted = adm["adopted"][g]
-            idx = _cdiv(local, spec.block_size) - 1
+            idx = cdiv(local, spec.block_size) - 1
             state = adopted[idx] if idx < len(adopted) else None
             assert state is not None and state != null, (
                 f"step {step}, request {rid}: it resumes at {local} with no external tokens, but group {g} "

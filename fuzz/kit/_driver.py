@@ -9,6 +9,8 @@ failed; a producer's sends are reported done one step after they begin.
 
 from __future__ import annotations
 
+import dataclasses
+
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
 
@@ -16,6 +18,7 @@ from fuzz.adapter._reports import computed_before
 from fuzz.kit._build import _describe_groups
 from fuzz.kit._contents import _contents_issue
 from fuzz.kit._outputs import model_runner_output
+from fuzz.kit._ownership import _ownership
 from fuzz.kit._params import (
     ASYNC_SCHEDULING,
     CONNECTOR,
@@ -95,9 +98,13 @@ def _scheduled(scheduler, watch):
     if WATCH_IN_FLIGHT:
         # Async scheduling: the step queued last is still running; its
         # tables say what its forward pass reads while this one is planned.
-        watch.in_flight_held = watch.held if any(s == watch.step - 1 for s, *_ in watch.queue) else {}
+        queued = any(s == watch.step - 1 for s, *_ in watch.queue)
+        in_flight = dataclasses.replace(watch.ownership, in_flight=None) if queued and watch.ownership else None
     if WATCH_TABLES:
         watch.hold(scheduler, out)
+    if WATCH_IN_FLIGHT:
+        watch.ownership = _ownership(scheduler, watch, in_flight)
+        watch.preempted = set(out.preempted_req_ids or ())
     watch.preempted_at.update(dict.fromkeys(out.preempted_req_ids or (), watch.step))
     if WATCH_PREEMPTED:
         ids = [r for r in sorted(out.preempted_req_ids or ()) if r not in out.num_scheduled_tokens]

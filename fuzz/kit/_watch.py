@@ -13,7 +13,7 @@ from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, maybe_conv
 from fuzz.adapter._events import EventLog, event_gaps, index_counts
 from fuzz.adapter._contents import KeyPrefixes
 from fuzz.adapter._reports import WorkerRecord, computed_before
-from fuzz.kit._build import _cdiv, _describe_groups, _ids
+from fuzz.kit._build import _describe_groups, _ids
 from fuzz.kit._contents import _make_contents
 from fuzz.kit._hits import HitLookup, _groups, _index_at_lookup, _watch_frees
 from fuzz.kit._params import (
@@ -35,6 +35,7 @@ from fuzz.kit._params import (
     WATCH_TOKENS,
 )
 from fuzz.model._contents import EventGap
+from fuzz.model._kv import cdiv
 
 
 class _Watch:
@@ -56,6 +57,9 @@ class _Watch:
         self.context = ""
         self.rolled_back = frozenset()
         self.rolled_back_in_flight = frozenset()
+        self.error = None  # schedule() raised (the file's step fails before any check)
+        self.error_where = ""
+        self.ownership = None  # StepOwnership of the last schedule() (WATCH_IN_FLIGHT)
         if WATCH_ADMISSIONS:
             self.admissions = {}
         self.scheduled_num_tokens = {}  # request id -> its num_tokens right after schedule()
@@ -205,7 +209,7 @@ class _Watch:
         from the pool (new blocks, and cached blocks nobody references that
         it touched: they leave the free queue); each prefix-cache lookup's
         max_cache_hit_length and hit, per group where the call gives one."""
-        self.fresh = []  # (block id, request id)
+        self.fresh = []  # (block id, request id, group)
         self.allocations = []
         self.lookups = []  # (call, max_cache_hit_length, hits)
         self.local_hits = []  # (request id, local hit, num_tokens) per scheduler lookup
@@ -225,7 +229,8 @@ class _Watch:
         def new_blocks(num_blocks):
             blocks = get_new_blocks(num_blocks)
             rid = "?" if self._alloc is None else self._alloc["request"]
-            self.fresh += [(b.block_id, rid) for b in blocks]
+            group = -1 if self._group is None else self._group[0]
+            self.fresh += [(b.block_id, rid, group) for b in blocks]
             take(len(blocks))
             return blocks
 
@@ -361,7 +366,7 @@ def _failed_facts(scheduler, watch, failed_loads, invalid_block_ids):
             continue
         (table,) = adm["table"]
         start = adm["num_computed_tokens"] - adm["external"]
-        end = min(_cdiv(adm["num_computed_tokens"], SPECS[0].block_size), len(table))
+        end = min(cdiv(adm["num_computed_tokens"], SPECS[0].block_size), len(table))
         bad = [k for k in range(start // SPECS[0].block_size, end) if table[k] in invalid_block_ids]
         if bad:
             facts[rid] = dict(how="invalid_block_ids", start=start, first=bad[0] * SPECS[0].block_size,

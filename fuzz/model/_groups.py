@@ -5,7 +5,7 @@ the scheduler acts on."""
 from __future__ import annotations
 
 from fuzz.model._classification import Behaviour, behaviour_of
-from fuzz.model._kv import GroupInfo, group_kind
+from fuzz.model._kv import GroupInfo, cdiv, group_kind, group_name
 from fuzz.model._scheduler import AdmissionObservation
 
 __all__ = ["answer_acted_on", "cdiv", "group_behaviour", "group_kind", "group_name"]
@@ -17,15 +17,6 @@ def group_behaviour(info: GroupInfo) -> Behaviour:
     if not info.prefix_cacheable:
         return Behaviour.SCRATCH
     return behaviour_of(info.spec_class)
-
-
-def group_name(info: GroupInfo) -> str:
-    """``group 1 (MambaSpec, block_size=16)``, for messages."""
-    return f"group {info.index} ({group_kind(info)}, block_size={info.block_size})"
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def answer_acted_on(adm: AdmissionObservation) -> int | None:

@@ -107,6 +107,15 @@ def group_kind(info: GroupInfo) -> str:
     return info.spec_class.rsplit(".", 1)[-1]
 
 
+def group_name(info: GroupInfo) -> str:
+    """``group 1 (MambaSpec, block_size=16)``, for messages."""
+    return f"group {info.index} ({group_kind(info)}, block_size={info.block_size})"
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 @dataclass(frozen=True)
 class GroupTruncation:
     """One group's side of a ``truncate_computed_blocks`` call."""

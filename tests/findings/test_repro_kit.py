@@ -56,6 +56,7 @@ def test_the_kit_imports_only_vllm_pytest_and_the_standard_library(name: str) ->
             or module.startswith("fuzz.kit.")
             or module in COPIED_MODULES
             or (name in SUITE_CHECK_MODULES and (module == "fuzz.model" or top == "invariants"))
+            or module in SUITE_CHECK_MODULES
         )
         assert allowed, f"{name} imports {module}: a repro file may import vLLM, pytest and the standard library only"
 
@@ -82,6 +83,18 @@ def test_every_check_a_file_states_is_a_kit_definition() -> None:
     definitions = kit_definitions()
     missing = {inv: check for inv in WRITABLE if (check := _check_of(inv)) is not None and check not in definitions}
     assert not missing, missing
+
+
+def test_the_kit_s_ownership_record_reads_as_the_suite_s() -> None:
+    """The carried claim on reads in flight reads the file's StepOwnership
+    where it reads an OwnershipObservation: fields of it, same names."""
+    import dataclasses
+
+    from fuzz.kit._ownership import StepOwnership
+    from fuzz.model import OwnershipObservation
+
+    kit = {f.name for f in dataclasses.fields(StepOwnership)}
+    assert kit <= {f.name for f in dataclasses.fields(OwnershipObservation)}, kit
 
 
 def test_the_kit_s_lookup_record_reads_as_an_admission() -> None:
@@ -270,7 +283,7 @@ def test_a_written_file_lints_clean(invariant: str, async_scheduling: bool, tmp_
     assert ("class BlockContents" in source) == (
         invariant in ("reads-written", "hits-within-namespace", "lookahead-allocated", "hits-after-reset"))
     assert ("def _watch_blocks" in source) == (invariant in ("same-step-hazard", "in-flight-reads-held"))
-    assert ("watch.in_flight_held = " in source) == (invariant == "in-flight-reads-held")
+    assert ("watch.ownership = _ownership(" in source) == (invariant == "in-flight-reads-held")
     assert ("class EventLog" in source) == (invariant in ("events-replay-index", "events-chain"))
     assert ("def _preempted_states" in source) == (invariant == "preempted-resumable")
     assert ("def allowed_hit" in source) == (invariant == "hit-matches-index")

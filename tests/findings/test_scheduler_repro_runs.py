@@ -49,7 +49,7 @@ BUILT = {
     # ... of a speculating request: the file speculates (ngram) and watches its drafts.
     "preempt_keeps_drafts": "SPECULATIVE_METHOD = 'ngram'",
     # Async decoding past a sliding window: the file keeps the tables of the step in flight.
-    "window_frees_in_flight": "watch.in_flight_held = watch.held",
+    "window_frees_in_flight": "watch.ownership = _ownership(scheduler, watch, in_flight)",
     # An eviction: the file learns what each key stands for from the requests' hashes.
     "evicted_key_stays_indexed": "keys.learn(rid, request.block_hashes",
     # A repeated prompt: the file reads the index as each lookup begins.
