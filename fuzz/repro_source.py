@@ -53,6 +53,7 @@ from fuzz.repro_prune import (
 from fuzz.repro_prune_annotations import without_annotations
 from fuzz.repro_prune_defaults import without_default_arguments
 from fuzz.repro_prune_inline import inlined_helpers
+from fuzz.repro_prune_triage import without_triage
 from fuzz.repro_prune_stores import with_literals_inlined, without_overwritten_stores, without_unread_names
 from fuzz.repro_trees import parse, walk
 
@@ -290,7 +291,17 @@ def trim(source: str) -> str:
 
 @functools.lru_cache(maxsize=8192)
 def _names(source: str) -> frozenset[str]:
-    return frozenset(n.id for n in walk(parse(source)) if isinstance(n, ast.Name))
+    """Every name ``source`` reads but its own parameters (a name only
+    bound, such as a dataclass field's, or a parameter's, refers to no
+    definition of the file)."""
+    tree = parse(source)
+    params = {
+        a.arg for n in walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for a in (*n.args.posonlyargs, *n.args.args, *n.args.kwonlyargs, n.args.vararg, n.args.kwarg) if a is not None
+    }
+    return frozenset(
+        n.id for n in walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store) and n.id not in params
+    )
 
 
 @functools.lru_cache(maxsize=8192)
@@ -378,7 +389,7 @@ def kit_source(
             if sources[name] not in tidied:  # most definitions come back unchanged from a round
                 kept = without_unused_locals(sources[name])
                 kept = without_unread_names(with_literals_inlined(without_overwritten_stores(kept)))
-                tidied[sources[name]] = without_default_arguments(kept, defaults or {}, constants)
+                tidied[sources[name]] = without_triage(without_default_arguments(kept, defaults or {}, constants))
             kept = tidied[sources[name]]
             changed |= kept != sources[name]
             sources[name] = kept

@@ -147,7 +147,6 @@ def _by_cause(invariant: str, step: StepObservation, found: Sequence[Any],
     for f in found:
         groups.setdefault(cause(f), []).append(f)
     for (state, where), items in groups.items():
-        shared = {f.group_kind for f in items} if kinds else set()
         yield InvariantViolation(
             invariant,
             "\n".join(f.describe() for f in items)
@@ -155,8 +154,14 @@ def _by_cause(invariant: str, step: StepObservation, found: Sequence[Any],
             + (f"\n  scenario: {step.context}" if step.context else ""),
             where=where,
             state=state,
-            group_kind=shared.pop() if len(shared) == 1 else None,
+            group_kind=_shared_kind(items) if kinds else None,
         )
+
+
+def _shared_kind(found: Sequence[Any]) -> str | None:
+    """The group kind every one of ``found`` names (None: they differ)."""
+    kinds = {f.group_kind for f in found}
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def _reads_violations(step: StepObservation) -> Iterator[InvariantViolation]:
