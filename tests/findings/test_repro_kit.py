@@ -110,6 +110,23 @@ def test_the_kit_s_lookup_record_reads_as_an_admission() -> None:
     assert kit <= {f.name for f in dataclasses.fields(AdmissionObservation)}, kit
 
 
+def test_a_file_drops_the_triage_of_the_violations_it_raises() -> None:
+    from fuzz.repro_prune_triage import without_triage
+
+    source = (
+        'def check(step):\n'
+        '    raise InvariantViolation("claim", text(step), where=WHERE, state=_cause(step), group_kind=None)\n'
+        '    raise MissedHit(\n        "claim",\n        text(step),\n        where=WHERE,\n    )\n'
+        '    raise ValueError("other", where=WHERE)\n'
+    )
+    assert without_triage(source) == (
+        'def check(step):\n'
+        '    raise InvariantViolation("claim", text(step))\n'
+        '    raise MissedHit(\n        "claim",\n        text(step),\n    )\n'
+        '    raise ValueError("other", where=WHERE)\n'
+    )
+
+
 # --- specialising ------------------------------------------------------------
 
 _SOURCE = '''def f(x):
@@ -287,6 +304,7 @@ def test_a_written_file_lints_clean(invariant: str, async_scheduling: bool, tmp_
     assert ("class EventLog" in source) == (invariant in ("events-replay-index", "events-chain"))
     assert ("def _preempted_states" in source) == (invariant == "preempted-resumable")
     assert ("def allowed_hit" in source) == (invariant == "hit-matches-index")
+    assert "def _shortfall" not in source and "HIT_SHORTER" not in source  # the suite's triage stays out
     assert ("class EvictionWatch" in source) == (invariant == "eviction-order")
 
 
