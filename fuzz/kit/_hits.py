@@ -1,7 +1,7 @@
 """What a standalone repro watches of how long a hit each lookup serves and
-which cached blocks survive pool pressure (:mod:`invariants.hits`'s claims;
-the eviction order's is the suite's check itself, the hit length's restated
-here), with the suite's own rules: the hit the index allows
+which cached blocks survive pool pressure, for :mod:`invariants.hits`'s
+claims (whose checks the file carries as they are: each lookup is kept as
+a HitLookup), with the suite's own rules: the hit the index allows
 (``fuzz/model/_hits.py``), the index read at the instant of the lookup
 (``fuzz/adapter/_hits.py``), vLLM's free order (``fuzz/model/_evictions.py``)
 and the watch of every free and eviction (``fuzz/adapter/_evictions.py``),

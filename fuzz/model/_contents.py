@@ -1,8 +1,12 @@
 """What a block holds and what the cache promises, as the harness saw it
 go wrong in one step: reads of positions a block does not hold, index
 entries ahead of their blocks' contents, KV computed from other tokens,
-drafter lookahead past the blocks allocated, hits across cache salts, and
-KV events that disagree with the index."""
+drafter lookahead past the blocks allocated, hits across cache salts, KV
+events that disagree with the index, and a preempted request as it was left.
+
+Standard library only: a standalone repro carries these records, built by
+the same helpers (``*_of``) as the harness builds them, and the suite's
+checks read them there as here (``fuzz.kit.SUITE_CHECK_MODULES``)."""
 
 from __future__ import annotations
 
