@@ -37,7 +37,7 @@ from fuzz.model import (  # noqa: E402
     UnwrittenRead,
 )
 from fuzz.model import group_behaviour as _group_behaviour  # noqa: E402
-from fuzz.model import hits_across_reset_of, unwritten_reads_of  # noqa: E402
+from fuzz.model import hits_across_reset_of, missing_lookahead_of, unwritten_reads_of  # noqa: E402
 from fuzz.model import group_kind as _group_kind  # noqa: E402
 
 __all__ = ["ScriptedRunner", "runner_output"]
@@ -168,15 +168,10 @@ class ScriptedRunner:
         tables = self.contents.tables.get(rid)
         if tables is None:
             return
-        n = out.num_scheduled_tokens[rid]
-        needed = min(start + n + self.lookahead, self.max_model_len)
-        for group, (table, size, recorded) in enumerate(
-            zip(tables, self.contents.block_sizes, self.contents.per_position)
-        ):
-            if recorded and len(table) * size < needed:
-                self.missing_lookahead.append(
-                    MissingLookahead(rid, group, start, n, self.lookahead, needed, len(table) * size)
-                )
+        self.missing_lookahead += missing_lookahead_of(
+            rid, tables, self.contents.block_sizes, self.contents.per_position, start,
+            out.num_scheduled_tokens[rid], self.lookahead, self.max_model_len,
+        )
 
     def foreign_hits(self, admissions: Sequence[AdmissionObservation]) -> tuple[ForeignHit, ...]:
         """Each block an admission adopted as computed (the local blocks

@@ -11,7 +11,7 @@ from vllm.v1.core.kv_cache_utils import get_group_id
 
 from fuzz.adapter._contents import BlockContents, checkpoint_params, entries_of, namespace_of, records_state
 from fuzz.adapter._reports import computed_before
-from fuzz.model._contents import ForeignHit, MissingLookahead, UnbackedEntry, hits_across_reset_of, unwritten_reads_of
+from fuzz.model._contents import ForeignHit, UnbackedEntry, hits_across_reset_of, missing_lookahead_of, unwritten_reads_of
 from fuzz.kit._index import _misnamed_entries
 from fuzz.kit._params import (
     CONNECTOR,
@@ -151,9 +151,6 @@ def _missing_lookahead(scheduler, out, sampled, contents):
         tables = contents.tables.get(rid)
         if not new or rid not in before or tables is None:
             continue
-        n = out.num_scheduled_tokens[rid]
-        needed = min(before[rid] + n + lookahead, scheduler.max_model_len)
-        for g, (table, size, recorded) in enumerate(zip(tables, contents.block_sizes, contents.per_position)):
-            if recorded and len(table) * size < needed:
-                short.append(MissingLookahead(rid, g, before[rid], n, lookahead, needed, len(table) * size))
+        short += missing_lookahead_of(rid, tables, contents.block_sizes, contents.per_position, before[rid],
+                                      out.num_scheduled_tokens[rid], lookahead, scheduler.max_model_len)
     return short

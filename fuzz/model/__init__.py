@@ -97,7 +97,7 @@ from fuzz.model._scheduler import (
     StepObservation,
     StrandedRequest,
 )
-from fuzz.model._contents import event_orphans_of, hits_across_reset_of, unwritten_reads_of
+from fuzz.model._contents import event_orphans_of, hits_across_reset_of, missing_lookahead_of, unwritten_reads_of
 from fuzz.model._scenarios import EndpointRule, PromptDraw, SingleShotScenario, TruncationScenario
 from fuzz.model._violations import HarnessError, InvariantViolation, MissedHit
 
@@ -163,6 +163,7 @@ __all__ = [
     "EventOrphan",
     "event_orphans_of",
     "hits_across_reset_of",
+    "missing_lookahead_of",
     "unwritten_reads_of",
     "ForeignHit",
     "HitAcrossReset",

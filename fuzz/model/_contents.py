@@ -25,6 +25,7 @@ __all__ = [
     "UnwrittenRead",
     "event_orphans_of",
     "hits_across_reset_of",
+    "missing_lookahead_of",
     "unwritten_reads_of",
 ]
 
@@ -320,6 +321,19 @@ class PreemptedRequest:
             f"{list(self.blocks_held)}{' (scheduled again in the same step)' if self.rescheduled else ''}"
         )
 
+
+def missing_lookahead_of(request_id: str, tables, block_sizes, per_position, start: int, num_scheduled: int,
+                         lookahead: int, max_model_len: int) -> list[MissingLookahead]:
+    """Each per-position group's table (``tables``, per group) handed to the
+    runner for ``request_id``'s step computing ``num_scheduled`` tokens from
+    ``start``, that covers fewer positions than a drafter writing
+    ``lookahead`` positions past it needs (up to ``max_model_len``)."""
+    needed = min(start + num_scheduled + lookahead, max_model_len)
+    return [
+        MissingLookahead(request_id, group, start, num_scheduled, lookahead, needed, len(table) * size)
+        for group, (table, size, recorded) in enumerate(zip(tables, block_sizes, per_position))
+        if recorded and len(table) * size < needed
+    ]
 
 def hits_across_reset_of(request_id: str, found, reset_before: int) -> list[HitAcrossReset]:
     """``found``'s positions, (group, block id, position, step written) each,
