@@ -29,9 +29,11 @@ from fuzz.adapter._compat import CAPABILITIES, declared_defaults, eagle_manager_
 from fuzz.adapter._env import VLLM_VERSION, init_hashing
 from fuzz.adapter._manager import Lookup, ManagerHarness
 from fuzz.adapter._planted import (
+    FIXED_RUNS,
     PLANTED_OWNERSHIP_BUGS,
     PLANTED_SCHEDULER_BUGS,
     PLANTED_TRUNCATE_BUGS,
+    SPECULATING,
     planted_scheduler_bug,
     planted_truncate_bug,
 )
@@ -55,9 +57,11 @@ from fuzz.adapter._specs import (
 
 __all__ = [
     "CAPABILITIES",
+    "FIXED_RUNS",
     "PLANTED_OWNERSHIP_BUGS",
     "PLANTED_SCHEDULER_BUGS",
     "PLANTED_TRUNCATE_BUGS",
+    "SPECULATING",
     "VLLM_VERSION",
     "InvalidLayout",
     "Lookup",

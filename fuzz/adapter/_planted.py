@@ -21,6 +21,7 @@ Two families:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -31,6 +32,7 @@ from typing import Any
 
 from fuzz.adapter import _compat
 from fuzz.adapter._env import VLLM_VERSION
+from fuzz.model import FixedPrompt, FixedRun, LayoutDraw, SchedulerDraw, SpecDraw, distinct_prompts
 
 import vllm.v1.kv_cache_interface as _ki  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager  # noqa: E402
@@ -39,9 +41,11 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 _REAL_TRUNCATE = KVCacheManager.truncate_computed_blocks
 
 __all__ = [
+    "FIXED_RUNS",
     "PLANTED_OWNERSHIP_BUGS",
     "PLANTED_SCHEDULER_BUGS",
     "PLANTED_TRUNCATE_BUGS",
+    "SPECULATING",
     "planted_scheduler_bug",
     "planted_truncate_bug",
 ]
@@ -832,3 +836,173 @@ def planted_scheduler_bug(name: str) -> Iterator[None]:
         yield
     finally:
         setattr(Scheduler, method, original)
+
+
+# ---------------------------------------------------------------------------
+# The runs that show a plant caught where the search rarely goes
+# ---------------------------------------------------------------------------
+# A plant the single-shot search does not meet is shown on a fixed run: the
+# self-tests (tests/invariants/test_scheduler_planted.py) play it planted
+# and unplanted with the check of the table row that names the plant, and
+# the repro tests write its shrunk log as a file. A new such plant is one
+# entry of FIXED_RUNS, beside its edit above.
+
+
+def _full_attention(num_blocks: int, *more: SpecDraw, **draw: Any) -> SchedulerDraw:
+    """4-token full attention (and ``more`` groups of 4-token blocks), 4-token
+    hashes, ``num_blocks`` blocks; two requests at a time, 32 tokens a step,
+    unless ``draw`` says otherwise."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), *more), hash_block_size=4, num_blocks=num_blocks)
+    return SchedulerDraw(layout, **{"max_num_batched_tokens": 32, "max_num_seqs": 2, **draw})
+
+
+def _repeated(count: int, length: int = 13, max_tokens: int = 2, **keys: Any) -> tuple[FixedPrompt, ...]:
+    """One ``length``-token prompt sent ``count`` times."""
+    return (FixedPrompt(tuple(range(length)), max_tokens, **keys),) * count
+
+
+# Three requests decoding 12 tokens each on 9 blocks: each needs 3 blocks
+# to start and a fourth at token 13, which only a preemption frees.
+_PREEMPTING = FixedRun(_full_attention(9, max_num_batched_tokens=16, max_num_seqs=3), distinct_prompts(3, 10, 12),
+                       label="preemption")
+# Four 13-token prompts with no common prefix, one after another: each
+# caches 3 blocks, and from the third on the new prompt's blocks are taken
+# from cached ones. A finished request's free returns its blocks tail first
+# (the keyless partial tail to the front of the free queue, its 3 cached
+# blocks to the end, last one first), so the third prompt evicts the first
+# one's last two cached blocks and keeps its first.
+_ONE_AFTER_ANOTHER = FixedRun(_full_attention(9), distinct_prompts(4, 13, 2), one_after_another=True)
+# One 13-token prompt sent three times, async scheduling on a producer (a
+# consumer defers the frees a reset needs: the known bug
+# reset-running-fails-on-deferred-frees). The second hits 3 blocks; while it
+# decodes the cache is reset with reset_running_requests (it is preempted,
+# its output in flight dropped); resumed, it hits nothing; the third, sent
+# after it finished, hits the second's recomputed blocks, nothing from
+# before the reset.
+_RESET = FixedRun(_full_attention(17, async_scheduling=True, kv_role="kv_producer"), _repeated(3, max_tokens=4),
+                  one_after_another=True, reset_during=1, hits=(0, 12, 0, 12))
+# One 13-token prompt sent twice, one after the other: the second lookup
+# has a prediction and hits its 3 cached blocks (12 tokens, the limit).
+_REPEATED = FixedRun(_full_attention(17), _repeated(2), one_after_another=True, hits=(0, 12))
+
+
+def _beside(spec: SpecDraw) -> FixedRun:
+    """:data:`_REPEATED` with full attention beside ``spec``."""
+    return FixedRun(_full_attention(33, spec), _repeated(2), one_after_another=True, hits=(0, 12))
+
+
+def _speculating(async_scheduling: bool) -> FixedRun:
+    """Full attention + Mamba with 3 speculative state blocks, k = 3 drafts
+    (ngram sync, EAGLE async: the drafter writes 3 positions ahead of every
+    step it drafts from), accepted 1, 0, 3, 2, ... in turn; two 10-token
+    requests decoding 8 tokens each, added together."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4, (("num_speculative_blocks", 3),))),
+                        hash_block_size=4, num_blocks=41)
+    draw = SchedulerDraw(layout, max_num_batched_tokens=16, max_num_seqs=2, model_runner="v1",
+                         async_scheduling=async_scheduling, speculative_method="eagle" if async_scheduling else "ngram",
+                         num_speculative_tokens=3, draft_acceptance=(1, 0, 3, 2))
+    return FixedRun(draw, (FixedPrompt(tuple(range(10)), 8), FixedPrompt(tuple(range(50, 60)), 8)))
+
+
+SPECULATING = {False: _speculating(False), True: _speculating(True)}
+
+# Planted bug -> the fixed run that shows it caught.
+FIXED_RUNS: dict[str, FixedRun] = {
+    # Three 10-token requests decoding 12 each on a producer's 8-block pool
+    # under async scheduling: vLLM defers no frees for a producer, so it
+    # preempts requests whose step is still running.
+    "delivers_stale_output": FixedRun(
+        _full_attention(9, max_num_batched_tokens=16, max_num_seqs=3, async_scheduling=True, kv_role="kv_producer"),
+        distinct_prompts(3, 10, 12), label="stale output of a request preempted during its step"),
+    # Two requests decoding 3 tokens each.
+    "max_tokens_skip_unguarded": FixedRun(_full_attention(12, max_num_batched_tokens=16), distinct_prompts(2, 10, 3)),
+    # What the cache announces (invariants/promises.py).
+    "eviction_announces_nothing": dataclasses.replace(
+        _ONE_AFTER_ANOTHER, config=dataclasses.replace(_ONE_AFTER_ANOTHER.config, kv_events=True),
+        events=(("BlockRemoved", 2),)),
+    # A 13-token prompt decoding 6 tokens: a block its decode fills is cached
+    # (and announced) after the prompt's three.
+    "stored_event_names_itself_parent": FixedRun(
+        _full_attention(9, kv_events=True), distinct_prompts(1, 13, 6), events=(("BlockStored", 2),)),
+    "reset_announces_nothing": dataclasses.replace(
+        _RESET, config=dataclasses.replace(_RESET.config, kv_events=True), events=(("AllBlocksCleared", 1),)),
+    # One prompt sent by tenant a, tenant b, an unsalted client and tenant a
+    # again: only the last may hit, and does.
+    "cache_salt_not_hashed": FixedRun(
+        _full_attention(17), tuple(p for salt in ("tenant-a", "tenant-b", None, "tenant-a")
+                                   for p in _repeated(1, cache_salt=salt)),
+        one_after_another=True, hits=(0, 0, 0, 12)),
+    # LoRA on: the base model, then adapter b twice: only the last may hit.
+    "lora_not_hashed": FixedRun(
+        _full_attention(17, max_loras=1), tuple(p for lora in (None, "adapter-b", "adapter-b")
+                                                for p in _repeated(1, lora=lora)),
+        one_after_another=True, hits=(0, 0, 12)),
+    # Prompt embeddings a, b, a (vLLM records zeros as the tokens of all
+    # three): only the last may hit.
+    "embeds_not_hashed": FixedRun(
+        _full_attention(17), tuple(p for tag in ("embeds-a", "embeds-b", "embeds-a") for p in _repeated(1, embeds=tag)),
+        one_after_another=True, hits=(0, 0, 12)),
+    # An image at positions 2 to 7: image a, image b, image a, no image: only
+    # the third may hit (the encoder budget comes with the requests).
+    "mm_not_hashed": FixedRun(
+        _full_attention(17), tuple(p for image in ("image-a", "image-b", "image-a", None)
+                                   for p in _repeated(1, mm=((image, 2, 6),) if image else ())),
+        one_after_another=True, hits=(0, 0, 12, 0)),
+    "reset_keeps_index": _RESET,
+    "lookahead_not_allocated": SPECULATING[True],
+    # Async scheduling, an 8-token sliding window beside full attention: one
+    # 10-token prompt decoding 12. Each decode step still in flight reads its
+    # window while the next is scheduled; every block boundary the window
+    # crosses frees one.
+    "window_frees_in_flight": FixedRun(
+        _full_attention(33, SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 8),)), async_scheduling=True),
+        distinct_prompts(1, 10, 12)),
+    "preempt_keeps_computed_tokens": _PREEMPTING,
+    # ... with ngram speculation (2 drafts, one accepted a step): a request
+    # is preempted with the drafts proposed after its last step.
+    "preempt_keeps_drafts": dataclasses.replace(_PREEMPTING, config=dataclasses.replace(
+        _PREEMPTING.config, speculative_method="ngram", num_speculative_tokens=2, draft_acceptance=(1,))),
+    # How long a hit each lookup serves, which cached blocks survive (invariants/hits.py).
+    "hit_stops_a_block_early": _REPEATED,
+    # A 5-token window needs the last block before a hit, and the group keeps
+    # only that one cached; an 8-token chunk needs the blocks of the hit's last chunk.
+    "window_hit_needs_a_block_more": _beside(SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 5),))),
+    "chunk_hit_stops_a_block_early": _beside(SpecDraw("ChunkedLocalAttentionSpec", 4, (("attention_chunk_size", 8),))),
+    # An async EAGLE drafter (k = 2): a 13-token prompt, then a 17-token one
+    # sharing its first 9 tokens; the second lookup reaches the 2 shared
+    # blocks and the drop leaves 1, as the index allows (no entry past the
+    # second proves the token after it).
+    "eagle_drop_forgotten": FixedRun(
+        _full_attention(33, model_runner="v1", async_scheduling=True, speculative_method="eagle",
+                        num_speculative_tokens=2, draft_acceptance=(1,)),
+        (FixedPrompt(tuple(range(13)), 2), FixedPrompt((*range(9), *[99] * 8), 2)), one_after_another=True,
+        hits=(0, 4)),
+    # Full attention, Mamba and an 8-token window under EAGLE (k = 1), 4
+    # tokens a step: a 12-token prompt, then an 11-token one sharing its
+    # first 8. The hybrid coordinator's fixed point takes more than one pass
+    # on three specs; the second lookup hits 4 (8 would need the entry at 12
+    # as its proof).
+    "eagle_drop_reapplied": FixedRun(
+        _full_attention(65, SpecDraw("MambaSpec", 4), SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 8),)),
+                        max_num_batched_tokens=4, max_num_seqs=1, speculative_method="eagle",
+                        num_speculative_tokens=1, draft_acceptance=(1,)),
+        (FixedPrompt(tuple(range(12)), 1), FixedPrompt((*range(8), 900, 901, 902), 1)), one_after_another=True,
+        hits=(0, 4)),
+    "free_evicts_head_first": dataclasses.replace(_ONE_AFTER_ANOTHER, label="cached block evicted"),
+    # What a Mamba state block holds, what the index names (invariants/contents.py).
+    # Full attention and Mamba (align mode), two requests for one 13-token
+    # prompt added together: the first computes it in one step, and vLLM
+    # holds the second back (a Mamba state cached in the step that writes it
+    # is not adopted in that step) until it can hit 12 and start there.
+    "mamba_adopts_same_step_state": FixedRun(_full_attention(40, SpecDraw("MambaSpec", 4)), _repeated(2),
+                                             hits=(0, 12)),
+    # ... one-token hashes (sub-block hits): a 6-token prompt sent twice. The
+    # first stops its prefill at its partial-tail boundary (5), where vLLM
+    # caches the state under the 5-token key, then moves that entry to a copy
+    # before the next chunk writes on; the second hits those 5 tokens.
+    "mamba_tail_state_overwritten": FixedRun(
+        SchedulerDraw(LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4)), hash_block_size=1,
+                                 num_blocks=40), max_num_batched_tokens=32, max_num_seqs=1),
+        _repeated(2, length=6, max_tokens=3), one_after_another=True, hits=(0, 5)),
+    "evicted_key_stays_indexed": _ONE_AFTER_ANOTHER,
+}

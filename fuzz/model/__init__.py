@@ -21,7 +21,8 @@ rest of the suite survive vLLM's moving internal API.
   (:class:`StepObservation`, :class:`AdmissionObservation`) and the idle
   pool (:class:`PoolObservation`);
 * ``_scenarios``: the scenarios the runners play (:class:`TruncationScenario`,
-  :class:`SingleShotScenario` and their parts), drawn by :mod:`strategies`;
+  :class:`SingleShotScenario` and their parts, drawn by :mod:`strategies`;
+  :class:`FixedRun`, written by hand beside a planted bug);
 * ``_oplog``: the operation log of a scheduler run (:class:`OpLog`), a
   repro's source of truth;
 * ``_ownership``: the shadow model of block ownership after one
@@ -98,12 +99,16 @@ from fuzz.model._scheduler import (
     StrandedRequest,
 )
 from fuzz.model._contents import event_orphans_of, hits_across_reset_of, missing_lookahead_of, unwritten_reads_of
-from fuzz.model._scenarios import EndpointRule, PromptDraw, SingleShotScenario, TruncationScenario
+from fuzz.model._scenarios import EndpointRule, FixedPrompt, FixedRun, PromptDraw, SingleShotScenario, TruncationScenario
+from fuzz.model._scenarios import distinct_prompts
 from fuzz.model._violations import HarnessError, InvariantViolation, MissedHit
 
 __all__ = [
     "EndpointRule",
+    "FixedPrompt",
+    "FixedRun",
     "PromptDraw",
+    "distinct_prompts",
     "SingleShotScenario",
     "TruncationScenario",
     "CLASSIFIED",

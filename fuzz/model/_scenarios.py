@@ -6,7 +6,10 @@ them live in :mod:`strategies`.
   sharing prefixes, a per-group eviction plan, a replay and the endpoint
   ``truncate_computed_blocks`` is asked about;
 * :class:`SingleShotScenario` (with its :class:`PromptDraw` prompts): fill a
-  scheduler's cache, optionally probe and evict, then replay one request.
+  scheduler's cache, optionally probe and evict, then replay one request;
+* :class:`FixedRun` (with its :class:`FixedPrompt` prompts): a hand-written
+  scheduler run beside a planted bug the search rarely meets, the run that
+  shows the bug caught (``fuzz.adapter.FIXED_RUNS``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 from fuzz.model._kv import EagleDraw, LayoutDraw
 from fuzz.model._scheduler import ExternalReply, SchedulerDraw
 
-__all__ = ["EndpointRule", "PromptDraw", "SingleShotScenario", "TruncationScenario"]
+__all__ = ["EndpointRule", "FixedPrompt", "FixedRun", "PromptDraw", "SingleShotScenario", "TruncationScenario"]
 
 _SUFFIX_BASE = 2_000  # own-suffix tokens live above the shared vocabulary
 
@@ -142,3 +145,45 @@ class SingleShotScenario:
             + (f" x{self.replay_copies}" if self.replay_copies != 1 else "")
             + ")"
         )
+
+
+@dataclass(frozen=True)
+class FixedPrompt:
+    """One request of a :class:`FixedRun`: its tokens, how many it decodes,
+    and what makes its cache keys its own (a tenant's salt, a LoRA adapter,
+    prompt embeddings by tag, multimodal items ``(tag, offset, length)``)."""
+
+    tokens: tuple[int, ...]
+    max_tokens: int
+    cache_salt: str | None = None
+    lora: str | None = None
+    embeds: str | None = None
+    mm: tuple[tuple[str, int, int], ...] = ()
+
+
+def distinct_prompts(count: int, length: int, max_tokens: int) -> tuple[FixedPrompt, ...]:
+    """``count`` prompts of ``length`` tokens sharing no prefix (prompt i is
+    ``100 i ..``), each decoding ``max_tokens``."""
+    return tuple(FixedPrompt(tuple(range(100 * i, 100 * i + length)), max_tokens) for i in range(count))
+
+
+@dataclass(frozen=True)
+class FixedRun:
+    """A scheduler run written by hand: the prompts are added all at once and
+    the run is stepped until idle, or (``one_after_another``) each is added
+    once the one before has finished. With ``reset_during``, the prefix
+    cache is reset (``reset_running_requests=True``) one step after the step
+    that admits that prompt.
+
+    What the unmodified run must show, so that it still meets the case it
+    was written for (``fuzz.runners.scheduler.run_fixed`` asserts each):
+    ``hits``, the local hit of every admission in order; ``events``, at
+    least that many KV events of each type; ``label``, a branch label."""
+
+    config: SchedulerDraw
+    prompts: tuple[FixedPrompt, ...]
+    one_after_another: bool = False
+    reset_during: int | None = None
+    hits: tuple[int, ...] | None = None
+    events: tuple[tuple[str, int], ...] = ()
+    label: str | None = None

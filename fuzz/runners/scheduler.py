@@ -6,6 +6,9 @@ stateful: it steps the harness, labels the branches reached, runs the checks
 and reports every violation except those that are known vLLM bugs of the
 installed release (:mod:`fuzz.known_bugs`), which it labels instead.
 
+:func:`run_fixed` plays a :class:`fuzz.model.FixedRun`, the hand-written
+run beside a planted bug the search rarely meets.
+
 :func:`run_single_shot` fills the prefix cache through real requests, lets
 blocks leave through real paths (LRU pressure on a small pool, request churn,
 preemption), optionally evicts by hand (the labelled shortcut), replays one
@@ -31,6 +34,8 @@ from fuzz.adapter import SchedulerHarness
 from fuzz.model import (
     AdmissionObservation,
     Behaviour,
+    FixedPrompt,
+    FixedRun,
     InvariantViolation,
     SchedulerDraw,
     SingleShotScenario,
@@ -53,6 +58,7 @@ __all__ = [
     "build_harness",
     "note",
     "reach_labels",
+    "run_fixed",
     "run_single_shot",
     "triage",
 ]
@@ -226,9 +232,11 @@ class Stepper:
         self.max_gap = 0
         self.known: set[str] = set()  # ids of the known bugs seen
         self.failed = False  # a step raised a violation: the run is over
+        self.hits: list[int] = []  # the local hit of every admission so far, in order
 
     def step(self) -> StepObservation:
         obs = self.harness.step(self.context)
+        self.hits += [adm.local_hit for adm in obs.admissions if adm.admitted]
         labels = reach_labels(obs)
         for adm in obs.admissions:
             gap = fa_mamba_gap(adm)
@@ -354,3 +362,40 @@ def _run_scenario(
         run.drain()
     if check_no_leaked_blocks in checks and not harness.broken:
         check_no_leaked_blocks(harness.pool_observation(context))
+
+
+def run_fixed(run: FixedRun, checks: Iterable[Callable[..., None]]) -> Stepper:
+    """Play ``run`` on a fresh harness with ``checks`` after every step (the
+    first violation raises, carrying the operation log), then assert that
+    it shows what it was written to show (``FixedRun.hits``, ``events``,
+    ``label``, a reset that succeeded): a run that no longer meets its case
+    fails loudly instead of passing for want of a trigger."""
+    harness = SchedulerHarness(run.config)
+    stepper = Stepper(harness, tuple(checks))
+
+    def add(prompt: FixedPrompt) -> None:
+        harness.add_request(prompt.tokens, max_tokens=prompt.max_tokens, cache_salt=prompt.cache_salt,
+                            lora=prompt.lora, embeds=prompt.embeds, mm=prompt.mm)
+
+    if not run.one_after_another:
+        for prompt in run.prompts:
+            add(prompt)
+    else:
+        for i, prompt in enumerate(run.prompts):
+            add(prompt)
+            if i == run.reset_during:
+                stepper.step()  # admits it
+                stepper.step()
+                harness.reset_prefix_cache(reset_running=True)
+            stepper.drain()
+    stepper.drain()
+    shown = f"the fixed run {run!r} no longer meets its case"
+    assert run.hits is None or tuple(stepper.hits) == run.hits, f"{shown}: admissions hit {stepper.hits}"
+    events = harness.observer.events
+    for name, least in run.events:
+        seen = 0 if events is None else events.events_seen[name]
+        assert seen >= least, f"{shown}: {seen} {name} events"
+    assert run.label is None or run.label in stepper.labels, f"{shown}: labels {sorted(stepper.labels)}"
+    assert run.reset_during is None or (harness.resets and all(ok for _, ok in harness.resets)), (
+        f"{shown}: resets {harness.resets}")
+    return stepper

@@ -1,6 +1,6 @@
 """Every planted bug shown on a fixed run becomes a standalone repro file.
 
-The fixed runs are tests/invariants/planted_runs.py's: each one, planted,
+The fixed runs are fuzz.adapter.FIXED_RUNS: each one, planted,
 is shrunk with its claim's check alone and written; the file fails in the
 kit's own check with the plant and passes without it (the helpers are
 tests/findings/test_scheduler_repro.py's).
@@ -21,7 +21,7 @@ from tests.findings.test_scheduler_repro import _check_repro, _fixed_case_log
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
 
-# Every planted bug shown on a fixed run (tests/invariants/planted_runs.py)
+# Every planted bug shown on a fixed run (fuzz.adapter.FIXED_RUNS)
 # whose claim a file can state: its run, planted, shrunk with the claim's
 # check alone and written; with the plant the file fails in the check that
 # states the claim (the kit's, or the suite's own the kit carries). Beside some, a line the file must hold: what it builds for the claim.

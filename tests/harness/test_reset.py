@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.adapter import SchedulerHarness
+from fuzz.adapter import FIXED_RUNS, SchedulerHarness
 from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
-from fuzz.runners.scheduler import ALL_CHECKS, Stepper
+from fuzz.runners.scheduler import ALL_CHECKS, Stepper, run_fixed
 from fuzz.targets.target_scheduler import UNSUPPORTED
-from tests.invariants.planted_runs import reset_run
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -28,7 +27,7 @@ def test_a_request_preempted_with_its_step_in_flight_is_admitted_again_at_once()
     whose step is in flight, and the next schedule() admits it again with a
     new table (in-flight-reads-held excuses its freed blocks, as for any
     preemption where vLLM frees at once)."""
-    run = reset_run(ALL_CHECKS)
+    run = run_fixed(FIXED_RUNS["reset_keeps_index"], ALL_CHECKS)
     assert run.harness.resets == [(run.harness.resets[0][0], True)]
 
 

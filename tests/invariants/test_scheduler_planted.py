@@ -11,20 +11,21 @@ The unplanted runs of the same targets pass in fuzz/targets/target_scheduler.py.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS, planted_scheduler_bug
+from fuzz.adapter import FIXED_RUNS, PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS, planted_scheduler_bug
 from fuzz.repro_scheduler import _replay_checked
 from fuzz.known_bugs import KNOWN_BUGS
 from tests.strategies.test_draws_pinned import _no_local_constants
 from fuzz.targets import target_scheduler
 from fuzz.adapter import SchedulerHarness
 from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
-from fuzz.runners.scheduler import STALE_OUTPUT, Stepper, run_single_shot
+from fuzz.runners.scheduler import STALE_OUTPUT, Stepper, run_fixed, run_single_shot
 from invariants import connector as conn
 from invariants import scheduler as inv
 from invariants.ownership import OWNERSHIP_CHECKS
@@ -35,7 +36,7 @@ from fuzz.model import SingleShotScenario
 from strategies.single_shot import single_shot_scenarios
 from invariants.table import INVARIANTS
 from tests.invariants import planted_runs
-from tests.invariants.planted_runs import preempting_producer_run, speculating_harness
+from tests.invariants.planted_runs import speculating_harness
 
 # Planted bugs only the state machine can reach: the single-shot scenarios
 # never fail a load. (check, invariant, planted bug)
@@ -54,12 +55,12 @@ SPEC_DECODE_CASES: list[tuple[Callable[..., None], str, str]] = [
 
 # Planted bugs the single-shot search finds: every one a scheduler row of
 # invariants/table.py names that no other case shows (a fixed run of
-# tests/invariants/planted_runs.py, the state machine, the speculating run,
+# fuzz.adapter.FIXED_RUNS, the state machine, the speculating run,
 # the block-ownership cases of tests/invariants/test_ownership_planted.py,
 # or the triage case drafts_never_cut). Each is shown failing the check of
 # every row that names it: a new plant the search finds needs no entry here.
 _SHOWN_ELSEWHERE = (
-    set(planted_runs.PLANTED_RUNS) | {bug for *_, bug in MACHINE_CASES} | {bug for *_, bug in SPEC_DECODE_CASES}
+    set(FIXED_RUNS) | {bug for *_, bug in MACHINE_CASES} | {bug for *_, bug in SPEC_DECODE_CASES}
     | set(PLANTED_OWNERSHIP_BUGS) | {"drafts_never_cut"}
 )
 SEARCHED = tuple(dict.fromkeys(
@@ -169,7 +170,7 @@ def test_a_request_preempted_with_its_step_in_flight_is_resumable() -> None:
     """Async scheduling on a producer: vLLM preempts requests whose step is
     still running (their output placeholders are counted stale instead);
     right after each such schedule() the claim holds on unmodified vLLM."""
-    run = preempting_producer_run((check_preempted_resumable,))
+    run = run_fixed(FIXED_RUNS["delivers_stale_output"], (check_preempted_resumable,))
     assert STALE_OUTPUT in run.labels
 
 
@@ -348,3 +349,21 @@ def test_a_window_group_dropping_an_adopted_block_is_no_cross_salt_hit() -> None
     assert dropped, "the window kept every adopted block: the run no longer meets the case"
     assert dropped & set(harness.contents.tables[r12][0]), "no dropped block went to tenant a's request"
     run.drain()
+
+
+@pytest.mark.parametrize(
+    ("bug", "change"),
+    [
+        ("hit_stops_a_block_early", {"hits": (0, 8)}),
+        ("stored_event_names_itself_parent", {"events": (("BlockRemoved", 1),)}),
+        ("max_tokens_skip_unguarded", {"label": "preemption"}),
+    ],
+    ids=["hits", "events", "label"],
+)
+def test_a_fixed_run_that_no_longer_meets_its_case_fails_loudly(bug: str, change: dict[str, object]) -> None:
+    """A fixed run whose unmodified play no longer shows what it was written
+    to show (a hit, a KV event, a branch) fails, instead of passing its
+    self-test for want of a trigger."""
+    run_fixed(FIXED_RUNS[bug], ())
+    with pytest.raises(AssertionError, match="no longer meets its case"):
+        run_fixed(dataclasses.replace(FIXED_RUNS[bug], **change), ())  # type: ignore[arg-type]
