@@ -36,10 +36,7 @@ from collections.abc import Callable
 from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, PoolObservation, StepObservation
 from fuzz.model import StrandedRequest
 from fuzz.model import answer_acted_on
-from fuzz.model import cdiv as _cdiv
-from fuzz.model import group_behaviour as _behaviour
-from fuzz.model import group_kind, group_name as _name
-from fuzz.model import Behaviour, classification_of_kind
+from fuzz.model import Behaviour, Span, cdiv, group_kind, group_name
 from invariants.connector import CONNECTOR_ADMISSION_CHECKS, CONNECTOR_STEP_CHECKS
 from invariants.contents import (
     chained_copies,
@@ -159,13 +156,13 @@ def check_computed_tokens_add_up(adm: AdmissionObservation, context: str = "") -
             f"was told num_new_computed_tokens={adm.alloc_local_tokens}",
             context,
         )
-    for g, adopted in zip(adm.groups, adm.alloc_local_blocks):
-        limit = 0 if _behaviour(g) is Behaviour.SCRATCH else _cdiv(local, g.block_size)
+    for g, behaviour, adopted in zip(adm.groups, adm.behaviours, adm.alloc_local_blocks):
+        limit = 0 if behaviour is Behaviour.SCRATCH else cdiv(local, g.block_size)
         if len(adopted) > limit:
             _fail(
                 "computed-adds-up",
                 adm,
-                f"{_name(g)} adopted {len(adopted)} cached blocks {list(adopted)} but the local "
+                f"{group_name(g)} adopted {len(adopted)} cached blocks {list(adopted)} but the local "
                 f"part is {local} tokens (num_computed_tokens={adm.num_computed_tokens} = local "
                 f"{local} + external {adm.connector_external_tokens}): at most {limit} "
                 f"= ceil({local} / {g.block_size}) may be adopted",
@@ -174,13 +171,12 @@ def check_computed_tokens_add_up(adm: AdmissionObservation, context: str = "") -
             )
 
 
-def _first_needed_token(g: GroupInfo, span: tuple[str, int] | None, resume: int) -> int:
+def _first_needed_token(span: tuple[str, int] | None, rule: Span | None, resume: int) -> int:
     """The first token the next computed token attends to in a group: 0, or
     where its attention span (the table's span rule) starts."""
-    rule = classification_of_kind(group_kind(g)).span if span is not None else None
-    if rule is None:
+    if span is None or rule is None:
         return 0
-    return rule[1].first_needed_token(span[1], resume)
+    return rule.first_needed_token(span[1], resume)
 
 
 def check_local_part_covered(adm: AdmissionObservation, context: str = "") -> None:
@@ -196,21 +192,23 @@ def check_local_part_covered(adm: AdmissionObservation, context: str = "") -> No
     local = _local_kept(adm)
     resume = adm.num_computed_tokens or 0
     completes = adm.divergent_capable and bool(adm.connector_external_tokens)
-    for g, span, adopted, table, hit in zip(
+    for g, behaviour, span, rule, adopted, table, hit in zip(
         adm.groups,
+        adm.behaviours,
         adm.spans,
+        adm.span_rules,
         adm.alloc_local_blocks,
         adm.block_table or [()] * len(adm.groups),
         adm.per_group_hits,
     ):
-        if _behaviour(g) is not Behaviour.MUST_COVER:
+        if behaviour is not Behaviour.MUST_COVER:
             continue
         # Only a group whose own hit lags the local part can be completed by
         # the connector; the group that reached it must hold it.
         lagging = completes and hit < local
-        first = _first_needed_token(g, span, resume)
+        first = _first_needed_token(span, rule, resume)
         missing = []
-        for i in range(first // g.block_size, _cdiv(local, g.block_size)):
+        for i in range(first // g.block_size, cdiv(local, g.block_size)):
             cached = i < len(adopted) and adopted[i] != adm.null_block_id
             handed = lagging and i < len(table) and table[i] != adm.null_block_id
             if not (cached or handed):
@@ -219,7 +217,7 @@ def check_local_part_covered(adm: AdmissionObservation, context: str = "") -> No
             _fail(
                 "local-part-covered",
                 adm,
-                f"{_name(g)}{'' if span is None else f' {span[0]}={span[1]}'} must hold the "
+                f"{group_name(g)}{'' if span is None else f' {span[0]}={span[1]}'} must hold the "
                 f"local tokens [{first}, {local}) the request reads when it resumes at {resume}, "
                 f"but block indices {missing} are neither adopted cached blocks {list(adopted)} "
                 + (
@@ -232,12 +230,11 @@ def check_local_part_covered(adm: AdmissionObservation, context: str = "") -> No
             )
 
 
-def _truncated_view(group: GroupInfo, looked_up: tuple[int, ...], aligned: int) -> tuple[int, ...]:
+def _truncated_view(group: GroupInfo, behaviour: Behaviour, looked_up: tuple[int, ...], aligned: int) -> tuple[int, ...]:
     """The blocks ``group`` adopts from its lookup when the local part is
     cut to ``aligned`` (must-cover: ``[:A/b]``; whole-state: at most what it
     holds; scratch: none)."""
     keep = aligned // group.block_size
-    behaviour = _behaviour(group)
     if behaviour is Behaviour.SCRATCH:
         return ()
     if behaviour is Behaviour.MAY_BE_SHORT:
@@ -266,14 +263,15 @@ def check_truncated_view(adm: AdmissionObservation, context: str = "") -> None:
             f"{adm.connector_external_tokens})",
             context,
         )
-    views = [_truncated_view(g, looked_up, aligned) for g, looked_up in zip(adm.groups, adm.local_blocks)]
+    views = [_truncated_view(g, behaviour, looked_up, aligned)
+             for g, behaviour, looked_up in zip(adm.groups, adm.behaviours, adm.local_blocks)]
     if adm.alloc_local_blocks is not None:
         for g, looked_up, expected, adopted in zip(adm.groups, adm.local_blocks, views, adm.alloc_local_blocks):
             if tuple(adopted) != tuple(expected):
                 _fail(
                     "truncated-view",
                     adm,
-                    f"{_name(g)} adopted blocks {list(adopted)}, not the view truncated at "
+                    f"{group_name(g)} adopted blocks {list(adopted)}, not the view truncated at "
                     f"{aligned} of its lookup {list(looked_up)}: expected {list(expected)}",
                     context,
                     group=g,
@@ -305,16 +303,16 @@ def check_mamba_state_at_resume_boundary(adm: AdmissionObservation, context: str
     local = _local_kept(adm)
     if adm.connector_external_tokens or local == 0:
         return
-    for g, adopted in zip(adm.groups, adm.alloc_local_blocks):
-        if _behaviour(g) is not Behaviour.MAY_BE_SHORT:
+    for g, behaviour, adopted in zip(adm.groups, adm.behaviours, adm.alloc_local_blocks):
+        if behaviour is not Behaviour.MAY_BE_SHORT:
             continue
-        idx = _cdiv(local, g.block_size) - 1
+        idx = cdiv(local, g.block_size) - 1
         state = adopted[idx] if idx < len(adopted) else None
         if state is None or state == adm.null_block_id:
             _fail(
                 "mamba-state-at-boundary",
                 adm,
-                f"the request resumes at {local} with no external tokens, but {_name(g)} has "
+                f"the request resumes at {local} with no external tokens, but {group_name(g)} has "
                 f"no state there: its adopted blocks are {list(adopted)} (index {idx} is "
                 f"{'missing' if state is None else 'the null block'})",
                 context,

@@ -30,6 +30,7 @@ from fuzz.model import (  # noqa: E402
     GroupTruncation,
     LayoutDraw,
     TruncationObservation,
+    group_behaviour,
 )
 
 __all__ = ["Lookup", "ManagerHarness"]
@@ -264,7 +265,8 @@ class ManagerHarness:
         _, hit, _ = self.manager.get_computed_blocks(req)
         return AdmissionObservation(
             request_id=req.request_id, step=0, num_tokens=req.num_tokens, groups=self.groups,
-            spans=(None,) * len(self.groups), scheduler_block_size=self.scheduler_block_size,
+            spans=(None,) * len(self.groups), behaviours=tuple(group_behaviour(g) for g in self.groups),
+            span_rules=(None,) * len(self.groups), scheduler_block_size=self.scheduler_block_size,
             hash_block_size=self.hash_block_size, null_block_id=self.manager.block_pool.null_block.block_id,
             divergent_capable=False, local_hit=hit, local_blocks=(), hit_diverged=False, per_group_hits=(),
             joint_hit=hit, joint_blocks=(), **held,

@@ -38,7 +38,10 @@ from fuzz.model import (  # noqa: E402
     SchedulerDraw,
     StaleOutput,
     StrandedRequest,
+    classification_of_kind,
     event_orphans_of,
+    group_behaviour,
+    group_kind,
 )
 
 __all__ = ["QUIET_STEPS", "Observer"]
@@ -65,6 +68,12 @@ class Observer:
         self.draw = draw
         self.groups = groups
         self.spans = spans
+        # The spec-kind table's verdict on each group (fuzz.model.AdmissionObservation).
+        self.behaviours = tuple(group_behaviour(g) for g in groups)
+        self.span_rules = tuple(
+            None if span is None else classification_of_kind(group_kind(g)).span[1]  # type: ignore[index]
+            for g, span in zip(groups, spans)
+        )
         self.scheduler_block_size, self.hash_block_size, self.null_block_id = sizes
         self.requests = requests
         self.clock = clock
@@ -110,6 +119,8 @@ class Observer:
             num_tokens=request.num_tokens,
             groups=self.groups,
             spans=self.spans,
+            behaviours=self.behaviours,
+            span_rules=self.span_rules,
             scheduler_block_size=self.scheduler_block_size,
             hash_block_size=self.hash_block_size,
             null_block_id=self.null_block_id,

@@ -26,7 +26,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from enum import Enum
+
+from fuzz.model._kv import Behaviour, Span
 
 __all__ = [
     "Behaviour",
@@ -44,26 +45,6 @@ __all__ = [
 ]
 
 _KI = "vllm.v1.kv_cache_interface."
-
-
-class Behaviour(str, Enum):
-    MUST_COVER = "must-cover"
-    MAY_BE_SHORT = "may-be-short"
-    SCRATCH = "scratch"
-    UNWRAPPED = "unwrapped"
-
-
-class Span(str, Enum):
-    """How a group's attention span lets it skip old tokens."""
-
-    WINDOW = "window"  # reads the last ``value`` tokens before the next one
-    CHUNK = "chunk"  # reads the current chunk of ``value`` tokens
-
-    def first_needed_token(self, value: int, resume: int) -> int:
-        """The first token the next computed token (at ``resume``) attends to."""
-        if self is Span.WINDOW:
-            return max(0, resume - value + 1)
-        return resume // value * value
 
 
 @dataclass(frozen=True)

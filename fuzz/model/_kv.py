@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,29 @@ class BlockRef:
     is_null: bool
 
 
+# How a group must truncate, and how its attention span skips old tokens: the
+# values of the spec-kind table (fuzz/model/_classification.py) a repro file
+# carries with the checks that read them.
+class Behaviour(str, Enum):
+    MUST_COVER = "must-cover"
+    MAY_BE_SHORT = "may-be-short"
+    SCRATCH = "scratch"
+    UNWRAPPED = "unwrapped"
+
+
+class Span(str, Enum):
+    """How a group's attention span lets it skip old tokens."""
+
+    WINDOW = "window"  # reads the last ``value`` tokens before the next one
+    CHUNK = "chunk"  # reads the current chunk of ``value`` tokens
+
+    def first_needed_token(self, value: int, resume: int) -> int:
+        """The first token the next computed token (at ``resume``) attends to."""
+        if self is Span.WINDOW:
+            return max(0, resume - value + 1)
+        return resume // value * value
+
+
 @dataclass(frozen=True)
 class GroupInfo:
     """Static facts about one group of a built manager."""
@@ -114,6 +139,17 @@ def group_name(info: GroupInfo) -> str:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def answer_acted_on(adm: Any) -> int | None:
+    """The connector's answer as the scheduler acts on it (``adm``: an
+    :class:`fuzz.model.AdmissionObservation`, or a repro file's record of
+    one under its field names): what it returned,
+    except for a request that skips reading the prefix cache, whose answer
+    vLLM replaces by 0 right after asking (``Scheduler.schedule``: ``if
+    request.skip_reading_prefix_cache: ext_tokens, load_kv_async = 0,
+    False``), so no truncation or load follows from it."""
+    return 0 if adm.skips_prefix_cache else adm.reply
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from fuzz.model._contents import (
 )
 from fuzz.model._engine import EngineDraw, reach_label
 from fuzz.model._evictions import Eviction
-from fuzz.model._kv import GroupInfo, LayoutDraw
+from fuzz.model._kv import GroupInfo, LayoutDraw, Span
 from fuzz.model._ownership import OwnershipObservation
 
 __all__ = [
@@ -248,6 +248,10 @@ class AdmissionObservation:
     # Per group, the attention span parameter that lets it skip old tokens:
     # ("sliding_window", W), ("attention_chunk_size", C), or None.
     spans: tuple[tuple[str, int] | None, ...]
+    # Per group, the spec-kind table's verdict: how it must truncate, and how
+    # its attention span skips old tokens (None: it reads every earlier token).
+    behaviours: tuple[Behaviour, ...]
+    span_rules: tuple[Span | None, ...]
     scheduler_block_size: int
     hash_block_size: int
     null_block_id: int

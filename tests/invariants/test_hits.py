@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, MissedHit
+from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, MissedHit, group_behaviour
 from invariants.hits import (
     HIT_LONGER, HIT_LONGER_WITHOUT_EAGLE_PROOF, HIT_SHORTER, HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT,
     HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO, check_hit_matches_index, predicted_hit,
@@ -24,6 +24,7 @@ def _adm(groups: list[tuple[str, int]], held: list[tuple[int, ...]], *, align: i
     infos = tuple(GroupInfo(i, cls, (), size, True) for i, (cls, size) in enumerate(groups))
     return AdmissionObservation(
         request_id="r0", step=1, num_tokens=limit + 1, groups=infos, spans=tuple(None for _ in groups),
+        behaviours=tuple(group_behaviour(g) for g in infos), span_rules=tuple(None for _ in groups),
         scheduler_block_size=max(s for _, s in groups), hash_block_size=align, null_block_id=0,
         divergent_capable=divergent, local_hit=hit, local_blocks=(), hit_diverged=False, per_group_hits=(),
         joint_hit=hit, joint_blocks=(), index_hold=tuple(held), hit_alignment=align, hit_limit=limit,

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation
+from fuzz.model import AdmissionObservation, Behaviour, GroupInfo, InvariantViolation
 from invariants.scheduler import check_truncated_view
 
 _KV = "vllm.v1.kv_cache_interface."
@@ -33,6 +33,8 @@ SAME_STEP_COPY = AdmissionObservation(
     num_tokens=30,
     groups=(_group(0, "FullAttentionSpec", 4), _group(1, "MambaSpec", 4), _group(2, "FullAttentionSpec", 12)),
     spans=(None, None, None),
+    behaviours=(Behaviour.MUST_COVER, Behaviour.MAY_BE_SHORT, Behaviour.MUST_COVER),
+    span_rules=(None, None, None),
     scheduler_block_size=12,
     hash_block_size=1,
     null_block_id=0,
