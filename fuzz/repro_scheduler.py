@@ -98,10 +98,13 @@ def _reads_output(check: str) -> bool:
     return check.startswith("_")
 
 
-# The suite's checks a file carries that judge one admission's lookup (the
-# suite's ADMISSION_CHECKS): the file calls them on each lookup the watch
-# served this step (fuzz.kit's HitLookup: the admission's fields they read).
-_PER_LOOKUP = frozenset(check.__name__ for check in ADMISSION_CHECKS)
+# The suite's checks a file carries that judge one admission (the suite's
+# ADMISSION_CHECKS): the hit claim's the file calls on each lookup the watch
+# served this step (fuzz.kit's HitLookup), the others on each request the
+# step admitted (fuzz.kit's Admission): each the admission's fields they read.
+_PER_LOOKUP = frozenset(check.__name__ for check in ADMISSION_CHECKS if check.__module__ == "invariants.hits")
+_PER_ADMISSION = frozenset(
+    check.__name__ for check in ADMISSION_CHECKS if check.__module__ in SUITE_CHECK_MODULES) - _PER_LOOKUP
 
 
 def _check_call(check: str, out: str, step: int, indent: str) -> list[str]:
@@ -111,6 +114,9 @@ def _check_call(check: str, out: str, step: int, indent: str) -> list[str]:
     if check in _PER_LOOKUP:
         return [f"{indent}for lookup in watch.lookups_served.values():  # step {step}",
                 f"{indent}    {check}(lookup)"]
+    if check in _PER_ADMISSION:
+        return [f"{indent}for admission in watch.admitted.values():  # step {step}",
+                f"{indent}    {check}(admission)"]
     return [f"{indent}{check}(watch)  # step {step}"]
 
 
@@ -125,9 +131,9 @@ def _watches(invariant: str, what: str) -> bool:
     return row is not None and what in row.watches
 
 
-# The kit's rooms of the admission claims: they read, beside each lookup,
-# the joint hit and each group's own (WATCH_JOINT_HITS).
-_READ_JOINT_HITS = ("fuzz.kit._checks_scheduler", "fuzz.kit._checks_connector")
+# The rooms of the admission claims a file states: they read, beside each
+# lookup, the joint hit and each group's own (WATCH_JOINT_HITS).
+_READ_JOINT_HITS = ("fuzz.kit._checks_scheduler", "fuzz.kit._checks_connector", "invariants.scheduler")
 
 
 def _reads_joint_hits(invariant: str) -> bool:
@@ -138,8 +144,9 @@ def _reads_joint_hits(invariant: str) -> bool:
 # The watch's records a file keeps only where its code, written without the
 # record, still reads it (constant -> the watch's attribute): what the claim's
 # check and the step loop read decides, not a list beside them.
-_KEPT_WHERE_READ = {"WATCH_ADMISSIONS": "admissions", "WATCH_ORPHANS": "event_orphans",
-                    "WATCH_READS": "unwritten_reads", "WATCH_UNBACKED": "unbacked_entries"}
+_KEPT_WHERE_READ = {"WATCH_ADMISSIONS": ("admissions", "admitted"), "WATCH_ADMITTED": ("admitted",),
+                    "WATCH_ORPHANS": ("event_orphans",),
+                    "WATCH_READS": ("unwritten_reads",), "WATCH_UNBACKED": ("unbacked_entries",)}
 
 
 def _records_read(roots: set[str], values: dict[str, object], **kit: object) -> dict[str, bool]:
@@ -152,7 +159,7 @@ def _records_read(roots: set[str], values: dict[str, object], **kit: object) -> 
         flags = {constant: constant in on for constant in _KEPT_WHERE_READ}
         probe = kit_source(roots, {**values, **flags}, **kit)  # type: ignore[arg-type]
         read = kit_attributes(probe.code + "\n" + str(kit.get("extra", "")))
-        more = {c for c, record in _KEPT_WHERE_READ.items() if c not in on and record in read}
+        more = {c for c, records in _KEPT_WHERE_READ.items() if c not in on and read & set(records)}
         if not more:
             return flags
         on |= more
@@ -317,6 +324,17 @@ def _roles(log: OpLog) -> list[str]:
     return roles
 
 
+def _spans(log: OpLog) -> list[tuple[str, int, str] | None]:
+    """Per group, its attention span as the harness derives it (the table's
+    span parameter and its value) with the table's rule for it."""
+    spans: list[tuple[str, int, str] | None] = []
+    for draw in log.config.draw.layout.groups:
+        span = classification_of_kind(draw.kind).span
+        value = None if span is None or draw.inner else draw.param(span[0])
+        spans.append(None if span is None or value is None else (span[0], value, span[1].value))
+    return spans
+
+
 def _read_rules(log: OpLog) -> list[tuple[str, int]]:
     """Per group, which of a running request's blocks a step reads: the
     ownership model's rule (:func:`invariants.ownership.read_indices`), from
@@ -326,11 +344,7 @@ def _read_rules(log: OpLog) -> list[tuple[str, int]]:
     from fuzz.adapter._ownership import read_rules
 
     draws = log.config.draw.layout.groups
-    spans = []
-    for draw in draws:
-        span = classification_of_kind(draw.kind).span
-        value = None if span is None or draw.inner else draw.param(span[0])
-        spans.append(None if value is None else (span[0], value))
+    spans = [None if s is None else s[:2] for s in _spans(log)]
     config = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=adapter.build_spec(d)) for d in draws])
     behaviours = tuple(group_behaviour(g).value for g in log.config.groups)
     return list(read_rules(config, log.config.groups, tuple(spans), behaviours))
@@ -425,6 +439,14 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
             "# Per group, what it holds of a request's prefix: every block (must-cover), the state",
             "# at the boundary (whole-state), nothing (scratch); 'windowed' (skips old tokens): unchecked.",
             f"ROLES = {_roles(log)!r}",
+        ]),
+        "BEHAVIOURS": (None, [
+            "# Per group, how the spec-kind table says it must truncate (Behaviour).",
+            f"BEHAVIOURS = {[group_behaviour(g).value for g in cfg.groups]!r}",
+        ]),
+        "SPANS": (None, [
+            "# Per group, its attention span: (parameter, value, how it skips old tokens: Span) or None.",
+            f"SPANS = {_spans(log)!r}",
         ]),
         "READ_RULES": (None, [
             "# Per group, which block indices of its table a request computing tokens",

@@ -38,7 +38,9 @@ from fuzz.model import StrandedRequest
 from fuzz.model import answer_acted_on
 from fuzz.model import Behaviour, Span, cdiv, group_kind, group_name
 from invariants.connector import CONNECTOR_ADMISSION_CHECKS, CONNECTOR_STEP_CHECKS
-from invariants.contents import (
+from invariants.contents import (  # WHERE: the vLLM call every check here judges too
+    _PLACEHOLDERS,  # where output placeholders are reserved (AsyncScheduler)
+    WHERE,
     chained_copies,
     check_copy_sources_ready,
     check_index_names_its_prefix,
@@ -61,8 +63,6 @@ __all__ = [
 ]
 
 
-# The vLLM call every check here judges.
-WHERE = "Scheduler.schedule"
 
 
 def _fail(invariant: str, adm: AdmissionObservation, message: str, context: str = "", group: GroupInfo | None = None) -> None:
@@ -440,10 +440,6 @@ def check_rejected_drafts_rolled_back(step: StepObservation) -> None:
                 + (f"\n  scenario: {step.context}" if step.context else ""),
                 where="Scheduler.update_from_output",
             )
-
-
-# Where output placeholders are reserved (AsyncScheduler).
-_PLACEHOLDERS = "AsyncScheduler._update_after_schedule"
 
 
 def check_running_requests_progress(step: StepObservation) -> None:

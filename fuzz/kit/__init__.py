@@ -25,15 +25,17 @@ and no Python lives in string templates:
   free and eviction (the suite's own, for :mod:`fuzz.kit._hits`'s claims);
 * the claims a file can state. Where the watch keeps what a claim reads
   under the suite's names and types (the records of ``fuzz.model._contents``;
-  :class:`fuzz.kit._hits.HitLookup` for a lookup, and
+  :class:`fuzz.kit._hits.HitLookup` for a lookup,
+  :class:`fuzz.kit._admissions.Admission` for an admission and
   :class:`fuzz.kit._ownership.StepOwnership` for block ownership, each the
   fields of the suite's observation that the check reads), the file carries
   the suite's check itself (:data:`SUITE_CHECK_MODULES`): what blocks hold
   (:mod:`invariants.contents`), what the cache promises
   (:mod:`invariants.promises`, reads in flight included), hit lengths and
-  the eviction order (:mod:`invariants.hits`). The others are restated
+  the eviction order (:mod:`invariants.hits`), the admission claims
+  (:mod:`invariants.scheduler`). The others are restated
   here, one room each as the suite's invariants, until their observations
-  are the watch's: :mod:`fuzz.kit._checks_scheduler` (admission, the step
+  are the watch's: :mod:`fuzz.kit._checks_scheduler` (the step
   loop), :mod:`fuzz.kit._checks_connector`,
   :mod:`fuzz.kit._checks_ownership` (which reads blocks with the suite's
   own ``read_indices``);
@@ -72,6 +74,7 @@ KIT_MODULES = (
     "fuzz.adapter._evictions",
     "fuzz.kit._index",
     "fuzz.kit._hits",
+    "fuzz.kit._admissions",
     "fuzz.kit._contents",
     "fuzz.model._ownership",
     "fuzz.kit._ownership",
@@ -87,6 +90,7 @@ KIT_MODULES = (
     "invariants.contents",
     "invariants.promises",
     "invariants.hits",
+    "invariants.scheduler",
 )
 # A truncation repro's (fuzz.repro): its constants, and the manager-level test.
 TRUNCATION_KIT_MODULES = ("fuzz.kit._truncation_params", "fuzz.kit._truncation")
@@ -100,4 +104,6 @@ COPIED_MODULES = (
 # in the file is the suite's invariant itself. Their module imports the
 # vocabulary (fuzz.model) and its own room; a file takes only the
 # definitions it reaches, which import nothing of the suite.
-SUITE_CHECK_MODULES = ("invariants.contents", "invariants.promises", "invariants.hits", "invariants.ownership")
+SUITE_CHECK_MODULES = (
+    "invariants.contents", "invariants.promises", "invariants.hits", "invariants.ownership", "invariants.scheduler",
+)

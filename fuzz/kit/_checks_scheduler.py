@@ -1,6 +1,8 @@
-"""The claims a standalone repro states of admission and the step loop
-(:mod:`invariants.scheduler`'s): the local part a request resumes from, its
-truncation, stale output, rejected drafts and liveness.
+"""The claims of the step loop a standalone repro states
+(:mod:`invariants.scheduler`'s): what a request scheduled is left to
+compute, stale output, rejected drafts and liveness. (Its admission claims,
+of the local part a request resumes from and its truncation, a file states
+with the suite's checks themselves, on :mod:`fuzz.kit._admissions`'s records.)
 
 Each kit check restates one suite invariant on vLLM's own objects and the
 watch (``fuzz.repro_scheduler._check_of`` pairs them); it is called as
@@ -18,8 +20,7 @@ from vllm.v1.request import RequestStatus
 
 from fuzz.kit._build import _describe_groups
 from fuzz.kit._driver import _step
-from fuzz.kit._params import CONNECTOR, DIVERGENT_HITS, ROLES, SCHEDULER_BLOCK_SIZE, SPECS
-from fuzz.model._kv import cdiv
+from fuzz.kit._params import CONNECTOR
 
 
 def _check_computed_below_num_tokens(scheduler, out, watch, step):
@@ -33,136 +34,6 @@ def _check_computed_below_num_tokens(scheduler, out, watch, step):
         assert computed < num_tokens, (
             f"step {step}: request {rid} scheduled with num_computed_tokens={computed} >= "
             f"num_tokens={num_tokens}: nothing left to compute; groups: {_describe_groups()}"
-        )
-
-
-def _check_computed_tokens_add_up(scheduler, out, watch, step):
-    """num_computed_tokens == local tokens handed to allocate_slots + external
-    tokens the connector was told to load, and no group adopts a cached block
-    past the local part: at most ceil(local / block_size) (none for scratch)."""
-    for rid, adm in watch.admissions.items():
-        local = adm["num_computed_tokens"] - adm["external"]
-        assert adm["local"] == local, (
-            f"step {step}, request {rid}: num_computed_tokens={adm['num_computed_tokens']} - external "
-            f"{adm['external']} = {local} local tokens, but allocate_slots got "
-            f"num_new_computed_tokens={adm['local']}"
-        )
-        for g, (spec, role, adopted) in enumerate(zip(SPECS, ROLES, adm["adopted"])):
-            limit = 0 if role == "scratch" else cdiv(local, spec.block_size)
-            assert len(adopted) <= limit, (
-                f"step {step}, request {rid}: group {g} {type(spec).__name__} (block_size="
-                f"{spec.block_size}) adopted {len(adopted)} cached blocks {adopted}, but the local "
-                f"part is {local} tokens (num_computed_tokens={adm['num_computed_tokens']} = local "
-                f"{local} + external {adm['external']}): at most ceil({local} / {spec.block_size}) "
-                f"= {limit}"
-            )
-
-
-def _check_local_part_covered(scheduler, out, watch, step):
-    """Every must-cover group holds each block of the local part the request
-    resumes from: an adopted cached block, or (only for a connector that
-    completes divergent hits and loads external tokens, for a group whose
-    own hit lags) a real block handed to the connector."""
-    null = scheduler.kv_cache_manager.block_pool.null_block.block_id
-    for rid, adm in watch.admissions.items():
-        local = adm["num_computed_tokens"] - adm["external"]
-        completes = DIVERGENT_HITS and adm["external"] > 0
-        for g, (spec, role) in enumerate(zip(SPECS, ROLES)):
-            if role != "must-cover":
-                continue
-            adopted, table = adm["adopted"][g], adm["table"][g]
-            lagging = completes and adm["per_group"][g] < local
-            missing = [
-                i for i in range(cdiv(local, spec.block_size))
-                if not ((i < len(adopted) and adopted[i] != null) or (lagging and i < len(table) and table[i] != null))
-            ]
-            assert not missing, (
-                f"step {step}, request {rid}: group {g} {type(spec).__name__} (block_size={spec.block_size}) "
-                f"must hold the local tokens [0, {local}) it resumes from at {adm['num_computed_tokens']}, "
-                f"but block indices {missing} are not held: adopted {adopted}, table {table}, "
-                f"own hit {adm['per_group'][g]}"
-            )
-
-
-def _check_truncated_view(scheduler, out, watch, step):
-    """When the connector's answer exceeds the local sub-block tail P = H % S,
-    the local part is the aligned H - P and each group adopts exactly its
-    lookup truncated there (whole-state groups: at most what they hold)."""
-    for rid, adm in watch.admissions.items():
-        hit = adm["local_hit"]
-        tail = hit % SCHEDULER_BLOCK_SIZE
-        answer = 0 if adm["skips"] else adm["answer"]  # vLLM drops a skipping request's answer
-        if not tail or answer is None or answer <= tail:
-            continue
-        aligned = hit - tail
-        local = adm["num_computed_tokens"] - adm["external"]
-        assert local == aligned, (
-            f"step {step}, request {rid}: the answer {answer} exceeds the sub-block tail {tail} of the "
-            f"local hit {hit}, so the local part must be {aligned}; it is {local}"
-        )
-        for g, (spec, role) in enumerate(zip(SPECS, ROLES)):
-            keep = aligned // spec.block_size
-            looked_up = adm["lookup"][g]
-            expected = [] if role == "scratch" else looked_up[: min(keep, len(looked_up))]
-            assert adm["adopted"][g] == expected, (
-                f"step {step}, request {rid}: group {g} {type(spec).__name__} (block_size={spec.block_size}) "
-                f"adopted {adm['adopted'][g]}, not its lookup {looked_up} truncated at {aligned}: {expected}"
-            )
-
-
-def _check_mamba_state_at_resume_boundary(scheduler, out, watch, step):
-    """With no external tokens, each whole-state (Mamba) group's adopted
-    blocks end in a real state block exactly at the local boundary."""
-    null = scheduler.kv_cache_manager.block_pool.null_block.block_id
-    for rid, adm in watch.admissions.items():
-        local = adm["num_computed_tokens"] - adm["external"]
-        if adm["external"] or local == 0:
-            continue
-        for g, (spec, role) in enumerate(zip(SPECS, ROLES)):
-            if role != "whole-state":
-                continue
-            adopted = adm["adopted"][g]
-            idx = cdiv(local, spec.block_size) - 1
-            state = adopted[idx] if idx < len(adopted) else None
-            assert state is not None and state != null, (
-                f"step {step}, request {rid}: it resumes at {local} with no external tokens, but group {g} "
-                f"{type(spec).__name__} (block_size={spec.block_size}) has no state there: adopted "
-                f"{adopted} (index {idx} is {'missing' if state is None else 'the null block'})"
-            )
-
-
-def _check_diverged_hit_falls_back(scheduler, out, watch, step):
-    """With no external tokens, a local hit deeper than the joint hit every
-    group agrees on falls back to exactly that joint hit and its blocks."""
-    for rid, adm in watch.admissions.items():
-        local = adm["num_computed_tokens"] - adm["external"]
-        if adm["external"] or adm["local_hit"] <= adm["joint_hit"]:
-            continue
-        assert local == adm["joint_hit"] and adm["adopted"] == adm["joint"], (
-            f"step {step}, request {rid}: the local hit {adm['local_hit']} runs deeper than the joint hit "
-            f"{adm['joint_hit']} (per-group hits {adm['per_group']}) with no external tokens, so the "
-            f"scheduler must fall back to {adm['joint_hit']} with blocks {adm['joint']}; it kept {local} "
-            f"local tokens, blocks {adm['adopted']}; groups: {_describe_groups()}"
-        )
-
-
-def _check_skipping_request_reads_no_cache(scheduler, out, watch, step):
-    """A request with SamplingParams(skip_reading_prefix_cache=True) reads no
-    cached tokens, local or external: its lookup finds nothing, it adopts no
-    cached block, the connector is told to load 0 tokens (vLLM asks it, then
-    drops the answer), and it is admitted at num_computed_tokens 0."""
-    for rid, adm in watch.admissions.items():
-        if not adm["skips"]:
-            continue
-        adopted = [g for g in adm["adopted"] if g]
-        assert not (adm["local_hit"] or adm["local"] or adopted or adm["alloc_external"] or adm["external"]
-                    or adm["num_computed_tokens"]), (
-            f"step {step}, request {rid} set skip_reading_prefix_cache=True, so it reads neither the local "
-            f"prefix cache nor an external hit and computes from token 0; but its lookup hit "
-            f"{adm['local_hit']} tokens, allocate_slots got {adm['local']} local tokens (adopted blocks "
-            f"{adopted}) and {adm['alloc_external']} external, the connector (answer {adm['answer']}) was told "
-            f"to load {adm['external']}, and it was admitted at num_computed_tokens="
-            f"{adm['num_computed_tokens']} (per-group hits {adm['per_group']}); groups: {_describe_groups()}"
         )
 
 

@@ -30,6 +30,7 @@ from fuzz.kit._params import (
     SPECS,
     SPECULATIVE_METHOD,
     WATCH_ADMISSIONS,
+    WATCH_ADMITTED,
     WATCH_CONTENTS,
     WATCH_EVENTS,
     WATCH_EVICTIONS,
@@ -55,6 +56,8 @@ def _begin_step(scheduler, watch):
     watch.step += 1
     if WATCH_ADMISSIONS:
         watch.admissions.clear()
+    if WATCH_ADMITTED:
+        watch.admitted = {}
     if NUM_SPECULATIVE_TOKENS:
         watch.verified = {}  # (drafts, accepted, computed before) per request
     if CONNECTOR:

@@ -19,6 +19,10 @@ SPECS: list[Any] = []
 ROLES: list[str] = []
 # Per group, which block indices a request computing [s, e) reads.
 READ_RULES: list[tuple[str, int]] = []
+# Per group, the spec-kind table's behaviour (Behaviour's value), and its
+# attention span: (parameter, value, Span's value) or None.
+BEHAVIOURS: list[str] = []
+SPANS: list[tuple[str, int, str] | None] = []
 NUM_BLOCKS = 16
 NULL_BLOCK = 0
 BLOCK_SIZE = 4
@@ -82,6 +86,9 @@ WATCH_JOINT_HITS = True  # beside each lookup, the joint hit and each group's ow
 # Each admission's lookup, allocate_slots arguments and table (_Watch.take_admissions):
 # the writer keeps it where the file, written without it, still reads watch.admissions.
 WATCH_ADMISSIONS = True
+# Each request a step admitted as the suite's admission claims read it
+# (fuzz.kit._admissions.Admission): kept likewise where the file reads watch.admitted.
+WATCH_ADMITTED = True
 # The BlockStored events whose parent no event announced (EventOrphan): kept
 # likewise where the file reads watch.event_orphans.
 WATCH_ORPHANS = True

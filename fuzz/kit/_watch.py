@@ -13,6 +13,7 @@ from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, maybe_conv
 from fuzz.adapter._events import EventLog, event_gaps, index_counts
 from fuzz.adapter._contents import KeyPrefixes
 from fuzz.adapter._reports import WorkerRecord, computed_before
+from fuzz.kit._admissions import _admission
 from fuzz.kit._build import _describe_groups, _ids
 from fuzz.kit._contents import _make_contents
 from fuzz.kit._hits import HitLookup, _groups, _index_at_lookup, _watch_frees
@@ -25,6 +26,7 @@ from fuzz.kit._params import (
     NULL_BLOCK,
     SPECS,
     WATCH_ADMISSIONS,
+    WATCH_ADMITTED,
     WATCH_CONTENTS,
     WATCH_EVENTS,
     WATCH_EVICTIONS,
@@ -62,6 +64,8 @@ class _Watch:
         self.ownership = None  # StepOwnership of the last schedule() (WATCH_IN_FLIGHT)
         if WATCH_ADMISSIONS:
             self.admissions = {}
+        if WATCH_ADMITTED:
+            self.admitted = {}  # request id -> Admission: the requests this step admitted
         self.scheduled_num_tokens = {}  # request id -> its num_tokens right after schedule()
         self.last_output = None  # the last schedule()'s SchedulerOutput (a check may read it after vLLM raised)
         self.seen = set()  # every request seen in the scheduler
@@ -320,6 +324,12 @@ class _Watch:
             else:
                 adm["answer"] = 0
             adm["table"] = [list(g) for g in scheduler.kv_cache_manager.get_block_ids(rid)]
+        if WATCH_ADMITTED:  # each admitted request as the suite's admission claims read it
+            answers_async = {}
+            if CONNECTOR:
+                answers_async = self.async_answers_seen
+            self.admitted = {rid: _admission(rid, adm, self.step, self.copies, answers_async)
+                             for rid, adm in self.admissions.items()}
 
 def _event_key(key):
     """A prefix-cache key as KV events spell it: (group, the hash BlockStored

@@ -110,6 +110,38 @@ def test_the_kit_s_lookup_record_reads_as_an_admission() -> None:
     assert kit <= {f.name for f in dataclasses.fields(AdmissionObservation)}, kit
 
 
+def test_the_kit_s_admission_record_reads_as_an_admission() -> None:
+    """A file states the admission claims with the suite's own checks, which
+    read an AdmissionObservation: the kit's record of an admission has only
+    fields of it, under the same names, and every field of it those checks
+    (and the helpers they call) read."""
+    import dataclasses
+    import inspect
+
+    import invariants.scheduler as checks
+    from fuzz.kit._admissions import Admission
+    from fuzz.model import AdmissionObservation
+    from fuzz.repro_scheduler import _PER_ADMISSION
+    from fuzz.repro_source import kit_attributes
+
+    kit = {f.name for f in dataclasses.fields(Admission)}
+    suite = {f.name for f in dataclasses.fields(AdmissionObservation)}
+    assert kit <= suite, kit - suite
+    read = set(kit_attributes(inspect.getsource(checks))) & (suite | {"partial_tail"})
+    assert _PER_ADMISSION and all(hasattr(checks, name) for name in _PER_ADMISSION)
+    # The module's other readers of an admission (connector_block_ids, ...) are
+    # step checks; what the carried admission checks read, the record holds.
+    carried = set()
+    for name in _PER_ADMISSION:
+        carried |= kit_attributes(inspect.getsource(getattr(checks, name)))
+    for helper in (checks._fail, checks._settled, checks._local_kept, checks.expects_truncation,
+                   checks._truncated_view, checks._first_needed_token):
+        carried |= kit_attributes(inspect.getsource(helper))
+    missing = (carried & read) - kit - {"partial_tail", "describe"}
+    assert not missing, missing
+    assert hasattr(Admission, "partial_tail") and hasattr(Admission, "describe")
+
+
 def test_a_file_drops_the_triage_of_the_violations_it_raises() -> None:
     from fuzz.repro_prune_triage import without_triage
 

@@ -73,7 +73,7 @@ BUGS = {
 }
 # The scheduler-tier limit for the pre-fix assert (issue 13).
 LIMITS = {"pre_fix_assert_all": {"groups": 2, "requests": 3, "steps": 6}}
-ALLOWED_IMPORTS = {"collections", "dataclasses", "json", "pytest", "torch", "traceback", "typing", "vllm"}
+ALLOWED_IMPORTS = {"collections", "dataclasses", "enum", "json", "pytest", "torch", "traceback", "typing", "vllm"}
 
 
 _no_local_constants = test_draws_pinned._no_local_constants  # edits elsewhere must not move the search
