@@ -52,10 +52,9 @@ from fuzz import adapter
 from fuzz.kit import SUITE_CHECK_MODULES
 from fuzz.repro import repro_header, spec_classes, specs_lines
 from fuzz.repro_shrink import _replay_checked, shrink_oplog
+from fuzz.repro_groups import behaviours_of, read_rules_of, roles_of, spans_of
 from fuzz.repro_source import kit_attributes, kit_definitions, kit_source
 from fuzz.model import Abort, AddRequest, Evict, OpLog, ResetPrefixCache, Step
-from fuzz.model import group_behaviour
-from fuzz.model import Behaviour, classification_of_kind
 from invariants.scheduler import ADMISSION_CHECKS
 from invariants.table import INVARIANTS
 
@@ -163,9 +162,6 @@ def _records_read(roots: set[str], values: dict[str, object], **kit: object) -> 
         if not more:
             return flags
         on |= more
-
-
-_ROLE = {Behaviour.MUST_COVER: "must-cover", Behaviour.MAY_BE_SHORT: "whole-state", Behaviour.SCRATCH: "scratch"}
 
 
 def _broken_step(log: OpLog) -> int:
@@ -311,45 +307,6 @@ def _breaking_step(op: Step, args: str, invariant: str) -> list[str]:
     ]
 
 
-def _roles(log: OpLog) -> list[str]:
-    """Per group: must-cover, windowed (must-cover, but its attention span
-    skips old tokens: the file's checks leave it out), whole-state, scratch."""
-    roles = []
-    for g, draw in zip(log.config.groups, log.config.draw.layout.groups):
-        role = _ROLE.get(group_behaviour(g), "scratch")
-        span = classification_of_kind(draw.kind).span
-        if role == "must-cover" and span is not None and draw.param(span[0]) is not None:
-            role = "windowed"
-        roles.append(role)
-    return roles
-
-
-def _spans(log: OpLog) -> list[tuple[str, int, str] | None]:
-    """Per group, its attention span as the harness derives it (the table's
-    span parameter and its value) with the table's rule for it."""
-    spans: list[tuple[str, int, str] | None] = []
-    for draw in log.config.draw.layout.groups:
-        span = classification_of_kind(draw.kind).span
-        value = None if span is None or draw.inner else draw.param(span[0])
-        spans.append(None if span is None or value is None else (span[0], value, span[1].value))
-    return spans
-
-
-def _read_rules(log: OpLog) -> list[tuple[str, int]]:
-    """Per group, which of a running request's blocks a step reads: the
-    ownership model's rule (:func:`invariants.ownership.read_indices`), from
-    the layout as the harness derives it."""
-    from types import SimpleNamespace
-
-    from fuzz.adapter._ownership import read_rules
-
-    draws = log.config.draw.layout.groups
-    spans = [None if s is None else s[:2] for s in _spans(log)]
-    config = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=adapter.build_spec(d)) for d in draws])
-    behaviours = tuple(group_behaviour(g).value for g in log.config.groups)
-    return list(read_rules(config, log.config.groups, tuple(spans), behaviours))
-
-
 # The vLLM dataclasses whose declared defaults a file leaves unsaid.
 _DEFAULTED = ("vllm.config.ModelConfig", "vllm.config.SchedulerConfig", "vllm.config.CacheConfig",
               "vllm.v1.outputs.ModelRunnerOutput")
@@ -438,15 +395,15 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
         "ROLES": (None, [
             "# Per group, what it holds of a request's prefix: every block (must-cover), the state",
             "# at the boundary (whole-state), nothing (scratch); 'windowed' (skips old tokens): unchecked.",
-            f"ROLES = {_roles(log)!r}",
+            f"ROLES = {roles_of(log)!r}",
         ]),
         "BEHAVIOURS": (None, [
             "# Per group, how the spec-kind table says it must truncate (Behaviour).",
-            f"BEHAVIOURS = {[group_behaviour(g).value for g in cfg.groups]!r}",
+            f"BEHAVIOURS = {behaviours_of(log)!r}",
         ]),
         "SPANS": (None, [
             "# Per group, its attention span: (parameter, value, how it skips old tokens: Span) or None.",
-            f"SPANS = {_spans(log)!r}",
+            f"SPANS = {spans_of(log)!r}",
         ]),
         "READ_RULES": (None, [
             "# Per group, which block indices of its table a request computing tokens",
@@ -454,7 +411,7 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
             "# (s-W+1)//b; ('chunk', C) from the chunk of s; ('rswa', W) the prompt's",
             "# blocks and from (s-W)//b; 'state' the state blocks at ceil(s/b)-1 (the",
             "# one it resumes from) and ceil(e/b)-1 (the one it writes); 'none' nothing.",
-            f"READ_RULES = {_read_rules(log)!r}" if _watches(invariant, "reads") else "READ_RULES = []",
+            f"READ_RULES = {read_rules_of(log)!r}" if _watches(invariant, "reads") else "READ_RULES = []",
         ]),
         "NUM_BLOCKS": (draw.layout.num_blocks,
                        [f"NUM_BLOCKS = {draw.layout.num_blocks}  # block {cfg.null_block_id} is the null block"]),

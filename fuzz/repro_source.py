@@ -53,6 +53,7 @@ from fuzz.repro_prune import (
 from fuzz.repro_prune_annotations import without_annotations
 from fuzz.repro_prune_defaults import without_default_arguments
 from fuzz.repro_prune_inline import inlined_helpers
+from fuzz.repro_prune_fields import unread_fields
 from fuzz.repro_prune_triage import without_triage
 from fuzz.repro_prune_stores import with_literals_inlined, without_overwritten_stores, without_unread_names
 from fuzz.repro_trees import parse, walk
@@ -385,6 +386,9 @@ def kit_source(
                 continue
             changed |= dropped != sources[name]
             sources[name] = dropped
+        chosen = {name: sources[name] for name in selected}
+        for name, new in unread_fields(chosen, selected & set(kept_methods), extra).items():
+            changed |= _replace(sources, name, new)
         for name in selected:
             if sources[name] not in tidied:  # most definitions come back unchanged from a round
                 kept = without_unused_locals(sources[name])

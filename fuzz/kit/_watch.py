@@ -74,10 +74,10 @@ class _Watch:
         self.reset_before = 0  # the step the last prefix-cache reset that succeeded preceded
         self.reset_preempted = []  # the requests it preempted, as it left them (WATCH_PREEMPTED)
         self.worker = WorkerRecord(async_scheduling=ASYNC_SCHEDULING)  # what the model runner knows (see _worker_done)
+        self.async_answers_seen = {}  # request id -> whether the connector's answer this step was async
         if CONNECTOR:
             self.load_started = {}  # request id -> the step whose schedule() started its async load
             self.send_started = {}  # request id -> the first step begun after its send started
-            self.async_answers_seen = {}  # request id -> whether its answer this step was async
         if WATCH_TOKENS:
             self.kv_from_other_tokens = []  # KvFromOtherToken: computed from a token vLLM does not record there
         self.contents = None  # what each block holds, where the file states it (see _make_contents)
@@ -325,10 +325,7 @@ class _Watch:
                 adm["answer"] = 0
             adm["table"] = [list(g) for g in scheduler.kv_cache_manager.get_block_ids(rid)]
         if WATCH_ADMITTED:  # each admitted request as the suite's admission claims read it
-            answers_async = {}
-            if CONNECTOR:
-                answers_async = self.async_answers_seen
-            self.admitted = {rid: _admission(rid, adm, self.step, self.copies, answers_async)
+            self.admitted = {rid: _admission(rid, adm, self.step, self.copies, self.async_answers_seen)
                              for rid, adm in self.admissions.items()}
 
 def _event_key(key):

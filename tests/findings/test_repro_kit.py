@@ -159,6 +159,39 @@ def test_a_file_drops_the_triage_of_the_violations_it_raises() -> None:
     )
 
 
+def test_a_file_drops_the_fields_of_its_records_nothing_reads() -> None:
+    """A record's field no code of the file reads goes, with the keyword
+    that filled it; a field read, filled by position or through ``**``, set
+    through another call's keyword, or whose value might change something,
+    stays."""
+    from fuzz.repro_prune_fields import unread_fields
+
+    record = (
+        "@dataclasses.dataclass(frozen=True)\n"
+        "class Record:\n"
+        "    first: int\n"
+        "    read: int  # read below\n"
+        "    unread: tuple\n"
+        "    replaced: int\n"
+        "    costly: list\n"
+    )
+    sources = {
+        "Record": record,
+        "build": "def build(x):\n    return Record(first=x, read=x, unread=tuple(x), replaced=x, costly=take(x))\n",
+        "take": "def take(x):\n    x.append(1)\n    return x\n",
+        "use": "def use(r):\n    return r.read, dataclasses.replace(r, replaced=0)\n",
+    }
+    out = unread_fields(sources, (), "")
+    assert out == {
+        "Record": record.replace("    unread: tuple\n", "").replace("    first: int\n", "").rstrip("\n"),
+        "build": "def build(x):\n    return Record(read=x, replaced=x, costly=take(x))\n",
+    }, out
+    positional = {**sources, "build": "def build(x):\n    return Record(x, x, (), x, [])\n"}
+    assert unread_fields(positional, (), "") == {}
+    spread = {**sources, "build": "def build(x):\n    return Record(**x)\n"}
+    assert unread_fields(spread, (), "") == {}
+
+
 # --- specialising ------------------------------------------------------------
 
 _SOURCE = '''def f(x):
