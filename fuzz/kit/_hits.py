@@ -57,7 +57,8 @@ class HitLookup:
 def _groups():
     """Each group as the suite describes it (GroupInfo)."""
     return tuple(
-        GroupInfo(g, f"{type(spec).__module__}.{type(spec).__qualname__}", (), spec.block_size, role != "scratch")
+        GroupInfo(index=g, spec_class=f"{type(spec).__module__}.{type(spec).__qualname__}", inner_classes=(),
+                  block_size=spec.block_size, prefix_cacheable=role != "scratch")
         for g, (spec, role) in enumerate(zip(SPECS, ROLES))
     )
 
