@@ -38,7 +38,8 @@ __all__ = [
 # container methods that change nothing but what they build.
 _PURE_BUILTINS = frozenset("all any bool dict enumerate frozenset getattr hasattr int isinstance len list max min "
                            "range reversed set sorted str sum tuple zip".split())
-_PURE_METHODS = frozenset({"copy", "count", "fromkeys", "get", "index", "items", "keys", "values"})
+# (get_block_ids: vLLM's KVCacheBlocks and KVCacheManager read their block ids.)
+_PURE_METHODS = frozenset({"copy", "count", "fromkeys", "get", "get_block_ids", "index", "items", "keys", "values"})
 # What a statement may do to a record and still be only its store.
 _MUTATORS = frozenset({"add", "append", "clear", "discard", "extend", "insert", "pop", "remove", "setdefault", "update"})
 
@@ -162,9 +163,14 @@ def unread_records(sources: Mapping[str, str], plain: Iterable[str], extra: str)
     stores: dict[str, list[tuple[str, ast.stmt, bool]]] = {}  # record -> (definition, statement, droppable)
     store_nodes: set[int] = set()
     for name, tree in trees.items():
-        owners = ("self", "watch") if name in plain else ("watch",)
+        # The connector's records too (a vLLM subclass: only its public ones,
+        # which no vLLM code reads).
+        own = name in plain or (bool(tree.body) and isinstance(tree.body[0], ast.ClassDef))
+        owners = ("self", "watch", "connector") if own else ("watch", "connector")
         for stmt in walk(tree):
             found = _store(stmt, owners) if isinstance(stmt, ast.stmt) else None
+            if found is not None and name not in plain and found[0].startswith("_"):
+                continue
             if found is not None:
                 record, attr, rest = found
                 store_nodes.add(id(attr))

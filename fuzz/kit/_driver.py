@@ -61,10 +61,14 @@ def _begin_step(scheduler, watch):
     if NUM_SPECULATIVE_TOKENS:
         watch.verified = {}  # (drafts, accepted, computed before) per request
     if CONNECTOR:
-        connector = scheduler.connector
-        for record in (connector.told, connector.answers, connector.asked_with, connector.async_answers,
-                       connector.told_blocks, connector.events, connector.metas):
-            record.clear()
+        connector = scheduler.connector  # its records of this step start empty
+        connector.told.clear()
+        connector.answers.clear()
+        connector.asked_with.clear()
+        connector.async_answers.clear()
+        connector.told_blocks.clear()
+        connector.events.clear()
+        connector.metas.clear()
         watch.loads_in_flight = set(connector.loads_in_flight)
     watch.seen |= set(scheduler.requests)
     watch.stale = {}

@@ -84,7 +84,8 @@ class _Watch:
         self.starts = {}  # request id -> where this step's tokens start (see _worker_done)
         self.preempted_at = {}  # request id -> the step whose schedule() last preempted it
         self.stale = {}  # this step's fed output: preempted request id -> (request, num_tokens before)
-        sched, mgr = scheduler, scheduler.kv_cache_manager
+        sched = scheduler
+        mgr = scheduler.kv_cache_manager
         if WATCH_ADMISSIONS or WATCH_POOL or WATCH_HITS:
             lookup = type(sched)._get_local_prefix_cache_hit
 
@@ -130,7 +131,8 @@ class _Watch:
                     if adm is not None and "alloc_external" not in adm:
                         adm["alloc_external"] = kwargs.get("num_external_computed_tokens", 0)
                 if CONNECTOR:
-                    sched.connector.events.append((
+                    connector = sched.connector
+                    connector.events.append((
                         "alloc", request.request_id, kwargs.get("num_new_computed_tokens", 0),
                         kwargs.get("num_external_computed_tokens", 0),
                     ))
