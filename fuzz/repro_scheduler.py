@@ -114,7 +114,7 @@ def _check_call(check: str, out: str, step: int, indent: str) -> list[str]:
         return [f"{indent}for lookup in watch.lookups_served.values():  # step {step}",
                 f"{indent}    {check}(lookup)"]
     if check in _PER_ADMISSION:
-        return [f"{indent}for admission in watch.admitted.values():  # step {step}",
+        return [f"{indent}for admission in watch.admissions:  # step {step}",
                 f"{indent}    {check}(admission)"]
     return [f"{indent}{check}(watch)  # step {step}"]
 
@@ -143,7 +143,7 @@ def _reads_joint_hits(invariant: str) -> bool:
 # The watch's records a file keeps only where its code, written without the
 # record, still reads it (constant -> the watch's attribute): what the claim's
 # check and the step loop read decides, not a list beside them.
-_KEPT_WHERE_READ = {"WATCH_ADMISSIONS": ("admissions", "admitted"), "WATCH_ADMITTED": ("admitted",),
+_KEPT_WHERE_READ = {"WATCH_ADMISSIONS": ("admitting", "admissions"), "WATCH_ADMITTED": ("admissions",),
                     "WATCH_ORPHANS": ("event_orphans",),
                     "WATCH_READS": ("unwritten_reads",), "WATCH_UNBACKED": ("unbacked_entries",)}
 

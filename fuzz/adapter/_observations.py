@@ -20,7 +20,7 @@ from fuzz.adapter._connector import ConnectorScript
 from fuzz.adapter._env import sha256
 from fuzz.adapter._events import EventLog, event_gaps, index_counts
 from fuzz.adapter._observe import Spies
-from fuzz.adapter._reports import computed_before
+from fuzz.adapter._reports import computed_before, newly_scheduled
 
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
@@ -39,9 +39,12 @@ from fuzz.model import (  # noqa: E402
     StaleOutput,
     StrandedRequest,
     classification_of_kind,
+    draft_verifications_of,
     event_orphans_of,
     group_behaviour,
     group_kind,
+    stale_outputs_of,
+    stale_shares_of,
 )
 
 __all__ = ["QUIET_STEPS", "Observer"]
@@ -265,17 +268,7 @@ class Observer:
         )
 
     def newly_scheduled(self, out: Any) -> tuple[tuple[str, int, int], ...]:
-        if out is None:
-            return ()
-        rows = [
-            (n.req_id, n.num_computed_tokens, self.requests[n.req_id].num_tokens)
-            for n in out.scheduled_new_reqs
-        ]
-        cached = out.scheduled_cached_reqs
-        for i, rid in enumerate(cached.req_ids):
-            if rid in cached.resumed_req_ids:
-                rows.append((rid, cached.num_computed_tokens[i], self.requests[rid].num_tokens))
-        return tuple(rows)
+        return () if out is None else newly_scheduled(out, self.requests)
 
     def finish_calls(self) -> tuple[tuple[Any, ...], tuple[tuple[str, int], ...]]:
         """The connector's finish calls since the last observation, and the
@@ -326,21 +319,11 @@ class Observer:
         """Before feeding step ``index``'s output: its requests preempted by
         a schedule() made after that step (async scheduling), whose share of
         it is stale."""
-        sched = self.scheduler
-        return {
-            r: (self.preempted_at[r], tuple(sampled[i]), sched.requests[r].num_tokens)
-            for i, r in enumerate(ids)
-            if self.preempted_at.get(r, 0) > index and r in sched.requests
-        }
+        return stale_shares_of(ids, sampled, index, self.preempted_at, self.scheduler.requests)
 
     def stale_outputs(self, stale: Mapping[str, tuple[int, tuple[int, ...], int]], index: int) -> list[StaleOutput]:
         """After feeding it: what became of each stale share."""
-        drops = getattr(self.scheduler, "requires_kv_delivery", None)
-        outputs = []
-        for rid, (at, tokens, before_n) in stale.items():
-            req = self.requests[rid]
-            outputs.append(StaleOutput(rid, index, at, tokens, drops, before_n, req.num_tokens, req.status.name))
-        return outputs
+        return stale_outputs_of(stale, index, getattr(self.scheduler, "requires_kv_delivery", None), self.requests)
 
     def drafts_to_verify(self, out: Any, ids: list[str], sampled: list[list[int]]) -> dict[str, tuple[int, int, int]]:
         """Before feeding ``out``'s output: per request with drafts and a
@@ -356,14 +339,7 @@ class Observer:
 
     def verifications(self, verified: Mapping[str, tuple[int, int, int]]) -> tuple[DraftVerification, ...]:
         """After feeding it: what the scheduler made of the verified drafts."""
-        sched = self.scheduler
-        return tuple(
-            DraftVerification(
-                rid, n, accepted, computed, self.requests[rid].num_computed_tokens,
-                sched.requests[rid].status.name if rid in sched.requests else "",
-            )
-            for rid, (n, accepted, computed) in verified.items()
-        )
+        return draft_verifications_of(verified, self.requests, self.scheduler.requests)
 
     def pool(self, num_blocks: int, context: str = "") -> PoolObservation:
         pool = self.manager.block_pool

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["WorkerRecord", "computed_before"]
+__all__ = ["WorkerRecord", "computed_before", "newly_scheduled"]
 
 
 def computed_before(out: Any) -> dict[str, int]:
@@ -31,6 +31,18 @@ def computed_before(out: Any) -> dict[str, int]:
     for i, req_id in enumerate(cached.req_ids):
         computed.setdefault(req_id, cached.num_computed_tokens[i])
     return computed
+
+
+def newly_scheduled(out: Any, requests: Mapping[str, Any]) -> tuple[tuple[str, int, int], ...]:
+    """Each request ``out`` schedules for the first time, or again after an
+    async load or a preemption (``resumed_req_ids``): (request id, the
+    ``num_computed_tokens`` it starts from, its ``num_tokens`` as
+    ``requests`` (id -> vLLM Request) hold it now)."""
+    rows = [(n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs]
+    cached = out.scheduled_cached_reqs
+    rows += [(rid, cached.num_computed_tokens[i]) for i, rid in enumerate(cached.req_ids)
+             if rid in cached.resumed_req_ids]
+    return tuple((rid, computed, requests[rid].num_tokens) for rid, computed in rows)
 
 
 class WorkerRecord:

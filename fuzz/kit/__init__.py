@@ -32,11 +32,11 @@ and no Python lives in string templates:
   the suite's check itself (:data:`SUITE_CHECK_MODULES`): what blocks hold
   (:mod:`invariants.contents`), what the cache promises
   (:mod:`invariants.promises`, reads in flight included), hit lengths and
-  the eviction order (:mod:`invariants.hits`), the admission claims
+  the eviction order (:mod:`invariants.hits`), admission and the step loop
   (:mod:`invariants.scheduler`). The others are restated
   here, one room each as the suite's invariants, until their observations
-  are the watch's: :mod:`fuzz.kit._checks_scheduler` (the step
-  loop), :mod:`fuzz.kit._checks_connector`,
+  are the watch's: :mod:`fuzz.kit._checks_scheduler` (liveness),
+  :mod:`fuzz.kit._checks_connector`,
   :mod:`fuzz.kit._checks_ownership` (which reads blocks with the suite's
   own ``read_indices``);
 * :mod:`fuzz.kit._truncation` (constants in ``_truncation_params``): the
@@ -66,6 +66,7 @@ KIT_MODULES = (
     "fuzz.model._violations",
     "fuzz.model._kv",
     "fuzz.model._contents",
+    "fuzz.model._outputs",
     "fuzz.adapter._contents",
     "fuzz.adapter._events",
     "fuzz.model._hits",
@@ -75,6 +76,7 @@ KIT_MODULES = (
     "fuzz.kit._index",
     "fuzz.kit._hits",
     "fuzz.kit._admissions",
+    "fuzz.kit._loads",
     "fuzz.kit._contents",
     "fuzz.model._ownership",
     "fuzz.kit._ownership",
@@ -96,7 +98,7 @@ KIT_MODULES = (
 TRUNCATION_KIT_MODULES = ("fuzz.kit._truncation_params", "fuzz.kit._truncation")
 # The suite's own modules a file carries as they are (standard library only).
 COPIED_MODULES = (
-    "fuzz.model._violations", "fuzz.model._kv", "fuzz.model._contents", "fuzz.model._ownership", "fuzz.adapter._reports", "fuzz.adapter._contents",
+    "fuzz.model._violations", "fuzz.model._kv", "fuzz.model._contents", "fuzz.model._outputs", "fuzz.model._ownership", "fuzz.adapter._reports", "fuzz.adapter._contents",
     "fuzz.adapter._events", "fuzz.model._hits", "fuzz.adapter._hits", "fuzz.model._evictions", "fuzz.adapter._evictions",
 )
 # The suite's checks a file carries as they are: their claims' records are

@@ -19,7 +19,7 @@ def _check_external_range_contiguous(scheduler, out, watch, step):
     the num_computed_tokens the connector was asked with, the external count
     equals its answer, and local + external stays within the prompt."""
     connector = scheduler.connector
-    for rid, adm in watch.admissions.items():
+    for rid, adm in watch.admitting.items():
         ext = adm["external"]
         if not ext:
             continue
@@ -42,7 +42,7 @@ def _check_load_blocks_cover_range(scheduler, out, watch, step):
     external range [local, local + external) at each group's block size (a
     whole-state group: its state block at the resume boundary)."""
     null = scheduler.kv_cache_manager.block_pool.null_block.block_id
-    for rid, adm in watch.admissions.items():
+    for rid, adm in watch.admitting.items():
         ext = adm["external"]
         if not ext:
             continue
@@ -71,7 +71,7 @@ def _check_dropped_answer_loads_nothing(scheduler, out, watch, step):
     answer does not exceed it (0 < answer <= P), the scheduler keeps the tail
     and loads nothing: update_state_after_alloc and allocate_slots both get 0
     external tokens."""
-    for rid, adm in watch.admissions.items():
+    for rid, adm in watch.admitting.items():
         tail = adm["local_hit"] % SCHEDULER_BLOCK_SIZE
         answer = 0 if adm["skips"] else adm["answer"]  # vLLM drops a skipping request's answer
         if not (tail and answer is not None and 0 < answer <= tail):

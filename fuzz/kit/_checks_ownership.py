@@ -87,7 +87,7 @@ def _check_no_same_step_hazard(scheduler, out, watch, step):
             f"{written[src][1]} of request {written[src][0]}: the copy runs before the write; "
             f"copies {copies}; groups: {_describe_groups()}"
         )
-    for rid, adm in watch.admissions.items():
+    for rid, adm in watch.admitting.items():
         for g, (spec, rule, adopted) in enumerate(zip(SPECS, READ_RULES, adm["adopted"])):
             if rule[0] != "state":
                 continue

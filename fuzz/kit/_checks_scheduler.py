@@ -1,8 +1,10 @@
-"""The claims of the step loop a standalone repro states
-(:mod:`invariants.scheduler`'s): what a request scheduled is left to
-compute, stale output, rejected drafts and liveness. (Its admission claims,
-of the local part a request resumes from and its truncation, a file states
-with the suite's checks themselves, on :mod:`fuzz.kit._admissions`'s records.)
+"""The claim of :mod:`invariants.scheduler` a standalone repro still
+restates: liveness (the kit's check steps on until it can tell a stranded
+request). Its other claims a file states with the suite's checks
+themselves, on the watch's records under the suite's names: the
+admissions (:mod:`fuzz.kit._admissions`), what a request scheduled is left
+to compute, stale output and rejected drafts (fuzz.model's records, and
+:mod:`fuzz.kit._loads` for failed loads).
 
 Each kit check restates one suite invariant on vLLM's own objects and the
 watch (``fuzz.repro_scheduler._check_of`` pairs them); it is called as
@@ -16,56 +18,8 @@ carries the suite's check (:data:`fuzz.kit.SUITE_CHECK_MODULES`).
 
 from __future__ import annotations
 
-from vllm.v1.request import RequestStatus
-
-from fuzz.kit._build import _describe_groups
 from fuzz.kit._driver import _step
 from fuzz.kit._params import CONNECTOR
-
-
-def _check_computed_below_num_tokens(scheduler, out, watch, step):
-    """A request scheduled for the first time (or resumed) leaves at least
-    one token to compute: num_computed_tokens < num_tokens."""
-    cached = out.scheduled_cached_reqs
-    rows = [(n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs]
-    rows += [(r, cached.num_computed_tokens[i]) for i, r in enumerate(cached.req_ids) if r in cached.resumed_req_ids]
-    for rid, computed in rows:
-        num_tokens = watch.scheduled_num_tokens[rid]
-        assert computed < num_tokens, (
-            f"step {step}: request {rid} scheduled with num_computed_tokens={computed} >= "
-            f"num_tokens={num_tokens}: nothing left to compute; groups: {_describe_groups()}"
-        )
-
-
-def _check_stale_output_dropped(scheduler, out, watch, step):
-    """A request preempted while a step that scheduled it was still running
-    (async scheduling) gets none of that step's sampled tokens when the
-    scheduler drops stale output (its connector hands KV off:
-    requires_kv_delivery): the preemption freed the blocks that output's KV
-    was in, and the resumed request samples those positions again."""
-    if not scheduler.requires_kv_delivery:
-        return
-    for rid, (request, before) in watch.stale.items():
-        assert request.num_tokens == before, (
-            f"step {step}: request {rid}, preempted after the step whose output was fed, "
-            f"went from {before} to {request.num_tokens} tokens: its stale output was appended"
-        )
-
-
-def _check_rejected_drafts_rolled_back(scheduler, out, watch, step):
-    """A running request whose k drafts the fed output verified with a
-    accepted loses exactly k - a from num_computed_tokens in
-    update_from_output (the rejected positions are not computed). A share
-    of the output made stale by a preemption since makes no claim."""
-    for rid, (num_drafts, accepted, before) in watch.verified.items():
-        req = scheduler.requests.get(rid)
-        if req is None or req.status != RequestStatus.RUNNING or rid in watch.failed or rid in watch.stale:
-            continue
-        assert before - req.num_computed_tokens == num_drafts - accepted, (
-            f"step {step}: update_from_output() verified {num_drafts} drafts of request {rid} and accepted "
-            f"{accepted}, so {num_drafts - accepted} positions must leave num_computed_tokens; it went "
-            f"{before} -> {req.num_computed_tokens}; groups: {_describe_groups()}"
-        )
 
 
 def _check_running_requests_progress(scheduler, out, watch, step):

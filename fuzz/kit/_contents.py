@@ -71,7 +71,7 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
     if WATCH_LOOKAHEAD:
         watch.missing_lookahead = _missing_lookahead(scheduler, out, sampled, contents)
     if CONNECTOR:
-        for rid, adm in watch.admissions.items():
+        for rid, adm in watch.admitting.items():
             if not adm.get("external"):
                 continue
             start, end = adm["local"], adm["local"] + adm["external"]
@@ -99,14 +99,14 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
     if WATCH_NAMESPACES:  # after the step's loads and forward pass: a block filled in it may be adopted in it
         watch.foreign_hits = [
             ForeignHit(rid, contents.namespaces.get(rid, ""), *hit)
-            for rid, adm in watch.admissions.items()
+            for rid, adm in watch.admitting.items()
             if adm.get("adopted") is not None
             for hit in contents.foreign_blocks(rid, adm["adopted"], adm.get("table"), adm.get("local"))
         ]
     if WATCH_RESETS:  # after the step's forward pass, as for namespaces
         watch.hits_across_reset = [
             hit
-            for rid, adm in watch.admissions.items()
+            for rid, adm in watch.admitting.items()
             if adm.get("adopted") is not None and watch.reset_before
             for hit in hits_across_reset_of(
                 rid, contents.written_before(adm["adopted"], adm["local"], watch.reset_before, adm.get("table")),

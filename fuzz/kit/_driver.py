@@ -14,9 +14,10 @@ import dataclasses
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
 
-from fuzz.adapter._reports import computed_before
+from fuzz.adapter._reports import newly_scheduled
 from fuzz.kit._build import _describe_groups
 from fuzz.kit._contents import _contents_issue
+from fuzz.kit._loads import _failed_loads
 from fuzz.kit._outputs import model_runner_output
 from fuzz.kit._ownership import _ownership
 from fuzz.kit._params import (
@@ -48,6 +49,7 @@ from fuzz.kit._params import (
 from fuzz.kit._preempt import _preempted_states
 from fuzz.kit._watch import _event_gaps, _failed_facts
 from fuzz.kit._worker import _propose_drafts, _sampled, _verified, _worker_done, _worker_sampled
+from fuzz.model._outputs import draft_verifications_of, stale_outputs_of, stale_shares_of
 from fuzz.model._contents import KvFromOtherToken, event_orphans_of
 
 
@@ -55,11 +57,9 @@ def _begin_step(scheduler, watch):
     """A new engine step: forget the last step's connector calls and watch records."""
     watch.step += 1
     if WATCH_ADMISSIONS:
-        watch.admissions.clear()
+        watch.admitting.clear()
     if WATCH_ADMITTED:
-        watch.admitted = {}
-    if NUM_SPECULATIVE_TOKENS:
-        watch.verified = {}  # (drafts, accepted, computed before) per request
+        watch.admissions = []
     if CONNECTOR:
         connector = scheduler.connector  # its records of this step start empty
         connector.told.clear()
@@ -71,7 +71,10 @@ def _begin_step(scheduler, watch):
         connector.metas.clear()
         watch.loads_in_flight = set(connector.loads_in_flight)
     watch.seen |= set(scheduler.requests)
-    watch.stale = {}
+    # What this step's fed output did, under the suite's names (fuzz.model's records).
+    watch.stale_outputs = []  # StaleOutput: the shares of requests preempted since their step
+    watch.draft_verifications = ()  # DraftVerification: the drafts it verified
+    watch.failed_loads = []  # FailedLoad: the loads it reported failed
     if KV_ROLE == "kv_producer":
         for rid in connector.sends_in_flight:
             watch.send_started.setdefault(rid, watch.step)
@@ -123,7 +126,7 @@ def _scheduled(scheduler, watch):
     if CONNECTOR:
         watch.async_answers_seen = dict(scheduler.connector.async_answers)
     watch.seen |= set(scheduler.requests)
-    watch.scheduled_num_tokens = {rid: scheduler.requests[rid].num_tokens for rid in computed_before(out)}
+    watch.newly_scheduled = newly_scheduled(out, scheduler.requests)  # (request id, computed, num_tokens)
     if WATCH_ADMISSIONS:
         watch.take_admissions(scheduler, out)
     return out
@@ -144,9 +147,12 @@ def _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_i
                 invalid_block_ids=set(invalid_block_ids),
             )
     if NUM_SPECULATIVE_TOKENS:
-        watch.verified = _verified(scheduler, fed, sampled)
+        verified = _verified(scheduler, fed, sampled)
+        verifying = {rid: scheduler.requests[rid] for rid in verified}
     model_output = model_runner_output(list(fed.num_scheduled_tokens), sampled, connector_output)
     scheduler.update_from_output(fed, model_output)
+    if NUM_SPECULATIVE_TOKENS:
+        watch.draft_verifications = draft_verifications_of(verified, verifying, scheduler.requests)
     if WATCH_EVENTS:
         watch.event_gaps = _event_gaps(scheduler, watch)
         if WATCH_ORPHANS:
@@ -180,6 +186,7 @@ def _step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failing_block
             sending = _sends_done(scheduler, watch, watch.step)
         if FAILING_LOADS:
             watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
+            watch.failed_loads = _failed_loads(watch.failed)
             watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
         if SPECULATIVE_METHOD is not None:  # the rejections it reports reach vLLM
             watch.worker.fed(watch.step)
@@ -214,7 +221,7 @@ def _queued_step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failin
             _contents_issue(scheduler, watch, out, sampled, failing_blocks)
         admitted = None
         if FAILING_LOADS:  # the admissions _failed_facts reads as this output is fed
-            admitted = dict(watch.admissions)
+            admitted = dict(watch.admitting)
         watch.queue.insert(0, (watch.step, out, sampled, admitted))
         if len(watch.queue) < 2 and (out.total_num_scheduled_tokens > 0 or scheduler.has_requests()):
             _abort_during_step(scheduler, watch)  # nothing fed back: they come after the step
@@ -238,12 +245,16 @@ def _queued_step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failin
     if KV_ROLE == "kv_producer":
         sending = _sends_done(scheduler, watch, index)
     if FAILING_LOADS:
-        this_step, watch.admissions = watch.admissions, admissions  # the fed step's admissions
+        this_step, watch.admitting = watch.admitting, admissions  # the fed step's admissions
         watch.failed = _failed_facts(scheduler, watch, recving & set(failed_loads), set(invalid_block_ids))
-        watch.admissions = this_step
+        watch.admitting = this_step
+        watch.failed_loads = _failed_loads(watch.failed)
         watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
-    _note_stale(scheduler, watch, list(fed.num_scheduled_tokens), index)
+    # The shares of requests a schedule() since this step preempted: stale.
+    stale = stale_shares_of(list(fed.num_scheduled_tokens), sampled, index, watch.preempted_at, scheduler.requests)
+    sharing = {rid: scheduler.requests[rid] for rid in stale}
     _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_ids, sending)
+    watch.stale_outputs = stale_outputs_of(stale, index, getattr(scheduler, "requires_kv_delivery", None), sharing)
     if WATCH_TOKENS:
         _settle_tokens(scheduler, out, watch)
     return out
@@ -268,14 +279,6 @@ def _reset_prefix_cache(scheduler, watch, reset_running_requests):
     if WATCH_PREEMPTED:  # as the reset left them
         still = {r.request_id for r in scheduler.running}
         watch.reset_preempted = _preempted_states(scheduler, [r for r in running if r not in still], watch.step)
-
-
-def _note_stale(scheduler, watch, ids, index):
-    """The requests of step ``index``'s output preempted by a later
-    schedule() (their share of it is stale), with their num_tokens now."""
-    for rid in ids:
-        if watch.preempted_at.get(rid, 0) > index and rid in scheduler.requests:
-            watch.stale[rid] = (scheduler.requests[rid], scheduler.requests[rid].num_tokens)
 
 
 def _sends_done(scheduler, watch, index):

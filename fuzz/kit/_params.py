@@ -84,10 +84,10 @@ WATCH_RESETS = False  # the hits after a prefix-cache reset, against what each b
 WATCH_EVICTIONS = False  # how each free block came back, each cached block evicted (EvictionWatch)
 WATCH_JOINT_HITS = True  # beside each lookup, the joint hit and each group's own (the admission claims)
 # Each admission's lookup, allocate_slots arguments and table (_Watch.take_admissions):
-# the writer keeps it where the file, written without it, still reads watch.admissions.
+# the writer keeps it where the file, written without it, still reads watch.admitting.
 WATCH_ADMISSIONS = True
 # Each request a step admitted as the suite's admission claims read it
-# (fuzz.kit._admissions.Admission): kept likewise where the file reads watch.admitted.
+# (fuzz.kit._admissions.Admission): kept likewise where the file reads watch.admissions.
 WATCH_ADMITTED = True
 # The BlockStored events whose parent no event announced (EventOrphan): kept
 # likewise where the file reads watch.event_orphans.

@@ -63,10 +63,10 @@ class _Watch:
         self.error_where = ""
         self.ownership = None  # StepOwnership of the last schedule() (WATCH_IN_FLIGHT)
         if WATCH_ADMISSIONS:
-            self.admissions = {}
+            self.admitting = {}
         if WATCH_ADMITTED:
-            self.admitted = {}  # request id -> Admission: the requests this step admitted
-        self.scheduled_num_tokens = {}  # request id -> its num_tokens right after schedule()
+            self.admissions = []  # Admission: each request this step admitted
+        self.newly_scheduled = ()  # (request id, num_computed_tokens, num_tokens) scheduled anew by the last schedule()
         self.last_output = None  # the last schedule()'s SchedulerOutput (a check may read it after vLLM raised)
         self.seen = set()  # every request seen in the scheduler
         self.queue = []  # (step, SchedulerOutput, sampled, admissions) not fed back yet, newest first
@@ -83,7 +83,6 @@ class _Watch:
         self.contents = None  # what each block holds, where the file states it (see _make_contents)
         self.starts = {}  # request id -> where this step's tokens start (see _worker_done)
         self.preempted_at = {}  # request id -> the step whose schedule() last preempted it
-        self.stale = {}  # this step's fed output: preempted request id -> (request, num_tokens before)
         sched = scheduler
         mgr = scheduler.kv_cache_manager
         if WATCH_ADMISSIONS or WATCH_POOL or WATCH_HITS:
@@ -110,13 +109,13 @@ class _Watch:
                         self.lookups_served[request.request_id] = HitLookup(
                             request.request_id, self.step, num_local, _groups(), DIVERGENT_HITS, **held)
                 if WATCH_ADMISSIONS:
-                    self.admissions[request.request_id] = dict(
+                    self.admitting[request.request_id] = dict(
                         local_hit=num_local, lookup=_ids(result[0]),
                         skips=bool(getattr(request.sampling_params, "skip_reading_prefix_cache", None)),
                         diverged=bool(result[3]) if len(result) > 3 else False,
                     )
                 if WATCH_JOINT_HITS:
-                    self.admissions[request.request_id].update(
+                    self.admitting[request.request_id].update(
                         joint_hit=joint_hit, joint=_ids(joint_blocks), per_group=per_group
                     )
                 return result
@@ -127,7 +126,7 @@ class _Watch:
 
             def allocate_slots(request, num_new_tokens, *args, **kwargs):
                 if WATCH_ADMISSIONS:
-                    adm = self.admissions.get(request.request_id)
+                    adm = self.admitting.get(request.request_id)
                     if adm is not None and "alloc_external" not in adm:
                         adm["alloc_external"] = kwargs.get("num_external_computed_tokens", 0)
                 if CONNECTOR:
@@ -312,10 +311,10 @@ class _Watch:
             told = scheduler.connector.told
         else:  # no connector to tell: the admitted are the scheduled, none with external tokens
             told = dict.fromkeys(computed, 0)
-        for rid in list(self.admissions):
-            adm = self.admissions[rid]
+        for rid in list(self.admitting):
+            adm = self.admitting[rid]
             if rid not in told or rid not in scheduler.requests or "local" not in adm:
-                del self.admissions[rid]
+                del self.admitting[rid]
                 continue
             # An async load's request waits for its KV outside the output.
             adm["num_computed_tokens"] = computed.get(rid, scheduler.requests[rid].num_computed_tokens)
@@ -327,8 +326,8 @@ class _Watch:
                 adm["answer"] = 0
             adm["table"] = [list(g) for g in scheduler.kv_cache_manager.get_block_ids(rid)]
         if WATCH_ADMITTED:  # each admitted request as the suite's admission claims read it
-            self.admitted = {rid: _admission(rid, adm, self.step, self.copies, self.async_answers_seen)
-                             for rid, adm in self.admissions.items()}
+            self.admissions = [_admission(rid, adm, self.step, self.copies, self.async_answers_seen)
+                               for rid, adm in self.admitting.items()]
 
 def _event_key(key):
     """A prefix-cache key as KV events spell it: (group, the hash BlockStored
@@ -363,14 +362,14 @@ def _failed_facts(scheduler, watch, failed_loads, invalid_block_ids):
     the first failed token, the blocks the failed part was written into."""
     facts = {}
     for rid in failed_loads:
-        adm = watch.admissions.get(rid, {})
+        adm = watch.admitting.get(rid, {})
         start = adm.get("local", 0)
         table = scheduler.kv_cache_manager.get_block_ids(rid)
         blocks = [[b for b in g[start // s.block_size:] if b != NULL_BLOCK] for g, s in zip(table, SPECS)]
         facts[rid] = dict(how="failed_recving", start=start, first=start, blocks=blocks,
                           request=scheduler.requests.get(rid),
                           finished_before=_finished(scheduler, rid))
-    for rid, adm in watch.admissions.items():
+    for rid, adm in watch.admitting.items():
         if not invalid_block_ids or not adm.get("external") or watch.async_answers_seen.get(rid):
             continue
         (table,) = adm["table"]

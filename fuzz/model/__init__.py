@@ -101,6 +101,7 @@ from fuzz.model._scheduler import (
 from fuzz.model._contents import event_orphans_of, hits_across_reset_of, missing_lookahead_of, unwritten_reads_of
 from fuzz.model._scenarios import EndpointRule, FixedPrompt, FixedRun, PromptDraw, SingleShotScenario, TruncationScenario
 from fuzz.model._scenarios import distinct_prompts
+from fuzz.model._outputs import draft_verifications_of, stale_outputs_of, stale_shares_of
 from fuzz.model._violations import HarnessError, InvariantViolation, MissedHit
 
 __all__ = [
@@ -170,6 +171,9 @@ __all__ = [
     "hits_across_reset_of",
     "missing_lookahead_of",
     "unwritten_reads_of",
+    "draft_verifications_of",
+    "stale_outputs_of",
+    "stale_shares_of",
     "ForeignHit",
     "HitAcrossReset",
     "FreedBlock",

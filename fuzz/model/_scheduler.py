@@ -22,6 +22,7 @@ from fuzz.model._contents import (
 from fuzz.model._engine import EngineDraw, reach_label
 from fuzz.model._evictions import Eviction
 from fuzz.model._kv import GroupInfo, LayoutDraw, Span
+from fuzz.model._outputs import DraftVerification, StaleOutput
 from fuzz.model._ownership import OwnershipObservation
 
 __all__ = [
@@ -347,55 +348,6 @@ class AdmissionObservation:
         if self.fell_back:
             lines.append("  the divergent-hit fallback (get_computed_blocks) ran")
         return "\n".join(lines)
-
-
-@dataclasses.dataclass(frozen=True)
-class StaleOutput:
-    """A request's share of a fed-back output after it was preempted (async
-    scheduling: preempted by a schedule() made while that step ran)."""
-
-    request_id: str
-    fed_step: int  # whose output was fed
-    preempted_at: int  # the step whose schedule() preempted it, after fed_step
-    sampled: tuple[int, ...]  # what the model runner sampled for it in that output
-    # Whether the release drops such output (Scheduler.requires_kv_delivery:
-    # a connector that hands KV off; None: the release has no such rule).
-    drops: bool | None
-    num_tokens_before: int  # request.num_tokens before update_from_output
-    num_tokens_after: int
-    status_after: str
-
-    def describe(self) -> str:
-        return (
-            f"request {self.request_id}, preempted at step {self.preempted_at}, got step {self.fed_step}'s "
-            f"sampled tokens {list(self.sampled)} (stale; drop_stale_output={self.drops}): "
-            f"num_tokens {self.num_tokens_before} -> {self.num_tokens_after}, status {self.status_after}"
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class DraftVerification:
-    """One request's drafts verified by an ``update_from_output``: the drafts
-    its step scheduled (``scheduled_spec_decode_tokens``, -1 padding
-    included), how many the rejection sampler accepted, and its
-    ``num_computed_tokens`` right before and right after the call."""
-
-    request_id: str
-    num_drafts: int
-    num_accepted: int
-    computed_before: int
-    computed_after: int
-    status_after: str  # its RequestStatus name after the call ("" : it left the scheduler)
-
-    @property
-    def num_rejected(self) -> int:
-        return self.num_drafts - self.num_accepted
-
-    def describe(self) -> str:
-        return (
-            f"request {self.request_id}: {self.num_drafts} drafts verified, {self.num_accepted} accepted; "
-            f"num_computed_tokens {self.computed_before} -> {self.computed_after} ({self.status_after or 'gone'})"
-        )
 
 
 @dataclasses.dataclass(frozen=True)

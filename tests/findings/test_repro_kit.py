@@ -142,6 +142,51 @@ def test_the_kit_s_admission_record_reads_as_an_admission() -> None:
     assert hasattr(Admission, "partial_tail") and hasattr(Admission, "describe")
 
 
+def test_the_kit_s_failed_load_record_reads_as_the_suite_s() -> None:
+    import dataclasses
+
+    from fuzz.kit._loads import FailedLoad as Kit
+    from fuzz.model import FailedLoad
+
+    kit = {f.name for f in dataclasses.fields(Kit)}
+    assert kit <= {f.name for f in dataclasses.fields(FailedLoad)}, kit
+
+
+def test_the_watch_records_what_every_carried_step_check_reads() -> None:
+    """A file calls a carried step check on the watch, which stands for the
+    suite's StepObservation: every attribute such a check reads of its step
+    is one the kit's watch records (set as ``self.x`` in ``_Watch`` or
+    ``watch.x`` in the kit), so no carried claim meets a missing record only
+    when it breaks."""
+    import ast
+    import importlib
+    import inspect
+
+    from fuzz.kit import KIT_MODULES
+    from fuzz.repro_scheduler import WRITABLE, _PER_ADMISSION, _PER_LOOKUP, _check_of, _ROWS
+
+    recorded = {"describe"}
+    for name in KIT_MODULES:
+        if name.startswith("fuzz.kit."):
+            for node in ast.walk(ast.parse(inspect.getsource(importlib.import_module(name)))):
+                if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                        and isinstance(node.value, ast.Name) and node.value.id in ("self", "watch")):
+                    recorded.add(node.attr)
+    missing = {}
+    for invariant in sorted(WRITABLE):
+        check = _check_of(invariant)
+        if check is None or check.startswith("_") or check in _PER_ADMISSION | _PER_LOOKUP:
+            continue
+        fn = _ROWS[invariant].check
+        tree = ast.parse(inspect.getsource(fn))
+        param = tree.body[0].args.args[0].arg  # type: ignore[attr-defined]
+        read = {n.attr for n in ast.walk(tree)
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == param}
+        if read - recorded:
+            missing[invariant] = read - recorded
+    assert not missing, missing
+
+
 def test_a_file_drops_the_triage_of_the_violations_it_raises() -> None:
     from fuzz.repro_prune_triage import without_triage
 
@@ -311,16 +356,17 @@ def test_a_local_nothing_reads_and_an_empty_splat_go() -> None:
 def test_admissions_are_watched_only_where_the_file_reads_them() -> None:
     """WATCH_ADMISSIONS: the writer keeps the admission records (and the
     wrapped lookup and allocate_slots) only where the file written without
-    them still reads watch.admissions."""
+    them still reads them (watch.admitting, or the Admission records of
+    watch.admissions)."""
     log = _tiny_log()
     for invariant, reads in (("computed-adds-up", True), ("hits-within-namespace", True),
                              ("preempted-resumable", False), ("events-replay-index", False)):
         source = scheduler_repro(log, invariant=invariant, target="t", seed=0, violation="")
         assert source is not None
-        assert ("admissions" in source) == reads, invariant
+        assert ("admitting" in source) == reads, invariant
         assert ("def local_hit(" in source) == reads, invariant
     preempted = scheduler_repro(log, invariant="preempted-resumable", target="t", seed=0, violation="")
-    assert preempted is not None and "self.stale" not in preempted and "scheduled_num_tokens" not in preempted
+    assert preempted is not None and "stale_outputs" not in preempted and "newly_scheduled" not in preempted
 
 
 # --- the files --------------------------------------------------------------

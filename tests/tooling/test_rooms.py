@@ -27,9 +27,10 @@ ALLOWED = {
     "fuzz.kit": (
         "fuzz.kit", "fuzz.adapter._reports", "fuzz.adapter._contents", "fuzz.adapter._events", "fuzz.model._hits",
         "fuzz.adapter._hits", "fuzz.model._evictions", "fuzz.adapter._evictions", "fuzz.model._contents",
-        "fuzz.model._kv", "fuzz.model._ownership",
+        "fuzz.model._kv", "fuzz.model._ownership", "fuzz.model._outputs",
         # The suite's checks a file carries as they are (fuzz.kit.SUITE_CHECK_MODULES).
         "invariants.contents", "invariants.promises", "invariants.hits", "invariants.ownership",
+        "invariants.scheduler",
     ),
 }
 
