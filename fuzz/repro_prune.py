@@ -62,6 +62,15 @@ class _Effects:
                     if isinstance(m, ast.FunctionDef):
                         self.methods.setdefault(m.name, []).append(m)
         self.known: dict[int, bool] = {}
+        # The file's classes whose construction changes nothing: no __init__,
+        # __post_init__ or __new__ of their own (a dataclass, an Enum's lookup).
+        self.constructors = set()
+        for source in sources.values():
+            node = parse(source).body[0]
+            if isinstance(node, ast.ClassDef) and not any(
+                    isinstance(m, ast.FunctionDef) and m.name in ("__init__", "__post_init__", "__new__")
+                    for m in node.body):
+                self.constructors.add(node.name)
 
     def pure_function(self, fn: ast.FunctionDef) -> bool:
         if id(fn) not in self.known:
@@ -85,7 +94,7 @@ class _Effects:
         if isinstance(func, ast.Name):
             if func.id in self.functions:
                 return all(self.pure_function(f) for f in self.functions[func.id])
-            return func.id in _PURE_BUILTINS
+            return func.id in _PURE_BUILTINS or func.id in self.constructors
         if isinstance(func, ast.Attribute):
             if isinstance(func.value, ast.Name) and func.value.id in local:
                 return True  # a method of a local: what it changes is the function's own

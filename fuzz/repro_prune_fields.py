@@ -58,18 +58,6 @@ def unread_fields(sources: Mapping[str, str], plain: Iterable[str], extra: str) 
             elif isinstance(node, ast.Name) and node.id in classes and name is None:
                 constructions.pop(node.id, None)  # built by the file's own code: it stays as it is
     effects = _Effects(sources, plain)
-    # The file's classes whose construction changes nothing: no __init__,
-    # __post_init__ or __new__ of their own (a dataclass, an Enum's lookup).
-    plain_classes = {
-        tree.body[0].name for tree in trees.values()
-        if tree.body and isinstance(tree.body[0], ast.ClassDef) and not any(
-            isinstance(m, ast.FunctionDef) and m.name in ("__init__", "__post_init__", "__new__")
-            for m in tree.body[0].body)
-    }
-
-    def pure(value: ast.expr) -> bool:
-        return all(effects._pure_call(n) for n in walk(value) if isinstance(n, ast.Call)
-                   and not (isinstance(n.func, ast.Name) and n.func.id in plain_classes))
     body_cuts: dict[str, list[tuple[int, int]]] = {}
     call_cuts: dict[str, list] = {}
     for cls, calls in constructions.items():
@@ -84,7 +72,7 @@ def unread_fields(sources: Mapping[str, str], plain: Iterable[str], extra: str) 
         by_position = set(fields[: max((len(call.args) for _, call in calls), default=0)])
         gone = {f for f in fields if f not in read and f not in by_position}
         for _, call in calls:
-            gone -= {k.arg for k in call.keywords if k.arg in gone and not pure(k.value)}
+            gone -= {k.arg for k in call.keywords if k.arg in gone and not effects.pure(k.value)}
         if not gone:
             continue
         body_cuts[home] = [(s.lineno, s.end_lineno or s.lineno) for s in node.body

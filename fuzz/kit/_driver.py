@@ -147,12 +147,12 @@ def _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_i
                 invalid_block_ids=set(invalid_block_ids),
             )
     if NUM_SPECULATIVE_TOKENS:
-        verified = _verified(scheduler, fed, sampled)
-        verifying = {rid: scheduler.requests[rid] for rid in verified}
+        watch.verified = _verified(scheduler, fed, sampled)
+        watch.verifying = {rid: scheduler.requests[rid] for rid in watch.verified}
     model_output = model_runner_output(list(fed.num_scheduled_tokens), sampled, connector_output)
     scheduler.update_from_output(fed, model_output)
     if NUM_SPECULATIVE_TOKENS:
-        watch.draft_verifications = draft_verifications_of(verified, verifying, scheduler.requests)
+        watch.draft_verifications = draft_verifications_of(watch.verified, watch.verifying, scheduler.requests)
     if WATCH_EVENTS:
         watch.event_gaps = _event_gaps(scheduler, watch)
         if WATCH_ORPHANS:
@@ -251,10 +251,12 @@ def _queued_step(scheduler, watch, failed_loads=(), invalid_block_ids=(), failin
         watch.failed_loads = _failed_loads(watch.failed)
         watch.failed_waiting.update({r: f for r, f in watch.failed.items() if f["how"] == "failed_recving"})
     # The shares of requests a schedule() since this step preempted: stale.
-    stale = stale_shares_of(list(fed.num_scheduled_tokens), sampled, index, watch.preempted_at, scheduler.requests)
-    sharing = {rid: scheduler.requests[rid] for rid in stale}
+    watch.stale = stale_shares_of(list(fed.num_scheduled_tokens), sampled, index, watch.preempted_at,
+                                  scheduler.requests)
+    watch.stale_requests = {rid: scheduler.requests[rid] for rid in watch.stale}
     _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_ids, sending)
-    watch.stale_outputs = stale_outputs_of(stale, index, getattr(scheduler, "requires_kv_delivery", None), sharing)
+    watch.stale_outputs = stale_outputs_of(watch.stale, index, getattr(scheduler, "requires_kv_delivery", None),
+                                           watch.stale_requests)
     if WATCH_TOKENS:
         _settle_tokens(scheduler, out, watch)
     return out

@@ -6,14 +6,19 @@ what vLLM did in them, and the invariants read those observations and raise
 rest of the suite survive vLLM's moving internal API.
 
 * ``_classification``: the spec-kind table, one row per vLLM spec class
-  (:data:`CLASSIFIED`, :data:`EXEMPT`, :class:`Behaviour`): how each kind
+  (:data:`CLASSIFIED`, :data:`EXEMPT`): how each kind
   must truncate and the facts needed to draw, build and judge its groups;
 * ``_groups``: what the checks, runners and repro writers say about one
   group (its behaviour, kind and name, :func:`cdiv`) and the connector
   answer the scheduler acts on;
 * ``_kv``: KV-cache layouts (:class:`SpecDraw`, :class:`LayoutDraw`), an
-  EAGLE-style drafter's settings (:class:`EagleDraw`) and one
-  ``truncate_computed_blocks`` call (:class:`TruncationObservation`);
+  EAGLE-style drafter's settings (:class:`EagleDraw`), one
+  ``truncate_computed_blocks`` call (:class:`TruncationObservation`), and
+  the table's values a repro file carries (:class:`Behaviour`,
+  :class:`Span`);
+* ``_outputs``: what a fed-back output did to its requests
+  (:class:`StaleOutput`, :class:`DraftVerification`), and the helpers that
+  build them for the harness and the repro kit alike;
 * ``_scheduler``: a scheduler configuration (:class:`SchedulerDraw`), the
   connector's scripted answers (:class:`ExternalReply`) and the protocol
   calls it saw (:class:`ConnectorAlloc`, :class:`ConnectorMeta`,
