@@ -7,7 +7,7 @@ spec-kind table's behaviour and span rule, and which blocks a step reads
 from __future__ import annotations
 
 from fuzz import adapter
-from fuzz.model import Behaviour, OpLog, classification_of_kind, group_behaviour
+from fuzz.model import Behaviour, OpLog, group_behaviour, span_of
 
 __all__ = ["behaviours_of", "read_rules_of", "roles_of", "spans_of"]
 
@@ -25,22 +25,17 @@ def roles_of(log: OpLog) -> list[str]:
     roles = []
     for g, draw in zip(log.config.groups, log.config.draw.layout.groups):
         role = _ROLE.get(group_behaviour(g), "scratch")
-        span = classification_of_kind(draw.kind).span
-        if role == "must-cover" and span is not None and draw.param(span[0]) is not None:
+        if role == "must-cover" and span_of(draw) is not None:
             role = "windowed"
         roles.append(role)
     return roles
 
 
 def spans_of(log: OpLog) -> list[tuple[str, int, str] | None]:
-    """Per group, its attention span as the harness derives it (the table's
-    span parameter and its value) with the table's rule for it."""
-    spans: list[tuple[str, int, str] | None] = []
-    for draw in log.config.draw.layout.groups:
-        span = classification_of_kind(draw.kind).span
-        value = None if span is None or draw.inner else draw.param(span[0])
-        spans.append(None if span is None or value is None else (span[0], value, span[1].value))
-    return spans
+    """Per group, its attention span as the harness derives it
+    (:func:`fuzz.model.span_of`), the rule spelt by its value."""
+    spans = map(span_of, log.config.draw.layout.groups)
+    return [None if span is None else (span[0], span[1], span[2].value) for span in spans]
 
 
 def read_rules_of(log: OpLog) -> list[tuple[str, int]]:
@@ -54,5 +49,4 @@ def read_rules_of(log: OpLog) -> list[tuple[str, int]]:
     draws = log.config.draw.layout.groups
     spans = [None if s is None else s[:2] for s in spans_of(log)]
     config = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=adapter.build_spec(d)) for d in draws])
-    behaviours = tuple(group_behaviour(g).value for g in log.config.groups)
-    return list(read_rules(config, log.config.groups, tuple(spans), behaviours))
+    return list(read_rules(config, log.config.groups, tuple(spans), tuple(behaviours_of(log))))

@@ -44,7 +44,7 @@ from fuzz.model import answer_acted_on
 from fuzz.model import cdiv as _cdiv
 from fuzz.model import group_behaviour as _behaviour
 from fuzz.model import group_kind, group_name as _name
-from fuzz.model import Behaviour, classification_of_kind
+from fuzz.model import Behaviour, first_needed_token
 
 __all__ = [
     "CONNECTOR_ADMISSION_CHECKS",
@@ -129,13 +129,6 @@ def check_external_range_contiguous(adm: AdmissionObservation, context: str = ""
         _fail_admission("external-contiguous", adm, "; ".join(problems), context)
 
 
-def _first_needed_token(g: GroupInfo, span: tuple[str, int] | None, resume: int) -> int:
-    rule = classification_of_kind(group_kind(g)).span if span is not None else None
-    if rule is None:
-        return 0
-    return rule[1].first_needed_token(span[1], resume)
-
-
 def check_load_blocks_cover_range(adm: AdmissionObservation, context: str = "") -> None:
     """The blocks ``update_state_after_alloc`` hands the connector hold the
     external range ``[local, total)`` in every group the connector loads,
@@ -159,14 +152,14 @@ def check_load_blocks_cover_range(adm: AdmissionObservation, context: str = "") 
         return
     local = adm.alloc_local_tokens
     total = local + (adm.connector_external_tokens or 0)
-    for g, span, ids in zip(adm.groups, adm.spans, adm.connector_block_ids):
-        behaviour = _behaviour(g)
+    for g, behaviour, span, rule, ids in zip(adm.groups, adm.behaviours, adm.spans, adm.span_rules,
+                                             adm.connector_block_ids):
         b = g.block_size
         if behaviour is Behaviour.MAY_BE_SHORT:
             needed = [_cdiv(total, b) - 1]
             what = f"the state block at the resume boundary {total}"
         elif behaviour is Behaviour.MUST_COVER:
-            first = max(local, _first_needed_token(g, span, total))
+            first = max(local, first_needed_token(span, rule, total))
             needed = list(range(first // b, _cdiv(total, b)))
             what = f"the external range [{first}, {total})"
         else:

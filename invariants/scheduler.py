@@ -36,7 +36,7 @@ from collections.abc import Callable
 from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, PoolObservation, StepObservation
 from fuzz.model import StrandedRequest
 from fuzz.model import answer_acted_on
-from fuzz.model import Behaviour, Span, cdiv, group_kind, group_name
+from fuzz.model import Behaviour, cdiv, first_needed_token, group_kind, group_name
 from invariants.connector import CONNECTOR_ADMISSION_CHECKS, CONNECTOR_STEP_CHECKS
 from invariants.contents import (  # WHERE: the vLLM call every check here judges too
     _PLACEHOLDERS,  # where output placeholders are reserved (AsyncScheduler)
@@ -61,8 +61,6 @@ __all__ = [
     "check_skipping_request_reads_no_cache", "check_stale_output_dropped", "check_step", "check_truncated_view",
     "expects_truncation", "step_violations",
 ]
-
-
 
 
 def _fail(invariant: str, adm: AdmissionObservation, message: str, context: str = "", group: GroupInfo | None = None) -> None:
@@ -171,14 +169,6 @@ def check_computed_tokens_add_up(adm: AdmissionObservation, context: str = "") -
             )
 
 
-def _first_needed_token(span: tuple[str, int] | None, rule: Span | None, resume: int) -> int:
-    """The first token the next computed token attends to in a group: 0, or
-    where its attention span (the table's span rule) starts."""
-    if span is None or rule is None:
-        return 0
-    return rule.first_needed_token(span[1], resume)
-
-
 def check_local_part_covered(adm: AdmissionObservation, context: str = "") -> None:
     """Every must-cover group has real KV, or KV on its way, for each block
     the resumed request reads inside the local part (from the first token its
@@ -206,7 +196,7 @@ def check_local_part_covered(adm: AdmissionObservation, context: str = "") -> No
         # Only a group whose own hit lags the local part can be completed by
         # the connector; the group that reached it must hold it.
         lagging = completes and hit < local
-        first = _first_needed_token(span, rule, resume)
+        first = first_needed_token(span, rule, resume)
         missing = []
         for i in range(first // g.block_size, cdiv(local, g.block_size)):
             cached = i < len(adopted) and adopted[i] != adm.null_block_id

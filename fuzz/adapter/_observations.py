@@ -38,11 +38,11 @@ from fuzz.model import (  # noqa: E402
     SchedulerDraw,
     StaleOutput,
     StrandedRequest,
-    classification_of_kind,
     draft_verifications_of,
+    drafts_to_verify_of,
     event_orphans_of,
     group_behaviour,
-    group_kind,
+    span_of,
     stale_outputs_of,
     stale_shares_of,
 )
@@ -73,10 +73,7 @@ class Observer:
         self.spans = spans
         # The spec-kind table's verdict on each group (fuzz.model.AdmissionObservation).
         self.behaviours = tuple(group_behaviour(g) for g in groups)
-        self.span_rules = tuple(
-            None if span is None else classification_of_kind(group_kind(g)).span[1]  # type: ignore[index]
-            for g, span in zip(groups, spans)
-        )
+        self.span_rules = tuple(None if span is None else span[2] for span in map(span_of, draw.layout.groups))
         self.scheduler_block_size, self.hash_block_size, self.null_block_id = sizes
         self.requests = requests
         self.clock = clock
@@ -325,17 +322,11 @@ class Observer:
         """After feeding it: what became of each stale share."""
         return stale_outputs_of(stale, index, getattr(self.scheduler, "requires_kv_delivery", None), self.requests)
 
-    def drafts_to_verify(self, out: Any, ids: list[str], sampled: list[list[int]]) -> dict[str, tuple[int, int, int]]:
+    def drafts_to_verify(self, out: Any, sampled: list[list[int]]) -> dict[str, tuple[int, int, int]]:
         """Before feeding ``out``'s output: per request with drafts and a
         sampled token, its drafts, how many were accepted and its computed
         tokens then."""
-        sched = self.scheduler
-        drafts = out.scheduled_spec_decode_tokens or {}
-        return {
-            rid: (len(drafts[rid]), len(sampled[i]) - 1, sched.requests[rid].num_computed_tokens)
-            for i, rid in enumerate(ids)
-            if drafts.get(rid) and sampled[i] and rid in sched.requests
-        }
+        return drafts_to_verify_of(out, sampled, self.scheduler.requests)
 
     def verifications(self, verified: Mapping[str, tuple[int, int, int]]) -> tuple[DraftVerification, ...]:
         """After feeding it: what the scheduler made of the verified drafts."""

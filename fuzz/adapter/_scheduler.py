@@ -43,22 +43,12 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from fuzz.model import Abort, AddRequest, ConnectorAnswer, Evict, FedOutput, OpLog, ResetPrefixCache, Step  # noqa: E402
 from fuzz.model import (  # noqa: E402
     DraftVerification, EventGap, EventOrphan, ExternalReply, ForeignHit, GroupInfo, HarnessError, HitAcrossReset,
-    MisnamedEntry, PoolObservation, PreemptedRequest, SchedulerDraw, SpecDraw, StaleOutput, StepObservation,
+    MisnamedEntry, PoolObservation, PreemptedRequest, SchedulerDraw, StaleOutput, StepObservation,
     UnbackedEntry,
 )
-from fuzz.model import classification_of_kind, group_behaviour as _group_behaviour  # noqa: E402
+from fuzz.model import group_behaviour as _group_behaviour, span_of  # noqa: E402
 
 __all__ = ["SchedulerHarness"]
-
-
-def _span(group: SpecDraw) -> tuple[str, int] | None:
-    """The group's attention-span parameter and its value (None: it reads
-    every earlier token), as the classification table names it."""
-    row = classification_of_kind(group.kind)
-    if row.span is None or group.inner:
-        return None
-    value = group.param(row.span[0])
-    return None if value is None else (row.span[0], value)
 
 
 @dataclasses.dataclass
@@ -110,7 +100,8 @@ class SchedulerHarness:
                 zip(built.kv_config.kv_cache_groups, self.manager.coordinator.single_type_managers)
             )
         )
-        self.spans = tuple(_span(g) for g in draw.layout.groups)
+        # Per group, its attention-span parameter and value (fuzz.model.span_of).
+        self.spans = tuple(None if span is None else span[:2] for span in map(span_of, draw.layout.groups))
         self.step_index = 0
         self.vllm_seconds = 0.0  # inside schedule() and update_from_output()
         self.broken: str | None = None
@@ -559,7 +550,7 @@ class SchedulerHarness:
         sharing = self.faults.before_update(step.sync_failures, failed, invalid_block_ids, out.num_scheduled_tokens)
         before = set(sched.requests)
         stale = self.observer.stale_shares(ids, sampled, step.index)
-        verified = self.observer.drafts_to_verify(out, ids, sampled)
+        verified = self.observer.drafts_to_verify(out, sampled)
         t0 = time.perf_counter()
         try:
             sched.update_from_output(out, output)

@@ -48,8 +48,8 @@ from fuzz.kit._params import (
 )
 from fuzz.kit._preempt import _preempted_states
 from fuzz.kit._watch import _event_gaps, _failed_facts
-from fuzz.kit._worker import _propose_drafts, _sampled, _verified, _worker_done, _worker_sampled
-from fuzz.model._outputs import draft_verifications_of, stale_outputs_of, stale_shares_of
+from fuzz.kit._worker import _propose_drafts, _sampled, _worker_done, _worker_sampled
+from fuzz.model._outputs import draft_verifications_of, drafts_to_verify_of, stale_outputs_of, stale_shares_of
 from fuzz.model._contents import KvFromOtherToken, event_orphans_of
 
 
@@ -147,7 +147,7 @@ def _feed(scheduler, watch, fed, sampled, recving, failed_loads, invalid_block_i
                 invalid_block_ids=set(invalid_block_ids),
             )
     if NUM_SPECULATIVE_TOKENS:
-        watch.verified = _verified(scheduler, fed, sampled)
+        watch.verified = drafts_to_verify_of(fed, sampled, scheduler.requests)
         watch.verifying = {rid: scheduler.requests[rid] for rid in watch.verified}
     model_output = model_runner_output(list(fed.num_scheduled_tokens), sampled, connector_output)
     scheduler.update_from_output(fed, model_output)

@@ -85,17 +85,6 @@ def _drafts_sampled(out, done, step):
     return sampled
 
 
-def _verified(scheduler, fed, sampled):
-    """Per request whose drafts the output verifies: (drafts, accepted,
-    num_computed_tokens right before update_from_output)."""
-    drafts = fed.scheduled_spec_decode_tokens or {}
-    return {
-        rid: (len(drafts[rid]), len(tokens) - 1, scheduler.requests[rid].num_computed_tokens)
-        for rid, tokens in zip(fed.num_scheduled_tokens, sampled)
-        if drafts.get(rid) and tokens and rid in scheduler.requests
-    }
-
-
 def _propose_drafts(scheduler, out):
     """EngineCore.post_step (sync, when the model ran): the drafter's k drafts
     for every request of the batch, through update_draft_token_ids."""

@@ -60,7 +60,8 @@ from fuzz.model._classification import (
     provisional,
     question_for,
 )
-from fuzz.model._groups import answer_acted_on, cdiv, group_behaviour, group_kind, group_name
+from fuzz.model._groups import answer_acted_on, cdiv, group_behaviour, group_kind, group_name, span_of
+from fuzz.model._kv import first_needed_token
 from fuzz.model._ownership import AllocationRecord, HeldTable, LookupRecord, OwnershipObservation
 from fuzz.model._evictions import Eviction, FreedBlock, describe_out_of_order, evicted_out_of_order, reused_before
 from fuzz.model._hits import allowed_hit
@@ -106,7 +107,7 @@ from fuzz.model._scheduler import (
 from fuzz.model._contents import event_orphans_of, hits_across_reset_of, missing_lookahead_of, unwritten_reads_of
 from fuzz.model._scenarios import EndpointRule, FixedPrompt, FixedRun, PromptDraw, SingleShotScenario, TruncationScenario
 from fuzz.model._scenarios import distinct_prompts
-from fuzz.model._outputs import draft_verifications_of, stale_outputs_of, stale_shares_of
+from fuzz.model._outputs import draft_verifications_of, drafts_to_verify_of, stale_outputs_of, stale_shares_of
 from fuzz.model._violations import HarnessError, InvariantViolation, MissedHit
 
 __all__ = [
@@ -134,6 +135,8 @@ __all__ = [
     "group_behaviour",
     "group_kind",
     "group_name",
+    "span_of",
+    "first_needed_token",
     "ENGINE_REACHABLE",
     "SCHEDULER_API",
     "EngineDraw",
@@ -177,6 +180,7 @@ __all__ = [
     "missing_lookahead_of",
     "unwritten_reads_of",
     "draft_verifications_of",
+    "drafts_to_verify_of",
     "stale_outputs_of",
     "stale_shares_of",
     "ForeignHit",

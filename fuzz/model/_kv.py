@@ -116,6 +116,15 @@ class Span(str, Enum):
         return resume // value * value
 
 
+def first_needed_token(span: tuple[str, int] | None, rule: Span | None, resume: int) -> int:
+    """The first token the next computed token (at ``resume``) attends to in
+    a group: 0, or where its attention span (``span``: its parameter and
+    value; ``rule``: how the table says it skips old tokens) starts."""
+    if span is None or rule is None:
+        return 0
+    return rule.first_needed_token(span[1], resume)
+
+
 @dataclass(frozen=True)
 class GroupInfo:
     """Static facts about one group of a built manager."""

@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
-    "DraftVerification", "StaleOutput", "draft_verifications_of", "stale_outputs_of", "stale_shares_of",
+    "DraftVerification", "StaleOutput", "draft_verifications_of", "drafts_to_verify_of", "stale_outputs_of",
+    "stale_shares_of",
 ]
 
 
@@ -88,6 +89,21 @@ def stale_outputs_of(stale: Mapping[str, tuple[int, tuple[int, ...], int]], inde
         StaleOutput(rid, index, at, tokens, drops, before, requests[rid].num_tokens, requests[rid].status.name)
         for rid, (at, tokens, before) in stale.items()
     ]
+
+
+def drafts_to_verify_of(out: Any, sampled: Sequence[Sequence[int]],
+                        requests: Mapping[str, Any]) -> dict[str, tuple[int, int, int]]:
+    """Before step output ``out`` is fed (``sampled``: what the model runner
+    sampled for each of its requests, in ``num_scheduled_tokens`` order;
+    ``requests``: the scheduler's live requests): per request with drafts
+    and a sampled token, (its drafts, how many were accepted, its
+    ``num_computed_tokens`` now)."""
+    drafts = out.scheduled_spec_decode_tokens or {}
+    return {
+        rid: (len(drafts[rid]), len(tokens) - 1, requests[rid].num_computed_tokens)
+        for rid, tokens in zip(out.num_scheduled_tokens, sampled)
+        if drafts.get(rid) and tokens and rid in requests
+    }
 
 
 def draft_verifications_of(verified: Mapping[str, tuple[int, int, int]], requests: Mapping[str, Any],

@@ -135,7 +135,7 @@ def test_the_kit_s_admission_record_reads_as_an_admission() -> None:
     for name in _PER_ADMISSION:
         carried |= kit_attributes(inspect.getsource(getattr(checks, name)))
     for helper in (checks._fail, checks._settled, checks._local_kept, checks.expects_truncation,
-                   checks._truncated_view, checks._first_needed_token):
+                   checks._truncated_view):
         carried |= kit_attributes(inspect.getsource(helper))
     missing = (carried & read) - kit - {"partial_tail", "describe"}
     assert not missing, missing
