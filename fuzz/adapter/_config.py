@@ -135,6 +135,7 @@ def _model_dir(kind: str) -> str:
 
 @functools.cache
 def _model_config(kind: str, max_model_len: int = MAX_MODEL_LEN) -> ModelConfig:
+    _compat.inspect_models_in_process(_model_dir(kind))
     return ModelConfig(
         model=_model_dir(kind),
         skip_tokenizer_init=True,
@@ -160,6 +161,7 @@ def speculative_kw(draw: SchedulerDraw, model_config: ModelConfig) -> dict[str, 
     extra: dict[str, Any] = {}
     if draw.speculative_method == "eagle":
         extra["model"] = _model_dir("eagle-draft")
+        _compat.inspect_models_in_process(extra["model"])
     speculative = SpeculativeConfig(
         method=draw.speculative_method,
         num_speculative_tokens=draw.num_speculative_tokens,

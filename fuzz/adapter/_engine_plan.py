@@ -271,6 +271,7 @@ def _layer_specs(vllm_config: VllmConfig, layers: list[_Layer]) -> dict[str, Any
 
 
 def _vllm_config(engine: EngineDraw, draw: SchedulerDraw | None, max_model_len: int) -> VllmConfig:
+    _compat.inspect_models_in_process(_model_dir(engine))
     model_config = ModelConfig(
         model=_model_dir(engine),
         skip_tokenizer_init=True,
