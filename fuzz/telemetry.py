@@ -7,13 +7,15 @@ counters into its progress files and the report aggregates them.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections import Counter
 
 import hypothesis
 
 __all__ = [
-    "COUNTERS", "note", "observe_gap", "observe_layout", "reach", "reject", "set_aside", "snapshot", "target",
+    "COUNTERS", "LABEL_PAIRS", "begin_example", "end_example", "example_labels", "note", "observe_gap",
+    "observe_layout", "reach", "reject", "set_aside", "snapshot", "target",
 ]
 
 COUNTERS: dict[str, Counter[str]] = {
@@ -26,11 +28,37 @@ COUNTERS: dict[str, Counter[str]] = {
 }
 
 
+# Every pair of labels some one example reached together: what the campaign's
+# schedule counts as new behaviour beside the labels themselves
+# (fuzz.campaign.novelty). Kept out of the progress files: it grows with the
+# square of the labels.
+LABEL_PAIRS: set[tuple[str, str]] = set()
+_EXAMPLE: set[str] = set()  # the labels of the example running now
+
+
 def reach(label: str) -> None:
     """Label a branch this example reached (Hypothesis statistics + campaign report)."""
     if hypothesis.currently_in_test_context():
         hypothesis.event(label)
     COUNTERS["branches"][label] += 1
+    _EXAMPLE.add(label)
+
+
+def example_labels(labels: set[str] | frozenset[str]) -> None:
+    """The labels a scheduler example or state-machine run reached (its
+    runner counts them itself), for this example's pairs."""
+    _EXAMPLE.update(labels)
+
+
+def begin_example() -> None:
+    """An example starts: its labels are collected from here."""
+    _EXAMPLE.clear()
+
+
+def end_example() -> None:
+    """The example is over: every pair of its labels joins :data:`LABEL_PAIRS`."""
+    LABEL_PAIRS.update(itertools.combinations(sorted(_EXAMPLE), 2))
+    _EXAMPLE.clear()
 
 
 def note(text: str) -> None:

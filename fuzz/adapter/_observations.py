@@ -53,6 +53,9 @@ __all__ = ["QUIET_STEPS", "Observer"]
 # stranded (one or two can be vLLM pacing a request: the V2 runner's
 # decode stagger waits a step).
 QUIET_STEPS = 3
+# Steps without progress allowed, on top of the re-prefill bound below,
+# before a busy run counts as going nowhere (Observer.progress).
+IDLE_PROGRESS_MARGIN = 8
 
 
 class Observer:
@@ -81,6 +84,11 @@ class Observer:
         self.preempted: set[str] = set()  # every request preempted so far
         self.preempted_at: dict[str, int] = {}  # request id -> the step that last preempted it
         self.quiet_steps = 0
+        # Progress (Observer.progress): the most tokens each request has had
+        # computed so far, and the engine steps since any request passed its
+        # mark, arrived, left or had a transfer in flight.
+        self.high_water: dict[str, int] = {}
+        self.steps_without_progress = 0
         # Connector calls already reported in a step observation; requests
         # already seen leaving the scheduler.
         self._finishes_seen = 0
@@ -311,6 +319,39 @@ class Observer:
             )
             for r in self.scheduler.running
         )
+
+    def progress(self, finished: frozenset[str]) -> None:
+        """After each engine step: did any request get further than it ever
+        had (its computed tokens past their mark), arrive, leave or have an
+        async load or producer hand-off in flight? If not, one more step
+        without progress."""
+        live = self.scheduler.requests
+        # With no request there is nothing to get further: an idle step is no loop.
+        moved = (not live or bool(finished) or bool(self.script.loads_in_flight)
+                 or bool(self.script.sends_in_flight))
+        for rid, request in live.items():
+            mark = self.high_water.get(rid)
+            if mark is None or request.num_computed_tokens > mark:
+                self.high_water[rid] = request.num_computed_tokens
+                moved = True
+        for rid in [r for r in self.high_water if r not in live]:
+            del self.high_water[rid]
+            moved = True
+        self.steps_without_progress = 0 if moved else self.steps_without_progress + 1
+
+    def going_nowhere(self) -> bool:
+        """Steps are being scheduled but no request gets further than it has
+        been: preemption and re-admission in a loop (a request admitted,
+        preempted for room it then needs itself, admitted again), which no
+        quiet-step count sees. The bound is what an honest recovery can
+        take: every live request recomputing what it had, at worst one
+        token a step and one step in ``prefill_schedule_interval``, plus a
+        margin."""
+        if any(rid not in self.high_water for rid in self.scheduler.requests):
+            return False  # a request added since the last step: it has had no chance yet
+        interval = max(1, self.draw.prefill_schedule_interval or 1)
+        bound = interval * sum(self.high_water.values()) + IDLE_PROGRESS_MARGIN
+        return self.steps_without_progress > bound
 
     def stale_shares(self, ids: list[str], sampled: list[list[int]], index: int) -> dict[str, tuple[int, tuple[int, ...], int]]:
         """Before feeding step ``index``'s output: its requests preempted by

@@ -406,6 +406,7 @@ class SchedulerHarness:
             bool(self.faults.step_failed_loads),
             self.faults.recomputed_failed_load,
         )
+        self.observer.progress(finished)
         kv_wrong = (
             () if error
             else self.runner.kv_from_other_tokens(out, self.scheduler.requests, self.faults.recomputed_failed_load)
@@ -481,6 +482,14 @@ class SchedulerHarness:
         in flight: no further step changes anything (requests left are
         stranded, or wait for blocks nobody will free)."""
         return self.observer.quiet_steps >= self.QUIET_STEPS
+
+    @property
+    def going_nowhere(self) -> bool:
+        """Steps keep scheduling work but no request gets further than it
+        has been for longer than any recovery takes
+        (:meth:`~fuzz.adapter._observations.Observer.going_nowhere`): later
+        steps repeat the same loop."""
+        return self.observer.going_nowhere()
 
     def _take_output(self, queued: _Pending | None) -> _Pending | None:
         """The scheduled step whose output this engine step feeds back (None:

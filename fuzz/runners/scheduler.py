@@ -52,6 +52,7 @@ from invariants.scheduler import (
 __all__ = [
     "ALL_CHECKS",
     "CACHED_BLOCK_EVICTED",
+    "NO_PROGRESS",
     "REACH",
     "Stepper",
     "carrying_oplog",
@@ -90,6 +91,9 @@ STALE_OUTPUT = "stale output of a request preempted during its step"
 CACHED_BLOCK_EVICTED = "cached block evicted"
 # A request finished (aborted) while the model ran the step that reports its load failed.
 ABORTED_DURING_FAILED_LOAD = "connector: load failed, its request aborted during the step"
+# Steps kept scheduling work that got no request further, longer than any
+# recovery takes (SchedulerHarness.going_nowhere): the run is ended there.
+NO_PROGRESS = "no progress; aborted"
 MAX_STEPS_PER_PHASE = 160
 
 
@@ -261,12 +265,14 @@ class Stepper:
         # An output still pending (async scheduling) is fed before idling.
         # A stall (steps with nothing to do) ends it early: later steps
         # would change nothing.
-        while self._busy() and not self.harness.broken and not self.harness.stalled and steps < max_steps:
+        # A loop of preemptions that gets no request further ends it too.
+        while (self._busy() and not self.harness.broken and not self.harness.stalled
+               and not self.harness.going_nowhere and steps < max_steps):
             self.step()
             steps += 1
         if self.harness.live_request_ids and not self.harness.broken:
             # A request the pool can never hold, or one still waiting: end it.
-            self.labels.add("stalled; aborted")
+            self.labels.add(NO_PROGRESS if self.harness.going_nowhere else "stalled; aborted")
             for rid in self.harness.live_request_ids:
                 self.harness.abort(rid)
             while self._busy() and not self.harness.broken and steps < 2 * max_steps:
@@ -309,6 +315,7 @@ def run_single_shot(
         for label in sorted(run.labels):
             REACH[label] += 1
             event(label)
+        telemetry.example_labels(run.labels)
         target(float(run.max_gap), label="FA-Mamba hit gap")
     return run.labels
 
