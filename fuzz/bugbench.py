@@ -14,7 +14,7 @@ Each trial, for one bug:
   side-by-side installs of :mod:`fuzz.matrix.envs`, or the base venv's
   vLLM), in a child process with that release first on ``PYTHONPATH``;
 - fuzzes the bug's targets in the campaign's fair slices
-  (:class:`~fuzz.campaign.schedule.FairSchedule`) with the campaign's
+  (:class:`~fuzz.campaign.schedule.DiscoverySchedule`) with the campaign's
   generation phases (generate, target; no shrinking: the clock stops at the
   first example that shows the bug);
 - starts from no example database, so nothing is replayed, and sees
@@ -129,8 +129,9 @@ def _trials(bug_id: str, targets: list[str], seeds: list[int], budget: float) ->
     from hypothesis import Phase, Verbosity
     from hypothesis.errors import HypothesisException
 
-    from fuzz import adapter, known_bugs
-    from fuzz.campaign.schedule import FairSchedule
+    from fuzz import adapter, known_bugs, telemetry
+    from fuzz.campaign.novelty import features
+    from fuzz.campaign.schedule import DiscoverySchedule
     from fuzz.hunting import budget_settings, property_test
     from fuzz.model import InvariantViolation
     from fuzz.registry import get_target
@@ -163,6 +164,7 @@ def _trials(bug_id: str, targets: list[str], seeds: list[int], budget: float) ->
         def wrap(inner: Any) -> Any:
             def counted(*args: Any, **kwargs: Any) -> None:
                 state["examples"] += 1
+                telemetry.begin_example()
                 try:
                     inner(*args, **kwargs)
                 except HypothesisException:
@@ -172,6 +174,8 @@ def _trials(bug_id: str, targets: list[str], seeds: list[int], budget: float) ->
                         state["found"] = (time.monotonic() - state["t0"], name)
                         raise _Found from None
                     state["other"][label(exc)] += 1
+                finally:
+                    telemetry.end_example()
                 if time.monotonic() > stop_at:
                     raise _SliceOver
 
@@ -197,13 +201,17 @@ def _trials(bug_id: str, targets: list[str], seeds: list[int], budget: float) ->
     for seed in seeds:
         state: dict[str, Any] = {"examples": 0, "hunting": True, "other": Counter(), "found": None,
                                  "t0": time.monotonic()}
-        schedule = FairSchedule(list(targets), budget)
+        schedule = DiscoverySchedule(list(targets), budget)
         start = state["t0"]
+        seen = features()
         while state["found"] is None and (turn := schedule.next_turn(time.monotonic() - start)) is not None:
             t0, before = time.monotonic(), state["examples"]
             run(turn.target, turn.examples, seed * 1_000_003 + turn.index,
                 min(t0 + 2 * turn.seconds, start + budget), state)
-            schedule.record(turn, seconds=time.monotonic() - t0, examples=state["examples"] - before)
+            reached = features()
+            schedule.record(turn, seconds=time.monotonic() - t0, examples=state["examples"] - before,
+                            novelty=len(reached - seen))
+            seen = reached
         found = state["found"]
         results.append({
             "seed": seed, "found": found is not None,

@@ -178,7 +178,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # Start-up counts from here: the runner's own set-up is part of it.
     start = time.time()
     from fuzz.campaign import CampaignConfig, CampaignRecord, databases, parse_shard, run_campaign, shard_items
-    from fuzz.campaign.report import startup_line, summary_table, write_reports
+    from fuzz.campaign.report import schedule_table, startup_line, summary_table, write_reports
     from fuzz.registry import default_targets
 
     budget = parse_duration(args.budget)
@@ -230,6 +230,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(result.refused)
     total = result.totals
     print(summary_table(total, result.elapsed))
+    print(schedule_table(total))
     print(startup_line(total))
     sections = _coverage_sections(config, total, [Path(config.stats_dir) / "coverage"], report_dir)
     paths = write_reports(total, report_dir, repro_dir=repro_dir, elapsed=result.elapsed, config=config,

@@ -1,5 +1,6 @@
-"""One worker slot fuzzing its targets: fair slices of fresh generation, and a
-replay whenever the shared database holds something new.
+"""One worker slot fuzzing its targets: slices of fresh generation that
+follow discovery (:mod:`fuzz.campaign.schedule`), and a replay whenever the
+shared database holds something new.
 
 Each slice is one Hypothesis run of one target (:func:`fuzz.hunting.property_test`):
 
@@ -38,7 +39,8 @@ from fuzz.campaign.config import CampaignConfig
 from fuzz.campaign.databases import DatabaseUnavailable, check_database
 from fuzz.campaign.findings import Findings, failing_choices
 from fuzz.campaign.progress import Progress
-from fuzz.campaign.schedule import FairSchedule, Turn
+from fuzz.campaign.novelty import features
+from fuzz.campaign.schedule import DiscoverySchedule, Turn
 from fuzz.hunting import budget_settings, property_test
 from fuzz.model import HarnessError
 from fuzz.outcomes import Outcome, classify
@@ -140,6 +142,7 @@ class TargetFuzzer:
             def counted(*args: Any, **kwargs: Any) -> None:
                 self._examples += 1
                 self.progress.count(self.name)
+                telemetry.begin_example()
                 try:
                     inner(*args, **kwargs)
                 except HypothesisException:
@@ -149,6 +152,8 @@ class TargetFuzzer:
                         self._shrinking = True
                         raise
                     # else: found before, not worth another shrink
+                finally:
+                    telemetry.end_example()
                 # Stop only after a whole example: a state machine draws as it
                 # goes, and a run cut before its draws reads as flaky data.
                 if stop_at is not None and not self._shrinking and time.monotonic() > stop_at:
@@ -183,10 +188,11 @@ class TargetFuzzer:
 
 def run_slot(config: CampaignConfig, slot: int, targets: list[str], *, database: ExampleDatabase | None,
              progress: Progress, findings: Findings,
-             slice_context: Callable[[str], AbstractContextManager[None]] | None = None) -> FairSchedule | None:
+             slice_context: Callable[[str], AbstractContextManager[None]] | None = None) -> DiscoverySchedule | None:
     """Fuzz ``targets`` on ``slot`` for the campaign's budget (counted from
     now, so start-up comes on top), in fair slices, and return the schedule
-    as it ran; with ``reuse_only``, replay what the database holds (and what
+    as it ran (each slice's target, why it got the slice, and how many new
+    behaviours it found: :mod:`fuzz.campaign.novelty`); with ``reuse_only``, replay what the database holds (and what
     others save into it) instead, until each target has reported a failure
     or the budget ends. ``slice_context(target)`` wraps each slice (the
     coverage tracer's per-target context, :mod:`fuzz.coverage`)."""
@@ -226,7 +232,8 @@ def run_slot(config: CampaignConfig, slot: int, targets: list[str], *, database:
         progress.flush()
         return None
 
-    schedule = FairSchedule(list(targets), config.budget)
+    schedule = DiscoverySchedule(list(targets), config.budget)
+    seen = features()  # what start-up reached is nobody's discovery
     while (turn := schedule.next_turn(time.monotonic() - start)) is not None:
         check_database(database)
         f = fuzzer(turn.target)
@@ -237,8 +244,14 @@ def run_slot(config: CampaignConfig, slot: int, targets: list[str], *, database:
                 examples = f.replay()
             else:
                 examples = f.generate(turn, stop_at=min(t0 + 2 * turn.seconds, deadline))
-        schedule.record(turn, seconds=time.monotonic() - t0, examples=examples, generated=not replay)
+        reached = features()
+        novelty = len(reached - seen)
+        seen = reached
+        schedule.record(turn, seconds=time.monotonic() - t0, examples=examples, novelty=novelty,
+                        generated=not replay)
         progress.totals.turns.setdefault(progress.worker, []).append(turn.target)
+        progress.totals.slices.setdefault(progress.worker, []).append(
+            [turn.target, turn.why, round(time.monotonic() - t0, 3), examples, novelty])
         if f.failures >= MAX_FAILURES_PER_TARGET:
             schedule.finish(turn.target)
     progress.flush()

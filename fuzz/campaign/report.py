@@ -13,7 +13,7 @@ from pathlib import Path
 from fuzz.campaign.config import CampaignConfig
 from fuzz.campaign.totals import Totals, is_missed_hit
 
-__all__ = ["startup_line", "summary_table", "write_reports"]
+__all__ = ["schedule_table", "startup_line", "summary_table", "write_reports"]
 
 
 def summary_table(total: Totals, elapsed: float) -> str:
@@ -32,6 +32,31 @@ def summary_table(total: Totals, elapsed: float) -> str:
         first = total.first_example_s.get(name)
         rows.append((name, str(n), f"{n / max(secs, 1e-9):.1f}", "-" if first is None else f"{first:.1f}s",
                      str(len(fails.get(name, ()))), str(len(missed.get(name, ())))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def schedule_table(total: Totals) -> str:
+    """One row per target, over every worker's slices
+    (:mod:`fuzz.campaign.schedule`): its share of the fuzzing time, its
+    slices by why each was given (its first, its floor, the best discovery
+    rate), and the new behaviours it found (:mod:`fuzz.campaign.novelty`)."""
+    per: dict[str, dict[str, float]] = {}
+    for slices in total.slices.values():
+        for target, why, seconds, _examples, novelty in slices:
+            row = per.setdefault(target, {"seconds": 0.0, "first": 0, "floor": 0, "best": 0, "new": 0})
+            row["seconds"] += seconds
+            row["new"] += novelty
+            row["best" if why.startswith("best") else "floor" if why == "floor" else "first"] += 1
+    if not per:
+        return "(no slices recorded)"
+    spent = sum(r["seconds"] for r in per.values()) or 1e-9
+    rows = [("target", "share", "seconds", "first", "floor", "best rate", "new behaviours")]
+    for name, r in sorted(per.items(), key=lambda kv: -kv[1]["seconds"]):
+        rows.append((name, f"{100 * r['seconds'] / spent:.0f}%", f"{r['seconds']:.1f}", str(int(r["first"])),
+                     str(int(r["floor"])), str(int(r["best"])), str(int(r["new"]))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -104,6 +129,16 @@ def write_reports(
         summary_table(total, elapsed),
         "```",
         "",
+        "## Schedule",
+        "",
+        "Slices by why each target got them: its first slice, its floor (half an even share of the time so far), "
+        "or the best recent rate of new behaviour (new branch labels, known-bug states, refusals, hit gaps; "
+        "fuzz/campaign/schedule.py).",
+        "",
+        "```",
+        schedule_table(total),
+        "```",
+        "",
     ]
     failures = {f["key"]: f for f in total.failures if not is_missed_hit(f)}
     missed = {f["key"]: f for f in total.failures if is_missed_hit(f)}
@@ -146,6 +181,7 @@ def write_reports(
         "<h1>Fuzz campaign report</h1>",
         "<pre>" + html.escape("\n".join(header[2:7])) + "</pre>",
         "<h2>Summary</h2><pre>" + html.escape(summary_table(total, elapsed)) + "</pre>",
+        "<h2>Schedule</h2><pre>" + html.escape(schedule_table(total)) + "</pre>",
     ]
     for title, found in (("Violations", failures), ("Missed hits (performance, not corruption)", missed)):
         body.append(f"<h2>{html.escape(title)}</h2>")

@@ -56,6 +56,9 @@ class Totals:
     # Per worker slot, the target of each slice in the order the slices ran
     # (fairness is asserted on this order, never on the clock).
     turns: dict[str, list[str]] = field(default_factory=dict)
+    # Per worker slot, every slice as [target, why it got the slice, seconds,
+    # examples, new behaviours] (fuzz.campaign.schedule: the report's schedule).
+    slices: dict[str, list[list[Any]]] = field(default_factory=dict)
     # Targets the installed vLLM cannot host: target -> one line naming what it lacks.
     unsupported: dict[str, str] = field(default_factory=dict)
 
@@ -84,6 +87,7 @@ class Totals:
             first_example_s=_earliest(self.first_example_s, other.first_example_s),
             startup_s=self.startup_s + other.startup_s,
             turns={**self.turns, **other.turns},
+            slices={**self.slices, **other.slices},
             unsupported={**self.unsupported, **other.unsupported},
         )
 
@@ -119,7 +123,7 @@ class Totals:
         return {"examples": self.examples, "seconds": self.seconds, "failures": self.failures,
                 "telemetry": self.telemetry, "vllm_version": self.vllm_version,
                 "first_example_s": self.first_example_s, "startup_s": self.startup_s, "turns": self.turns,
-                "unsupported": self.unsupported}
+                "slices": self.slices, "unsupported": self.unsupported}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Totals:
@@ -132,5 +136,6 @@ class Totals:
             first_example_s=dict(data.get("first_example_s", {})),
             startup_s=list(data.get("startup_s", [])),
             turns={k: list(v) for k, v in data.get("turns", {}).items()},
+            slices={k: [list(s) for s in v] for k, v in data.get("slices", {}).items()},
             unsupported=dict(data.get("unsupported", {})),
         )

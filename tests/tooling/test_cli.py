@@ -140,6 +140,11 @@ def test_clean_campaign_runs_every_default_target_early_and_reports(tmp_path: Pa
     assert all(record["examples"][name] >= 1 for name in names), record["examples"]
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "Branches reached" in md and "Spec types drawn" in md and "start-up:" in md
+    # The schedule is shown: every slice with why its target got it.
+    (slices,) = record["slices"].values()
+    assert [s[0] for s in slices] == order
+    assert {s[1].split()[0] for s in slices} <= {"first", "floor", "best"}, slices
+    assert "## Schedule" in md and "new behaviours" in md
 
 
 @pytest.mark.parametrize(
