@@ -15,10 +15,12 @@ start-up outlasts the budget). After that, each turn goes to:
    that stops finding things falls back within a few slices and one that
    has not run for a while is not judged on old luck).
 
-"New behaviour" is whatever the caller counts per slice (the campaign:
-branch labels, known-bug states and vLLM's refusals never seen before on
-this worker, plus new vLLM branches when coverage is on; see
-:func:`fuzz.campaign.novelty.features`). HypoFuzz and AFL-family schedulers
+"New behaviour" is whatever the caller counts per slice (the campaign and
+the bugbench: branch labels, known-bug states, vLLM's refusals, hit gaps and
+pairs of labels one example reached together, never seen before in this
+process; :func:`fuzz.campaign.novelty.features`). vLLM's own branches are
+left out: tracing them costs the campaign what it measures
+(``--coverage``, docs/coverage.md). HypoFuzz and AFL-family schedulers
 spend time the same way: by each target's recent rate of discovery, with a
 floor for all.
 

@@ -191,3 +191,23 @@ def test_a_state_machine_slice_stops_cleanly(tmp_path: Path, name: str) -> None:
     for index in range(3):
         assert fuzzer.generate(Turn(name, index, 10**6, 0.3), stop_at=time.monotonic() + 0.3) > 0
     assert progress.totals.failures == []
+
+
+def test_new_behaviour_counts_labels_and_pairs_of_one_example() -> None:
+    """What the schedule counts (fuzz.campaign.novelty): a label reached for
+    the first time, and two known labels reached together for the first time."""
+    from fuzz import telemetry
+    from fuzz.campaign.novelty import features
+
+    a, b = "test-novelty: a", "test-novelty: b"
+    before = features()
+    for label in (a, b):  # each alone: two new labels, no pair
+        telemetry.begin_example()
+        telemetry.reach(label)
+        telemetry.end_example()
+    alone = features()
+    assert {f for f in alone - before if "test-novelty" in f} == {f"branches: {a}", f"branches: {b}"}
+    telemetry.begin_example()
+    telemetry.example_labels({a, b})  # both in one example: one new pair, nothing else
+    telemetry.end_example()
+    assert features() - alone == {f"pair: {a} & {b}"}
