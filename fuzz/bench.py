@@ -165,7 +165,7 @@ def _campaign_run(name: str, seconds: float, seed: int | None = None) -> tuple[f
     # shrank it or let it pass: a bare rerun would stop at it instead, so the
     # comparison leaves such slices out, like the first.
     slices = [[turn.examples, slice_seed(seed, 0, turn.index), secs, n, steps]
-              for (turn, secs, n), (steps, failed) in zip(schedule.history, per_slice)
+              for (turn, secs, n, _found), (steps, failed) in zip(schedule.history, per_slice)
               if turn.index > 0 and not failed]
     secs, n = sum(s[2] for s in slices), sum(s[3] for s in slices)
     return (n / secs if secs else 0.0), n, secs, sum(s[4] for s in slices), slices
