@@ -246,8 +246,11 @@ class Stepper:
             gap = fa_mamba_gap(adm)
             if gap is not None:
                 self.max_gap = max(self.max_gap, gap)
+        if self.harness.going_nowhere:
+            labels.add(NO_PROGRESS)
         unknown, known = triage(obs, self.checks)
         labels.update(f"known vLLM bug: {bug_id}" for bug_id in known)
+        telemetry.example_labels(labels)  # the example's, for the schedule's label pairs
         self.known.update(known)
         self.labels |= labels
         self.last_labels = labels
@@ -315,7 +318,6 @@ def run_single_shot(
         for label in sorted(run.labels):
             REACH[label] += 1
             event(label)
-        telemetry.example_labels(run.labels)
         target(float(run.max_gap), label="FA-Mamba hit gap")
     return run.labels
 

@@ -46,11 +46,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from fuzz import telemetry
 from fuzz.adapter import missing_capabilities
 from fuzz.registry import SCHEDULER_TIER
 from fuzz.model import ExternalReply, SchedulerDraw
-from fuzz.runners.scheduler import ALL_CHECKS, NO_PROGRESS, Stepper, build_harness, carrying_oplog, run_single_shot
+from fuzz.runners.scheduler import ALL_CHECKS, Stepper, build_harness, carrying_oplog, run_single_shot
 from invariants.scheduler import check_no_leaked_blocks
 from strategies.engine_models import engine_single_shot_scenarios
 from fuzz.model import SingleShotScenario
@@ -463,8 +462,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         before = self.drafts_preempted
         for _ in range(2 * max_tokens + 8):
             if (not self._live() or self.drafts_preempted > before or self.harness.stalled
-                    or self.harness.going_nowhere
-                    or not set(rids) & set(self.harness.live_request_ids)):
+                    or self.harness.going_nowhere or not set(rids) & set(self.harness.live_request_ids)):
                 break
             self.step(1)
         for rid in rids if self._live() else ():
@@ -565,14 +563,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.harness is not None
         for _ in range(200):
             # idle: no request, no output pending; stalled: steps with
-            # nothing to do, so later ones change nothing (waiting requests
-            # the pool cannot hold; stranded ones fail their check first).
-            if not self._live() or self.harness.is_idle() or self.harness.stalled:
-                break
-            if self.harness.going_nowhere:
-                # A preemption loop: more steps repeat it (docs/leads.md).
-                self.labels.add(NO_PROGRESS)
-                event(NO_PROGRESS)
+            # nothing to do (waiting requests the pool cannot hold; stranded
+            # ones fail their check first); going nowhere: a preemption loop.
+            if not self._live() or self.harness.is_idle() or self.harness.stalled or self.harness.going_nowhere:
                 break
             self.step(1)
 
@@ -596,7 +589,6 @@ class SchedulerMachine(RuleBasedStateMachine):
                     self.harness.abort(rid)
                 self.run_until_idle()
             MACHINE_REACH.update(self.labels)
-            telemetry.example_labels({f"machine: {label}" for label in self.labels})
             if self._live() and check_no_leaked_blocks in _machine_checks:
                 with carrying_oplog(self.harness):
                     check_no_leaked_blocks(self.harness.pool_observation())
