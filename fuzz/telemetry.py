@@ -45,8 +45,9 @@ def reach(label: str) -> None:
 
 
 def example_labels(labels: set[str] | frozenset[str]) -> None:
-    """The labels a scheduler example or state-machine run reached (its
-    runner counts them itself), for this example's pairs."""
+    """Labels the running example reached that its runner counts itself
+    (the scheduler tier's step labels, handed over each step), for this
+    example's pairs."""
     _EXAMPLE.update(labels)
 
 

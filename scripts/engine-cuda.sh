@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The engine tier on one CUDA GPU (prepared for an H200), install included,
-# in under 8 minutes. NOT YET RUN: no GPU was lent to the session that wrote it.
+# in under 8 minutes. Not yet run on a GPU: its first run there is still to come.
 #
 # Environment, first found wins:
 #   1. $ENGINE_CUDA_PYTHON: a python that already imports vllm 0.33.0 with CUDA;

@@ -406,6 +406,9 @@ def declared_defaults(qualified_names: Sequence[str]) -> dict[str, dict[str, Any
     return out
 
 
+_INSPECTED: set[str] = set()  # architectures inspect_models_in_process has seen to
+
+
 def inspect_models_in_process(model_dir: str) -> None:
     """Let vLLM learn about the model classes a local ``config.json`` names
     in this process, before ``ModelConfig`` asks.
@@ -435,5 +438,3 @@ def inspect_models_in_process(model_dir: str) -> None:
             ModelRegistry.register_model(arch, load())
         _INSPECTED.add(arch)
 
-
-_INSPECTED: set[str] = set()

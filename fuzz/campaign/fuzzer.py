@@ -190,10 +190,11 @@ def run_slot(config: CampaignConfig, slot: int, targets: list[str], *, database:
              progress: Progress, findings: Findings,
              slice_context: Callable[[str], AbstractContextManager[None]] | None = None) -> DiscoverySchedule | None:
     """Fuzz ``targets`` on ``slot`` for the campaign's budget (counted from
-    now, so start-up comes on top), in fair slices, and return the schedule
-    as it ran (each slice's target, why it got the slice, and how many new
-    behaviours it found: :mod:`fuzz.campaign.novelty`); with ``reuse_only``, replay what the database holds (and what
-    others save into it) instead, until each target has reported a failure
+    now, so start-up comes on top), in slices that follow discovery, and
+    return the schedule as it ran (each slice's target, why it got the
+    slice, and how many new behaviours it found: :mod:`fuzz.campaign.novelty`);
+    with ``reuse_only``, replay what the database holds (and what others
+    save into it) instead, until each target has reported a failure
     or the budget ends. ``slice_context(target)`` wraps each slice (the
     coverage tracer's per-target context, :mod:`fuzz.coverage`)."""
     start = time.monotonic()
@@ -244,14 +245,14 @@ def run_slot(config: CampaignConfig, slot: int, targets: list[str], *, database:
                 examples = f.replay()
             else:
                 examples = f.generate(turn, stop_at=min(t0 + 2 * turn.seconds, deadline))
+        seconds = time.monotonic() - t0
         reached = features()
         novelty = len(reached - seen)
         seen = reached
-        schedule.record(turn, seconds=time.monotonic() - t0, examples=examples, novelty=novelty,
-                        generated=not replay)
+        schedule.record(turn, seconds=seconds, examples=examples, novelty=novelty, generated=not replay)
         progress.totals.turns.setdefault(progress.worker, []).append(turn.target)
         progress.totals.slices.setdefault(progress.worker, []).append(
-            [turn.target, turn.why, round(time.monotonic() - t0, 3), examples, novelty])
+            [turn.target, turn.why, round(seconds, 3), examples, novelty])
         if f.failures >= MAX_FAILURES_PER_TARGET:
             schedule.finish(turn.target)
     progress.flush()

@@ -16,6 +16,14 @@ from fuzz.campaign.totals import Totals, is_missed_hit
 __all__ = ["schedule_table", "startup_line", "summary_table", "write_reports"]
 
 
+def _aligned(rows: list[tuple[str, ...]]) -> str:
+    """Rows as a plain-text table, the first a header underlined with dashes."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
 def summary_table(total: Totals, elapsed: float) -> str:
     """One row per target: examples, examples per second of the time it ran,
     when its first example ran (seconds after the run started), violations,
@@ -32,10 +40,7 @@ def summary_table(total: Totals, elapsed: float) -> str:
         first = total.first_example_s.get(name)
         rows.append((name, str(n), f"{n / max(secs, 1e-9):.1f}", "-" if first is None else f"{first:.1f}s",
                      str(len(fails.get(name, ()))), str(len(missed.get(name, ())))))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return _aligned(rows)
 
 
 def schedule_table(total: Totals) -> str:
@@ -57,10 +62,7 @@ def schedule_table(total: Totals) -> str:
     for name, r in sorted(per.items(), key=lambda kv: -kv[1]["seconds"]):
         rows.append((name, f"{100 * r['seconds'] / spent:.0f}%", f"{r['seconds']:.1f}", str(int(r["first"])),
                      str(int(r["floor"])), str(int(r["best"])), str(int(r["new"]))))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return _aligned(rows)
 
 
 def startup_line(total: Totals) -> str:
