@@ -4,10 +4,11 @@
 #  2. the CPU engine tier (scripts/run-engine-cpu.sh): the engine target on a
 #     short derandomized budget and the engine self-tests in .venv-engine-cpu,
 #     then the run's figures. The environment is built if needed while the
-#     lean tests run (mostly download and unpacking; pytest takes one core).
+#     lean tests run (mostly download and unpacking).
 #   FUZZ_ENGINE=1    always run the engine tier; FUZZ_ENGINE=0 never.
 #                    Unset: run it unless pytest arguments were given.
 #   ENGINE_EXAMPLES  generated examples for the engine target here (default 20)
+#   FUZZ_TEST_WORKERS  pytest-xdist workers for the lean tests (default 2; 0: none)
 # A skipped engine tier says so in one line. The exit status is non-zero when
 # either part fails, a failed install included.
 set -euo pipefail
@@ -39,7 +40,10 @@ bash "$root/scripts/ensure-redis.sh"  # for tests/tooling/test_redis_campaign.py
 cd "$root"
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 rc=0
-"${FUZZ_VENV:-$root/.venv}/bin/python" -m pytest "$@" || rc=$?
+# Both cores by default (pytest-xdist); FUZZ_TEST_WORKERS=0 runs in one process.
+workers=(-n "${FUZZ_TEST_WORKERS:-2}")
+[[ "${FUZZ_TEST_WORKERS:-2}" == 0 ]] && workers=()
+"${FUZZ_VENV:-$root/.venv}/bin/python" -m pytest "${workers[@]}" "$@" || rc=$?
 
 if [[ -n "$skip" ]]; then
   echo "engine tier: SKIPPED ($skip)"
