@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# The engine tier on one CUDA GPU (prepared for an H200), install included,
-# in under 8 minutes. Not yet run on a GPU: its first run there is still to come.
+# The engine tier on one CUDA GPU, install included, in under 8 minutes.
+# Not yet run on a GPU: its first run there is still to come.
 #
 # Environment, first found wins:
 #   1. $ENGINE_CUDA_PYTHON: a python that already imports vllm 0.33.0 with CUDA;
 #   2. .venv-engine-cuda (or $ENGINE_CUDA_VENV) from an earlier run of this script;
 #   3. a fresh venv: `pip install vllm==0.33.0` (about 9.4 GB; ~5 min where a
 #      registry is reachable), from $ENGINE_WHEELHOUSE with --no-index when set
-#      (a device machine without network needs wheels placed there beforehand:
-#      they are far over what a 64 MiB carry can bring).
+#      (a GPU host without network access needs the wheels placed there first).
 # Where none can be had, or there is no GPU, it says why and exits 0 (a clean skip).
 #
 #   ENGINE_EXAMPLES   Hypothesis examples (default 200)

@@ -15,7 +15,7 @@ export KVTRUNC_ENGINE_EXAMPLES="${ENGINE_EXAMPLES:-40}"
 export KVTRUNC_ENGINE_REPORT="${KVTRUNC_ENGINE_REPORT:-$root/.cache/engine/last-run.json}"
 mkdir -p "$(dirname "$KVTRUNC_ENGINE_REPORT")"
 rm -f "$KVTRUNC_ENGINE_REPORT"  # an earlier run's figures must never pass for this one's
-# One process: the engine and its cold reference are built once per session.
+# One process: the engine and its cold reference are built once per pytest run.
 rc=0
 "$py" -m pytest -p no:xdist fuzz/targets/target_engine.py tests/engine/test_engine_tier.py "$@" || rc=$?
 if [[ -f "$KVTRUNC_ENGINE_REPORT" ]]; then

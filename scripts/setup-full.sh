@@ -9,8 +9,9 @@ venv="${FUZZ_VENV_FULL:-$root/.venv-full}"
 python="${FUZZ_PYTHON:-python3.11}"
 command -v "$python" >/dev/null 2>&1 || python=python3
 [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
-# The machine-wide pip cap (/etc/xdg/pip) would refuse vLLM's torch pin; the
-# full install wants exactly vLLM's declared versions, so bypass it here only.
+# A constraint file set for pip (PIP_CONSTRAINT, or pip's own configuration)
+# may refuse vLLM's torch pin; the full install wants exactly vLLM's declared
+# versions, so this one command runs without it.
 PIP_CONSTRAINT= "$venv/bin/pip" install --quiet "vllm==0.33.0" hypothesis pytest pytest-xdist
 "$venv/bin/python" -c "import vllm; assert vllm.__version__ == '0.33.0'"
 # run-tests.sh / run-fuzz.sh skip their lean bootstrap when this stamp matches.

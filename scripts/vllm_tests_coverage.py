@@ -14,8 +14,8 @@ the environment (VLLM_TARGET_DEVICE=cpu, HF_HUB_OFFLINE=1, a local HF_HOME).
   settings (branch coverage, the same six modules), saving
   ``OUT_DIR/.coverage``;
 - prints the per-file and per-function tables and the never-taken branches
-  (:func:`fuzz.coverage.markdown`), and the tests that could not run here,
-  grouped by why (from pytest's JUnit XML).
+  (:func:`fuzz.coverage.markdown`), and the tests that could not run on
+  the lean CPU install, grouped by why (from pytest's JUnit XML).
 """
 
 from __future__ import annotations
