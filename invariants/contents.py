@@ -19,9 +19,11 @@ __all__ = [
     "LOST_TO_COPY_OF_COPY",
     "MAMBA_EARLIER_STATE",
     "MISNAMED_AFTER_FAILED_LOAD",
+    "KEY_NAMES_TWO_PREFIXES",
     "MISNAMED_ENTRY",
     "OTHER_TOKENS",
     "OTHER_TOKENS_AFTER_FAILED_LOAD",
+    "READ_OTHER_PREFIX",
     "READ_OTHER_TOKENS_AFTER_FAILED_LOAD",
     "UNBACKED_ENTRY",
     "UNWRITTEN_READ",
@@ -32,6 +34,7 @@ __all__ = [
     "check_copy_sources_ready",
     "check_index_names_its_prefix",
     "check_index_written",
+    "check_keys_name_one_prefix",
     "check_kv_matches_tokens",
     "check_reads_written",
 ]
@@ -99,7 +102,10 @@ def check_reads_written(step: StepObservation) -> None:
     that its step reads (all of them under full attention, the window or
     chunk under sliding-window or chunked attention, the prompt and the
     window under R-SWA) is held, in the block the runner's table names for
-    it, as KV of that position: computed by an earlier step, copied there,
+    it, as KV of that position computed under the reader's whole prefix
+    (every token before it and its own, and the namespace vLLM hashes beside
+    them: cache salt, LoRA, prompt embeddings, the images placed so far):
+    computed by an earlier step, copied there,
     loaded by a synchronous load that did not fail, or by an async load
     reported landed (fuzz/adapter/_contents.py). A position it lacks is
     read as whatever the block holds: a local or external hit adopted a
@@ -135,6 +141,10 @@ def _read_cause(step: StepObservation, read: Any) -> tuple[str, str]:
     # prefill chunk ran past that boundary and left the block behind.
     if read.earlier_state:
         return MAMBA_EARLIER_STATE, _MAMBA_SPLIT
+    # The same tokens at the same positions, computed under another prefix
+    # or namespace: a hit whose key does not name the whole prefix.
+    if read.other_prefix:
+        return READ_OTHER_PREFIX, where
     return state, where
 
 
@@ -204,7 +214,7 @@ def check_index_names_its_prefix(step: StepObservation) -> None:
     names a block whose contents, at every position its key covers inside
     the block that the block holds anything at, are the KV of exactly the
     key's prefix: that position, computed from the token the key hashed
-    there. A key is a hash over a request's tokens; what it stands for is
+    there under the tokens and namespace before it. A key is a hash over a request's tokens; what it stands for is
     learnt from the requests that carried it, never from the cache. A
     block that is freed and reused, evicted or overwritten must leave no
     key of its old prefix behind: the next lookup of that prefix adopts the
@@ -225,10 +235,36 @@ def check_index_names_its_prefix(step: StepObservation) -> None:
     )
 
 
+def check_keys_name_one_prefix(step: StepObservation) -> None:
+    """A prefix-cache key names one prefix: no two requests carry one key
+    (the hash vLLM's request hasher gives a request at a hash-block
+    boundary) over different tokens up to there, or under different
+    namespaces as far as they go (cache salt, LoRA adapter, prompt
+    embeddings, the images placed before the boundary). Judged on what the
+    harness gave each request, never on the index: a key naming two
+    prefixes serves one's KV to the other whenever a lookup meets it,
+    whatever layout looks it up."""
+    if not step.key_collisions:
+        return
+    raise InvariantViolation(
+        "keys-name-one-prefix",
+        "\n".join(c.describe() for c in step.key_collisions)
+        + f"\n{step.describe()}"
+        + (f"\n  scenario: {step.context}" if step.context else ""),
+        where=_HASHER,
+        state=KEY_NAMES_TWO_PREFIXES,
+    )
+
+
+KEY_NAMES_TWO_PREFIXES = "a prefix-cache key carried over two prefixes"
+_HASHER = "request_block_hasher"
+
+
 # What a block lacks (matched by known-bug signatures): plain, or every
 # missing position lost to a copy-on-write copy made before the step filled
 # its source (blamed on the partial-hit copy-on-write).
 UNWRITTEN_READ = "a read of a position its block does not hold"
+READ_OTHER_PREFIX = "a read of KV computed under another prefix"
 UNBACKED_ENTRY = "a prefix-cache entry ahead of its block's contents"
 MISNAMED_ENTRY = "a prefix-cache key naming a block that holds other KV"
 MISNAMED_AFTER_FAILED_LOAD = "a prefix-cache key naming KV from other tokens after a failed-load recompute"

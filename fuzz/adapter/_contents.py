@@ -48,6 +48,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from fuzz.adapter._identity import PrefixIdentities, lora_identity, namespace_of, namespace_within, prompt_embedding_rows
+
 __all__ = [
     "COPIED_BEFORE_FILL", "COPIED_FROM_COPY", "FAILED_LOAD", "BlockContents", "KeyPrefixes", "all_entries_of",
     "checkpoint_params",
@@ -63,43 +65,6 @@ COPIED_BEFORE_FILL = -1  # the source was filled by the step's load or forward p
 COPIED_FROM_COPY = -2  # the source was itself another copy's destination in the step
 # What a block holds where the connector's worker failed to load into it.
 FAILED_LOAD = -3
-
-
-def namespace_of(cache_salt: str | None, lora: str | None, embeds: str | None = None,
-                 items: Iterable[tuple[str, int]] = ()) -> str:
-    """A request's namespace: what vLLM folds into its blocks' hashes besides
-    the tokens (its cache salt, its LoRA adapter, the prompt embeddings it
-    sends in place of token ids, and each multimodal item's identifier at
-    its placeholder's offset, one ``mm:identifier@offset`` part per item of
-    ``items``); "" for none."""
-    parts = [*([cache_salt] if cache_salt else []), *([f"lora:{lora}"] if lora else [])]
-    parts += [*([f"embeds:{embeds}"] if embeds else []), *(f"mm:{i}@{o}" for i, o in sorted(items, key=lambda x: x[1]))]
-    return "+".join(parts)
-
-
-def namespace_within(namespace: str, end: int) -> str:
-    """The part of ``namespace`` that names a request's first ``end``
-    tokens: vLLM chains each block's hash on the one before, and folds a
-    multimodal item into every block its placeholder overlaps, so a prefix
-    stands under the items whose placeholders start before its end."""
-    parts = namespace.split("+") if namespace else []
-    return "+".join(p for p in parts if not p.startswith("mm:") or int(p.rsplit("@", 1)[1]) < end)
-
-
-def prompt_embedding_rows(tag: str, num_tokens: int, width: int = 4) -> list[list[float]]:
-    """The prompt embeddings a request tagged ``tag`` sends, one row of
-    ``width`` values per position: the same tag gives the same rows (two
-    such requests may share cached KV), another tag other rows at every
-    position."""
-    seed = sum(map(ord, tag))
-    return [[float((seed * 131 + 17 * i + j) % 251) for j in range(width)] for i in range(num_tokens)]
-
-
-def lora_identity(name: str) -> tuple[str, int, str]:
-    """The ``LoRARequest`` fields of the adapter ``name`` (its name, an
-    integer id and a path of its own): vLLM hashes the name into every block
-    of a request under it."""
-    return name, 1 + sum(map(ord, name)) % 1000, f"adapters/{name}"
 
 
 def _prefix(tokens: Sequence[int], n: int) -> tuple[int, ...] | None:
@@ -210,6 +175,21 @@ class BlockContents:
         # Blocks whose contents changed since a reader last took this set
         # (a write, a load, a copy): what may now disagree with its keys.
         self.changed: set[int] = set()
+        # Block id -> offset -> the whole-prefix identity of what is there
+        # (fuzz.adapter._identity; None: not known), beside ``held``.
+        self.identity: dict[int, dict[int, int | None]] = {}
+        self.identities = PrefixIdentities()
+        # (block id, position) of the last unread()'s positions whose block
+        # holds their KV from the reader's token under another prefix.
+        self.other_prefix: set[tuple[int, int]] = set()
+
+    def digests(self, request_id: str | None, tokens: Sequence[int]) -> list[int] | None:
+        """Per position of ``tokens``, the identity of ``request_id``'s KV
+        there (its namespace folded in: none for a request added without
+        one, which then names its tokens alone); None without a request."""
+        if request_id is None:
+            return None
+        return self.identities.of(request_id, self.namespaces.get(request_id, ""), tokens)
 
     def take_tables(self, out: Any) -> None:
         """The block tables ``out`` hands the runner, and the copies it
@@ -229,8 +209,10 @@ class BlockContents:
         self.copies = [(c.src_block_id, c.dst_block_id) for c in getattr(out, "kv_cache_block_copies", None) or ()]
         before = {src: dict(self.held.get(src, {})) for src, _ in self.copies}
         states = {src: self.states.get(src) for src, _ in self.copies}
+        identity = {src: dict(self.identity.get(src, {})) for src, _ in self.copies}
         for src, dst in self.copies:
             self.held[dst] = dict(before[src])
+            self.identity[dst] = dict(identity[src])
             if states[src] is not None:
                 self.states[dst] = states[src]
             self.changed.add(dst)
@@ -256,10 +238,12 @@ class BlockContents:
         self.copies = []
 
     def _put(self, tables: Sequence[Sequence[int]], positions: Sequence[Iterable[int]], step: int,
-             failed: frozenset[int], tokens: Sequence[int], namespace: str | None = None) -> None:
+             failed: frozenset[int], tokens: Sequence[int], namespace: str | None = None,
+             digests: Sequence[int] | None = None) -> None:
         """Write, per group, that group's ``positions`` through its table,
         each from its token in ``tokens`` (None past its end), for a request
-        of ``namespace`` (None: unknown)."""
+        of ``namespace`` (None: unknown) whose positions have the whole-prefix
+        identities ``digests`` (None: unknown)."""
         for table, size, recorded, state, group_positions in zip(
                 tables, self.block_sizes, self.per_position, self.whole_state, positions):
             if state:
@@ -277,6 +261,9 @@ class BlockContents:
                     self.held.setdefault(block, {})[position % size] = (
                         (FAILED_LOAD, step, None) if block in failed else (position, step, token)
                     )
+                    self.identity.setdefault(block, {})[position % size] = (
+                        digests[position] if digests is not None and position < len(digests)
+                        and block not in failed else None)
 
     def _put_state(self, table: Sequence[int], size: int, positions: Iterable[int], step: int,
                    failed: frozenset[int], tokens: Sequence[int]) -> None:
@@ -328,7 +315,7 @@ class BlockContents:
         from its ``tokens``."""
         if request_id in self.tables:
             self._put(self.tables[request_id], [range(start, end)] * len(self.block_sizes), step, frozenset(), tokens,
-                      self.namespaces.get(request_id))
+                      self.namespaces.get(request_id), self.digests(request_id, tokens))
             for table, size, state, checkpoint in zip(
                     self.tables[request_id], self.block_sizes, self.whole_state, self.checkpoints):
                 found = prefill_checkpoint(start, end, size, *checkpoint) if state and checkpoint else None
@@ -346,7 +333,8 @@ class BlockContents:
         hold nothing it can name (FAILED_LOAD). The blocks are written for
         ``request_id``, in its namespace."""
         self._put(block_ids, [range(start, end) for start in starts], step, frozenset(failed), tokens,
-                  self.namespaces.get(request_id) if request_id is not None else None)
+                  self.namespaces.get(request_id) if request_id is not None else None,
+                  self.digests(request_id, tokens))
 
     def start_async_load(self, request_id: str, block_ids: Sequence[Sequence[int]], starts: Sequence[int],
                          end: int, tokens: Sequence[int]) -> None:
@@ -359,21 +347,28 @@ class BlockContents:
         if load is not None and not failed:
             self.load(load[0], load[1], load[2], step, load[3], request_id=request_id)
 
-    def unwritten(self, block_id: int, group: int, positions: Iterable[int], tokens: Sequence[int] = ()
-                  ) -> list[tuple[int, tuple[int, int, int | None] | None]]:
+    def unwritten(self, block_id: int, group: int, positions: Iterable[int], tokens: Sequence[int] = (),
+                  digests: Sequence[int] | None = None) -> list[tuple[int, tuple[int, int, int | None] | None]]:
         """Of ``positions`` (each in ``block_id``'s span of a group-``group``
         table), those whose KV the block does not hold: (position, what the
         block holds at its offset: (position, step, token) or None). With a
         reader's ``tokens``, KV of that position computed from another token
-        is not its either (a token either side cannot name is taken on trust)."""
+        is not its either (a token either side cannot name is taken on trust);
+        with its whole-prefix identities ``digests``, nor KV computed from
+        its token under another prefix or namespace (those positions are
+        also left in :attr:`other_prefix`)."""
         size = self.block_sizes[group]
         held = self.held.get(block_id, {})
+        identity = self.identity.get(block_id, {}) if digests is not None else {}
         missing = []
         for p in positions:
             h = held.get(p % size)
             mine = tokens[p] if p < len(tokens) else None
             if h is None or h[0] != p or (mine is not None and h[2] is not None and h[2] != mine):
                 missing.append((p, h))
+            elif digests is not None and p < len(digests) and identity.get(p % size) not in (None, digests[p]):
+                missing.append((p, h))
+                self.other_prefix.add((block_id, p))
         return missing
 
     def unread(self, request_id: str, start: int, prompt: int, rules: Sequence[tuple[str, int]],
@@ -391,6 +386,8 @@ class BlockContents:
         (invariants/connector.py)."""
         failing = frozenset(failing)
         missing: list[tuple[int, int, int, tuple[int, int, int | None] | None]] = []
+        self.other_prefix = set()
+        digests = self.digests(request_id, tokens) if tokens else None
         tables = self.tables.get(request_id)
         if tables is None:
             return missing
@@ -407,7 +404,7 @@ class BlockContents:
                 if block_id == self.null_block_id:
                     missing += [(group, block_id, p, None) for p in positions]
                     continue
-                missing += [(group, block_id, p, h) for p, h in self.unwritten(block_id, group, positions, tokens)
+                missing += [(group, block_id, p, h) for p, h in self.unwritten(block_id, group, positions, tokens, digests)
                             if h is None or h[0] != FAILED_LOAD]
         return missing
 
@@ -440,13 +437,15 @@ class BlockContents:
                 bad.append((group, block_id, num_tokens, missing))
         return bad
 
-    def misnamed(self, group: int, block_id: int, tokens: Sequence[int]
+    def misnamed(self, group: int, block_id: int, tokens: Sequence[int], request_id: str | None = None
                  ) -> list[tuple[int, int, tuple[int, int, int | None]]]:
-        """Of the positions a key for the prefix ``tokens`` covers inside
+        """Of the positions a key for the prefix ``tokens`` (of
+        ``request_id``, whose namespace it is under) covers inside
         ``block_id`` (a group-``group`` block: the key's last block, from
         the block's first position to the prefix's end), each the block
-        holds the KV of another position or another token at: (position,
-        the key's token there, what the block holds). Positions it holds
+        holds the KV of another position or another token at, or of that
+        token under another prefix or namespace: (position, the key's token
+        there, what the block holds). Positions it holds
         nothing at, or what a load failed or a same-step copy lost, are the
         other contents claims' (index-written's, the failed-load claims')."""
         n = len(tokens)
@@ -455,12 +454,15 @@ class BlockContents:
         size = self.block_sizes[group]
         first = (n - 1) // size * size
         held = self.held.get(block_id, {})
+        digests = self.digests(request_id, tokens)
+        identity = self.identity.get(block_id, {}) if digests is not None else {}
         wrong = []
         for p in range(first, n):
             h = held.get(p % size)
             if h is None or h[0] < 0:
                 continue
-            if h[0] != p or (h[2] is not None and h[2] != tokens[p]):
+            if h[0] != p or (h[2] is not None and h[2] != tokens[p]) or (
+                    digests is not None and identity.get(p % size) not in (None, digests[p])):
                 wrong.append((p, tokens[p], h))
         return wrong
 
@@ -529,6 +531,7 @@ class BlockContents:
         for rid in request_ids:
             self.tables.pop(rid, None)
             self.loading.pop(rid, None)
+            self.identities.forget(rid)
 
 
 def entries_of(cached: Mapping[Any, Any], group_of: Any) -> list[tuple[int, int, int]]:
@@ -567,17 +570,30 @@ class KeyPrefixes:
     the hash at the prefix's last hash-block boundary, so every key vLLM
     files is one of the hashes a request it holds carried when it filed it.
     The tokens are those vLLM hashed (the request's ``all_token_ids``); a
-    key met first is kept (two requests carrying one hash share its prefix)."""
+    key met first is kept. A key a later request carries over other tokens,
+    or under another namespace as far as the prefix goes, names two
+    prefixes: each such meeting is kept in :attr:`collisions` (key, the
+    first carrier's request, tokens and namespace, the later one's), for a
+    reader to take."""
 
     def __init__(self, hash_block_size: int) -> None:
         self.hash_block_size = hash_block_size
         self.prefix: dict[Any, tuple[str, tuple[int, ...]]] = {}
         self._seen: dict[str, int] = {}
+        self._namespace: dict[str, str] = {}
+        self.collisions: list[tuple[Any, str, tuple[int, ...], str, str, tuple[int, ...], str]] = []
 
-    def learn(self, request_id: str, block_hashes: Sequence[Any], token_ids: Sequence[int]) -> None:
-        """``request_id`` carries ``block_hashes`` over ``token_ids``."""
+    def learn(self, request_id: str, block_hashes: Sequence[Any], token_ids: Sequence[int],
+              namespace: str = "") -> None:
+        """``request_id`` (of ``namespace``) carries ``block_hashes`` over ``token_ids``."""
         start = self._seen.get(request_id, 0)
+        self._namespace.setdefault(request_id, namespace)
         for j in range(start, len(block_hashes)):
             end = (j + 1) * self.hash_block_size
-            self.prefix.setdefault(block_hashes[j], (request_id, tuple(token_ids[:end])))
+            mine = (request_id, tuple(token_ids[:end]))
+            first = self.prefix.setdefault(block_hashes[j], mine)
+            if first is not mine and (first[1] != mine[1] or namespace_within(
+                    self._namespace.get(first[0], ""), end) != namespace_within(namespace, end)):
+                self.collisions.append((block_hashes[j], first[0], first[1], self._namespace.get(first[0], ""),
+                                        request_id, mine[1], namespace))
         self._seen[request_id] = max(start, len(block_hashes))

@@ -11,7 +11,9 @@ from vllm.v1.core.kv_cache_utils import get_group_id
 
 from fuzz.adapter._contents import BlockContents, checkpoint_params, entries_of, namespace_of, records_state
 from fuzz.adapter._reports import computed_before
-from fuzz.model._contents import ForeignHit, UnbackedEntry, hits_across_reset_of, missing_lookahead_of, unwritten_reads_of
+from fuzz.model._contents import (
+    ForeignHit, UnbackedEntry, hits_across_reset_of, key_collisions_of, missing_lookahead_of, unwritten_reads_of,
+)
 from fuzz.kit._index import _misnamed_entries
 from fuzz.kit._params import (
     CONNECTOR,
@@ -123,7 +125,7 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
             for read in unwritten_reads_of(rid, start, [
                 *contents.unread(rid, start, watch.worker.prompt.get(rid, 0), READ_RULES, tokens.get(rid, []), failing),
                 *(m[1:] for m in watch.unread_states if m[0] == rid),
-            ], [type(spec).__name__ for spec in SPECS])
+            ], [type(spec).__name__ for spec in SPECS], other_prefix=contents.other_prefix)
         ]
     if WATCH_UNWRITTEN and WATCH_UNBACKED:
         cached = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
@@ -133,6 +135,7 @@ def _contents_issue(scheduler, watch, out, sampled, failing):
         ]
     if WATCH_INDEX:  # what each key names, against what the key stands for
         watch.misnamed_entries = _misnamed_entries(scheduler, contents, watch.keys)
+        watch.key_collisions, watch.keys.collisions = key_collisions_of(watch.keys.collisions), []
 
 
 def _missing_lookahead(scheduler, out, sampled, contents):

@@ -17,6 +17,7 @@ __all__ = [
     "EventOrphan",
     "ForeignHit",
     "HitAcrossReset",
+    "KeyCollision",
     "KvFromOtherToken",
     "MisnamedEntry",
     "MissingLookahead",
@@ -24,6 +25,7 @@ __all__ = [
     "UnbackedEntry",
     "UnwrittenRead",
     "event_orphans_of",
+    "key_collisions_of",
     "hits_across_reset_of",
     "missing_lookahead_of",
     "unwritten_reads_of",
@@ -90,6 +92,10 @@ class UnwrittenRead:
     missing: tuple[tuple[int, tuple[int, int, int | None] | None], ...]
     # A failed synchronous load rolled the request back (recompute) earlier.
     recomputed_failed_load: bool = False
+    # Every position it lacks holds that position's KV computed from the
+    # reader's own token, under another prefix or namespace (the tokens or
+    # what vLLM hashes beside them differ somewhere before it).
+    other_prefix: bool = False
 
     @property
     def copy_cause(self) -> str:
@@ -111,6 +117,8 @@ class UnwrittenRead:
             f"request {self.request_id}, group {self.group}: its step computing from position {self.start} reads "
             f"block {self.block_id} at positions {[p for p, _ in self.missing]}, which does not hold their KV "
             + ("computed from the reader's tokens " if self.other_tokens_only else "")
+            + ("(it holds each position's KV from the reader's token there, computed under another prefix or "
+               "namespace: the tokens before it, or what vLLM hashes beside them, differ) " if self.other_prefix else "")
             + _what_it_holds(self.missing)
             + (" (a Mamba group reads the state at its start)" if self.group_kind == "MambaSpec" else "")
         )
@@ -170,6 +178,32 @@ class MisnamedEntry:
             f"step written, token)) {list(self.wrong)}"
             + (" (the request was rolled back by a failed synchronous load, recompute policy)"
                if self.recomputed_failed_load else "")
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyCollision:
+    """One prefix-cache key that vLLM's hasher gave two requests for
+    different prefixes: other tokens, or another namespace (cache salt,
+    LoRA adapter, prompt embeddings, images placed before the prefix's end)."""
+
+    key: str  # the key's hash, short hex
+    num_tokens: int  # the prefix it covers for the request that carried it first
+    first_request: str
+    first_namespace: str
+    request: str
+    other_tokens: int  # the tokens it covers for ``request`` (the same count unless the lengths differ)
+    namespace: str
+    # The first position where the two prefixes' tokens differ (-1: none).
+    differs_at: int
+
+    def describe(self) -> str:
+        where = (f"their tokens differ at position {self.differs_at}" if self.differs_at >= 0
+                 else f"their tokens are the same, their namespaces {self.first_namespace!r} and "
+                      f"{self.namespace!r} are not")
+        return (
+            f"key {self.key} stands for the first {self.num_tokens} tokens of request {self.first_request} and "
+            f"for the first {self.other_tokens} tokens of request {self.request}: {where}"
         )
 
 
@@ -335,6 +369,18 @@ def missing_lookahead_of(request_id: str, tables, block_sizes, per_position, sta
         if recorded and len(table) * size < needed
     ]
 
+def key_collisions_of(found) -> tuple[KeyCollision, ...]:
+    """``found``'s meetings (key, first request, its tokens, its namespace,
+    later request, its tokens, its namespace), as records."""
+    out = []
+    for key, first, tokens, namespace, request, mine, theirs in found:
+        differs = next((i for i, (a, b) in enumerate(zip(tokens, mine)) if a != b),
+                       -1 if len(tokens) == len(mine) else min(len(tokens), len(mine)))
+        out.append(KeyCollision(bytes(key).hex()[:12], len(tokens), first, namespace, request, len(mine), theirs,
+                                differs))
+    return tuple(out)
+
+
 def hits_across_reset_of(request_id: str, found, reset_before: int) -> list[HitAcrossReset]:
     """``found``'s positions, (group, block id, position, step written) each,
     that one admission adopted across the reset preceding step
@@ -362,16 +408,18 @@ def event_orphans_of(orphans, block_sizes, read_rules) -> tuple[EventOrphan, ...
 
 
 def unwritten_reads_of(request_id: str, start: int, found, group_kinds, after_whole_prompt_load: bool = False,
-                       recomputed_failed_load: bool = False) -> list[UnwrittenRead]:
+                       recomputed_failed_load: bool = False, other_prefix=frozenset()) -> list[UnwrittenRead]:
     """``found``'s positions, (group, block id, position, what the block
     holds there) each, that the step of ``request_id`` computing from
     ``start`` reads and its blocks lack: one record per block
-    (``group_kinds``: per group, its spec's bare class name)."""
+    (``group_kinds``: per group, its spec's bare class name;
+    ``other_prefix``: the (block id, position) pairs whose block holds the
+    reader's token there under another prefix)."""
     by_block: dict[tuple[int, int], list] = {}
     for group, block_id, position, holds in found:
         by_block.setdefault((group, block_id), []).append((position, holds))
     return [
         UnwrittenRead(request_id, group, group_kinds[group], block_id, start, after_whole_prompt_load, tuple(missing),
-                      recomputed_failed_load)
+                      recomputed_failed_load, all((block_id, p) in other_prefix for p, _ in missing))
         for (group, block_id), missing in by_block.items()
     ]

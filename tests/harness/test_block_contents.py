@@ -180,7 +180,11 @@ def test_kv_of_another_token_at_the_position_is_not_the_readers() -> None:
     c.write("a", 0, 8, step=1, tokens=TOKENS)
     other = TOKENS[:2] + [7] + TOKENS[3:]  # b differs from a at position 2
     c.take_tables(_out(new=[("b", ([1, 3],))]))
-    assert [(p, h) for _, _, p, h in c.unread("b", 4, 6, [("full", 0)], tokens=other)] == [(2, (2, 1, 102))]
+    # Position 2 holds another token; position 3 its own token, computed
+    # after a's token at 2 (another prefix: whole-prefix contents).
+    assert [(p, h) for _, _, p, h in c.unread("b", 4, 6, [("full", 0)], tokens=other)] == [
+        (2, (2, 1, 102)), (3, (3, 1, 103))]
+    assert c.other_prefix == {(1, 3)}
     assert c.unread("b", 4, 6, [("full", 0)], tokens=TOKENS) == []
     # A token nobody can name (an accepted draft's) is taken on trust.
     c.write("a", 0, 4, step=2, tokens=[])
