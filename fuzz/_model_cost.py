@@ -20,7 +20,10 @@ name), restored after the run:
 - **preemption**: the preemption record (``Observer.preemptions``);
 - **ownership**: the block-ownership observation (``OwnershipSpy.new_step``
   and ``observe``; its recording wrappers on the block pool and managers
-  run inside vLLM's calls and are not separated from them).
+  run inside vLLM's calls and are not separated from them);
+- **cache-model**: the harness's own model of the prefix cache
+  (``CacheModel``: what each ``schedule()`` files and each lookup is
+  guaranteed, inside ``schedule()``, and ``take``, the index against it).
 
 The checks: every function of ``invariants.scheduler.STEP_CHECKS`` and
 ``ADMISSION_CHECKS``, grouped by the module that defines it. They run
@@ -52,16 +55,18 @@ from typing import Any
 __all__ = ["MODELS", "child_model_cost", "report_model_cost", "summary"]
 
 # The models' columns, in the report's order.
-MODELS = ("contents", "hit-length", "kv-events", "preemption", "ownership")
+MODELS = ("contents", "hit-length", "kv-events", "preemption", "ownership", "cache-model")
 # Check modules in the report's order (invariants.<name>).
-CHECK_MODULES = ("scheduler", "connector", "ownership", "promises", "contents", "hits")
+CHECK_MODULES = ("scheduler", "connector", "ownership", "promises", "contents", "hits", "cache")
 # Timed inside vLLM's clock (schedule() / update_from_output()).
-_INSIDE_VLLM = (("hit-length", "index_hold"), ("kv-events", "publish"))
+_INSIDE_VLLM = (("hit-length", "index_hold"), ("kv-events", "publish"), ("cache-model", "_scheduled"),
+                ("cache-model", "_reach"))
 
 
 def _model_sites() -> dict[str, list[tuple[Any, str]]]:
     """Per model, the (owner, attribute) pairs its callers look up."""
     from fuzz.adapter import _observe
+    from fuzz.adapter._cache_model import CacheModel
     from fuzz.adapter._contents import BlockContents
     from fuzz.adapter._events import EventLog
     from fuzz.adapter._observations import Observer
@@ -78,6 +83,7 @@ def _model_sites() -> dict[str, list[tuple[Any, str]]]:
         "kv-events": [(EventLog, "publish"), (Observer, "event_gaps")],
         "preemption": [(Observer, "preemptions")],
         "ownership": [(OwnershipSpy, "new_step"), (OwnershipSpy, "observe")],
+        "cache-model": [(CacheModel, "_scheduled"), (CacheModel, "_reach"), (CacheModel, "take")],
     }
 
 

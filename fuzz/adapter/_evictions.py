@@ -19,6 +19,11 @@ built after the ownership spy, it wraps that spy's wrappers):
   in the free queue, only the keys the index still files under it (none,
   after a reset that succeeded).
 
+It also lists (``dropped``) every block handed out, every block
+``BlockPool.evict_blocks`` is asked to evict, and each reset that
+succeeded: the events that let the cache model (``_cache_model.py``)
+forget an entry.
+
 Which blocks are free is the watch's own model: those free when it starts,
 plus those freed since, less those handed out or adopted. It never reads
 the pool's free queue. With prefix caching off (no key, so no eviction) or
@@ -75,8 +80,11 @@ class EvictionWatch:
         # The request free in progress: (request, group, block id -> table index, release number).
         self._freeing: tuple[str, int, dict[int, int], int] | None = None
         self._releases = 0
+        # Block ids handed out or evicted by id, in order, and None for each
+        # reset that succeeded: what the cache model (_cache_model.py) drops.
+        self.dropped: list[int | None] = []
         cached = index(self.pool)
-        self._on = bool(getattr(self.pool, "enable_caching", False)) and cached is not None
+        self.on = self._on = bool(getattr(self.pool, "enable_caching", False)) and cached is not None
         if not self._on:
             self.free: dict[int, FreedBlock] = {}
             return
@@ -99,6 +107,7 @@ class EvictionWatch:
     def _install(self, managers: Iterable[Any]) -> None:
         pool, watch = self.pool, self
         real_free, real_touch, real_new, real_reset = pool.free_blocks, pool.touch, pool.get_new_blocks, pool.reset_prefix_cache
+        real_evict = getattr(pool, "evict_blocks", None)
 
         def free_blocks(ordered_blocks: Iterable[Any]) -> None:
             blocks = list(ordered_blocks)  # the order vLLM passes, kept
@@ -114,6 +123,7 @@ class EvictionWatch:
         def get_new_blocks(num_blocks: int) -> Any:
             keys = watch._keys()
             blocks = real_new(num_blocks)
+            watch.dropped.extend(b.block_id for b in blocks)
             for b in blocks:
                 freed = watch.free.pop(b.block_id, None)
                 lost = keys.get(b.block_id, ())
@@ -124,12 +134,21 @@ class EvictionWatch:
 
         def reset_prefix_cache() -> bool:
             done = real_reset()
+            if done:
+                watch.dropped.append(None)
             keys = watch._keys()  # after a reset that succeeded, none
             watch.free = {bid: dataclasses.replace(freed, keys=keys.get(bid, ())) for bid, freed in watch.free.items()}
             return done
 
         pool.free_blocks, pool.touch, pool.get_new_blocks = free_blocks, touch, get_new_blocks
         pool.reset_prefix_cache = reset_prefix_cache
+
+        def evict_blocks(block_ids: set[int]) -> None:
+            watch.dropped.extend(sorted(block_ids))
+            real_evict(block_ids)
+
+        if real_evict is not None:
+            pool.evict_blocks = evict_blocks
         for group, manager in enumerate(managers):
             self._wrap_free(group, manager)
 

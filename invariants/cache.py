@@ -1,0 +1,73 @@
+"""What the prefix cache must still serve, against the harness's own model
+of it (``fuzz/adapter/_cache_model.py``), never against vLLM's index read
+back.
+
+The model files, for every request a ``SchedulerOutput`` schedules, each
+full block its allocation cached (up to ``min(num_computed + scheduled,
+num_tokens)``, less MTP's re-prefillable tokens, cut to a whole scheduler
+block by the hybrid coordinator without sub-block hits, as far as its
+hashes reach), under the request's own key at that block's end, and forgets an
+entry only when vLLM's policy lets it go: the block handed out by
+``get_new_blocks``, evicted by id, copied over, or a reset that succeeded.
+Frees keep every key (``BlockPool.free_blocks`` only queues the block).
+Stated for layouts whose groups are all full attention
+(``FullAttentionManager``, one pool, no DCP/PCP), full blocks only.
+
+* ``cache-keeps-entries``: after every step, each entry the model files is
+  in the index, under its key, on its block. A missing one is a missed hit
+  waiting to happen (:class:`fuzz.model.MissedHit`).
+* ``hit-reaches-model``: each lookup the hit-length claim states serves at
+  least the model's guaranteed hit: the longest run of full blocks from
+  token 0 that every group files under the request's keys, capped at the
+  caller's limit, cut to the hit alignment, less an EAGLE drop. Shorter is
+  a missed hit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fuzz.model import MissedHit, StepObservation
+
+__all__ = ["CACHE_CHECKS", "ENTRY_FORGOTTEN", "HIT_BELOW_MODEL", "check_cache_keeps_entries",
+           "check_hit_reaches_model"]
+
+# The failing conditions (deduplication and known-bug matching name them).
+ENTRY_FORGOTTEN = "a full-block entry the cache must keep is gone from the index"
+HIT_BELOW_MODEL = "a hit shorter than the cache model guarantees"
+ENTRY_WHERE = "BlockPool"  # whichever of its calls dropped the keys
+HIT_WHERE = "KVCacheManager.get_computed_blocks"
+
+
+def check_cache_keeps_entries(step: StepObservation) -> None:
+    """Every entry the cache model files is still in the index after the step."""
+    if step.error or not step.forgotten_entries:
+        return
+    raise MissedHit(
+        "cache-keeps-entries",
+        f"step {step.step}: {len(step.forgotten_entries)} prefix-cache entr(ies) the cache must still "
+        "serve are gone from the index (frees keep keys; only an allocation of the block, an eviction by "
+        "id or a reset drops them):\n  "
+        + "\n  ".join(e.describe() for e in step.forgotten_entries)
+        + f"\n{step.describe()}",
+        where=ENTRY_WHERE,
+        state=ENTRY_FORGOTTEN,
+    )
+
+
+def check_hit_reaches_model(step: StepObservation) -> None:
+    """Every lookup of the step served at least the cache model's guaranteed hit."""
+    if step.error or not step.short_hits:
+        return
+    raise MissedHit(
+        "hit-reaches-model",
+        f"step {step.step}: lookup(s) served less than the entries the cache must still hold allow:\n  "
+        + "\n  ".join(h.describe() for h in step.short_hits)
+        + f"\n{step.describe()}",
+        where=HIT_WHERE,
+        state=HIT_BELOW_MODEL,
+    )
+
+
+# Step checks (invariants/scheduler.py runs them with the other missed hits, last).
+CACHE_CHECKS: tuple[Callable[[StepObservation], None], ...] = (check_hit_reaches_model, check_cache_keeps_entries)
