@@ -151,7 +151,8 @@ class SingleShotScenario:
 class FixedPrompt:
     """One request of a :class:`FixedRun`: its tokens, how many it decodes,
     and what makes its cache keys its own (a tenant's salt, a LoRA adapter,
-    prompt embeddings by tag, multimodal items ``(tag, offset, length)``)."""
+    prompt embeddings by tag, multimodal items ``(tag, offset, length)``);
+    ``reply``: what the scripted connector answers for it (None: no hit)."""
 
     tokens: tuple[int, ...]
     max_tokens: int
@@ -159,6 +160,7 @@ class FixedPrompt:
     lora: str | None = None
     embeds: str | None = None
     mm: tuple[tuple[str, int, int], ...] = ()
+    reply: ExternalReply | None = None
 
 
 def distinct_prompts(count: int, length: int, max_tokens: int) -> tuple[FixedPrompt, ...]:

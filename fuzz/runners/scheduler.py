@@ -384,7 +384,7 @@ def run_fixed(run: FixedRun, checks: Iterable[Callable[..., None]]) -> Stepper:
 
     def add(prompt: FixedPrompt) -> None:
         harness.add_request(prompt.tokens, max_tokens=prompt.max_tokens, cache_salt=prompt.cache_salt,
-                            lora=prompt.lora, embeds=prompt.embeds, mm=prompt.mm)
+                            lora=prompt.lora, embeds=prompt.embeds, mm=prompt.mm, reply=prompt.reply)
 
     if not run.one_after_another:
         for prompt in run.prompts:
