@@ -31,6 +31,8 @@ from invariants.ownership import read_indices
 
 __all__ = [
     "PROMISE_CHECKS",
+    "check_events_carry_namespace",
+    "check_events_carry_tokens",
     "check_events_chain",
     "check_events_replay_index",
     "check_hits_after_reset",
@@ -45,6 +47,8 @@ EVENTS_WHERE = "BlockPool"
 EVENTS_ORPHANED = "a BlockStored event of full blocks whose parent no event announced"
 EVENTS_ORPHANED_PARTIAL = "a partial entry's BlockStored event whose parent no event announced"
 EVENTS_DISAGREE = "replayed KV events disagree with the prefix-cache index"
+EVENTS_WRONG_TOKENS = "a BlockStored event's tokens are not its block's"
+EVENTS_WRONG_NAMESPACE = "a BlockStored event's adapter, extra keys or medium are not its block's"
 CROSS_NAMESPACE_HIT = "a prefix-cache hit across cache salts"
 HIT_ACROSS_RESET = "a prefix-cache hit on KV computed before a reset"
 IN_FLIGHT_READ_FREED = "a block the step in flight reads freed before its output is fed back"
@@ -215,6 +219,31 @@ def check_events_chain(step: StepObservation) -> None:
 check_events_chain.violations = _chain_violations  # type: ignore[attr-defined]
 
 
+def check_events_carry_tokens(step: StepObservation) -> None:
+    """Every block a ``BlockStored`` event announces carries, as a consumer
+    slices the event (``token_ids[i * block_size:(i + 1) * block_size]``
+    for its ``i``-th key), exactly the tokens of the block its key stands
+    for: the last ``block_size`` of the prefix the harness saw a request
+    carry that hash over, ``block_size`` being the group's (a partial
+    entry's: one hash block, the tokens past its parent). A router that
+    matches prompts by tokens routes by what the event says."""
+    found = [p for p in step.event_payloads if p.tokens]
+    _report("events-carry-tokens", found, step, where=EVENTS_WHERE, state=EVENTS_WRONG_TOKENS)
+
+
+def check_events_carry_namespace(step: StepObservation) -> None:
+    """Every block a ``BlockStored`` event announces names what the harness
+    added the request its key stands for with: its LoRA adapter
+    (``lora_name``, ``lora_id``), the extra keys vLLM documents for that
+    block (untagged: the adapter's name, each image overlapping the block
+    as ``(identifier, offset in the block)``, the cache salt on the first
+    block, a prompt-embeddings digest), and the device tier
+    (``medium`` "GPU"). A router that keys blocks by adapter or tenant
+    reads them from here."""
+    found = [p for p in step.event_payloads if not p.tokens]
+    _report("events-carry-namespace", found, step, where=EVENTS_WHERE, state=EVENTS_WRONG_NAMESPACE)
+
+
 @dataclasses.dataclass(frozen=True)
 class _NotReset:
     """A preempted request whose state is not the one vLLM restarts it from."""
@@ -257,5 +286,7 @@ PROMISE_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     check_hits_after_reset,
     check_events_replay_index,
     check_events_chain,
+    check_events_carry_tokens,
+    check_events_carry_namespace,
     check_preempted_resumable,
 )

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["EventLog", "event_gaps", "index_counts"]
+__all__ = ["EventLog", "IndexTally", "event_gaps", "index_counts", "watch_map"]
 
 
 class EventLog:
@@ -40,6 +40,8 @@ class EventLog:
         # announced, tokens the event carries, its block_size). Taken by the
         # caller (take_orphans).
         self.orphans: list[tuple[int | None, Any, Any, int, int]] = []
+        # The (group, key)s whose count changed since the last take_touched().
+        self.touched: set[tuple[int | None, Any]] = set()
 
     # The publisher's interface, as Scheduler calls it.
     def publish(self, batch: Any) -> None:
@@ -53,6 +55,7 @@ class EventLog:
             kind = type(event).__name__
             self.events_seen[kind] += 1
             if kind == "AllBlocksCleared":
+                self.touched.update(self.counts)
                 self.counts.clear()
             elif kind == "BlockStored":
                 # (The orphan's record is one statement: a file that reads
@@ -63,13 +66,20 @@ class EventLog:
                                          len(event.token_ids), event.block_size))
                 for key in event.block_hashes:
                     self.counts[(event.group_idx, key)] += 1
+                    self.touched.add((event.group_idx, key))
             elif kind == "BlockRemoved":
                 for key in event.block_hashes:
                     # Kept even when it goes negative: a withdrawal of a key
                     # never announced is itself a disagreement.
                     self.counts[(event.group_idx, key)] -= 1
+                    self.touched.add((event.group_idx, key))
             else:
                 raise ValueError(f"unknown KV event {kind}: {event!r}")
+
+    def take_touched(self) -> set[tuple[int | None, Any]]:
+        """The (group, key)s replayed since the last call."""
+        touched, self.touched = self.touched, set()
+        return touched
 
     def take_orphans(self) -> list[tuple[int | None, Any, Any, int, int]]:
         """The orphaned BlockStored events replayed since the last call."""
@@ -101,3 +111,98 @@ def event_gaps(
         if count != len(blocks):
             gaps.append((group, key, count, blocks))
     return gaps
+
+
+class IndexTally:
+    """:func:`event_gaps` of the replayed counts against the index, without
+    walking the index each step: only the keys that may have changed since the
+    last call are compared. Those are the keys events touched, the keys the
+    index map's own ``insert`` / ``pop`` touched (wrapped on the map object,
+    so an index change no event announced is seen too), and the keys that
+    disagreed last time (a gap stands until something changes it). A new map
+    object (a reset replaces it) puts every key of the old and the new map in
+    play; a map whose size differs from the keys seen in it (written some way
+    other than ``insert`` / ``pop``) is walked whole, as is a map that cannot
+    be wrapped. What it reports equals ``event_gaps(announced,
+    index_counts(cached, key_of))``.
+
+    ``key_of(key)``: (group, the key as events spell it); remembered per key
+    (keys are immutable)."""
+
+    def __init__(self, key_of: Any) -> None:
+        self._key_of = key_of
+        self._names: dict[Any, tuple[int, Any]] = {}  # map key -> event key
+        self._keys: dict[tuple[int, Any], set[Any]] = {}  # event key -> map keys
+        self._holder: Any = None  # the map object wrapped
+        self._touched: set[Any] = set()  # map keys insert/pop touched since the last call
+        self._present: set[Any] = set()  # map keys the map held at the last look
+        self._standing: set[tuple[int | None, Any]] = set()  # event keys that disagreed last call
+
+    def _name(self, key: Any) -> tuple[int, Any]:
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = self._key_of(key)
+            self._keys.setdefault(name, set()).add(key)
+        return name
+
+    def gaps(self, announced: Mapping[tuple[int | None, Any], int], replayed: Iterable[tuple[int | None, Any]],
+             holder: Any, cached: Mapping[Any, Any]) -> list[tuple[int | None, Any, int, tuple[int, ...]]]:
+        """The gaps now: ``announced`` the replayed counts, ``replayed`` the
+        event keys replayed since the last call, ``holder`` the index map
+        object, ``cached`` its key -> block(s) dict."""
+        whole = self._holder is None
+        if holder is not self._holder:
+            # First look, or a reset put a new map in place of the old one.
+            self._touched.update(self._present)
+            self._touched.update(cached)
+            self._holder = holder if watch_map(holder, self._touched) else None
+            whole = self._holder is None
+        candidates = set(self._standing)
+        candidates.update(replayed)
+        present = self._present
+        for key in self._touched:
+            candidates.add(self._name(key))
+            if key in cached:
+                present.add(key)
+            else:
+                present.discard(key)
+        self._touched.clear()
+        if whole or len(present) != len(cached):
+            present.clear()
+            present.update(cached)
+            candidates.update(map(self._name, cached))
+            candidates.update(announced)
+        found = []
+        for name in candidates:
+            blocks: list[int] = []
+            for key in self._keys.get(name, ()):  # type: ignore[arg-type]
+                held = cached.get(key)
+                if held is not None:
+                    blocks.extend(b.block_id for b in (held.values() if isinstance(held, dict) else (held,)))
+            count = announced.get(name, 0)
+            if count != len(blocks):
+                found.append((name[0], name[1], count, tuple(sorted(blocks))))
+        self._standing = {(g, k) for g, k, _, _ in found}
+        found.sort(key=lambda gap: repr((gap[0], gap[1])))
+        return found
+
+
+def watch_map(holder: Any, touched: set[Any]) -> bool:
+    """Wraps the ``insert`` and ``pop`` of the prefix-cache map object
+    ``holder`` (vLLM's BlockHashToBlockMap) on the object itself, so each key
+    they are called with lands in ``touched``; False where it has no such
+    methods (a plain dict), and nothing is wrapped."""
+    insert, pop = getattr(holder, "insert", None), getattr(holder, "pop", None)
+    if holder is None or isinstance(holder, dict) or insert is None or pop is None:
+        return False
+
+    def wrapped_insert(key: Any, *args: Any, **kwargs: Any) -> Any:
+        touched.add(key)
+        return insert(key, *args, **kwargs)
+
+    def wrapped_pop(key: Any, *args: Any, **kwargs: Any) -> Any:
+        touched.add(key)
+        return pop(key, *args, **kwargs)
+
+    holder.insert, holder.pop = wrapped_insert, wrapped_pop
+    return True
