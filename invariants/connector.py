@@ -45,6 +45,7 @@ from fuzz.model import cdiv as _cdiv
 from fuzz.model import group_behaviour as _behaviour
 from fuzz.model import group_kind, group_name as _name
 from fuzz.model import Behaviour, first_needed_token
+from invariants.handoff import check_hand_off_names_computed_blocks  # what request_finished names
 
 __all__ = [
     "CONNECTOR_ADMISSION_CHECKS",
@@ -502,6 +503,7 @@ CONNECTOR_STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     check_sync_load_announced,
     check_async_load_lands_first,
     check_finished_once,
+    check_hand_off_names_computed_blocks,
     check_failed_load_recomputed,
     check_failed_load_not_cached,
 )

@@ -12,9 +12,11 @@ own types (:mod:`fuzz.model`), for the connector-protocol invariants
 (:mod:`invariants.connector`): each ``get_num_new_matched_tokens`` and its
 answer, each ``update_state_after_alloc`` with its per-group block ids, each
 ``build_connector_meta`` with the requests its scheduler output names, each
-``request_finished`` / ``request_finished_all_groups``. Its own store
+``request_finished`` / ``request_finished_all_groups`` (with the harness's
+hand-off record, :mod:`fuzz.adapter._handoff`). Its own store
 (``ExternalReply("saved")``) holds what finished requests computed, in whole
-blocks, so a "saved" answer is honest by construction.
+blocks and under each request's namespace, so a "saved" answer is honest by
+construction and never serves one tenant's KV to another.
 
 Replies are described by :class:`fuzz.model.ExternalReply` (pure data, no
 vLLM), so strategies can draw them.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from vllm.config import KVTransferConfig
@@ -41,7 +44,8 @@ logging.getLogger(_base.__name__).setLevel(logging.ERROR)
 from fuzz.adapter import _compat  # noqa: E402
 from fuzz import kit  # noqa: E402
 from fuzz.model import ExternalReply  # noqa: E402
-from fuzz.model import ConnectorFinish, ConnectorMeta, HarnessError  # noqa: E402
+from fuzz.adapter._contents import namespace_within  # noqa: E402
+from fuzz.model import ConnectorFinish, ConnectorMeta, HandOff, HarnessError  # noqa: E402
 
 __all__ = [
     "CONNECTOR_MODULE",
@@ -102,8 +106,15 @@ class ConnectorScript:
     # Requests handed an async load of their whole prompt (answered once).
     whole_prompt_sent: set[str] = dataclasses.field(default_factory=set)
     # The connector's own store: token prefixes requests computed, saved in
-    # whole blocks of ``save_unit`` tokens when they finished.
-    saved: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    # whole blocks of ``save_unit`` tokens when they finished, each under its
+    # request's namespace (fuzz.adapter._contents.namespace_of): KV is the
+    # tokens' under that salt, adapter, embeddings and images, no other's.
+    saved: list[tuple[str, tuple[int, ...]]] = dataclasses.field(default_factory=list)
+    # Request id -> its namespace, as the harness added it ("" unknown: none).
+    namespaces: dict[str, str] = dataclasses.field(default_factory=dict)
+    # The harness's hand-off record (fuzz.adapter._handoff.HandOffWatch.hand_off),
+    # called at each request_finished; None: no harness watches.
+    on_finish: Callable[[Any, Any], HandOff | None] | None = None
     save_unit: int = 1
     # A producer's hand-offs not yet reported done (finished_sending): the
     # requests whose blocks it holds after request_finished returned True.
@@ -127,6 +138,12 @@ class ConnectorScript:
         self.whole_prompt_sent.clear()
         self.sends_in_flight.clear()
         self.send_blocks.clear()
+        self.namespaces = {}
+        self.on_finish = None
+
+    def watch(self, on_finish: Callable[[Any, Any], HandOff | None], namespaces: dict[str, str]) -> None:
+        """A harness's record: its hand-off watch, and each request's namespace."""
+        self.on_finish, self.namespaces = on_finish, namespaces
 
     def reply_for(self, request_id: str) -> ExternalReply:
         return self.replies.get(request_id, self.default)
@@ -134,14 +151,23 @@ class ConnectorScript:
     def times_asked(self, request_id: str) -> int:
         return sum(q.request_id == request_id for q in self.queries)
 
-    def save(self, tokens: tuple[int, ...]) -> None:
+    def save(self, tokens: tuple[int, ...], namespace: str = "") -> None:
         whole = len(tokens) // self.save_unit * self.save_unit
         if whole:
-            self.saved.append(tokens[:whole])
+            self.saved.append((namespace, tokens[:whole]))
 
-    def saved_prefix(self, tokens: tuple[int, ...]) -> int:
-        """The longest prefix of ``tokens``, in whole saved blocks, the store holds."""
-        return kit.saved_prefix(self.saved, tokens, self.save_unit)
+    def saved_prefix(self, tokens: tuple[int, ...], namespace: str = "") -> int:
+        """The longest prefix of ``tokens``, in whole saved blocks, the store
+        holds under ``namespace``: as far as an entry's tokens agree and it
+        was saved under the same namespace as far as the prefix goes (an
+        image counts from its placeholder on: namespace_within)."""
+        best = 0
+        for theirs, entry in self.saved:
+            n = kit.saved_prefix([entry], tokens, self.save_unit)
+            while n > best and namespace_within(theirs, n) != namespace_within(namespace, n):
+                n -= self.save_unit
+            best = max(best, n)
+        return best
 
 
 SCRIPT = ConnectorScript()
@@ -169,7 +195,8 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         asked = self.script.times_asked(request.request_id)
         # The prompt as vLLM records it (zeros for one sent as embeddings).
         prompt = tuple(request.all_token_ids[: request.num_prompt_tokens])
-        saved = self.script.saved_prefix(prompt) if plan.kind == "saved" else 0
+        namespace = self.script.namespaces.get(request.request_id, "")
+        saved = self.script.saved_prefix(prompt, namespace) if plan.kind == "saved" else 0
         reply = plan.answer(request.num_tokens, num_computed_tokens, asked, saved,
                             whole_prompt_sent=request.request_id in self.script.whole_prompt_sent)
         if self.producer and reply:
@@ -215,13 +242,15 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
     def _finished(self, method: str, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
         self.script.finished.append(rid)
+        hand_off = None if self.script.on_finish is None else self.script.on_finish(request, block_ids)
         self.script.finish_calls.append(
-            ConnectorFinish(rid, method, request.status.name, self.script.finished.count(rid))
+            ConnectorFinish(rid, method, request.status.name, self.script.finished.count(rid), hand_off)
         )
         # An offloading connector saves what the request computed (a failed
-        # load's request computed nothing it could vouch for).
+        # load's request computed nothing it could vouch for), under its namespace.
         if request.status.name != "FINISHED_ERROR":
-            self.script.save(tuple(request.all_token_ids[: request.num_computed_tokens]))
+            self.script.save(tuple(request.all_token_ids[: request.num_computed_tokens]),
+                             self.script.namespaces.get(rid, ""))
         # A producer (a P/D prefill instance) hands a request that finished
         # normally to its decode instance: it holds the blocks until the
         # worker reports the send done (finished_sending), as NIXL's P side

@@ -8,7 +8,7 @@ import dataclasses
 
 from fuzz.model._kv import GroupInfo
 
-__all__ = ["ConnectorAlloc", "ConnectorFinish", "ConnectorMeta", "FailedLoad"]
+__all__ = ["ConnectorAlloc", "ConnectorFinish", "ConnectorMeta", "FailedLoad", "HandOff"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,51 @@ class ConnectorMeta:
 
 
 @dataclasses.dataclass(frozen=True)
+class HandOff:
+    """What one ``request_finished(_all_groups)`` handed the connector, beside
+    the harness's own record of the request at that moment.
+
+    ``recorded`` is, per group, the block table the harness last saw the
+    request hold: the one the runner was handed (a ``SchedulerOutput``'s
+    ``block_ids``, ``new_block_ids`` appended, a resumed request's
+    replacing it), or, while an async load keeps the request from the
+    runner, the blocks ``update_state_after_alloc`` handed the connector;
+    empty once a preemption took its blocks. ``unheld``: per handed block of
+    a group the contents model records, each position it covers below
+    ``num_processed_tokens`` (a whole-state group: the state block at that
+    count) whose KV the block does not hold, as (group, block id, position,
+    what it holds: (position, step, token) or None); positions a load
+    still in flight or a failed load fills are left out, as is a request
+    that finished with an error."""
+
+    request_id: str
+    status: str  # the request's RequestStatus name at the call
+    num_computed_tokens: int
+    num_processed_tokens: int  # num_computed_tokens less the tokens of a step still in flight
+    num_prompt_tokens: int
+    handed: tuple[tuple[int, ...], ...]  # per group, the block ids request_finished was handed
+    recorded: tuple[tuple[int, ...], ...]
+    # Per group: vLLM hands the blocks covering the computed tokens (an
+    # attention group) rather than its whole table; the group's read rule
+    # (fuzz.adapter._ownership.read_rules); the contents model records it.
+    clipped: tuple[bool, ...]
+    rules: tuple[tuple[str, int], ...]
+    judged: tuple[bool, ...]
+    unheld: tuple[tuple[int, int, int, tuple[int, int, int | None] | None], ...]
+    groups: tuple[GroupInfo, ...]
+    null_block_id: int
+    rolled_back: bool = False  # a failed synchronous load rolled the request back (recompute policy)
+
+    def describe(self) -> str:
+        return (
+            f"request_finished_all_groups({self.request_id}, block_ids={[list(g) for g in self.handed]}) with the "
+            f"request {self.status}, num_computed_tokens={self.num_computed_tokens} "
+            f"({self.num_processed_tokens} processed), {self.num_prompt_tokens} prompt tokens; the harness's record "
+            f"of its blocks: {[list(g) for g in self.recorded]}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class ConnectorFinish:
     """One ``request_finished`` / ``request_finished_all_groups`` call."""
 
@@ -81,6 +126,7 @@ class ConnectorFinish:
     method: str
     status: str  # the request's RequestStatus name at the call
     nth: int  # how many times the connector has been told so far, this call included
+    hand_off: HandOff | None = None  # None: the harness kept no record (a scheduler built without one)
 
 
 @dataclasses.dataclass(frozen=True)

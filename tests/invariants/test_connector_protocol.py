@@ -153,6 +153,8 @@ CASES: list[tuple[Callable[..., None], str, str, str]] = [
     (conn.check_sync_load_announced, "sync-load-announced", "no_sync_load_flag", "sync-load-truncates-tail"),
     (conn.check_async_load_lands_first, "async-load-lands-first", "async_load_computes_at_once", "async-load-partial"),
     (conn.check_finished_once, "finished-once", "connector_finished_twice", "sync-load-truncates-tail"),
+    (conn.check_hand_off_names_computed_blocks, "hand-off-names-computed-blocks", "hands_off_one_block_short",
+     "sync-load-truncates-tail"),
     (conn.check_failed_load_recomputed, "failed-load-recomputed", "resumes_past_invalid_block", "sync-load-fails-recompute"),
     (conn.check_failed_load_recomputed, "failed-load-recomputed", "failed_async_load_kept", "async-load-fails-recompute"),
     (conn.check_failed_load_not_cached, "failed-load-not-cached", "evicts_invalid_blocks_on_recompute", "sync-load-fails-fail"),
@@ -245,7 +247,7 @@ def test_saved_store_answers_only_what_was_computed() -> None:
     steps: list[StepObservation] = []
     harness.add_request(TOKENS[:14], max_tokens=1, reply=NONE)
     steps += harness.drain(context="save")
-    assert harness.script.saved == [TOKENS[:12]]
+    assert harness.script.saved == [("", TOKENS[:12])]
     harness.evict_shortcut({b.block_id for b in harness.pool.blocks if b.block_hash is not None})
     harness.add_request(TOKENS[:20], max_tokens=1, reply=ExternalReply("saved"))
     harness.add_request(tuple(range(500, 520)), max_tokens=1, reply=ExternalReply("saved"))
