@@ -1,0 +1,37 @@
+"""What the encoder cache promises: every multimodal output a step reads is there.
+
+The record is the worker's own (``fuzz/adapter/_encoder.py``): the items
+each request was handed over with, the outputs each step's
+``scheduled_encoder_inputs`` computed and its ``free_encoder_mm_hashes``
+freed, never vLLM's ``EncoderCacheManager``.
+"""
+
+from __future__ import annotations
+
+from fuzz.model import InvariantViolation, StepObservation
+
+__all__ = ["ENCODER_OUTPUT_MISSING", "check_encoder_outputs_held"]
+
+ENCODER_OUTPUT_MISSING = "an encoder output read after it was freed or never computed"
+_WHERE = "Scheduler._try_schedule_encoder_inputs"
+
+
+def check_encoder_outputs_held(step: StepObservation) -> None:
+    """Every position of a multimodal placeholder a step computes reads its
+    item's encoder output from the worker's cache: the step computes that
+    output (``scheduled_encoder_inputs``), or an earlier step did and no
+    output since told the worker to free it. The scheduler schedules an
+    encoder run only for items its cache manager does not hold, and frees
+    an output (``free_encoder_mm_hashes``) only once no request references
+    it; an output freed while a request still reads it is read as whatever
+    the worker's cache holds there."""
+    if not step.missing_encoder_outputs:
+        return
+    raise InvariantViolation(
+        "encoder-outputs-held",
+        "\n".join(m.describe() for m in step.missing_encoder_outputs)
+        + f"\n{step.describe()}"
+        + (f"\n  scenario: {step.context}" if step.context else ""),
+        where=_WHERE,
+        state=ENCODER_OUTPUT_MISSING,
+    )
