@@ -40,17 +40,16 @@ from fuzz.model import Behaviour, cdiv, first_needed_token, group_kind, group_na
 from invariants.connector import CONNECTOR_ADMISSION_CHECKS, CONNECTOR_STEP_CHECKS
 from invariants.contents import (  # WHERE: the vLLM call every check here judges too
     _PLACEHOLDERS,  # where output placeholders are reserved (AsyncScheduler)
-    WHERE,
-    chained_copies,
-    check_copy_sources_ready,
-    check_index_names_its_prefix,
-    check_index_written,
-    check_kv_matches_tokens,
-    check_reads_written,
+    WHERE, chained_copies, check_copy_sources_ready, check_index_names_its_prefix, check_index_written,
+    check_keys_name_one_prefix, check_kv_matches_tokens, check_reads_written,
 )
+from invariants.cache import CACHE_CHECKS  # what the prefix cache must still serve (the harness's model)
 from invariants.hits import HIT_CHECKS, HIT_STEP_CHECKS  # how long a hit each lookup serves; evictions
+from invariants.fate import FATE_CHECKS  # where each request is; waiting requests admitted
 from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import PROMISE_CHECKS
+from invariants.encoder import check_encoder_outputs_held  # the worker's encoder cache
+from invariants.handoff import check_hand_off_names_computed_blocks
 
 __all__ = [
     "ADMISSION_CHECKS", "STEP_CHECKS", "WHERE", "chained_copies", "check_admission",
@@ -445,14 +444,16 @@ def check_running_requests_progress(step: StepObservation) -> None:
     reserved outputs no step in flight will deliver, and ``schedule()``
     reads them (its "reached max_tokens" skip, its token count)."""
     if step.stranded:
-        waits_for_placeholders = any(r.num_output_placeholders > 0 for r in step.stranded)
+        state = _stranded_state(step.stranded)
+        where = {STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD: _PLACEHOLDERS, STRANDED_PLACEHOLDERS: _PLACEHOLDERS,
+                 STRANDED_ENCODER_AFTER_FAILED_LOAD: _ROLLBACK}.get(state, WHERE)
         raise InvariantViolation(
             "running-request-progresses",
             "\n".join(r.describe() for r in step.stranded)
             + f"\n{step.describe()}"
             + (f"\n  scenario: {step.context}" if step.context else ""),
-            where=_PLACEHOLDERS if waits_for_placeholders else WHERE,
-            state=_stranded_state(step.stranded),
+            where=where,
+            state=state,
         )
 
 
@@ -461,13 +462,20 @@ def check_running_requests_progress(step: StepObservation) -> None:
 STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD = "output placeholders after a failed-load recompute"
 STRANDED_PLACEHOLDERS = "output placeholders"
 STRANDED = "nothing in flight"
+# ... rolled back by a failed load, holding a later image's encoder output.
+STRANDED_ENCODER_AFTER_FAILED_LOAD = "an encoder output past a failed-load rollback holding the cache"
+_ROLLBACK = "Scheduler._update_requests_with_invalid_blocks"
 
 
 def _stranded_state(stranded: tuple[StrandedRequest, ...]) -> str:
-    if any(r.num_output_placeholders > 0 and r.recomputed_failed_load for r in stranded):
+    """What every stranded request shows (one never relabels another)."""
+    if all(r.num_output_placeholders > 0 and r.recomputed_failed_load for r in stranded):
         return STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
-    if any(r.num_output_placeholders > 0 for r in stranded):
+    if all(r.num_output_placeholders > 0 for r in stranded):
         return STRANDED_PLACEHOLDERS
+    if all(r.recomputed_failed_load and r.holds_later_encoder_output and not r.num_output_placeholders
+           for r in stranded):
+        return STRANDED_ENCODER_AFTER_FAILED_LOAD
     return STRANDED
 
 
@@ -485,21 +493,28 @@ STEP_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
     *OWNERSHIP_CHECKS,
     # What the cache announces (invariants/promises.py).
     *PROMISE_CHECKS,
+    check_encoder_outputs_held,
     # What the blocks hold (fuzz/adapter/_contents.py).
+    check_keys_name_one_prefix,
     check_reads_written,
     check_index_written,
     check_index_names_its_prefix,
+    # Where each request is (invariants/fate.py): a lost or stalled request is
+    # the broadest symptom, reported after every narrower claim of the step.
+    *FATE_CHECKS,
     *HIT_STEP_CHECKS,
+    *CACHE_CHECKS,
 )
 
 # Reported after every other step and admission check of the step: a bug a
 # narrower claim names (a wrong count, a block not held, a load not covered)
 # also leaves blocks without their contents, and is reported by that claim.
 CONTENTS_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
-    check_reads_written, check_index_written, check_index_names_its_prefix,
+    check_keys_name_one_prefix, check_reads_written, check_index_written, check_index_names_its_prefix,
 )
 # Missed hits after those: a violation the same step shows is reported first.
-_LAST = CONTENTS_CHECKS + HIT_STEP_CHECKS
+# What request_finished hands over is read off the same contents: after them.
+_LAST = CONTENTS_CHECKS + (check_hand_off_names_computed_blocks,) + FATE_CHECKS + HIT_STEP_CHECKS + CACHE_CHECKS
 
 ADMISSION_CHECKS: tuple[Callable[..., None], ...] = (
     check_computed_tokens_add_up,

@@ -15,8 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from invariants import cache
 from invariants import connector as conn
 from invariants import contents
+from invariants import encoder
+from invariants import fate
+from invariants import handoff
 from invariants import hits
 from invariants import ownership as own
 from invariants import promises as prom
@@ -95,6 +99,10 @@ INVARIANTS: tuple[Invariant, ...] = (
     _s("stale-output-dropped", sched.check_stale_output_dropped, "delivers_stale_output"),
     _s("rejected-drafts-rolled-back", sched.check_rejected_drafts_rolled_back, "rejected_drafts_stay_computed"),
     _s("running-request-progresses", sched.check_running_requests_progress, "max_tokens_skip_unguarded"),
+    # Every request's fate (invariants/fate.py).
+    _s("request-in-one-place", fate.check_request_in_one_place, "lost_when_pool_full", repro=False),
+    _s("unblocked-request-admitted", fate.check_unblocked_request_admitted, "deferred_requests_take_slots",
+       repro=False),
     _s(
         "kv-matches-tokens",
         sched.check_kv_matches_tokens,
@@ -124,6 +132,8 @@ INVARIANTS: tuple[Invariant, ...] = (
     _s("sync-load-announced", conn.check_sync_load_announced, "no_sync_load_flag"),
     _s("async-load-lands-first", conn.check_async_load_lands_first, "async_load_computes_at_once"),
     _s("finished-once", conn.check_finished_once, "connector_finished_twice"),
+    _s("hand-off-names-computed-blocks", handoff.check_hand_off_names_computed_blocks, "hands_off_one_block_short",
+       repro=False),
     _s(
         "failed-load-recomputed",
         conn.check_failed_load_recomputed,
@@ -149,10 +159,14 @@ INVARIANTS: tuple[Invariant, ...] = (
     _s("lookup-within-limit", own.check_lookup_within_limit, "lookup_rounds_limit_up", watches="pool even-if-it-raises"),
     # What the blocks hold (fuzz/adapter/_contents.py).
     _s("reads-written", sched.check_reads_written, "partial_hit_shares_its_block", "mamba_adopts_same_step_state",
+       "hash_ignores_parent",
        watches="contents unwritten reads"),
     _s("index-written", sched.check_index_written, "caches_async_load_early", "mamba_tail_state_overwritten",
        watches="contents unwritten reads"),
     _s("index-names-its-prefix", contents.check_index_names_its_prefix, "evicted_key_stays_indexed", watches="contents index"),
+    _s("encoder-outputs-held", encoder.check_encoder_outputs_held, "encoder_entry_stays_freeable", repro=False),
+    _s("keys-name-one-prefix", contents.check_keys_name_one_prefix, "hash_ignores_parent",
+       watches="contents namespaces index"),
     # What the cache promises (invariants/promises.py).
     _s("lookahead-allocated", prom.check_lookahead_allocated, "lookahead_not_allocated", watches="contents lookahead"),
     _s("in-flight-reads-held", prom.check_in_flight_reads_held, "window_frees_in_flight", watches="pool tables reads in-flight"),
@@ -168,6 +182,10 @@ INVARIANTS: tuple[Invariant, ...] = (
         real_bug="partial-event-names-unannounced-parent",
         watches="events reads",
     ),
+    _s("events-carry-tokens", prom.check_events_carry_tokens, "stored_event_tokens_shifted", repro=False,
+       watches="events"),
+    _s("events-carry-namespace", prom.check_events_carry_namespace, "stored_event_drops_lora", repro=False,
+       watches="events"),
     _s(
         "preempted-resumable",
         prom.check_preempted_resumable,
@@ -180,6 +198,9 @@ INVARIANTS: tuple[Invariant, ...] = (
        "window_hit_needs_a_block_more", "chunk_hit_stops_a_block_early", "eagle_drop_forgotten",
        "eagle_drop_reapplied", watches="hits"),
     _s("eviction-order", hits.check_eviction_order, "free_evicts_head_first", watches="evictions"),
+    # What the prefix cache must still serve, by the harness's own model (invariants/cache.py).
+    _s("cache-keeps-entries", cache.check_cache_keeps_entries, "free_forgets_keys", repro=False),
+    _s("hit-reaches-model", cache.check_hit_reaches_model, "free_forgets_keys", repro=False),
 )
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "eagle_drop_group_ids",
     "eagle_manager_kwargs",
     "flag_draft_groups",
+    "hand_off_clipped",
     "has_sync_kv_loads",
     "has_per_group_lookup",
     "inspect_models_in_process",
@@ -113,6 +114,20 @@ def missing_capabilities(needs: tuple[str, ...]) -> list[str]:
 # 0.30+: KVConnectorOutput.failed_recving (older releases cannot be told an
 # async load failed; there the load simply completes).
 HAS_FAILED_RECVING = "failed_recving" in {f.name for f in dataclasses.fields(KVConnectorOutput)}
+
+
+# KVCacheManager.get_block_ids_for_computed_tokens: request_finished is handed,
+# per attention group, the blocks that cover num_computed_tokens (every other
+# group its whole table). A release without it is not held to that contract
+# (fuzz/adapter/_handoff.py records no hand-off there).
+def hand_off_clipped(spec: Any) -> bool | None:
+    """Whether ``_connector_finished`` clips a group of ``spec`` to the
+    computed tokens (None: the release states no such contract)."""
+    if not hasattr(KVCacheManager, "get_block_ids_for_computed_tokens"):
+        return None
+    from vllm.v1.kv_cache_interface import AttentionSpec, CrossAttentionSpec, EncoderOnlyAttentionSpec
+
+    return isinstance(spec, AttentionSpec) and not isinstance(spec, (CrossAttentionSpec, EncoderOnlyAttentionSpec))
 
 
 # SamplingParams.skip_reading_prefix_cache: a release without it cannot be
@@ -302,6 +317,11 @@ from vllm.v1.core.kv_cache_utils import get_group_id as _get_group_id  # noqa: E
 def hash_of_key(key: Any) -> Any:
     """A prefix-cache key's block hash (its group id stripped)."""
     return _kcu.get_block_hash(key)
+
+
+def external_hash(block_hash: Any) -> Any:
+    """A block hash as KV events spell it (``BlockStored.block_hashes``)."""
+    return _kcu.maybe_convert_block_hash(block_hash)
 
 
 def event_key(key: Any) -> tuple[int, Any]:

@@ -18,7 +18,8 @@ from typing import Any
 from fuzz.adapter import _compat
 from fuzz.adapter._connector import ConnectorScript
 from fuzz.adapter._env import sha256
-from fuzz.adapter._events import EventLog, event_gaps, index_counts
+from fuzz.adapter._events import EventLog, IndexTally
+from fuzz.adapter._event_payloads import PayloadJudge, PayloadLog
 from fuzz.adapter._observe import Spies
 from fuzz.adapter._reports import computed_before, newly_scheduled
 
@@ -32,6 +33,7 @@ from fuzz.model import (  # noqa: E402
     DraftVerification,
     EventGap,
     EventOrphan,
+    EventPayload,
     GroupInfo,
     PoolObservation,
     PreemptedRequest,
@@ -70,6 +72,7 @@ class Observer:
                  clock: Callable[[], int]) -> None:
         self.scheduler = scheduler
         self.manager = scheduler.kv_cache_manager
+        self.encoder: Any = None  # the worker's encoder cache (fuzz.adapter._encoder.EncoderWatch), set by the harness
         self.script = script
         self.draw = draw
         self.groups = groups
@@ -97,8 +100,10 @@ class Observer:
         # KV events on: the observer is the scheduler's event publisher,
         # replaying every batch as a KV-aware router would (_events.py).
         self.events: EventLog | None = None
+        self._payload_judge: PayloadJudge | None = None
         if draw.kv_events:
-            self.events = EventLog()
+            self.events = PayloadLog()
+            self.tally = IndexTally(_compat.event_key)
             scheduler.kv_event_publisher = self.events
 
     def event_gaps(self) -> tuple[EventGap, ...]:
@@ -108,7 +113,24 @@ class Observer:
         cached = _compat.prefix_cache_map(self.manager.block_pool) if self.events is not None else None
         if cached is None:
             return ()
-        return tuple(EventGap(*gap) for gap in event_gaps(self.events.counts, index_counts(cached, _compat.event_key)))
+        holder = getattr(self.manager.block_pool, "cached_block_hash_to_block", None)
+        found = self.tally.gaps(self.events.counts, self.events.take_touched(), holder, cached)
+        return tuple(EventGap(*gap) for gap in found)
+
+    def event_payloads(self, read_rules: tuple[tuple[str, int], ...], keys: Any, ops: Sequence[Any]
+                       ) -> tuple[EventPayload, ...]:
+        """The blocks the BlockStored events replayed since the last call
+        announce whose payload is not what the harness knows of them
+        (_event_payloads.py); ``keys``: what each key stands for
+        (KeyPrefixes, None before the index was first read), ``ops`` the
+        harness's op log."""
+        if self.events is None:
+            return ()
+        if self._payload_judge is None:
+            self._payload_judge = PayloadJudge(
+                [g.block_size for g in self.groups], [rule[0] != "full" for rule in read_rules], self.hash_block_size,
+                getattr(self.manager.block_pool, "num_hash_lookahead_tokens", 0) or 0, _compat.external_hash)
+        return self._payload_judge.payloads(self.events.take_stored(), keys, ops)
 
     def event_orphans(self, read_rules: tuple[tuple[str, int], ...]) -> tuple[EventOrphan, ...]:
         """The BlockStored events replayed since the last call whose parent no
@@ -316,6 +338,7 @@ class Observer:
                 getattr(r, "num_output_placeholders", 0),
                 self.quiet_steps,
                 r.request_id in recomputed,
+                self.encoder is not None and self.encoder.holds_past(r.request_id, r.num_computed_tokens),
             )
             for r in self.scheduler.running
         )

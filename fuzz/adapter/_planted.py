@@ -32,7 +32,7 @@ from typing import Any
 
 from fuzz.adapter import _compat
 from fuzz.adapter._env import VLLM_VERSION
-from fuzz.model import FixedPrompt, FixedRun, LayoutDraw, SchedulerDraw, SpecDraw, distinct_prompts
+from fuzz.model import ExternalReply, FixedPrompt, FixedRun, LayoutDraw, SchedulerDraw, SpecDraw, distinct_prompts
 
 import vllm.v1.kv_cache_interface as _ki  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager  # noqa: E402
@@ -374,6 +374,22 @@ _CONNECTOR_EDITS: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
         "update_from_output",
         (("if output_is_stale and request.drop_stale_output:", "if output_is_stale and request.drop_stale_output and False:"),),
     ),
+    "hands_off_one_block_short": (
+        "_connector_finished hands request_finished_all_groups every group's "
+        "block ids but the last: a producer sends the request's KV without its "
+        "last block",
+        "_connector_finished",
+        (
+            (
+                "delay_free, kv_xfer_params = self.connector.request_finished_all_groups(\n"
+                "request, block_ids\n"
+                ")",
+                "delay_free, kv_xfer_params = self.connector.request_finished_all_groups(\n"
+                "request, tuple(ids[:-1] for ids in block_ids)\n"
+                ")",
+            ),
+        ),
+    ),
     "connector_finished_twice": (
         "_free_request tells the connector a request finished twice",
         "_free_request",
@@ -461,6 +477,14 @@ _SPEC_DECODE_EDITS: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
 # name: (description, (vLLM module, class, method), edits): planted bugs in
 # the KV-cache manager's prefix-cache gate (compiled as the ownership edits are).
 _MANAGER_EDITS: dict[str, tuple[str, tuple[str, str, str], tuple[tuple[str, str], ...]]] = {
+    "encoder_entry_stays_freeable": (
+        "EncoderCacheManager.check_and_update_cache takes a cached, unreferenced output back "
+        "for a request without taking it off the freeable list: a later item that needs room "
+        "evicts it while the request still reads it",
+        ("vllm.v1.core.encoder_cache_manager", "EncoderCacheManager", "check_and_update_cache"),
+        (("num_encoder_embeds = self.freeable.pop(mm_hash)\nself.num_freeable_slots -= num_encoder_embeds",
+          "num_encoder_embeds = self.freeable[mm_hash]\nself.num_freeable_slots -= 0"),),
+    ),
     "skipping_request_reads_local_cache": (
         "KVCacheManager.prefix_cache_lookup_enabled ignores skip_reading_prefix_cache: "
         "a request that must compute from token 0 takes the local prefix-cache hit",
@@ -523,6 +547,24 @@ _MANAGER_EDITS["stored_event_names_itself_parent"] = (
     "request's first",
     ("vllm.v1.core.block_pool", "BlockPool", "cache_full_blocks"),
     (("block_hashes[num_cached_blocks - 1]", "block_hashes[num_cached_blocks]"),),
+)
+
+# What a KV event says of each block it announces (invariants/promises.py):
+# what a router reads besides the key.
+_MANAGER_EDITS["stored_event_tokens_shifted"] = (
+    "BlockPool._build_block_stored_event slices the request's tokens one past the "
+    "blocks it announces: every block's token_ids are off by one, and a router that "
+    "matches prompts by tokens routes them to blocks that hold other tokens",
+    ("vllm.v1.core.block_pool", "BlockPool", "_build_block_stored_event"),
+    (("request.all_token_ids[start_token_idx:end_token_idx]", "request.all_token_ids[start_token_idx + 1:end_token_idx + 1]"),),
+)
+
+_MANAGER_EDITS["stored_event_drops_lora"] = (
+    "BlockPool._build_block_stored_event leaves out the request's LoRA adapter "
+    "(lora_name None): a router that keys blocks by adapter files a LoRA request's "
+    "blocks under the base model's",
+    ("vllm.v1.core.block_pool", "BlockPool", "_build_block_stored_event"),
+    (("lora_name=request.lora_request.name if request.lora_request else None", "lora_name=None"),),
 )
 
 # What a step in flight reads (invariants/promises.py): vLLM before PR 47728.
@@ -619,10 +661,26 @@ _MANAGER_EDITS["free_evicts_head_first"] = (
       "self.block_pool.free_blocks(self.pop_blocks_for_free(request_id))"),),
 )
 
+# What the prefix cache must still serve (invariants/cache.py): frees keep keys.
+_MANAGER_EDITS["free_forgets_keys"] = (
+    "BlockPool.free_blocks evicts every block it takes back from the prefix-cache index "
+    "(its keys dropped, the block queued as one that never served a hit): a prompt sent "
+    "again after the first finished hits nothing",
+    ("vllm.v1.core.block_pool", "BlockPool", "free_blocks"),
+    (("if block.block_hash is None or not self.enable_caching:",
+      "if self._maybe_evict_cached_block(block) or block.block_hash is None or not self.enable_caching:"),),
+)
+
 # name: (description, (vLLM module, function), edits): planted bugs in a
 # module-level function of vLLM's (the block hashing), compiled as the
 # method edits are and swapped into the module for the duration.
 _FUNCTION_EDITS: dict[str, tuple[str, tuple[str, str], tuple[tuple[str, str], ...]]] = {
+    "hash_ignores_parent": (
+        "hash_block_tokens leaves the parent block's hash out: a block's key names its own tokens "
+        "only, so a block computed under other earlier tokens serves a request whose prefix differs",
+        ("vllm.v1.core.kv_cache_utils", "hash_block_tokens"),
+        (("if not parent_block_hash:\nparent_block_hash = NONE_HASH", "if True:\nparent_block_hash = BlockHash(b'')"),),
+    ),
     "cache_salt_not_hashed": (
         "generate_block_hash_extra_keys leaves the request's cache_salt out of its first "
         "block's extra keys: requests of different tenants share prefix-cache entries",
@@ -671,6 +729,22 @@ _SPEC_DECODE_EDITS["preempt_keeps_drafts"] = (
     "it is scheduled drafts proposed from a state it no longer holds",
     "_preempt_request",
     (("request.spec_token_ids = []", "pass"),),
+)
+
+# Every request's fate (invariants/fate.py): a request the waiting loop
+# drops from its queue, and one it skips for ever.
+_SCHEDULE_EDITS["lost_when_pool_full"] = (
+    "the waiting loop pops a request whose allocation fails before it stops, and never puts "
+    "it back: the request stays in Scheduler.requests but in no queue, and is never scheduled",
+    (("if new_blocks is None:\n# The request cannot be scheduled.",
+      "if new_blocks is None:\nrequest_queue.pop_request()"),),
+)
+_SCHEDULE_EDITS["deferred_requests_take_slots"] = (
+    "the waiting loop counts the deferred waiting requests (skipped by an earlier scan) as "
+    "holding sequence slots, as it counts paused streaming sessions: once max_num_seqs of "
+    "them wait, no request is admitted again",
+    (("num_running = len(self.running) + self.num_waiting_for_streaming_input",
+      "num_running = len(self.running) + self.num_waiting_for_streaming_input + len(self.deferred_waiting)"),),
 )
 
 PLANTED_SCHEDULER_BUGS: dict[str, str] = {
@@ -926,6 +1000,13 @@ FIXED_RUNS: dict[str, FixedRun] = {
         _full_attention(9, kv_events=True), distinct_prompts(1, 13, 6), events=(("BlockStored", 2),)),
     "reset_announces_nothing": dataclasses.replace(
         _RESET, config=dataclasses.replace(_RESET.config, kv_events=True), events=(("AllBlocksCleared", 1),)),
+    # A 13-token prompt decoding 6 tokens: four blocks announced, each with
+    # tokens (the fourth filled by the decode).
+    "stored_event_tokens_shifted": FixedRun(
+        _full_attention(9, kv_events=True), distinct_prompts(1, 13, 6), events=(("BlockStored", 2),)),
+    # One 13-token prompt under adapter b: its 3 blocks announced with the adapter.
+    "stored_event_drops_lora": FixedRun(
+        _full_attention(17, max_loras=1, kv_events=True), _repeated(1, lora="adapter-b"), events=(("BlockStored", 1),)),
     # One prompt sent by tenant a, tenant b, an unsalted client and tenant a
     # again: only the last may hit, and does.
     "cache_salt_not_hashed": FixedRun(
@@ -964,6 +1045,8 @@ FIXED_RUNS: dict[str, FixedRun] = {
         _PREEMPTING.config, speculative_method="ngram", num_speculative_tokens=2, draft_acceptance=(1,))),
     # How long a hit each lookup serves, which cached blocks survive (invariants/hits.py).
     "hit_stops_a_block_early": _REPEATED,
+    # The first request's free drops its 3 full blocks' keys: the resend hits 0, not 12.
+    "free_forgets_keys": _REPEATED,
     # A 5-token window needs the last block before a hit, and the group keeps
     # only that one cached; an 8-token chunk needs the blocks of the hit's last chunk.
     "window_hit_needs_a_block_more": _beside(SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 5),))),
@@ -1005,4 +1088,38 @@ FIXED_RUNS: dict[str, FixedRun] = {
                                  num_blocks=40), max_num_batched_tokens=32, max_num_seqs=1),
         _repeated(2, length=6, max_tokens=3), one_after_another=True, hits=(0, 5)),
     "evicted_key_stays_indexed": _ONE_AFTER_ANOTHER,
+    # The connector hand-off (invariants/handoff.py): two requests decoding 3
+    # tokens each on a producer, which holds each finished request's blocks
+    # until its send is reported done.
+    "hands_off_one_block_short": FixedRun(_full_attention(17, kv_role="kv_producer"), distinct_prompts(2, 10, 3)),
+    # Three 13-token prompts at once, 8 tokens a step, an encoder cache of 8
+    # embeddings: the first computes image a (positions 6-11) and finishes,
+    # the second reads the cached output through steps 3 and 4, the third's
+    # image b (2-7) needs room in step 4. Unmodified, the second's reference
+    # keeps image a, and the third stops before its image; planted, image a
+    # is evicted and freed in the step the second still reads it.
+    "encoder_entry_stays_freeable": FixedRun(
+        _full_attention(33, max_num_batched_tokens=8, max_num_seqs=3),
+        (FixedPrompt(tuple(range(13)), 1, mm=(("image-a", 6, 6),)),
+         FixedPrompt((50, *range(1, 13)), 1, mm=(("image-a", 6, 6),)),
+         FixedPrompt(tuple(range(100, 113)), 1, mm=(("image-b", 2, 6),)))),
+    # A lone 4-token sliding window (a hit needs only the block before it):
+    # two 13-token prompts that differ in their first block only. The second
+    # must miss; with a key blind to its parent it adopts the first one's
+    # third block and reads its window there: positions 9-11, the same tokens
+    # at the same positions, computed under another first block.
+    "hash_ignores_parent": FixedRun(
+        SchedulerDraw(LayoutDraw((SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 4),)),), hash_block_size=4,
+                                 num_blocks=17), max_num_batched_tokens=32, max_num_seqs=2),
+        (FixedPrompt((1, 2, 3, 4, *range(10, 18), 5), 2), FixedPrompt((7, 7, 7, 7, *range(10, 18), 6), 2)),
+        one_after_another=True, hits=(0, 0)),
 }
+
+# Every request's fate (invariants/fate.py). The preempting run: its third
+# request's first allocation fails (9 blocks hold two of them). Two
+# sequences, two 13-token prompts whose connector cannot answer the first
+# time it is asked: the waiting loop skips (defers) both, and admits both at
+# the next step.
+FIXED_RUNS["lost_when_pool_full"] = _PREEMPTING
+FIXED_RUNS["deferred_requests_take_slots"] = FixedRun(_full_attention(17), tuple(
+    dataclasses.replace(p, reply=ExternalReply("undecided", undecided=1)) for p in distinct_prompts(2, 13, 2)))

@@ -16,7 +16,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fuzz.adapter import _compat
-from fuzz.adapter._contents import BlockContents, KeyPrefixes, all_entries_of, checkpoint_params, records_state
+from fuzz.adapter._contents import BlockContents, KeyPrefixes, checkpoint_params, records_state
+from fuzz.adapter._encoder import EncoderWatch
+from fuzz.adapter._handoff import HandOffWatch
+from fuzz.model._encoder import MissingEncoderOutput
+from fuzz.adapter._index_watch import IndexChanges
 from fuzz.adapter._oplog import model_runner_output
 from fuzz.adapter._reports import WorkerRecord, computed_before
 
@@ -37,7 +41,9 @@ from fuzz.model import (  # noqa: E402
     UnwrittenRead,
 )
 from fuzz.model import group_behaviour as _group_behaviour  # noqa: E402
-from fuzz.model import hits_across_reset_of, missing_lookahead_of, unwritten_reads_of  # noqa: E402
+from fuzz.model import (  # noqa: E402
+    KeyCollision, hits_across_reset_of, key_collisions_of, missing_lookahead_of, unwritten_reads_of,
+)
 from fuzz.model import group_kind as _group_kind  # noqa: E402
 
 __all__ = ["ScriptedRunner", "runner_output"]
@@ -72,7 +78,12 @@ class ScriptedRunner:
                                     getattr(getattr(scheduler, "kv_cache_config", None), "cache_hit_alignment_tokens", None))
                   for spec in specs),
         )
+        # The harness's record of each request's blocks, read when the connector is told it finished.
+        self.hand_offs = HandOffWatch(self.contents, self.worker.tokens, groups, read_rules,
+                                      tuple(_compat.hand_off_clipped(spec) for spec in specs))
         self.unwritten_reads: list[UnwrittenRead] = []
+        self.encoder = EncoderWatch()  # the worker's encoder cache
+        self.missing_encoder_outputs: tuple[MissingEncoderOutput, ...] = ()
         # A drafter with its own forward pass (EAGLE, a draft model) writes
         # KV this many positions past the target's (0: none does), up to
         # max_model_len; the last sampled step's tables that fall short.
@@ -86,6 +97,7 @@ class ScriptedRunner:
         # change: those need no second look.
         self._judged_right: dict[int, set[tuple[int, Any]]] = {}
         self._splits: dict[Any, tuple[int, Any]] = {}  # prefix-cache key -> (group, hash)
+        self._index_changes = IndexChanges()  # the entries that may need judging
 
     def hand_over(self, out: Any, allocs: tuple[ConnectorAlloc, ...], admissions: Sequence[AdmissionObservation],
                   invalid: set[int], step: int) -> None:
@@ -98,6 +110,8 @@ class ScriptedRunner:
         group from the blocks it adopted on (each group's own hit)."""
         self.contents.forget(out.finished_req_ids or ())
         self.contents.take_tables(out)
+        self.hand_offs.take(out, allocs)
+        self.missing_encoder_outputs = self.encoder.step(out, step)
         self.unwritten_reads = []
         self._failing_now = frozenset(invalid)
         admitted = {a.request_id: a for a in admissions}
@@ -129,6 +143,7 @@ class ScriptedRunner:
         # From the output and the worker's own record (prompt plus what it
         # sampled, fed back or still queued), never from vLLM's Request.
         self.worker.resync(out)
+        self.hand_offs.rolled_back = recomputed
         self.missing_lookahead = []
         before = computed_before(out)
         # Where each request's tokens start (before this step's rejections count).
@@ -242,7 +257,7 @@ class ScriptedRunner:
                 self._failing_now,
             ), *(m[1:] for m in states if m[0] == rid)]
             replay = rid in whole_prompt_landed and start == self.worker.prompt.get(rid, 0) - 1
-            reads += unwritten_reads_of(rid, start, found, kinds, replay, rid in recomputed)
+            reads += unwritten_reads_of(rid, start, found, kinds, replay, rid in recomputed, self.contents.other_prefix)
         return reads
 
     def index_entries(self, pool: Any, requests: Mapping[str, Any], recomputed: set[str]
@@ -260,13 +275,20 @@ class ScriptedRunner:
         if self.keys is None:
             self.keys = KeyPrefixes(pool.hash_block_size)
         for rid, request in requests.items():
-            self.keys.learn(rid, request.block_hashes, request.all_token_ids)
+            self.keys.learn(rid, request.block_hashes, request.all_token_ids, self.contents.namespaces.get(rid, ""))
         # An entry judged right stays right until its block's contents change.
-        for block_id in self.contents.changed:
+        changed, self.contents.changed = self.contents.changed, set()
+        for block_id in changed:
             self._judged_right.pop(block_id, None)
-        self.contents.changed = set()
         right = self._judged_right
-        entries = all_entries_of(cached, self._split)
+        # Only what may need judging (what the map's insert/pop touched, the
+        # changed blocks', what stood unjudged or wrong): the rest is in right.
+        judge = self._index_changes.to_judge(getattr(pool, "cached_block_hash_to_block", None), cached, changed)
+        entries = []
+        for key, block in judge:
+            group, block_hash = self._split(key)
+            own = block.block_hash == key
+            entries.append((group, block.block_id, block_hash, getattr(block, "block_hash_num_tokens", None) if own else None))
         primary = sorted((g, b, n) for g, b, _, n in entries if n is not None and (g, n) not in right.get(b, ()))
         unbacked = tuple(
             UnbackedEntry(group, block_id, n, tuple(missing), self.contents.whole_state[group])
@@ -281,14 +303,26 @@ class ScriptedRunner:
             if (group, block_hash) in right.get(block_id, ()):
                 continue
             rid, tokens = self.keys.prefix.get(block_hash, ("", ()))
-            wrong = self.contents.misnamed(group, block_id, tokens)
+            wrong = self.contents.misnamed(group, block_id, tokens, rid)
             if wrong:
                 misnamed.append(MisnamedEntry(group, block_id, bytes(block_hash).hex()[:12], rid, len(tokens), tuple(wrong),
                                               rid in recomputed))
             elif tokens:
                 right.setdefault(block_id, set()).add((group, block_hash))
         misnamed.sort(key=lambda e: (e.group, e.block_id, e.key))
+        for (key, _), (group, block_id, block_hash, n) in zip(judge, entries):
+            done = right.get(block_id, ())
+            if (group, block_hash) not in done or (n is not None and (group, n) not in done):
+                self._index_changes.stand(key)
         return unbacked, tuple(misnamed)
+
+    def key_collisions(self) -> tuple[KeyCollision, ...]:
+        """The keys learnt since the last call that name two prefixes
+        (see KeyPrefixes): vLLM's hasher, judged on what each request is."""
+        if self.keys is None or not self.keys.collisions:
+            return ()
+        found, self.keys.collisions = self.keys.collisions, []
+        return key_collisions_of(found)
 
     def _split(self, key: Any) -> tuple[int, Any]:
         """A prefix-cache key's (group, hash), remembered (keys are immutable)."""

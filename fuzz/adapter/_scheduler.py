@@ -7,8 +7,7 @@ the model runner's output fed back through ``update_from_output``, and the
 step reported as a :class:`fuzz.model.StepObservation`. The other jobs have
 rooms of their own, which the harness composes:
 
-* :mod:`fuzz.adapter._runner`: the model runner (what it samples, writes,
-  reads and returns);
+* :mod:`fuzz.adapter._runner`: the model runner (samples, writes, reads, returns);
 * :mod:`fuzz.adapter._faults`: failing loads and aborts during a step;
 * :mod:`fuzz.adapter._observations`: the observations, assembled from the
   recording wrappers and the scripted connector's records;
@@ -24,8 +23,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from fuzz.adapter import _compat, _connector, _oplog
+from fuzz.adapter import _compat, _connector, _fate, _oplog
 from fuzz.adapter._build import build_scheduler
+from fuzz.adapter._cache_model import CacheModel
 from fuzz.adapter._contents import namespace_of
 from fuzz.adapter._env import VLLM_VERSION
 from fuzz.adapter._evictions import EvictionWatch
@@ -43,8 +43,7 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from fuzz.model import Abort, AddRequest, ConnectorAnswer, Evict, FedOutput, OpLog, ResetPrefixCache, Step  # noqa: E402
 from fuzz.model import (  # noqa: E402
     DraftVerification, EventGap, EventOrphan, ExternalReply, ForeignHit, GroupInfo, HarnessError, HitAcrossReset,
-    MisnamedEntry, PoolObservation, PreemptedRequest, SchedulerDraw, StaleOutput, StepObservation,
-    UnbackedEntry,
+    MisnamedEntry, PoolObservation, PreemptedRequest, SchedulerDraw, StaleOutput, StepObservation, UnbackedEntry,
 )
 from fuzz.model import group_behaviour as _group_behaviour, span_of  # noqa: E402
 
@@ -141,15 +140,16 @@ class SchedulerHarness:
         self._send_started: dict[str, int] = {}
         self.ownership = OwnershipSpy(self.scheduler, self.groups, self.spans)
         self.evictions = EvictionWatch(  # wraps the spy's wrappers
-            self.scheduler, lambda: self.step_index, _compat.prefix_cache_map, _compat.group_of_key
-        )
+            self.scheduler, lambda: self.step_index, _compat.prefix_cache_map, _compat.group_of_key)
+        self.cache_model = CacheModel(self.scheduler, self.evictions, lambda: self.step_index)
+        self.fate = _fate.FateRecord(self.scheduler, self._requests, self.oplog, self.script, self.evictions, draw.num_speculative_tokens)
         self.read_rules = read_rules(
-            built.kv_config, self.groups, self.spans, tuple(_group_behaviour(g).value for g in self.groups)
-        )
+            built.kv_config, self.groups, self.spans, tuple(_group_behaviour(g).value for g in self.groups))
         specs = tuple(g.kv_cache_spec for g in built.kv_config.kv_cache_groups)
         self.runner = ScriptedRunner(draw, self.groups, self.read_rules, self.null_block_id, self.scheduler, specs)
-        self.worker = self.runner.worker
-        self.contents = self.runner.contents
+        self.worker, self.contents = self.runner.worker, self.runner.contents
+        self.observer.encoder = self.runner.encoder  # the worker's encoder cache (what a stranded request holds)
+        self.script.watch(self.runner.hand_offs.hand_off, self.contents.namespaces)  # read at request_finished
 
     # -- properties ---------------------------------------------------------
     @property
@@ -433,9 +433,7 @@ class SchedulerHarness:
             error_where=where,
             dishonest_replies=dishonest,
             num_scheduled=dict(out.num_scheduled_tokens) if out is not None else {},
-            copies=tuple((c.src_block_id, c.dst_block_id) for c in out.kv_cache_block_copies or ())
-            if out is not None
-            else (),
+            copies=tuple((c.src_block_id, c.dst_block_id) for c in out.kv_cache_block_copies or ()) if out is not None else (),
             newly_scheduled=newly,
             preempted=frozenset(out.preempted_req_ids or ()) if out is not None else frozenset(),
             finished=finished,
@@ -464,14 +462,16 @@ class SchedulerHarness:
             unwritten_reads=tuple(self.runner.unwritten_reads) if out is not None else (),
             unbacked_entries=unbacked,
             misnamed_entries=misnamed,
+            key_collisions=self.runner.key_collisions(),
+            missing_encoder_outputs=self.runner.missing_encoder_outputs if out is not None else (),
             event_gaps=gaps,
-            event_orphans=orphans,
+            event_orphans=orphans, event_payloads=self.observer.event_payloads(self.read_rules, self.runner.keys, self.oplog.ops),
             events_replayed=self.observer.events is not None and fed is not None and not error,
             foreign_hits=foreign,
             hits_across_reset=across,
             missing_lookahead=tuple(self.runner.missing_lookahead) if out is not None else (),
-            preemptions=preemptions,
-            evictions=self.evictions.take(),
+            preemptions=preemptions, **self.fate.after_step(out, self._pending, error),
+            evictions=self.evictions.take(), **self.cache_model.take(admissions),
         )
 
     QUIET_STEPS = QUIET_STEPS
@@ -562,7 +562,7 @@ class SchedulerHarness:
         verified = self.observer.drafts_to_verify(out, sampled)
         t0 = time.perf_counter()
         try:
-            sched.update_from_output(out, output)
+            self.fate.reported(sched.update_from_output(out, output))
         finally:
             self.vllm_seconds += time.perf_counter() - t0
             self._stale.extend(self.observer.stale_outputs(stale, step.index))

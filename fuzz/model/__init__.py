@@ -36,8 +36,15 @@ rest of the suite survive vLLM's moving internal API.
   (:class:`FreedBlock`) and each cached block an allocation evicted
   (:class:`Eviction`), and vLLM's free order among them
   (:func:`reused_before`, :func:`evicted_out_of_order`);
+* ``_cache``: where vLLM's index or a lookup fell short of the harness's
+  model of the prefix cache (:class:`ForgottenEntry`, :class:`ShortHit`);
 * ``_hits``: how long a hit the prefix-cache index allows a lookup
   (:func:`allowed_hit`);
+* ``_fate``: where each request the harness added is after a step
+  (:class:`RequestPlaces`) and the waiting requests whose blockers were
+  gone (:class:`WaitingRequest`);
+* ``_events``: a block a KV event announces whose payload is not what the
+  harness knows of it (:class:`EventPayload`);
 * ``_violations``: :class:`InvariantViolation`, :class:`HarnessError`;
 * ``_catalog``: what the installed vLLM offers (:func:`installed`), filled in
   by the adapter;
@@ -64,6 +71,9 @@ from fuzz.model._groups import answer_acted_on, cdiv, group_behaviour, group_kin
 from fuzz.model._kv import first_needed_token
 from fuzz.model._ownership import AllocationRecord, HeldTable, LookupRecord, OwnershipObservation
 from fuzz.model._evictions import Eviction, FreedBlock, describe_out_of_order, evicted_out_of_order, reused_before
+from fuzz.model._cache import ForgottenEntry, ShortHit
+from fuzz.model._fate import RequestPlaces, WaitingRequest
+from fuzz.model._events import EventPayload
 from fuzz.model._hits import allowed_hit
 from fuzz.model._engine import ENGINE_REACHABLE, SCHEDULER_API, EngineDraw, reach_label
 from fuzz.model._kv import BlockRef, EagleDraw, GroupInfo, GroupTruncation, LayoutDraw, SpecDraw, TruncationObservation
@@ -79,6 +89,7 @@ from fuzz.model._oplog import (
     ScheduledOutput,
     Step,
 )
+from fuzz.model._connector import HandOff
 from fuzz.model._scheduler import (
     REPLY_KINDS,
     AdmissionObservation,
@@ -104,7 +115,9 @@ from fuzz.model._scheduler import (
     StepObservation,
     StrandedRequest,
 )
-from fuzz.model._contents import event_orphans_of, hits_across_reset_of, missing_lookahead_of, unwritten_reads_of
+from fuzz.model._contents import (
+    KeyCollision, event_orphans_of, hits_across_reset_of, key_collisions_of, missing_lookahead_of, unwritten_reads_of,
+)
 from fuzz.model._scenarios import EndpointRule, FixedPrompt, FixedRun, PromptDraw, SingleShotScenario, TruncationScenario
 from fuzz.model._scenarios import distinct_prompts
 from fuzz.model._outputs import draft_verifications_of, drafts_to_verify_of, stale_outputs_of, stale_shares_of
@@ -163,6 +176,7 @@ __all__ = [
     "Eviction",
     "ExternalReply",
     "FailedLoad",
+    "HandOff",
     "GroupInfo",
     "GroupTruncation",
     "HarnessError",
@@ -174,9 +188,12 @@ __all__ = [
     "MisnamedEntry",
     "UnbackedEntry",
     "EventGap",
+    "EventPayload",
     "EventOrphan",
     "event_orphans_of",
     "hits_across_reset_of",
+    "KeyCollision",
+    "key_collisions_of",
     "missing_lookahead_of",
     "unwritten_reads_of",
     "draft_verifications_of",
@@ -184,8 +201,10 @@ __all__ = [
     "stale_outputs_of",
     "stale_shares_of",
     "ForeignHit",
+    "ForgottenEntry",
     "HitAcrossReset",
     "FreedBlock",
+    "ShortHit",
     "MissingLookahead",
     "UnwrittenRead",
     "LayoutDraw",
@@ -198,6 +217,8 @@ __all__ = [
     "StaleOutput",
     "StepObservation",
     "StrandedRequest",
+    "RequestPlaces",
+    "WaitingRequest",
     "TruncationObservation",
     "allowed_hit",
     "describe_out_of_order",

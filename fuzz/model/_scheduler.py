@@ -7,12 +7,14 @@ import dataclasses
 
 from fuzz.model._classification import Behaviour, classification_of_kind
 from fuzz.model._connector import ConnectorAlloc, ConnectorFinish, ConnectorMeta, FailedLoad
+from fuzz.model._encoder import MissingEncoderOutput
 from fuzz.model._contents import (
     EventGap,
     EventOrphan,
     ForeignHit,
     HitAcrossReset,
     KvFromOtherToken,
+    KeyCollision,
     MisnamedEntry,
     MissingLookahead,
     PreemptedRequest,
@@ -20,7 +22,10 @@ from fuzz.model._contents import (
     UnwrittenRead,
 )
 from fuzz.model._engine import EngineDraw, reach_label
+from fuzz.model._cache import ForgottenEntry, ShortHit
 from fuzz.model._evictions import Eviction
+from fuzz.model._events import EventPayload
+from fuzz.model._fate import RequestPlaces, WaitingRequest
 from fuzz.model._kv import GroupInfo, LayoutDraw, Span
 from fuzz.model._outputs import DraftVerification, StaleOutput
 from fuzz.model._ownership import OwnershipObservation
@@ -368,6 +373,9 @@ class StrandedRequest:
     # The harness's record: a synchronous load of it failed under the
     # recompute policy, so vLLM rolled it back to recompute the blocks.
     recomputed_failed_load: bool = False
+    # The worker's encoder cache holds the output of one of its items that
+    # lies past where it resumes, but not that of the item it reaches next.
+    holds_later_encoder_output: bool = False
 
     def describe(self) -> str:
         return (
@@ -376,6 +384,8 @@ class StrandedRequest:
             f"(prompt {self.num_prompt_tokens}, max_tokens {self.max_tokens}), "
             f"num_output_placeholders={self.num_output_placeholders}"
             + (", rolled back by a failed synchronous load (recompute)" if self.recomputed_failed_load else "")
+            + (", the worker's encoder cache holding a later image's output and not the next one's"
+               if self.holds_later_encoder_output else "")
         )
 
 
@@ -460,6 +470,12 @@ class StepObservation:
     unwritten_reads: tuple[UnwrittenRead, ...] = ()
     unbacked_entries: tuple[UnbackedEntry, ...] = ()
     misnamed_entries: tuple[MisnamedEntry, ...] = ()
+    # Each prefix-cache key a request carried that another request carried
+    # first over another prefix (tokens or namespace), learnt this step.
+    key_collisions: tuple[KeyCollision, ...] = ()
+    # Each multimodal item whose placeholder the step computes positions of
+    # while the worker's encoder cache lacks its output (fuzz/adapter/_encoder.py).
+    missing_encoder_outputs: tuple[MissingEncoderOutput, ...] = ()
     # KV events on (SchedulerDraw.kv_events), after an update_from_output()
     # that published: each key where the replayed events and the index
     # disagree. Empty where no update ran, or events are off.
@@ -467,6 +483,9 @@ class StepObservation:
     # ... and each BlockStored event the update published whose parent no
     # event published before it announced in its group.
     event_orphans: tuple[EventOrphan, ...] = ()
+    # ... and each block a BlockStored event announced whose payload (tokens,
+    # block size, LoRA, extra keys, medium) is not what the harness knows of it.
+    event_payloads: tuple[EventPayload, ...] = ()
     events_replayed: bool = False
     # Blocks the step's admissions adopted (what schedule() handed to
     # allocate_slots as computed) that were written under another salt.
@@ -478,6 +497,15 @@ class StepObservation:
     preemptions: tuple[PreemptedRequest, ...] = ()
     # Each cached block an allocation took from the pool since the last step.
     evictions: tuple[Eviction, ...] = ()
+    # Every request not settled in exactly one place after the step, and the
+    # waiting ones whose blockers were gone (fuzz/model/_fate.py).
+    places: tuple[RequestPlaces, ...] = ()
+    waiting_unblocked: tuple[WaitingRequest, ...] = ()
+    # The harness's own model of the prefix cache (fuzz/adapter/_cache_model.py):
+    # entries it files that the index lacks after the step, and the step's
+    # lookups that served less than it guarantees.
+    forgotten_entries: tuple[ForgottenEntry, ...] = ()
+    short_hits: tuple[ShortHit, ...] = ()
 
     @property
     def fed_late(self) -> bool:

@@ -21,7 +21,7 @@ from invariants.table import INVARIANTS, Invariant
 
 # A plant more than one row names: the row its run shows (the other row's
 # case is elsewhere: same-step-hazard's in tests/invariants/test_ownership_planted.py).
-SHOWN_AS = {"mamba_adopts_same_step_state": "reads-written"}
+SHOWN_AS = {"mamba_adopts_same_step_state": "reads-written", "hash_ignores_parent": "reads-written", "free_forgets_keys": "cache-keeps-entries"}
 
 
 def shown_on_runs() -> dict[str, tuple[Callable[..., Stepper], str | None, Invariant]]:

@@ -26,7 +26,9 @@ from fuzz.targets import target_scheduler
 from fuzz.adapter import SchedulerHarness
 from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.runners.scheduler import STALE_OUTPUT, Stepper, run_fixed, run_single_shot
+from invariants import cache as cache_checks
 from invariants import connector as conn
+from invariants import contents as contents_checks
 from invariants import scheduler as inv
 from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import check_hits_within_namespace, check_preempted_resumable
@@ -216,9 +218,17 @@ CAUGHT_REAL_BUG: dict[Callable[..., None], str] = {
 }
 
 
+# A second row a fixed run's plant is named by (the run shows the first,
+# planted_runs.SHOWN_AS): the test file that shows this check catching it.
+SHOWN_ELSEWHERE = {
+    contents_checks.check_keys_name_one_prefix: "tests/invariants/test_prefix_identity.py",
+    cache_checks.check_hit_reaches_model: "tests/invariants/test_cache.py",
+}
+
+
 def test_every_scheduler_check_has_a_planted_case() -> None:
     checks = {c for c, *_ in CASES} | {c for c, *_ in MACHINE_CASES} | {c for c, *_ in FIXED_CASES}
-    checks |= {c for c, *_ in SPEC_DECODE_CASES} | set(CAUGHT_REAL_BUG)
+    checks |= {c for c, *_ in SPEC_DECODE_CASES} | set(CAUGHT_REAL_BUG) | set(SHOWN_ELSEWHERE)
     # The ownership checks have their cases in tests/invariants/test_ownership_planted.py.
     expected = {*inv.STEP_CHECKS, *inv.ADMISSION_CHECKS, inv.check_no_leaked_blocks} - set(OWNERSHIP_CHECKS)
     assert checks == expected, expected ^ checks
@@ -341,8 +351,11 @@ def test_a_window_group_dropping_an_adopted_block_is_no_cross_salt_hit() -> None
     r10 = harness.add_request(shared + [166, 1000, 1000, 1001, 1000, 4512], max_tokens=4,
                               reply=ExternalReply("store", store_len=11))
     harness.add_request(shared + [3576, 3577, 3578, 3579], max_tokens=1, reply=ExternalReply("store", store_len=9))
-    r12 = harness.add_request(shared + [166, 1000, 1000, 1001], max_tokens=1, reply=ExternalReply("saved"),
-                              cache_salt="tenant-a")
+    # The campaign's r12 asked the connector's store, which then kept saved KV
+    # under bare tokens and answered 6 (the unsalted r1's); the store now keys
+    # by namespace too, so the same answer is scripted.
+    r12 = harness.add_request(shared + [166, 1000, 1000, 1001], max_tokens=1,
+                              reply=ExternalReply("store", store_len=6), cache_salt="tenant-a")
     step = run.step()
     (adm,) = [a for a in step.admissions if a.request_id == r10]
     dropped = set(adm.alloc_local_blocks[0]) - set(adm.block_table[0])
