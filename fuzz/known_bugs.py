@@ -31,8 +31,10 @@ from invariants.hits import (
     HIT_SHORTER_INSIDE_A_FULL_BLOCK,
 )
 from invariants.ownership import ROLLED_BACK_IN_FLIGHT
+from invariants.handoff import HANDS_UNHELD_KV
 from invariants.promises import EVENTS_ORPHANED_PARTIAL
-from invariants.scheduler import STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
+from invariants.scheduler import STRANDED_ENCODER_AFTER_FAILED_LOAD, STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
+from invariants.fate import UNBLOCKED_AFTER_FAILED_ASYNC_LOAD
 from invariants.contents import UNWRITTEN_READ_AFTER_ROLLBACK as _READ_AFTER_ROLLBACK
 from invariants.contents import UNWRITTEN_READ_AFTER_WHOLE_LOAD as _READ_AFTER_WHOLE_LOAD
 from invariants.contents import MAMBA_EARLIER_STATE, UNWRITTEN_READ_AFTER_ROLLBACK_IN_FLIGHT
@@ -335,6 +337,10 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 Signature("reads-written", where=_ROLLED_BACK, group_kind=k, state=_READ_AFTER_ROLLBACK)
                 for k in ("MambaSpec", "SlidingWindowSpec", "SlidingWindowMLASpec", "ChunkedLocalAttentionSpec")
             ),
+            # A request rolled back so and then finished hands the connector
+            # the null block (or a stale one) where its state should be.
+            Signature("hand-off-names-computed-blocks", where=_ROLLED_BACK, group_kind="MambaSpec",
+                      state=HANDS_UNHELD_KV),
         ),
         reach=ENGINE_IN_PRINCIPLE,
         pinned_by="tests/known_bugs/test_mamba_failed_load_rollback.py::test_failed_sync_load_on_mamba_resumes_where_a_state_exists",
@@ -878,6 +884,54 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "described in a review comment on PR 54076 (2026-09-03: the internal-checkpoint "
             "exemption creates only the final boundary inside an unaligned chunk), with a fix planned "
             "in the follow-up PR 53479; both open."
+        ),
+    ),
+    KnownBug(
+        id="failed-async-load-keeps-own-reservation",
+        title="a request whose async KV load failed stays in _inflight_prefills and its own stale reservation "
+        "keeps it (and every request behind it) from being admitted",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=(
+            Signature("unblocked-request-admitted", where="Scheduler._update_waiting_for_remote_kv",
+                      state=UNBLOCKED_AFTER_FAILED_ASYNC_LOAD),
+        ),
+        reach=ENGINE_IN_PRINCIPLE,
+        pinned_by="tests/known_bugs/test_failed_load_leftovers.py::test_a_failed_async_load_is_recomputed_on_a_pool_that_holds_it",
+        targets=("scheduler-machine",),
+        analysis=(
+            "Admitting an async load adds the request to Scheduler._inflight_prefills, whose remaining blocks "
+            "every later async admission leaves free (reserved_blocks). A load reported failed with no valid "
+            "token is freed and sent back to waiting by _update_waiting_for_remote_kv, still in "
+            "_inflight_prefills; its next async admission then counts its own whole sequence as reserved, so "
+            "on a pool under twice its need it is refused at every schedule(), and as the head of "
+            "kv_holding_waiting (drained first, left with break) it starves every waiting request behind it. "
+            "vLLM PR 48433 (closed unmerged) proposed excluding a request's own reservation when it resumes. "
+            "Seen on 0.33.0 only (the reservation came with PR 44560)."
+        ),
+    ),
+    KnownBug(
+        id="encoder-output-held-past-failed-load-rollback",
+        title="a failed-load rollback below an image leaves the request holding a later image's encoder "
+        "output, and the earlier image never gets room",
+        since="0.33.0",
+        fixed_in=None,
+        signatures=(
+            Signature("running-request-progresses", where="Scheduler._update_requests_with_invalid_blocks",
+                      state=STRANDED_ENCODER_AFTER_FAILED_LOAD),
+        ),
+        reach=ENGINE_IN_PRINCIPLE,
+        pinned_by="tests/known_bugs/test_failed_load_leftovers.py::test_a_rollback_below_two_images_is_recomputed",
+        targets=("scheduler-machine",),
+        analysis=(
+            "A request admitted with a synchronous load over an image placeholder computes the encoder output "
+            "its first scheduled position needs and references it in the encoder cache. When the load is "
+            "reported failed under the recompute policy, _update_requests_with_invalid_blocks rolls "
+            "num_computed_tokens back before an earlier image without freeing the later image's entry; the "
+            "earlier image needs room that only freeing the later one gives, which happens only after the "
+            "request passes it, so _try_schedule_encoder_inputs cuts it to zero tokens at every step and it "
+            "stays RUNNING for ever. Upstream reports of encoder-cache stalls in schedule() came first (PR "
+            "31699, issue 45414), with other triggers. Checked on 0.33.0 only."
         ),
     ),
 )
