@@ -468,10 +468,13 @@ _ROLLBACK = "Scheduler._update_requests_with_invalid_blocks"
 
 
 def _stranded_state(stranded: tuple[StrandedRequest, ...]) -> str:
-    """What every stranded request shows (one never relabels another)."""
-    if all(r.num_output_placeholders > 0 and r.recomputed_failed_load for r in stranded):
+    """What the stranded requests show. A request stranded with output
+    placeholders names the step: others are then seen stranded behind what
+    it holds (a sequence slot, an encoder output), as a 600 s campaign met
+    on unmodified vLLM; a state of one's own is named only where all show it."""
+    if any(r.num_output_placeholders > 0 and r.recomputed_failed_load for r in stranded):
         return STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
-    if all(r.num_output_placeholders > 0 for r in stranded):
+    if any(r.num_output_placeholders > 0 for r in stranded):
         return STRANDED_PLACEHOLDERS
     if all(r.recomputed_failed_load and r.holds_later_encoder_output and not r.num_output_placeholders
            for r in stranded):
