@@ -46,12 +46,14 @@ class HandOffWatch:
         (an async load's request stays away from the runner until it lands),
         its preemptions (vLLM frees the request's blocks), and the requests
         it hands the runner."""
-        for a in allocs:
-            self.allocated[a.request_id] = a.block_ids
-            self.with_runner.discard(a.request_id)
+        # schedule() preempts in its running loop before its waiting loop
+        # admits, and may admit a request it preempted in the same call.
         for rid in getattr(out, "preempted_req_ids", None) or ():
             self.with_runner.discard(rid)
             self.allocated.pop(rid, None)
+        for a in allocs:
+            self.allocated[a.request_id] = a.block_ids
+            self.with_runner.discard(a.request_id)
         cached = out.scheduled_cached_reqs
         for rid in [n.req_id for n in out.scheduled_new_reqs] + list(cached.req_ids):
             if rid in self.contents.tables:

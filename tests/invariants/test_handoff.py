@@ -123,3 +123,30 @@ def test_a_mamba_request_rolled_back_by_a_failed_load_hands_no_state_and_is_the_
     assert (violation.state, violation.where) == (HANDS_UNHELD_KV, "Scheduler._update_requests_with_invalid_blocks")
     bug = match(failure_of(violation), VLLM_VERSION)
     assert bug is not None and bug.id == "mamba-failed-load-rollback", violation
+
+
+def test_a_request_preempted_and_admitted_again_in_one_step_keeps_its_new_blocks() -> None:
+    """schedule() preempts in its running loop before its waiting loop admits:
+    a request both preempted and allocated again by one output holds the new
+    allocation (met by a 600 s campaign on unmodified vLLM: an async load
+    admitted right after a preemption, then failed, handed blocks the record
+    had dropped)."""
+    from fuzz.adapter._contents import BlockContents
+    from fuzz.adapter._handoff import HandOffWatch
+    from fuzz.model import ConnectorAlloc, GroupInfo
+
+    class Cached:
+        req_ids: tuple[str, ...] = ()
+
+    class Output:
+        preempted_req_ids = {"r1"}
+        scheduled_new_reqs = ()
+        scheduled_cached_reqs = Cached()
+        finished_req_ids = ()
+
+    group = GroupInfo(index=0, spec_class="FullAttentionSpec", inner_classes=(), block_size=4, prefix_cacheable=True)
+    watch = HandOffWatch(BlockContents([4], [True], null_block_id=0), {}, (group,), (("full", 0),), (True,))
+    alloc = ConnectorAlloc(request_id="r1", num_tokens=12, block_ids=((6, 4, 7),), num_external_tokens=12,
+                           alloc_local_tokens=0, alloc_external_tokens=12, asked_with=0, reply=12, reply_async=True)
+    watch.take(Output(), (alloc,))
+    assert watch.recorded("r1") == ((6, 4, 7),)
