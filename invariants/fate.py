@@ -32,7 +32,7 @@ LOST = "in no place"
 IN_TWO_PLACES = "in two places"
 REPORTED_TWICE = "reported finished twice"
 UNBLOCKED_NOT_ADMITTED = "waiting with every blocker gone"
-UNBLOCKED_AFTER_FAILED_ASYNC_LOAD = "waiting with every blocker gone after its own async load failed"
+UNBLOCKED_AFTER_FAILED_ASYNC_LOAD = "waiting with every blocker gone, unscheduled since its own async load failed"
 
 
 def _context(step: StepObservation) -> str:

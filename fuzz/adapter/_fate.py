@@ -73,7 +73,8 @@ class FateRecord:
         self._free: Callable[[], int | None] = lambda: len(watch.free) if getattr(watch, "_on", False) else None
         self.finish_reports: Counter[str] = Counter()
         self.aborted: set[str] = set()
-        self.failed_async: set[str] = set()  # requests an output reported an async load of failed
+        # Requests an output reported an async load of failed, not scheduled since.
+        self.failed_async: set[str] = set()
         self._ops_seen = 0
         self._longest: dict[str, int] = {}  # prompt + max_tokens, from each AddRequest
         self._allocs_seen = 0
@@ -131,6 +132,8 @@ class FateRecord:
         rows (``out``: its ``SchedulerOutput``; ``pending``: the step left
         in flight, None when none; nothing after a step that raised)."""
         self._take_ops()
+        if out is not None:
+            self.failed_async.difference_update(out.num_scheduled_tokens)
         allocs, self._allocs_seen = self._allocs_seen, len(self.script.allocs)
         if error is not None:
             self._unblocked, self._streak = {}, {}

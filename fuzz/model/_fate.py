@@ -54,11 +54,12 @@ class WaitingRequest:
     free_blocks: int
     blocks_needed: int
     queue: str  # the waiting queue it sits in
-    # The harness fed back an output reporting an async load of it failed.
+    # The harness fed back an output reporting an async load of it failed,
+    # and no step has scheduled it since.
     after_failed_async_load: bool = False
 
     def describe(self) -> str:
         return (f"request {self.request_id} {self.status} in {self.queue}, not admitted by {self.steps} "
                 f"schedule() calls in a row with nothing running or in flight, its connector answer "
                 f"decided and {self.free_blocks} free blocks for at most {self.blocks_needed} needed"
-                + (", after an async load of it was reported failed" if self.after_failed_async_load else ""))
+                + (", not scheduled since an async load of it was reported failed" if self.after_failed_async_load else ""))
