@@ -49,7 +49,8 @@ def check_cache_keeps_entries(step: StepObservation) -> None:
         "serve are gone from the index (frees keep keys; only an allocation of the block, an eviction by "
         "id or a reset drops them):\n  "
         + "\n  ".join(e.describe() for e in step.forgotten_entries)
-        + f"\n{step.describe()}",
+        + f"\n{step.describe()}"
+        + (f"\n  scenario: {step.context}" if step.context else ""),
         where=ENTRY_WHERE,
         state=ENTRY_FORGOTTEN,
     )
@@ -63,7 +64,8 @@ def check_hit_reaches_model(step: StepObservation) -> None:
         "hit-reaches-model",
         f"step {step.step}: lookup(s) served less than the entries the cache must still hold allow:\n  "
         + "\n  ".join(h.describe() for h in step.short_hits)
-        + f"\n{step.describe()}",
+        + f"\n{step.describe()}"
+        + (f"\n  scenario: {step.context}" if step.context else ""),
         where=HIT_WHERE,
         state=HIT_BELOW_MODEL,
     )

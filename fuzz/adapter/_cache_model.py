@@ -42,6 +42,7 @@ from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 from fuzz.adapter._compat import prefix_cache_map
+from fuzz.adapter._reports import take_handed_tables
 from fuzz.model import AdmissionObservation
 from fuzz.model._cache import ForgottenEntry, ShortHit
 
@@ -126,20 +127,13 @@ class CacheModel:
         self._take_drops()
         for copy in getattr(out, "kv_cache_block_copies", None) or ():
             self._drop(copy.src_block_id)
-        cached = out.scheduled_cached_reqs
-        resumed = set(getattr(cached, "resumed_req_ids", None) or ())
+        for rid in take_handed_tables(self._tables, out):
+            self._filed[rid] = [0] * len(self._sizes)
         scheduled = out.num_scheduled_tokens
+        cached = out.scheduled_cached_reqs
         for new in out.scheduled_new_reqs:
-            self._tables[new.req_id] = [list(g) for g in new.block_ids]
-            self._filed[new.req_id] = [0] * len(self._sizes)
             self._file(new.req_id, new.num_computed_tokens + scheduled.get(new.req_id, 0), requests)
-        for rid, ids, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
-            if ids is not None and (rid in resumed or rid not in self._tables):
-                self._tables[rid] = [list(g) for g in ids]
-                self._filed[rid] = [0] * len(self._sizes)
-            elif ids is not None:
-                for table, more in zip(self._tables[rid], ids):
-                    table.extend(more)
+        for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
             if rid in self._tables:
                 self._file(rid, computed + scheduled.get(rid, 0), requests)
 

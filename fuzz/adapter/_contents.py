@@ -48,6 +48,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from fuzz.adapter._reports import take_handed_tables
 from fuzz.adapter._identity import PrefixIdentities, lora_identity, namespace_of, namespace_within, prompt_embedding_rows
 
 __all__ = [
@@ -194,18 +195,7 @@ class BlockContents:
     def take_tables(self, out: Any) -> None:
         """The block tables ``out`` hands the runner, and the copies it
         makes before the step runs (each whole block, source to destination)."""
-        for new in out.scheduled_new_reqs:
-            self.tables[new.req_id] = [list(g) for g in new.block_ids]
-        cached = out.scheduled_cached_reqs
-        resumed = set(getattr(cached, "resumed_req_ids", None) or ())
-        for rid, ids in zip(cached.req_ids, cached.new_block_ids):
-            if ids is None:
-                continue
-            if rid in resumed or rid not in self.tables:
-                self.tables[rid] = [list(g) for g in ids]
-            else:
-                for table, more in zip(self.tables[rid], ids):
-                    table.extend(more)
+        take_handed_tables(self.tables, out)
         self.copies = [(c.src_block_id, c.dst_block_id) for c in getattr(out, "kv_cache_block_copies", None) or ()]
         before = {src: dict(self.held.get(src, {})) for src, _ in self.copies}
         states = {src: self.states.get(src) for src, _ in self.copies}

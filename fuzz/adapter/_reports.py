@@ -18,7 +18,30 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["WorkerRecord", "computed_before", "newly_scheduled"]
+__all__ = ["WorkerRecord", "computed_before", "newly_scheduled", "take_handed_tables"]
+
+
+def take_handed_tables(tables: dict[str, list[list[int]]], out: Any) -> set[str]:
+    """Bring ``tables`` (request id -> per group, its block table) up to
+    what ``out`` hands the runner: a new request's ``block_ids``, a resumed
+    (or first seen) one's replacing its table, a cached one's
+    ``new_block_ids`` appended. The requests whose table was replaced."""
+    replaced = set()
+    for new in out.scheduled_new_reqs:
+        tables[new.req_id] = [list(g) for g in new.block_ids]
+        replaced.add(new.req_id)
+    cached = out.scheduled_cached_reqs
+    resumed = set(getattr(cached, "resumed_req_ids", None) or ())
+    for rid, ids in zip(cached.req_ids, cached.new_block_ids):
+        if ids is None:
+            continue
+        if rid in resumed or rid not in tables:
+            tables[rid] = [list(g) for g in ids]
+            replaced.add(rid)
+        else:
+            for table, more in zip(tables[rid], ids):
+                table.extend(more)
+    return replaced
 
 
 def computed_before(out: Any) -> dict[str, int]:
