@@ -121,7 +121,7 @@ from fuzz.model._contents import (
 from fuzz.model._scenarios import EndpointRule, FixedPrompt, FixedRun, PromptDraw, SingleShotScenario, TruncationScenario
 from fuzz.model._scenarios import distinct_prompts
 from fuzz.model._outputs import draft_verifications_of, drafts_to_verify_of, stale_outputs_of, stale_shares_of
-from fuzz.model._violations import HarnessError, InvariantViolation, MissedHit
+from fuzz.model._violations import Fact, HarnessError, Instance, InvariantViolation, MissedHit
 
 __all__ = [
     "EndpointRule",
@@ -179,8 +179,10 @@ __all__ = [
     "HandOff",
     "GroupInfo",
     "GroupTruncation",
+    "Fact",
     "HarnessError",
     "HeldTable",
+    "Instance",
     "Installed",
     "InvariantViolation",
     "MissedHit",

@@ -2,7 +2,38 @@
 
 from __future__ import annotations
 
-__all__ = ["HarnessError", "InvariantViolation", "MissedHit"]
+from dataclasses import dataclass
+
+__all__ = ["Fact", "HarnessError", "Instance", "InvariantViolation", "MissedHit"]
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One occurrence of a broken claim: the state, the group and the
+    requests and blocks it involves. A known bug is matched per instance
+    (style rule 20): a violation is set aside only when every one of its
+    instances is some known bug's."""
+
+    state: str = ""
+    group_kind: str | None = None
+    group: int | None = None
+    requests: tuple[str, ...] = ()
+    blocks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A concrete disagreement on vLLM's own state, which an upstream-form
+    repro asserts: right after the failing call, ``subject`` (a name from
+    the upstream writer's vocabulary of vLLM-state expressions, with its
+    ``args``) is ``observed`` where the harness's own model expects
+    ``expected``, compared by ``relation``."""
+
+    subject: str
+    args: tuple = ()
+    observed: object = None
+    expected: object = None
+    relation: str = "=="
 
 
 class InvariantViolation(AssertionError):
@@ -28,6 +59,8 @@ class InvariantViolation(AssertionError):
         frames: tuple[str, ...] = (),
         statement: str = "",
         state: str = "",
+        instances: tuple[Instance, ...] = (),
+        facts: tuple[Fact, ...] = (),
     ) -> None:
         super().__init__(f"[{invariant}] {message}")
         self.invariant = invariant
@@ -40,6 +73,11 @@ class InvariantViolation(AssertionError):
         # The check's name for the failing condition, from the check's own
         # small vocabulary (e.g. what a stranded request waits for).
         self.state = state
+        # Every occurrence the check found (one, from ``state`` and
+        # ``group_kind``, when the check names none).
+        self.instances = instances or (Instance(state=state, group_kind=group_kind),)
+        # What an upstream-form repro asserts on vLLM's state (may be empty).
+        self.facts = facts
         # The failing run's operation log (fuzz.model.OpLog), set by the
         # runner that raised it: the standalone repro is written from it.
         self.oplog: object | None = None
