@@ -48,6 +48,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from fuzz.adapter._clean_reads import CleanReads
 from fuzz.adapter._reports import take_handed_tables
 from fuzz.adapter._identity import PrefixIdentities, lora_identity, namespace_of, namespace_within, prompt_embedding_rows
 
@@ -183,6 +184,8 @@ class BlockContents:
         # (block id, position) of the last unread()'s positions whose block
         # holds their KV from the reader's token under another prefix.
         self.other_prefix: set[tuple[int, int]] = set()
+        # The reads that found everything there, and each block's changes since.
+        self.clean_reads = CleanReads()
 
     def digests(self, request_id: str | None, tokens: Sequence[int]) -> list[int] | None:
         """Per position of ``tokens``, the identity of ``request_id``'s KV
@@ -203,6 +206,7 @@ class BlockContents:
         for src, dst in self.copies:
             self.held[dst] = dict(before[src])
             self.identity[dst] = dict(identity[src])
+            self.clean_reads.changed(dst)
             if states[src] is not None:
                 self.states[dst] = states[src]
             self.changed.add(dst)
@@ -223,8 +227,10 @@ class BlockContents:
                     continue  # the same contents, or the destination's own write
                 if src in destinations:  # filled by its own copy (lost or not), after this one read it
                     held[offset] = (COPIED_FROM_COPY, step, None)
+                    self.clean_reads.changed(dst)
                 elif source[0] >= 0 and source[1] == step:  # filled by the step's load or forward pass
                     held[offset] = (COPIED_BEFORE_FILL, step, None)
+                    self.clean_reads.changed(dst)
         self.copies = []
 
     def _put(self, tables: Sequence[Sequence[int]], positions: Sequence[Iterable[int]], step: int,
@@ -248,6 +254,7 @@ class BlockContents:
                         self.written_under[block] = namespace
                     token = tokens[position] if position < len(tokens) else None
                     self.changed.add(block)
+                    self.clean_reads.changed(block)
                     self.held.setdefault(block, {})[position % size] = (
                         (FAILED_LOAD, step, None) if block in failed else (position, step, token)
                     )
@@ -394,9 +401,13 @@ class BlockContents:
                 if block_id == self.null_block_id:
                     missing += [(group, block_id, p, None) for p in positions]
                     continue
-                missing += [(group, block_id, p, h) for p, h in self.unwritten(block_id, group, positions, tokens, digests)
-                            if h is None or h[0] != FAILED_LOAD]
+                positions = self.clean_reads.unseen((request_id, group, block_id), positions, tokens, digests)
+                found = self.unwritten(block_id, group, positions, tokens, digests) if positions else []
+                if found:
+                    self.clean_reads.forget((request_id, group, block_id))
+                missing += [(group, block_id, p, h) for p, h in found if h is None or h[0] != FAILED_LOAD]
         return missing
+
 
     def unbacked_entries(self, entries: Iterable[tuple[int, int, int]]
                          ) -> list[tuple[int, int, int, list[tuple[int, tuple[int, int, int | None] | None]]]]:
