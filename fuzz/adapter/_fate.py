@@ -76,6 +76,7 @@ class FateRecord:
         # Requests an output reported an async load of failed, not scheduled since.
         self.failed_async: set[str] = set()
         self._ops_seen = 0
+        self._attrs_seen, self._queue_names = -1, []  # see _queues
         self._longest: dict[str, int] = {}  # prompt + max_tokens, from each AddRequest
         self._allocs_seen = 0
         self._unblocked: dict[str, tuple[str, int, int]] = {}  # before the next schedule(): status, free, needed
@@ -124,8 +125,12 @@ class FateRecord:
 
     def _queues(self) -> list[tuple[str, Any]]:
         sched = self.scheduler
+        attrs = vars(sched)
+        if len(attrs) != self._attrs_seen:  # the queues' names, read again only when the attributes change
+            self._attrs_seen = len(attrs)
+            self._queue_names = [name for name, q in attrs.items() if isinstance(q, RequestQueue)]
         return [("running", sched.running)] + [
-            (name, q) for name, q in vars(sched).items() if isinstance(q, RequestQueue)]
+            (name, q) for name in self._queue_names if isinstance(q := attrs.get(name), RequestQueue)]
 
     def after_step(self, out: Any, pending: Any, error: str | None) -> dict[str, Any]:
         """The step's :class:`RequestPlaces` and :class:`WaitingRequest`
