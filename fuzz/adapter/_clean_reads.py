@@ -17,7 +17,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["CleanReads"]
+__all__ = ["CleanReads", "read_runs"]
+
+
+def read_runs(rule: tuple[str, int], start: int, prompt: int) -> list[range]:
+    """The positions below ``start`` whose KV a step computing from
+    ``start`` reads in a group with read ``rule`` (see
+    ``fuzz.adapter._ownership.read_rules``), as runs of consecutive
+    positions: every one (full attention), the last W - 1 (a sliding
+    window of W), those of ``start``'s chunk (chunked local attention), the
+    prompt and the last W (R-SWA); none for a state or scratch group."""
+    kind, value = rule
+    if kind == "full":
+        return [range(start)]
+    if kind == "window":
+        return [range(max(0, start - value + 1), start)]
+    if kind == "chunk":
+        return [range(start // value * value, start)]
+    if kind == "rswa":
+        head = min(prompt, start)
+        return [range(head), range(max(head, start - value), start)]
+    return []
 
 
 class CleanReads:
@@ -37,14 +57,16 @@ class CleanReads:
         """The read of ``key`` just made did not find everything."""
         self._clean.pop(key, None)
 
-    def unseen(self, key: tuple[str, int, int], positions: list[int], tokens: Sequence[int],
+    def unseen(self, key: tuple[str, int, int], runs: Sequence[range], tokens: Sequence[int],
                digests: Sequence[int] | None) -> list[int]:
-        """Of ``positions`` (ascending) of the read ``key``, those the last
-        clean read of the unchanged block under the same prefix did not
-        cover; the read is recorded as clean (:meth:`forget` undoes it)."""
-        lo, hi = positions[0], positions[-1] + 1
-        if hi - lo != len(positions):  # not one run of positions: read them all
-            return positions
+        """Of the positions in ``runs`` (ascending runs of consecutive
+        positions) of the read ``key``, those the last clean read of the
+        unchanged block under the same prefix did not cover; the read is
+        recorded as clean (:meth:`forget` undoes it)."""
+        runs = [r for r in runs if r]
+        if len(runs) != 1:  # not one run of positions: read them all
+            return [p for r in runs for p in r]
+        lo, hi = runs[0].start, runs[0].stop
 
         def identity(p: int) -> object:
             if digests is not None and p < len(digests):
@@ -55,9 +77,9 @@ class CleanReads:
         last = self._clean.get(key)
         self._clean[key] = (changes, lo, hi, identity(hi - 1))
         if last is None or last[0] != changes or not last[1] <= lo <= last[2] or identity(last[2] - 1) != last[3]:
-            return positions
+            return list(range(lo, hi))
         if hi <= last[2]:
             self._clean[key] = last
             return []
         self._clean[key] = (changes, last[1], hi, identity(hi - 1))
-        return [p for p in positions if p >= last[2]]
+        return list(range(last[2], hi))

@@ -48,7 +48,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fuzz.adapter._clean_reads import CleanReads
+from fuzz.adapter._clean_reads import CleanReads, read_runs
 from fuzz.adapter._reports import take_handed_tables
 from fuzz.adapter._identity import PrefixIdentities, lora_identity, namespace_of, namespace_within, prompt_embedding_rows
 
@@ -124,23 +124,9 @@ def prefill_checkpoint(start: int, end: int, size: int, alignment: int, hash_blo
 
 
 def read_positions(rule: tuple[str, int], start: int, prompt: int) -> range | list[int]:
-    """The positions below ``start`` whose KV a step computing from
-    ``start`` reads in a group with read ``rule`` (see
-    ``fuzz.adapter._ownership.read_rules``): every one (full attention), the
-    last W - 1 (a sliding window of W), those of ``start``'s chunk (chunked
-    local attention), the prompt and the last W (R-SWA); none for a state
-    or scratch group."""
-    kind, value = rule
-    if kind == "full":
-        return range(start)
-    if kind == "window":
-        return range(max(0, start - value + 1), start)
-    if kind == "chunk":
-        return range(start // value * value, start)
-    if kind == "rswa":
-        head = min(prompt, start)
-        return [*range(head), *range(max(head, start - value), start)]
-    return range(0)
+    """:func:`fuzz.adapter._clean_reads.read_runs`, as one range or list."""
+    runs = read_runs(rule, start, prompt)
+    return runs[0] if len(runs) == 1 else [p for run in runs for p in run]
 
 
 class BlockContents:
@@ -391,17 +377,18 @@ class BlockContents:
         for group, (table, size, recorded, rule) in enumerate(zip(tables, self.block_sizes, self.per_position, rules)):
             if not recorded:
                 continue
-            by_block: dict[int, list[int]] = {}
-            for p in read_positions(rule, start, prompt):
-                index = p // size
-                block_id = table[index] if index < len(table) else self.null_block_id
-                if block_id not in failing:
-                    by_block.setdefault(block_id, []).append(p)
-            for block_id, positions in by_block.items():
+            by_block: dict[int, list[range]] = {}  # each block's runs of read positions
+            for run in read_runs(rule, start, prompt):
+                for index in range(run.start // size, -(-run.stop // size)):
+                    block_id = table[index] if index < len(table) else self.null_block_id
+                    if block_id not in failing:
+                        by_block.setdefault(block_id, []).append(
+                            range(max(run.start, index * size), min(run.stop, (index + 1) * size)))
+            for block_id, runs in by_block.items():
                 if block_id == self.null_block_id:
-                    missing += [(group, block_id, p, None) for p in positions]
+                    missing += [(group, block_id, p, None) for run in runs for p in run]
                     continue
-                positions = self.clean_reads.unseen((request_id, group, block_id), positions, tokens, digests)
+                positions = self.clean_reads.unseen((request_id, group, block_id), runs, tokens, digests)
                 found = self.unwritten(block_id, group, positions, tokens, digests) if positions else []
                 if found:
                     self.clean_reads.forget((request_id, group, block_id))

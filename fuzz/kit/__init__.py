@@ -68,6 +68,7 @@ KIT_MODULES = (
     "fuzz.model._contents",
     "fuzz.model._outputs",
     "fuzz.adapter._identity",
+    "fuzz.adapter._clean_reads",
     "fuzz.adapter._contents",
     "fuzz.adapter._events",
     "fuzz.model._hits",
@@ -100,7 +101,7 @@ TRUNCATION_KIT_MODULES = ("fuzz.kit._truncation_params", "fuzz.kit._truncation")
 # The suite's own modules a file carries as they are (standard library only).
 COPIED_MODULES = (
     "fuzz.model._violations", "fuzz.model._kv", "fuzz.model._contents", "fuzz.model._outputs", "fuzz.model._ownership", "fuzz.adapter._reports", "fuzz.adapter._identity",
-    "fuzz.adapter._contents",
+    "fuzz.adapter._clean_reads", "fuzz.adapter._contents",
     "fuzz.adapter._events", "fuzz.model._hits", "fuzz.adapter._hits", "fuzz.model._evictions", "fuzz.adapter._evictions",
 )
 # The suite's checks a file carries as they are: their claims' records are

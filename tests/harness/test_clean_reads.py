@@ -16,8 +16,8 @@ from fuzz.runners.scheduler import run_fixed
 
 
 class _ReadsEverything(CleanReads):
-    def unseen(self, key: Any, positions: list[int], *args: Any) -> list[int]:
-        return positions
+    def unseen(self, key: Any, runs: list[range], *args: Any) -> list[int]:
+        return [p for r in runs for p in r]
 
 
 @pytest.mark.parametrize("planted", [False, True])
@@ -54,12 +54,12 @@ def test_a_read_finds_what_a_read_of_every_position_finds(monkeypatch: pytest.Mo
 def test_a_block_rewritten_after_a_clean_read_is_read_again() -> None:
     reads = CleanReads()
     key = ("r0", 0, 5)
-    assert reads.unseen(key, [0, 1, 2, 3], (), [10, 11, 12, 13]) == [0, 1, 2, 3]
-    assert reads.unseen(key, [0, 1, 2, 3], (), [10, 11, 12, 13]) == []  # unchanged: nothing to read again
-    assert reads.unseen(key, [0, 1, 2, 3, 4], (), [10, 11, 12, 13, 14]) == [4]  # only what is new
-    assert reads.unseen(key, [0, 1, 2, 3], (), [10, 11, 99, 98, 97]) == [0, 1, 2, 3]  # another prefix
+    assert reads.unseen(key, [range(4)], (), [10, 11, 12, 13]) == [0, 1, 2, 3]
+    assert reads.unseen(key, [range(4)], (), [10, 11, 12, 13]) == []  # unchanged: nothing to read again
+    assert reads.unseen(key, [range(5)], (), [10, 11, 12, 13, 14]) == [4]  # only what is new
+    assert reads.unseen(key, [range(4)], (), [10, 11, 99, 98, 97]) == [0, 1, 2, 3]  # another prefix
     reads.changed(5)
-    assert reads.unseen(key, [0, 1, 2, 3], (), [10, 11, 99, 98, 97]) == [0, 1, 2, 3]  # rewritten
+    assert reads.unseen(key, [range(4)], (), [10, 11, 99, 98, 97]) == [0, 1, 2, 3]  # rewritten
     reads.forget(key)
-    assert reads.unseen(key, [0, 1, 2, 3], (), [10, 11, 99, 98, 97]) == [0, 1, 2, 3]  # the last read found a gap
-    assert reads.unseen(key, [0, 2], (), [10, 11, 99]) == [0, 2]  # not one run of positions
+    assert reads.unseen(key, [range(4)], (), [10, 11, 99, 98, 97]) == [0, 1, 2, 3]  # the last read found a gap
+    assert reads.unseen(key, [range(1), range(2, 3)], (), [10, 11, 99]) == [0, 2]  # not one run of positions
