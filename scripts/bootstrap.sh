@@ -8,6 +8,14 @@ venv="${FUZZ_VENV:-$root/.venv}"
 python="${FUZZ_PYTHON:-python3.11}"
 command -v "$python" >/dev/null 2>&1 || python=python3
 
+# vLLM's own tests tree (the sdist's tests/, unpacked, 2 s): the upstream-form
+# tests run the known bugs' repros inside it (tests/known_bugs/upstream/).
+tests_tree="$root/.cache/vllm-tests-0.33.0"
+if [[ ! -d "$tests_tree/tests" ]]; then
+  "$python" "$root/scripts/fetch_vllm_tests.py" 0.33.0 "$tests_tree" >&2 \
+    || echo "bootstrap: note: could not fetch vLLM's tests tree; the upstream-form tests skip" >&2
+fi
+
 reqs=("$root/requirements/lean.txt" "$root/requirements/no-deps.txt" "$root/requirements/constraints.txt")
 stamp_now="$(cat "${reqs[@]}" | sha256sum | cut -d' ' -f1)"
 if [[ -f "$venv/.fuzz-stamp" && "$(cat "$venv/.fuzz-stamp")" == "$stamp_now" ]]; then

@@ -21,7 +21,6 @@ the environment (VLLM_TARGET_DEVICE=cpu, HF_HUB_OFFLINE=1, a local HF_HOME).
 from __future__ import annotations
 
 import collections
-import json
 import os
 import re
 import sys
@@ -31,93 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-# Public config.json fields of the models the selected tests name, cut to
-# what vLLM's config code reads (architecture, sizes, layer types).
-MODELS: dict[str, dict[str, object]] = {
-    "facebook/opt-125m": {
-        "architectures": ["OPTForCausalLM"], "model_type": "opt", "hidden_size": 768, "num_attention_heads": 12,
-        "num_hidden_layers": 12, "ffn_dim": 3072, "vocab_size": 50272, "max_position_embeddings": 2048,
-        "word_embed_proj_dim": 768, "do_layer_norm_before": True, "activation_function": "relu",
-        "torch_dtype": "float16", "bos_token_id": 2, "eos_token_id": 2, "pad_token_id": 1,
-    },
-    "facebook/opt-350m": {
-        "architectures": ["OPTForCausalLM"], "model_type": "opt", "hidden_size": 1024, "num_attention_heads": 16,
-        "num_hidden_layers": 24, "ffn_dim": 4096, "vocab_size": 50272, "max_position_embeddings": 2048,
-        "word_embed_proj_dim": 512, "do_layer_norm_before": False, "activation_function": "relu",
-        "torch_dtype": "float16", "bos_token_id": 2, "eos_token_id": 2, "pad_token_id": 1,
-    },
-    "Qwen/Qwen1.5-7B": {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 4096, "num_attention_heads": 32,
-        "num_key_value_heads": 32, "num_hidden_layers": 32, "intermediate_size": 11008, "vocab_size": 151936,
-        "max_position_embeddings": 32768, "rope_theta": 1000000.0, "torch_dtype": "bfloat16",
-        "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
-    },
-    "Qwen/Qwen3-0.6B": {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 28, "intermediate_size": 3072,
-        "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-        "torch_dtype": "bfloat16", "tie_word_embeddings": True,
-    },
-    "Qwen/Qwen3-Next-80B-A3B-Instruct": {
-        "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 2048,
-        "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "num_hidden_layers": 48,
-        "intermediate_size": 5120, "vocab_size": 151936, "max_position_embeddings": 262144,
-        "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
-        "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
-        "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
-        "shared_expert_intermediate_size": 512, "decoder_sparse_step": 1, "norm_topk_prob": True,
-        "partial_rotary_factor": 0.25, "rope_theta": 10000000.0, "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16",
-        "tie_word_embeddings": False, "mlp_only_layers": [],
-    },
-    "hmellor/tiny-random-LlamaForCausalLM": {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16, "num_attention_heads": 4,
-        "num_key_value_heads": 4, "num_hidden_layers": 2, "intermediate_size": 64, "vocab_size": 32000,
-        "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "torch_dtype": "float32",
-    },
-}
-
-SNAPSHOT = "0" * 40
-
-CONFTEST = '''"""Minimal stand-in for vLLM's tests/conftest.py (written by
-scripts/vllm_tests_coverage.py): only the fixtures tests/v1/core and the
-connector unit tests use; the rest of vLLM's test stack is not installed."""
-
-import logging
-
-import pytest
-
-
-@pytest.fixture
-def default_vllm_config():
-    from vllm.config import VllmConfig, set_current_vllm_config
-
-    config = VllmConfig()
-    with set_current_vllm_config(config):
-        yield config
-
-
-@pytest.fixture()
-def caplog_vllm(monkeypatch, caplog):
-    from vllm.logger import DEFAULT_LOGGING_CONFIG
-
-    # vLLM's logger does not propagate to the root logger caplog reads.
-    monkeypatch.setitem(DEFAULT_LOGGING_CONFIG["loggers"]["vllm"], "propagate", True)
-    monkeypatch.setattr(logging.getLogger("vllm"), "propagate", True)
-    with caplog.at_level(logging.INFO):
-        yield caplog
-'''
-
-
-def write_models(hf_home: Path) -> None:
-    for model, config in MODELS.items():
-        org, name = model.split("/")
-        repo = hf_home / "hub" / f"models--{org}--{name}"
-        snap = repo / "snapshots" / SNAPSHOT
-        snap.mkdir(parents=True, exist_ok=True)
-        (snap / "config.json").write_text(json.dumps(config, indent=1))
-        (repo / "refs").mkdir(exist_ok=True)
-        (repo / "refs" / "main").write_text(SNAPSHOT)
-
+# The preparation shared with the upstream-form tests: model configs, conftest.
+from fuzz.upstream._tree import CONFTEST, write_models  # noqa: E402
 
 # Why a test could not run on a lean CPU install, from its error text:
 # (pattern, reason). The first that matches wins.
