@@ -106,6 +106,11 @@ WRITTEN: dict[str, tuple[str, str, str]] = {
         "test_chunk_resuming_mid_block_with_checkpoints_writes_the_boundary_state",
         "test_chunk_resuming_mid_block_without_checkpoints_stops_at_the_boundary",
     ),
+    "same-step-partial-hit-reads-unwritten-block": (
+        "v1/kv_connector/unit/test_same_step_partial_hit_reads_unwritten_block.py",
+        "test_partial_hit_admitted_with_a_sync_load_copies_written_tokens",
+        "test_partial_hit_admitted_after_the_load_copies_written_tokens",
+    ),
 }
 
 # Open bugs with no file here, and why.
@@ -113,10 +118,6 @@ NOT_WRITTEN: dict[str, str] = {
     "sink-full-attention-manager-init": "unbuildable: the manager's constructor raises; no scheduler step to show",
     "eagle-verification-survives-shrink": "manager tier: its pin drives KVCacheManager lookups, not Scheduler",
     "mamba-external-block-undercount": "manager tier: its pin calls KVCacheManager.allocate_slots directly",
-    "same-step-partial-hit-reads-unwritten-block": (
-        "not written yet: its shrunk case needs a synchronous load filling a block a second request's "
-        "sub-block hit copies in the same step; a plain two-request case only defers the second"
-    ),
 }
 
 

@@ -29,22 +29,36 @@ import torch
 
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
 
 from .test_prefix_caching import make_kv_cache_manager, make_request
 
 pytestmark = pytest.mark.cpu_test
 
 FULL = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32)
-WINDOW = SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=8)
+WINDOW = SlidingWindowSpec(
+    block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=8
+)
 
 
 def _resent_hit(*specs) -> int:
     init_none_hash(sha256)
     groups = [KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(specs)]
-    kv_cache_config = KVCacheConfig(num_blocks=65, kv_cache_tensors=[], kv_cache_groups=groups)
-    manager = make_kv_cache_manager(kv_cache_config, max_model_len=128, enable_caching=True,
-                                    hash_block_size=4, use_eagle=True)
+    kv_cache_config = KVCacheConfig(
+        num_blocks=65, kv_cache_tensors=[], kv_cache_groups=groups
+    )
+    manager = make_kv_cache_manager(
+        kv_cache_config,
+        max_model_len=128,
+        enable_caching=True,
+        hash_block_size=4,
+        use_eagle=True,
+    )
     first = make_request("first", list(range(12)), 4, sha256)
     manager.allocate_slots(first, 12)  # blocks [0, 4), [4, 8), [8, 12) cached
     manager.free(first)

@@ -28,7 +28,12 @@ import torch
 
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
 
 from .test_prefix_caching import make_kv_cache_manager, make_request
 
@@ -37,13 +42,35 @@ pytestmark = pytest.mark.cpu_test
 
 def _second_hit(sliding_window: int) -> int:
     init_none_hash(sha256)
-    kv_cache_config = KVCacheConfig(num_blocks=65, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["full"], FullAttentionSpec(block_size=8, num_kv_heads=1, head_size=1, dtype=torch.float32)),
-        KVCacheGroupSpec(["window"], SlidingWindowSpec(
-            block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=sliding_window)),
-    ])
-    manager = make_kv_cache_manager(kv_cache_config, max_model_len=128, enable_caching=True,
-                                    hash_block_size=4, use_eagle=True)
+    kv_cache_config = KVCacheConfig(
+        num_blocks=65,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["full"],
+                FullAttentionSpec(
+                    block_size=8, num_kv_heads=1, head_size=1, dtype=torch.float32
+                ),
+            ),
+            KVCacheGroupSpec(
+                ["window"],
+                SlidingWindowSpec(
+                    block_size=4,
+                    num_kv_heads=1,
+                    head_size=1,
+                    dtype=torch.float32,
+                    sliding_window=sliding_window,
+                ),
+            ),
+        ],
+    )
+    manager = make_kv_cache_manager(
+        kv_cache_config,
+        max_model_len=128,
+        enable_caching=True,
+        hash_block_size=4,
+        use_eagle=True,
+    )
     r0 = make_request("r0", list(range(17)), 4, sha256)
     manager.allocate_slots(r0, 17)  # r0's prompt: blocks [0, 16) of both groups cached
     manager.free(r0)

@@ -49,10 +49,13 @@ def _rolled_back_below_the_images(images: list[PlaceholderRange]):
     # A multimodal model's encoder budget: 4 embeddings, the batch's token budget.
     scheduler.max_num_encoder_input_tokens = 4
     scheduler.encoder_cache_manager = EncoderCacheManager(cache_size=4)
-    (request,) = create_requests(1, num_tokens=7, max_tokens=1, mm_positions=[images], block_size=4)
+    (request,) = create_requests(
+        1, num_tokens=7, max_tokens=1, mm_positions=[images], block_size=4
+    )
     scheduler.add_request(request)
 
-    out1 = scheduler.schedule()  # step 1: load [0, 6), compute position 6 (the last image)
+    # Step 1: load [0, 6), compute position 6 (the last image).
+    out1 = scheduler.schedule()
     (block_ids,) = out1.scheduled_new_reqs[0].block_ids
     scheduler.update_from_output(
         out1, create_model_runner_output([request], invalid_block_ids={block_ids[0]})
@@ -72,7 +75,10 @@ def _rolled_back_below_the_images(images: list[PlaceholderRange]):
 
 def test_rollback_below_two_images_finishes():
     # Images a (positions 1-3) and b (4-6): 6 embeddings, a cache of 4.
-    images = [PlaceholderRange(offset=1, length=3), PlaceholderRange(offset=4, length=3)]
+    images = [
+        PlaceholderRange(offset=1, length=3),
+        PlaceholderRange(offset=4, length=3),
+    ]
     scheduler, request, scheduled = _rolled_back_below_the_images(images)
     cached = sorted(scheduler.encoder_cache_manager.cached)
     assert request.is_finished(), (

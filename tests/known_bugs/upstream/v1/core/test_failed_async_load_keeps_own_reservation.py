@@ -52,7 +52,10 @@ def _readmit_after_a_failed_async_load(num_blocks: int):
     assert a.status == RequestStatus.WAITING_FOR_REMOTE_KVS and loading == [1, 2, 3]
     # The load lands with every block failed: a goes back to waiting, freed.
     scheduler.update_from_output(
-        out1, create_model_runner_output([], finished_recving={"a"}, invalid_block_ids=set(loading))
+        out1,
+        create_model_runner_output(
+            [], finished_recving={"a"}, invalid_block_ids=set(loading)
+        ),
     )
     for _ in range(2):  # steps 2 and 3: the connector answers an async load again
         out = scheduler.schedule()

@@ -62,7 +62,14 @@ def _recompute_after_a_failed_load(async_scheduling: bool):
     assert out1.num_scheduled_tokens == {request.request_id: 1}
     (block_ids,) = out1.scheduled_new_reqs[0].block_ids
     # The worker samples token 32 and reports the load of block 0 failed.
-    in_flight = deque([(out1, create_model_runner_output([request], invalid_block_ids={block_ids[0]}))])
+    in_flight = deque(
+        [
+            (
+                out1,
+                create_model_runner_output([request], invalid_block_ids={block_ids[0]}),
+            )
+        ]
+    )
     scheduled = [out1.num_scheduled_tokens]
     for _ in range(5):  # steps 2-6: recompute [0, 32) in 2 chunks of 16, sample 1 token
         if not async_scheduling and in_flight:
@@ -73,7 +80,11 @@ def _recompute_after_a_failed_load(async_scheduling: bool):
         if out.num_scheduled_tokens:
             in_flight.append((out, _output(request, worker_len)))
         # Async scheduling: a step's output comes after the next step is scheduled.
-        if async_scheduling and in_flight and (len(in_flight) > 1 or not out.num_scheduled_tokens):
+        if (
+            async_scheduling
+            and in_flight
+            and (len(in_flight) > 1 or not out.num_scheduled_tokens)
+        ):
             scheduler.update_from_output(*in_flight.popleft())
     return request, scheduled
 

@@ -28,7 +28,12 @@ import torch
 
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+)
 
 from .test_prefix_caching import make_kv_cache_manager, make_request
 
@@ -41,14 +46,28 @@ def _hit_inside_a_cached_block(second_block_size: int) -> int:
     init_none_hash(sha256)
 
     def attention(block_size):
-        return FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        return FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+        )
 
-    mamba = MambaSpec(block_size=4, shapes=((1,), (1,)), dtypes=(torch.float32,), mamba_cache_mode="align")
-    kv_cache_config = KVCacheConfig(num_blocks=163, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["attn8"], attention(8)), KVCacheGroupSpec(["mamba"], mamba),
-        KVCacheGroupSpec(["attn2"], attention(second_block_size)),
-    ])
-    manager = make_kv_cache_manager(kv_cache_config, max_model_len=256, enable_caching=True, hash_block_size=1)
+    mamba = MambaSpec(
+        block_size=4,
+        shapes=((1,), (1,)),
+        dtypes=(torch.float32,),
+        mamba_cache_mode="align",
+    )
+    kv_cache_config = KVCacheConfig(
+        num_blocks=163,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(["attn8"], attention(8)),
+            KVCacheGroupSpec(["mamba"], mamba),
+            KVCacheGroupSpec(["attn2"], attention(second_block_size)),
+        ],
+    )
+    manager = make_kv_cache_manager(
+        kv_cache_config, max_model_len=256, enable_caching=True, hash_block_size=1
+    )
     r0 = make_request("r0", PROMPT, 1, sha256)
     manager.allocate_slots(r0, 80)  # chunk [0, 80): Mamba caches its state at 80
     r0.num_computed_tokens = 80

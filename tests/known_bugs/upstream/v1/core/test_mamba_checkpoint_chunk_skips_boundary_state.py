@@ -30,7 +30,10 @@ import torch
 
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (
-    KVCacheConfig, KVCacheGroupSpec, MambaSpec, get_mamba_prefill_checkpoint_position,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+    get_mamba_prefill_checkpoint_position,
 )
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -42,26 +45,56 @@ pytestmark = pytest.mark.cpu_test
 
 
 def _resume_mid_block(checkpoint_blocks: int):
-    vllm_config = create_scheduler(enable_prefix_caching=True, block_size=48, max_num_batched_tokens=96,
-                                   max_num_seqs=1, max_model_len=150).vllm_config
+    vllm_config = create_scheduler(
+        enable_prefix_caching=True,
+        block_size=48,
+        max_num_batched_tokens=96,
+        max_num_seqs=1,
+        max_model_len=150,
+    ).vllm_config
     vllm_config.cache_config.mamba_cache_mode = "align"
-    mamba = MambaSpec(block_size=48, shapes=((1,), (1,)), dtypes=(torch.float32, torch.float32),
-                      mamba_cache_mode="align", num_prefill_checkpoint_blocks=checkpoint_blocks,
-                      prefill_checkpoint_alignment=1 if checkpoint_blocks else None)
-    kv_cache_config = KVCacheConfig(num_blocks=15, kv_cache_tensors=[], hash_block_size=4, kv_cache_groups=[
-        KVCacheGroupSpec(["attn"], new_kv_cache_spec(block_size=48)), KVCacheGroupSpec(["mamba"], mamba),
-    ])
-    scheduler = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-                          structured_output_manager=StructuredOutputManager(vllm_config),
-                          block_size=48, hash_block_size=4, log_stats=True)
-    (a,) = create_requests(1, num_tokens=94, max_tokens=1, same_prompt=True, block_size=4, req_ids=["a"])
-    (b,) = create_requests(1, num_tokens=149, max_tokens=1, same_prompt=True, block_size=4, req_ids=["b"])
+    mamba = MambaSpec(
+        block_size=48,
+        shapes=((1,), (1,)),
+        dtypes=(torch.float32, torch.float32),
+        mamba_cache_mode="align",
+        num_prefill_checkpoint_blocks=checkpoint_blocks,
+        prefill_checkpoint_alignment=1 if checkpoint_blocks else None,
+    )
+    kv_cache_config = KVCacheConfig(
+        num_blocks=15,
+        kv_cache_tensors=[],
+        hash_block_size=4,
+        kv_cache_groups=[
+            KVCacheGroupSpec(["attn"], new_kv_cache_spec(block_size=48)),
+            KVCacheGroupSpec(["mamba"], mamba),
+        ],
+    )
+    scheduler = Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=48,
+        hash_block_size=4,
+        log_stats=True,
+    )
+    (a,) = create_requests(
+        1, num_tokens=94, max_tokens=1, same_prompt=True, block_size=4, req_ids=["a"]
+    )
+    (b,) = create_requests(
+        1, num_tokens=149, max_tokens=1, same_prompt=True, block_size=4, req_ids=["b"]
+    )
     for request in (a, b):  # a runs to its end first; then b's first chunk
         scheduler.add_request(request)
         while True:
             out = scheduler.schedule()
-            start = request.num_computed_tokens - out.num_scheduled_tokens[request.request_id]
-            mamba_table = scheduler.kv_cache_manager.get_block_ids(request.request_id)[1]
+            start = (
+                request.num_computed_tokens
+                - out.num_scheduled_tokens[request.request_id]
+            )
+            _, mamba_table = scheduler.kv_cache_manager.get_block_ids(
+                request.request_id
+            )
             output = create_model_runner_output([request])
             if request.num_computed_tokens < request.num_tokens:
                 output.sampled_token_ids = [[]]  # a prefill chunk samples nothing
@@ -70,7 +103,10 @@ def _resume_mid_block(checkpoint_blocks: int):
                 break
     assert start == 92  # b resumed at a's state at 92, inside its block [48, 96)
     resume_block = mamba_table[1]
-    cached = scheduler.kv_cache_manager.block_pool.blocks[resume_block].block_hash is not None
+    cached = (
+        scheduler.kv_cache_manager.block_pool.blocks[resume_block].block_hash
+        is not None
+    )
     return b.num_computed_tokens, resume_block, cached
 
 

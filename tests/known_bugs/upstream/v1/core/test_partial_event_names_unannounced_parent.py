@@ -38,17 +38,35 @@ pytestmark = pytest.mark.cpu_test
 
 
 def _events_of_one_prompt(num_tokens: int) -> list[BlockStored]:
-    vllm_config = create_scheduler(enable_prefix_caching=True, max_num_batched_tokens=64).vllm_config
+    vllm_config = create_scheduler(
+        enable_prefix_caching=True, max_num_batched_tokens=64
+    ).vllm_config
     vllm_config.cache_config.mamba_cache_mode = "align"
-    vllm_config.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+    vllm_config.kv_events_config = KVEventsConfig(
+        enable_kv_cache_events=True, publisher="null"
+    )
     # Full attention + Mamba, both of 16-token blocks, hashed every 4 tokens.
-    kv_cache_config = KVCacheConfig(num_blocks=33, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["attn"], new_kv_cache_spec(block_size=16)),
-        KVCacheGroupSpec(["mamba"], new_mamba_spec(block_size=16, mamba_cache_mode="align", num_speculative_blocks=0)),
-    ])
-    scheduler = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-                          structured_output_manager=StructuredOutputManager(vllm_config),
-                          block_size=16, hash_block_size=4, log_stats=True)
+    kv_cache_config = KVCacheConfig(
+        num_blocks=33,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(["attn"], new_kv_cache_spec(block_size=16)),
+            KVCacheGroupSpec(
+                ["mamba"],
+                new_mamba_spec(
+                    block_size=16, mamba_cache_mode="align", num_speculative_blocks=0
+                ),
+            ),
+        ],
+    )
+    scheduler = Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=16,
+        hash_block_size=4,
+        log_stats=True,
+    )
     assert scheduler.kv_cache_manager.coordinator.enable_partial_hash_hits
     (request,) = create_requests(1, num_tokens=num_tokens, block_size=4)
     scheduler.add_request(request)
@@ -69,7 +87,10 @@ def _events_of_one_prompt(num_tokens: int) -> list[BlockStored]:
 def _unannounced(events: list[BlockStored]) -> list[BlockStored]:
     announced, orphans = set(), []
     for event in events:
-        if event.parent_block_hash is not None and event.parent_block_hash not in announced:
+        if (
+            event.parent_block_hash is not None
+            and event.parent_block_hash not in announced
+        ):
             orphans.append(event)
         announced.update(event.block_hashes)
     return orphans

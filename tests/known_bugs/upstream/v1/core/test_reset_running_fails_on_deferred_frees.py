@@ -39,7 +39,9 @@ pytestmark = pytest.mark.cpu_test
 def _reset_with_a_step_in_flight(kv_role: str):
     # Async scheduling is forced off on CPU: claim two concurrent batches as
     # a GPU engine (or pipeline parallelism) has.
-    with patch.object(VllmConfig, "max_concurrent_batches", new_callable=PropertyMock, return_value=2):
+    with patch.object(
+        VllmConfig, "max_concurrent_batches", new_callable=PropertyMock, return_value=2
+    ):
         scheduler = create_scheduler(
             async_scheduling=True,
             enable_prefix_caching=True,

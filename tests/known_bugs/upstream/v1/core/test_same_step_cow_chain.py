@@ -35,19 +35,38 @@ pytestmark = pytest.mark.cpu_test
 
 
 def _first_step_of(req_ids: list[str]):
-    vllm_config = create_scheduler(enable_prefix_caching=True, block_size=64, max_num_batched_tokens=4096).vllm_config
+    vllm_config = create_scheduler(
+        enable_prefix_caching=True, block_size=64, max_num_batched_tokens=4096
+    ).vllm_config
     vllm_config.cache_config.mamba_cache_mode = "align"
     vllm_config.cache_config.prefix_match_unit = 8
     # Full attention + Mamba, both of 64-token blocks, hashed every 8 tokens.
-    kv_cache_config = KVCacheConfig(num_blocks=600, kv_cache_tensors=[], hash_block_size=8, prefix_cache_retention_interval=0,
-                                    kv_cache_groups=[
-        KVCacheGroupSpec(["attn"], new_kv_cache_spec(block_size=64)),
-        KVCacheGroupSpec(["mamba"], new_mamba_spec(block_size=64, mamba_cache_mode="align", num_speculative_blocks=0)),
-    ])
-    scheduler = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-                          structured_output_manager=StructuredOutputManager(vllm_config),
-                          block_size=64, hash_block_size=8, log_stats=True)
-    (a,) = create_requests(1, num_tokens=9, max_tokens=1, same_prompt=True, block_size=8, req_ids=["a"])
+    kv_cache_config = KVCacheConfig(
+        num_blocks=600,
+        kv_cache_tensors=[],
+        hash_block_size=8,
+        prefix_cache_retention_interval=0,
+        kv_cache_groups=[
+            KVCacheGroupSpec(["attn"], new_kv_cache_spec(block_size=64)),
+            KVCacheGroupSpec(
+                ["mamba"],
+                new_mamba_spec(
+                    block_size=64, mamba_cache_mode="align", num_speculative_blocks=0
+                ),
+            ),
+        ],
+    )
+    scheduler = Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=64,
+        hash_block_size=8,
+        log_stats=True,
+    )
+    (a,) = create_requests(
+        1, num_tokens=9, max_tokens=1, same_prompt=True, block_size=8, req_ids=["a"]
+    )
     scheduler.add_request(a)
     for _ in range(2):  # steps 1-2: [0, 8) (the Mamba state at 8), then token 8
         out = scheduler.schedule()
@@ -57,10 +76,18 @@ def _first_step_of(req_ids: list[str]):
         scheduler.update_from_output(out, output)
     assert a.is_finished()
 
-    bs = create_requests(len(req_ids), num_tokens=130, max_tokens=1, same_prompt=True, block_size=8, req_ids=req_ids)
+    bs = create_requests(
+        len(req_ids),
+        num_tokens=130,
+        max_tokens=1,
+        same_prompt=True,
+        block_size=8,
+        req_ids=req_ids,
+    )
     for b in bs:
         scheduler.add_request(b)
-    out3 = scheduler.schedule()  # step 3: every b hits a's first 8 tokens, computes [8, 64)
+    # Step 3: every b hits a's first 8 tokens, computes [8, 64).
+    out3 = scheduler.schedule()
     assert set(out3.num_scheduled_tokens) == set(req_ids)
     return out3.kv_cache_block_copies or []
 
@@ -78,4 +105,5 @@ def test_two_requests_sharing_a_partial_hit_copy_from_written_blocks():
 
 def test_one_request_on_a_partial_hit_copies_from_a_cached_block():
     copies = _first_step_of(["b1"])
-    assert copies and not {c.src_block_id for c in copies} & {c.dst_block_id for c in copies}
+    written = {c.dst_block_id for c in copies}
+    assert copies and not {c.src_block_id for c in copies} & written

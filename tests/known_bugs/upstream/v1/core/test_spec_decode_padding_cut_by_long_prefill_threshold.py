@@ -40,7 +40,9 @@ def _admit_a_hit_of_all_but_one(threshold: int):
         long_prefill_token_threshold=threshold,
     )
     # a and b: the same 17 tokens (one full block of 16, then 1 token); c: 4.
-    a, b = create_requests(2, num_tokens=17, max_tokens=2, same_prompt=True, req_ids=["a", "b"])
+    a, b = create_requests(
+        2, num_tokens=17, max_tokens=2, same_prompt=True, req_ids=["a", "b"]
+    )
     (c,) = create_requests(1, num_tokens=4, max_tokens=2, req_ids=["c"])
 
     scheduler.add_request(a)
@@ -60,9 +62,10 @@ def _admit_a_hit_of_all_but_one(threshold: int):
 def test_threshold_below_padded_spec_decode_size():
     b, c, out2 = _admit_a_hit_of_all_but_one(threshold=K)
     assert not isinstance(out2, traceback.FrameSummary), (
-        f"step 2: schedule() raised AssertionError ({out2.line}): request {b.request_id} "
-        f"(16 of 17 tokens cached) was padded to 1 + {K} = {1 + K} tokens, then "
-        f"cut to long_prefill_token_threshold={K} with request {c.request_id} waiting"
+        f"step 2: schedule() raised AssertionError ({out2.line}): request "
+        f"{b.request_id} (16 of 17 tokens cached) was padded to 1 + {K} = {1 + K} "
+        f"tokens, then cut to long_prefill_token_threshold={K} with request "
+        f"{c.request_id} waiting"
     )
     assert out2.num_scheduled_tokens[b.request_id] in (1, 1 + K)
     assert out2.num_scheduled_tokens[c.request_id] <= K

@@ -47,7 +47,9 @@ def _failed_load_of_the_first_block(abort: bool):
     scheduler.connector.request_finished.return_value = (False, None)
     scheduler.connector.take_events.return_value = ()
 
-    request = create_request(request_id=1, num_tokens=NUM_TOKENS, common_prefix_len=NUM_TOKENS)
+    request = create_request(
+        request_id=1, num_tokens=NUM_TOKENS, common_prefix_len=NUM_TOKENS
+    )
     scheduler.add_request(request)
     out1 = scheduler.schedule()  # step 1: load [0, 32), compute [32, 48)
     (block_ids,) = out1.scheduled_new_reqs[0].block_ids
@@ -55,17 +57,24 @@ def _failed_load_of_the_first_block(abort: bool):
     if abort:  # the client aborts while the model runs step 1
         scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
     scheduler.update_from_output(
-        out1, create_model_runner_output([request], invalid_block_ids={invalid}, use_eos=True)
+        out1,
+        create_model_runner_output(
+            [request], invalid_block_ids={invalid}, use_eos=True
+        ),
     )
 
     # The same 48 tokens again, with no external answer.
-    again = create_request(request_id=2, num_tokens=NUM_TOKENS, common_prefix_len=NUM_TOKENS)
+    again = create_request(
+        request_id=2, num_tokens=NUM_TOKENS, common_prefix_len=NUM_TOKENS
+    )
     blocks, num_hit_tokens, _ = scheduler.kv_cache_manager.get_computed_blocks(again)
     return request, invalid, blocks.get_block_ids()[0], num_hit_tokens
 
 
 def test_abort_during_failed_sync_load_evicts_invalid_blocks():
-    request, invalid, hit_blocks, num_hit_tokens = _failed_load_of_the_first_block(abort=True)
+    request, invalid, hit_blocks, num_hit_tokens = _failed_load_of_the_first_block(
+        abort=True
+    )
     assert request.status == RequestStatus.FINISHED_ABORTED
     assert num_hit_tokens == 0, (
         f"request id-1 was aborted during step 1, whose sync load failed on "
@@ -76,6 +85,8 @@ def test_abort_during_failed_sync_load_evicts_invalid_blocks():
 
 
 def test_failed_sync_load_evicts_invalid_blocks():
-    request, invalid, hit_blocks, num_hit_tokens = _failed_load_of_the_first_block(abort=False)
+    request, invalid, hit_blocks, num_hit_tokens = _failed_load_of_the_first_block(
+        abort=False
+    )
     assert request.status == RequestStatus.FINISHED_ERROR
     assert num_hit_tokens == 0 and hit_blocks == []

@@ -26,9 +26,19 @@ import pytest
 import torch
 
 from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+)
 
-from .utils import create_model_runner_output, create_request, create_scheduler, create_vllm_config
+from .utils import (
+    create_model_runner_output,
+    create_request,
+    create_scheduler,
+    create_vllm_config,
+)
 
 pytestmark = pytest.mark.cpu_test
 
@@ -45,7 +55,9 @@ def _failed_load_of_the_state(spec):
     vllm_config.cache_config.mamba_cache_mode = "align"
     register_all_kvcache_specs(vllm_config)
     kv_cache_config = KVCacheConfig(
-        num_blocks=100, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
+        num_blocks=100,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
     )
     scheduler = create_scheduler(vllm_config, kv_cache_config=kv_cache_config)
     request = create_request(num_tokens=64, max_tokens=1)
@@ -63,7 +75,10 @@ def _failed_load_of_the_state(spec):
 
 def test_failed_sync_load_on_mamba_resumes_where_a_state_exists():
     spec = MambaSpec(
-        block_size=BLOCK_SIZE, shapes=((1,), (1,)), dtypes=(torch.float32, torch.float32), mamba_cache_mode="align"
+        block_size=BLOCK_SIZE,
+        shapes=((1,), (1,)),
+        dtypes=(torch.float32, torch.float32),
+        mamba_cache_mode="align",
     )
     request, table = _failed_load_of_the_state(spec)
     assert table[0] == table[1] == 0  # the null block: no state at 16 or 32
@@ -71,11 +86,14 @@ def test_failed_sync_load_on_mamba_resumes_where_a_state_exists():
         f"request {request.request_id}: the sync load of [0, 48) failed on Mamba "
         f"block {table[2]} (the state at 48) and the request resumes at "
         f"{request.num_computed_tokens}, but its Mamba table {table} holds no state "
-        f"there: entry {request.num_computed_tokens // BLOCK_SIZE - 1} is the null block"
+        f"there: entry {request.num_computed_tokens // BLOCK_SIZE - 1} is the null "
+        f"block"
     )
 
 
 def test_failed_sync_load_on_full_attention_resumes_at_its_first_failed_block():
-    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    spec = FullAttentionSpec(
+        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
     request, table = _failed_load_of_the_state(spec)
     assert request.num_computed_tokens == 32  # blocks 0 and 1 hold [0, 32)

@@ -29,7 +29,12 @@ import torch
 from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec
 
-from .utils import create_model_runner_output, create_request, create_scheduler, create_vllm_config
+from .utils import (
+    create_model_runner_output,
+    create_request,
+    create_scheduler,
+    create_vllm_config,
+)
 
 pytestmark = pytest.mark.cpu_test
 
@@ -46,8 +51,17 @@ def _recompute_after_a_failed_load(async_scheduling: bool):
     vllm_config.cache_config.mamba_cache_mode = "align"
     vllm_config.scheduler_config.async_scheduling = async_scheduling
     register_all_kvcache_specs(vllm_config)
-    mamba = MambaSpec(block_size=16, shapes=((1,), (1,)), dtypes=(torch.float32, torch.float32), mamba_cache_mode="align")
-    kv_cache_config = KVCacheConfig(num_blocks=10, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["mamba"], mamba)])
+    mamba = MambaSpec(
+        block_size=16,
+        shapes=((1,), (1,)),
+        dtypes=(torch.float32, torch.float32),
+        mamba_cache_mode="align",
+    )
+    kv_cache_config = KVCacheConfig(
+        num_blocks=10,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["mamba"], mamba)],
+    )
     scheduler = create_scheduler(vllm_config, kv_cache_config=kv_cache_config)
     request = create_request(num_tokens=52, max_tokens=1)
     rid = request.request_id
@@ -57,7 +71,8 @@ def _recompute_after_a_failed_load(async_scheduling: bool):
     (load_table,) = scheduler.kv_cache_manager.get_block_ids(rid)
     in_flight = [out1]
     if async_scheduling:
-        in_flight.append(scheduler.schedule())  # step 2, before step 1's output: [16, 48)
+        # Step 2, before step 1's output: [16, 48).
+        in_flight.append(scheduler.schedule())
     # Step 1's output reports the load's block invalid: back to 0.
     for out in in_flight:
         output = create_model_runner_output(

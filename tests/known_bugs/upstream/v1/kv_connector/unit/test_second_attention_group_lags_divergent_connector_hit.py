@@ -30,9 +30,19 @@ import pytest
 import torch
 
 from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+)
 
-from .utils import create_model_runner_output, create_request, create_scheduler, create_vllm_config
+from .utils import (
+    create_model_runner_output,
+    create_request,
+    create_scheduler,
+    create_vllm_config,
+)
 
 pytestmark = pytest.mark.cpu_test
 
@@ -42,25 +52,43 @@ def _readmit_with_group_2_evicted(divergent_hits: bool):
         kv_connector="MockKVConnector",
         kv_role="kv_both",
         kv_connector_extra_config={
-            "matched_tokens": 0, "is_async": False, "supports_divergent_local_hybrid_hits": divergent_hits,
+            "matched_tokens": 0,
+            "is_async": False,
+            "supports_divergent_local_hybrid_hits": divergent_hits,
         },
     )
     vllm_config.cache_config.mamba_cache_mode = "align"
     register_all_kvcache_specs(vllm_config)
 
     def attention(block_size):
-        return FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        return FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+        )
 
-    mamba = MambaSpec(block_size=4, shapes=((1,), (1,)), dtypes=(torch.float32, torch.float32), mamba_cache_mode="align")
-    kv_cache_config = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["attn4"], attention(4)), KVCacheGroupSpec(["mamba"], mamba),
-        KVCacheGroupSpec(["attn16"], attention(16)),
-    ])
-    scheduler = create_scheduler(vllm_config, kv_cache_config=kv_cache_config, hash_block_size=1)
+    mamba = MambaSpec(
+        block_size=4,
+        shapes=((1,), (1,)),
+        dtypes=(torch.float32, torch.float32),
+        mamba_cache_mode="align",
+    )
+    kv_cache_config = KVCacheConfig(
+        num_blocks=64,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(["attn4"], attention(4)),
+            KVCacheGroupSpec(["mamba"], mamba),
+            KVCacheGroupSpec(["attn16"], attention(16)),
+        ],
+    )
+    scheduler = create_scheduler(
+        vllm_config, kv_cache_config=kv_cache_config, hash_block_size=1
+    )
 
     # r0 stays running: MockKVConnector (no SupportsHMA) refuses to finish a
     # request on a hybrid layout.
-    r0 = create_request(request_id=1, num_tokens=64, common_prefix_len=64, max_tokens=8, block_size=1)
+    r0 = create_request(
+        request_id=1, num_tokens=64, common_prefix_len=64, max_tokens=8, block_size=1
+    )
     scheduler.add_request(r0)
     for _ in range(2):  # steps 1-2: r0 computes its 64 tokens (48, then 16), cached
         out = scheduler.schedule()
@@ -72,11 +100,17 @@ def _readmit_with_group_2_evicted(divergent_hits: bool):
     assert len(attn4) == 16 and len(attn16) == 4
     # The pool evicts each group on its own: groups 1 and 2 lose all their
     # blocks of the prompt, group 0 those past 52.
-    scheduler.kv_cache_manager.block_pool.evict_blocks(set(attn4[13:]) | set(mamba_ids) | set(attn16))
+    scheduler.kv_cache_manager.block_pool.evict_blocks(
+        set(attn4[13:]) | set(mamba_ids) | set(attn16)
+    )
 
     # From now on the connector holds [48, 63) of the prompt.
-    scheduler.connector.config = dataclasses.replace(scheduler.connector.config, matched_tokens=15)
-    r2 = create_request(request_id=2, num_tokens=64, common_prefix_len=64, max_tokens=1, block_size=1)
+    scheduler.connector.config = dataclasses.replace(
+        scheduler.connector.config, matched_tokens=15
+    )
+    r2 = create_request(
+        request_id=2, num_tokens=64, common_prefix_len=64, max_tokens=1, block_size=1
+    )
     scheduler.add_request(r2)
     try:
         out2 = scheduler.schedule()  # step 2: r2's admission
