@@ -145,7 +145,7 @@ def _trials(bug_id: str, targets: list[str], seeds: list[int], budget: float) ->
     def shows_bug(exc: BaseException) -> str | None:
         """The known bug of this release the failure shows, if any."""
         if isinstance(exc, InvariantViolation):
-            bug = known_bugs.match(known_bugs.failure_of(exc), version)
+            bug = known_bugs.match_violation(exc, version)
             return bug.id if bug is not None else None
         return None
 

@@ -8,9 +8,16 @@ entry has its pinning test).
 
 A failure is described by :class:`Failure`: the invariant that failed, the
 exception type vLLM raised (if any), vLLM's innermost frames, the vLLM call
-whose result broke the invariant, and the group's spec kind. A
-:class:`Signature` names the subset of those facts that identifies a bug; a
-field left ``None`` matches anything. Message text never decides.
+whose result broke the invariant, and one instance's group kind and state. A
+:class:`Signature` names the claim, the call, the group kind (:data:`NO_GROUP`
+for a claim whose instances name none) and the state (:data:`ONLY_STATE` for
+a claim with a single state), plus a frame or statement where vLLM raised.
+Message text never decides.
+
+A violation is matched per instance (:func:`sort_out`): each of its
+instances (the request, group and blocks involved) is a known bug's only when
+a signature of that bug matches it, and the violation is set aside only when
+every instance is; the others are reported as a violation of their own.
 
 When vLLM fixes an open bug its strict xfail turns red: set ``fixed_in``
 (keep the entry: the matrix still meets it on older releases).
@@ -22,7 +29,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from fuzz.model import InvariantViolation
+from fuzz.model import Instance, InvariantViolation
 from invariants.contents import LOST_TO_COPY_BEFORE_FILL as _LOST_TO_COPY_BEFORE_FILL
 from invariants.contents import LOST_TO_COPY_OF_COPY as _LOST_TO_COPY_OF_COPY
 from invariants.contents import MISNAMED_AFTER_FAILED_LOAD, OTHER_TOKENS_AFTER_FAILED_LOAD, READ_OTHER_TOKENS_AFTER_FAILED_LOAD
@@ -30,10 +37,19 @@ from invariants.hits import (
     HIT_LONGER_WITHOUT_EAGLE_PROOF, HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT, HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO,
     HIT_SHORTER_INSIDE_A_FULL_BLOCK,
 )
-from invariants.ownership import ROLLED_BACK_IN_FLIGHT
+from invariants.ownership import (
+    HAZARD_COPY_OF_CACHED_NEW_BLOCK, HAZARD_COPY_OF_COPY, READ_DROPPED_AFTER_WHOLE_LOAD, READ_NOT_HELD,
+    ROLLED_BACK_IN_FLIGHT,
+)
+from invariants.contents import COPY_OF_OTHER_REQUESTS_COPY
+from invariants.connector import RESUMED_INSIDE_LOAD_WITHOUT_STATE
+from fuzz.model._classification import CLASSIFIED
 from invariants.handoff import HANDS_UNHELD_KV
 from invariants.promises import EVENTS_ORPHANED_PARTIAL
-from invariants.scheduler import STRANDED_ENCODER_AFTER_FAILED_LOAD, STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
+from invariants.stranded import (
+    STRANDED_BEHIND_PLACEHOLDERS_AFTER_FAILED_LOAD, STRANDED_ENCODER_AFTER_FAILED_LOAD,
+    STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD,
+)
 from invariants.fate import UNBLOCKED_AFTER_FAILED_ASYNC_LOAD
 from invariants.contents import UNWRITTEN_READ_AFTER_ROLLBACK as _READ_AFTER_ROLLBACK
 from invariants.contents import UNWRITTEN_READ_AFTER_WHOLE_LOAD as _READ_AFTER_WHOLE_LOAD
@@ -43,10 +59,16 @@ __all__ = [
     "KNOWN_BUGS",
     "Failure",
     "KnownBug",
+    "NO_GROUP",
+    "ONLY_STATE",
     "Signature",
     "failure_of",
+    "failures_of",
     "known_bug",
     "match",
+    "match_violation",
+    "signature_gaps",
+    "sort_out",
     "suppressing",
     "unbuildable_spec_classes",
 ]
@@ -59,9 +81,16 @@ ENGINE_IN_PRINCIPLE = "engine-in-principle"
 UNBUILDABLE = "unbuildable"
 
 
+# A signature's group kind for a claim whose instances name no group (a
+# vLLM exception, a request's liveness, a lookup's joint hit), and its state
+# for a claim with a single failing condition (the check names none).
+NO_GROUP = "no group"
+ONLY_STATE = "the claim's only state"
+
+
 @dataclass(frozen=True)
 class Failure:
-    """The structured facts of one failure (never its message)."""
+    """The structured facts of one failure instance (never its message)."""
 
     invariant: str  # the check's name, or "no-exception" / UNBUILDABLE
     exception: str | None = None  # the exception type vLLM raised
@@ -73,9 +102,17 @@ class Failure:
     state: str = ""  # the check's name for the failing condition
 
 
+def _named(value: str | None, sentinel: str, blank: str | None) -> str | None:
+    """A signature field as the failure spells it (its sentinel: ``blank``)."""
+    return blank if value == sentinel else value
+
+
 @dataclass(frozen=True)
 class Signature:
-    """What a failure must show to be this bug; ``None`` fields match anything."""
+    """What a failure instance must show to be this bug. Every registry
+    signature names its claim, ``group_kind`` and ``state``
+    (:func:`signature_gaps`); a ``None`` field matches anything and is left
+    so only in tests."""
 
     invariant: str
     exception: str | None = None
@@ -101,11 +138,21 @@ class Signature:
             and (self.exception is None or self.exception == failure.exception)
             and (self.frame is None or any(f.endswith(":" + self.frame) for f in failure.frames))
             and (self.where is None or self.where == failure.where)
-            and (self.group_kind is None or self.group_kind == failure.group_kind)
+            and (self.group_kind is None or _named(self.group_kind, NO_GROUP, None) == failure.group_kind)
             and (self.spec_class is None or self.spec_class == failure.spec_class)
             and (self.statement is None or self.statement == failure.statement)
-            and (self.state is None or self.state == failure.state)
+            and (self.state is None or _named(self.state, ONLY_STATE, "") == failure.state)
         )
+
+
+def signature_gaps(sig: Signature) -> list[str]:
+    """What a registry signature leaves unnamed: its claim, group kind and
+    state always (a sentinel where the claim has none), the raising
+    statement and function where it names an exception (empty: complete)."""
+    gaps = [f for f in ("invariant", "group_kind", "state") if not getattr(sig, f)]
+    if sig.exception is not None and sig.spec_class is None:
+        gaps += [f for f in ("statement", "innermost") if not getattr(sig, f)]
+    return gaps
 
 
 _RELEASE = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
@@ -142,6 +189,10 @@ class KnownBug:
     # with the reason in ``bench_note``.
     targets: tuple[str, ...] = ()
     bench_note: str = ""
+    # A planted bug (fuzz/adapter/_planted.py) breaking one of its signatures'
+    # claims in another group, state or call: a campaign with it planted must
+    # report it as new and still set this bug aside (tests/findings/test_known_bug_siblings.py).
+    sibling: str = ""
 
     def affects(self, version: str) -> bool:
         """Whether ``version`` has the bug. A source checkout (no release
@@ -155,6 +206,10 @@ class KnownBug:
     def shows_in(self, failure: Failure) -> bool:
         return any(s.matches(failure) for s in self.signatures)
 
+    def shows_in_every(self, violation: InvariantViolation) -> bool:
+        """Every instance of ``violation`` is this bug's."""
+        return all(self.shows_in(f) for f in failures_of(violation))
+
 
 # The coordinator's full-attention type is isinstance(spec, FullAttentionSpec):
 # these groups take sub-block (partial) hits and copy them on write.
@@ -165,6 +220,12 @@ _FULL_ATTENTION_KINDS = (
     "RSWASpec",
     "SinkFullAttentionSpec",
 )
+# The groups that hold less than every block before the computed point: a
+# recurrent state, a window, a chunk (they drop or null the rest).
+_DROPPING_KINDS = ("MambaSpec", "SlidingWindowSpec", "SlidingWindowMLASpec", "ChunkedLocalAttentionSpec")
+# Every spec kind the suite classifies: for a bug whose instances arise in a
+# group of any kind (a scheduler bookkeeping bug on a one-group layout).
+_EVERY_KIND = tuple(sorted({name.rsplit(".", 1)[-1] for name in CLASSIFIED}))
 
 # The ownership checks' names for the vLLM calls that write a block in a step
 # and for a resume point set when an async load lands (invariants/ownership.py).
@@ -187,6 +248,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 group_kind="MambaSpec",
                 innermost="KVCacheManager.truncate_computed_blocks",
                 statement="assert num_blocks <= len(group_blocks)",
+                state=ONLY_STATE,
             ),
         ),
         reach="engine",
@@ -207,7 +269,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         # The coordinator's full-attention type is isinstance(spec, FullAttentionSpec):
         # MLA, hidden-state and sink groups are full-attention groups to it too.
         signatures=tuple(
-            Signature("computed-adds-up", where="Scheduler.schedule", group_kind=kind)
+            Signature("computed-adds-up", where="Scheduler.schedule", group_kind=kind, state=ONLY_STATE)
             for kind in (
                 "FullAttentionSpec",
                 "MLAAttentionSpec",
@@ -230,6 +292,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 innermost="SingleTypeKVCacheManager._apply_cow",
                 where="Scheduler.schedule",
                 statement="assert req_blocks[block_idx] is source_block",
+                group_kind=NO_GROUP,
+                state=ONLY_STATE,
             ),
         ),
         reach="engine",
@@ -249,17 +313,27 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         title="a same-step partial-hit copy-on-write reads another copy's destination",
         since="0.28.0",
         fixed_in=None,
+        # A copy in a full-attention group reading another request's copy
+        # destination (the partial hit it adopted in the same step).
+        signatures=tuple(
+            Signature("copy-source-ready", where="Scheduler.schedule", group_kind=k, state=COPY_OF_OTHER_REQUESTS_COPY)
+            for k in _FULL_ATTENTION_KINDS
+        )
         # The block-ownership model sees the same chain as a same-step hazard
         # whose writer is a copy-on-write destination, in an attention group.
-        signatures=(Signature("copy-source-ready", where="Scheduler.schedule"),)
-        + tuple(Signature("same-step-hazard", where=_COPY_ON_WRITE, group_kind=k) for k in _FULL_ATTENTION_KINDS)
+        + tuple(
+            Signature("same-step-hazard", where=_COPY_ON_WRITE, group_kind=k, state=HAZARD_COPY_OF_COPY)
+            for k in _FULL_ATTENTION_KINDS
+        )
         # The contents model sees the second copy's destination lacking what
         # the first copy put into its source, when it is read or cached.
         + tuple(
-            Signature(claim, where=_COPY_ON_WRITE, state=_LOST_TO_COPY_OF_COPY)
+            Signature(claim, where=_COPY_ON_WRITE, group_kind=k, state=_LOST_TO_COPY_OF_COPY)
             for claim in ("reads-written", "index-written")
+            for k in _FULL_ATTENTION_KINDS
         ),
         reach="engine",
+        sibling="mamba_adopts_same_step_state",
         pinned_by="tests/known_bugs/test_known_vllm_bugs_scheduler.py::test_standalone_same_step_partial_hits_never_chain_block_copies",
         targets=("scheduler-machine", "scheduler-single-shot", "scheduler-any-layout"),
         analysis=(
@@ -285,6 +359,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 innermost="BlockPool.get_new_blocks",
                 where="Scheduler.schedule",
                 statement='raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")',
+                group_kind=NO_GROUP,
+                state=ONLY_STATE,
             ),
             # The whole class, seen by the block-ownership model even when the
             # pool has room: the Mamba group's external-state block is taken
@@ -294,9 +370,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 frame="SingleTypeKVCacheManager.allocate_external_computed_blocks",
                 where="KVCacheManager.allocate_slots",
                 group_kind="MambaSpec",
+                state=ONLY_STATE,
             ),
         ),
         reach="engine",
+        sibling="cow_block_not_reserved",
         pinned_by="tests/known_bugs/test_known_vllm_bugs_scheduler.py::test_mamba_external_load_admission_never_overdraws_the_pool",
         targets=("scheduler-single-shot", "scheduler-any-layout", "scheduler-machine"),
         analysis=(
@@ -318,16 +396,17 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 "failed-load-recomputed",
                 where="Scheduler.update_from_output",
                 group_kind="MambaSpec",
+                state=RESUMED_INSIDE_LOAD_WITHOUT_STATE,
             ),
             # The next step, as the ownership model sees the rolled-back
             # request: it reads the null block where the state should be.
             # (The manager also counts -1 blocks for it, with nothing taken:
             # on a lone group that hides nothing, and is no violation.)
-            Signature("read-blocks-held", where=_ROLLED_BACK, group_kind="MambaSpec", state=""),
+            Signature("read-blocks-held", where=_ROLLED_BACK, group_kind="MambaSpec", state=READ_NOT_HELD),
             # The same rollback on a windowed group: the window at the rolled-back
             # point reaches blocks the manager already freed (remove_skipped_blocks).
             *(
-                Signature("read-blocks-held", where=_ROLLED_BACK, group_kind=k, state="")
+                Signature("read-blocks-held", where=_ROLLED_BACK, group_kind=k, state=READ_NOT_HELD)
                 for k in ("SlidingWindowSpec", "SlidingWindowMLASpec", "ChunkedLocalAttentionSpec")
             ),
             # The contents model sees the windowed recompute read what the
@@ -343,6 +422,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                       state=HANDS_UNHELD_KV),
         ),
         reach=ENGINE_IN_PRINCIPLE,
+        sibling="resumes_past_invalid_block",
         pinned_by="tests/known_bugs/test_mamba_failed_load_rollback.py::test_failed_sync_load_on_mamba_resumes_where_a_state_exists",
         targets=("scheduler-machine",),
         analysis=(
@@ -378,16 +458,21 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         title="a same-step partial-hit copy-on-write reads a block another request's allocation fills in the same step",
         since="0.28.0",
         fixed_in=None,
+        # A copy in a full-attention group reading the new block another
+        # request's allocation filed in the prefix cache in the same step.
         signatures=tuple(
-            Signature("same-step-hazard", where=_NEW_BLOCK, group_kind=k) for k in _FULL_ATTENTION_KINDS
+            Signature("same-step-hazard", where=_NEW_BLOCK, group_kind=k, state=HAZARD_COPY_OF_CACHED_NEW_BLOCK)
+            for k in _FULL_ATTENTION_KINDS
         )
         # The contents model sees the copy's destination lacking what the
         # step's load or forward pass put into its source, when it is read or cached.
         + tuple(
-            Signature(claim, where=_COPY_ON_WRITE, state=_LOST_TO_COPY_BEFORE_FILL)
+            Signature(claim, where=_COPY_ON_WRITE, group_kind=k, state=_LOST_TO_COPY_BEFORE_FILL)
             for claim in ("reads-written", "index-written")
+            for k in _FULL_ATTENTION_KINDS
         ),
         reach=ENGINE_IN_PRINCIPLE,
+        sibling="mamba_adopts_same_step_state",
         pinned_by="tests/known_bugs/test_ownership_findings.py::test_partial_hit_copy_never_reads_a_block_filled_in_the_same_step",
         targets=("scheduler-single-shot", "scheduler-any-layout", "scheduler-machine"),
         analysis=(
@@ -407,12 +492,17 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         title="after an async load of the whole prompt, the last-token recompute reads blocks a windowed group already dropped",
         since="0.28.0",
         fixed_in=None,
-        # The contents model sees the same recompute read a block it lacks.
-        signatures=(
-            Signature("read-blocks-held", where=_ASYNC_LANDED),
-            Signature("reads-written", where=_ASYNC_LANDED, state=_READ_AFTER_WHOLE_LOAD),
+        # The recompute of the last prompt token reads, in a group that drops
+        # what lies outside its state or window, only blocks the admission
+        # dropped; the contents model sees the same recompute read a block it lacks.
+        signatures=tuple(
+            Signature(claim, where=_ASYNC_LANDED, group_kind=k, state=state)
+            for claim, state in (("read-blocks-held", READ_DROPPED_AFTER_WHOLE_LOAD),
+                                 ("reads-written", _READ_AFTER_WHOLE_LOAD))
+            for k in _DROPPING_KINDS
         ),
         reach=ENGINE_IN_PRINCIPLE,
+        sibling="landed_load_frees_first_block",
         pinned_by="tests/known_bugs/test_ownership_findings.py::test_full_prompt_async_load_resumes_where_every_group_holds_state",
         targets=("scheduler-single-shot", "scheduler-any-layout", "scheduler-machine"),
         analysis=(
@@ -437,8 +527,10 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         # trial met it 20 times); 0.27.1 has no scheduler tier here.
         since="0.28.0",
         fixed_in=None,
-        signatures=(Signature("failed-load-not-cached", where="Scheduler.finish_requests"),),
+        signatures=(Signature("failed-load-not-cached", where="Scheduler.finish_requests", group_kind=NO_GROUP,
+                              state=ONLY_STATE),),
         reach=ENGINE_IN_PRINCIPLE,
+        sibling="evicts_invalid_blocks_on_recompute",
         pinned_by="tests/known_bugs/test_abort_during_failed_load.py::test_invalid_blocks_of_an_aborted_request_leave_the_cache",
         targets=("scheduler-machine",),
         analysis=(
@@ -468,36 +560,38 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         # bug leaves (a stranded request's placeholder after the rollback of
         # its failed synchronous load, from the harness's own record).
         signatures=(
-            Signature(
-                "running-request-progresses",
-                where="AsyncScheduler._update_after_schedule",
-                state=STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD,
+            # The request itself, and (the same step) a request with nothing
+            # of its own stranded behind the slot it holds.
+            *(
+                Signature("running-request-progresses", where="AsyncScheduler._update_after_schedule",
+                          group_kind=NO_GROUP, state=state)
+                for state in (STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD, STRANDED_BEHIND_PLACEHOLDERS_AFTER_FAILED_LOAD)
             ),
             # With max_tokens > 1: the runner computes a position from the
             # token vLLM discarded (what a block holds, kv-matches-tokens).
             Signature(
                 "kv-matches-tokens",
                 where="AsyncScheduler._update_after_schedule",
+                group_kind=NO_GROUP,
                 state=OTHER_TOKENS_AFTER_FAILED_LOAD,
             ),
             # ... and the block holding it enters the prefix-cache index under
             # the key of vLLM's tokens (index-names-its-prefix): a later request
-            # with the recorded prefix would adopt KV of the discarded token.
-            Signature(
-                "index-names-its-prefix",
-                where="AsyncScheduler._update_after_schedule",
-                state=MISNAMED_AFTER_FAILED_LOAD,
-            ),
+            # with the recorded prefix would adopt KV of the discarded token;
             # ... and a later step of the request reads that KV, while the
             # runner (V1: re-added with the last num_output_tokens of
             # all_token_ids) and vLLM name other tokens there (reads-written).
-            Signature(
-                "reads-written",
-                where="AsyncScheduler._update_after_schedule",
-                state=READ_OTHER_TOKENS_AFTER_FAILED_LOAD,
+            # A one-group layout of any kind (the placeholders are the
+            # scheduler's, whatever the group).
+            *(
+                Signature(claim, where="AsyncScheduler._update_after_schedule", group_kind=k, state=state)
+                for claim, state in (("index-names-its-prefix", MISNAMED_AFTER_FAILED_LOAD),
+                                     ("reads-written", READ_OTHER_TOKENS_AFTER_FAILED_LOAD))
+                for k in _EVERY_KIND
             ),
         ),
         reach=ENGINE_IN_PRINCIPLE,
+        sibling="max_tokens_skip_unguarded",
         pinned_by="tests/known_bugs/test_failed_load_output_placeholder.py::test_a_recomputed_request_is_scheduled_until_it_finishes",
         targets=("scheduler-machine",),
         analysis=(
@@ -538,9 +632,12 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 innermost="Scheduler.schedule",
                 where="Scheduler.schedule",
                 statement="assert num_new_tokens == 1 + self.num_spec_tokens",
+                group_kind=NO_GROUP,
+                state=ONLY_STATE,
             ),
         ),
         reach=ENGINE_IN_PRINCIPLE,
+        sibling="drafts_never_cut",
         pinned_by="tests/known_bugs/test_spec_decode_padding_threshold.py::test_padded_spec_decode_admission_survives_the_threshold",
         targets=("scheduler-machine",),
         analysis=(
@@ -571,9 +668,12 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 innermost="KVCacheManager.truncate_computed_blocks",
                 where="Scheduler.schedule",
                 statement="assert num_blocks <= len(group_blocks)",
+                group_kind=NO_GROUP,
+                state=ONLY_STATE,
             ),
         ),
         reach="scheduler-api",
+        sibling="pre_fix_assert_all",
         pinned_by=(
             "tests/known_bugs/test_second_attention_group_lags_connector_hit.py"
             "::test_a_lagging_second_attention_group_is_readmitted_without_a_crash"
@@ -599,9 +699,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         since="0.33.0",
         fixed_in=None,
         signatures=(
-            Signature("events-chain", where="BlockPool.cache_partial_block", state=EVENTS_ORPHANED_PARTIAL),
+            Signature("events-chain", where="BlockPool.cache_partial_block", group_kind=NO_GROUP,
+                      state=EVENTS_ORPHANED_PARTIAL),
         ),
         reach=ENGINE_IN_PRINCIPLE,
+        sibling="stored_event_names_itself_parent",
         pinned_by="tests/known_bugs/test_partial_event_parent.py::test_a_partial_entrys_event_hangs_under_an_announced_parent",
         targets=("scheduler-machine",),
         analysis=(
@@ -671,6 +773,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 statement='raise RuntimeError( "Failed to reset KV cache even when all the running requests are " '
                 '"preempted and moved to the waiting queue. This is likely due to " "the presence of running '
                 'requests waiting for remote KV transfer, " "which is not supported yet." )',
+                group_kind=NO_GROUP,
+                state=ONLY_STATE,
             ),
         ),
         reach=ENGINE_IN_PRINCIPLE,
@@ -699,10 +803,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         since="0.33.0",
         fixed_in=None,
         signatures=(
-            Signature("hit-matches-index", where="KVCacheManager.get_computed_blocks",
+            Signature("hit-matches-index", where="KVCacheManager.get_computed_blocks", group_kind=NO_GROUP,
                       state=HIT_SHORTER_INSIDE_A_FULL_BLOCK),
         ),
         reach="scheduler-api",
+        sibling="window_hit_needs_a_block_more",
         pinned_by="tests/known_bugs/test_full_block_past_hybrid_hit.py::test_a_cached_full_block_serves_a_hit_inside_it",
         targets=("scheduler-machine",),
         analysis=(
@@ -726,10 +831,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         since="0.33.0",
         fixed_in=None,
         signatures=(
-            Signature("hit-matches-index", where="KVCacheManager.get_computed_blocks",
+            Signature("hit-matches-index", where="KVCacheManager.get_computed_blocks", group_kind=NO_GROUP,
                       state=HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT),
         ),
         reach=ENGINE_IN_PRINCIPLE,
+        sibling="window_hit_needs_a_block_more",
         pinned_by="tests/known_bugs/test_eagle_resend_drops_proven_block.py"
         "::test_a_single_group_keeps_the_block_the_next_one_proves",
         analysis=(
@@ -755,10 +861,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         since="0.33.0",
         fixed_in=None,
         signatures=(
-            Signature("hit-matches-index", where="KVCacheManager.get_computed_blocks",
+            Signature("hit-matches-index", where="KVCacheManager.get_computed_blocks", group_kind=NO_GROUP,
                       state=HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO),
         ),
         reach="scheduler-api",
+        sibling="window_hit_needs_a_block_more",
         pinned_by="tests/known_bugs/test_eagle_window_aligns_before_drop.py"
         "::test_a_window_longer_than_the_prefix_serves_the_hit",
         analysis=(
@@ -780,10 +887,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         since="0.33.0",
         fixed_in=None,
         signatures=(
-            Signature("hit-matches-index", where="KVCacheManager.get_computed_blocks",
+            Signature("hit-matches-index", where="KVCacheManager.get_computed_blocks", group_kind=NO_GROUP,
                       state=HIT_LONGER_WITHOUT_EAGLE_PROOF),
         ),
         reach="scheduler-api",
+        sibling="window_hit_needs_a_block_more",
         pinned_by="tests/known_bugs/test_eagle_verification_survives_shrink.py"
         "::test_a_window_group_proves_the_hit_it_keeps",
         analysis=(
@@ -812,7 +920,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         # Fixed upstream by PR 57269 (merged 2026-09-17); 0.33.0 has the fix,
         # 0.29.0-0.32.x are not installed here to say which release first did.
         fixed_in="0.33.0",
-        signatures=(Signature("skip-reads-no-cache", where="Scheduler.schedule"),),
+        signatures=(Signature("skip-reads-no-cache", where="Scheduler.schedule", group_kind=NO_GROUP, state=ONLY_STATE),),
         reach="engine",
         pinned_by="tests/known_bugs/test_skip_reading_prefix_cache_connector.py::test_a_skipping_request_takes_no_external_hit",
         targets=("scheduler-single-shot", "scheduler-any-layout", "scheduler-machine"),
@@ -835,6 +943,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
                 UNBUILDABLE,
                 exception="TypeError",
                 spec_class="vllm.v1.kv_cache_interface.SinkFullAttentionSpec",
+                group_kind=NO_GROUP,
+                state=ONLY_STATE,
             ),
         ),
         reach="engine",
@@ -857,11 +967,13 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         since="0.33.0",
         fixed_in=None,
         signatures=(
-            Signature("index-written", where="Scheduler._mamba_block_aligned_split", state=MAMBA_EARLIER_STATE),
+            Signature("index-written", where="Scheduler._mamba_block_aligned_split", group_kind="MambaSpec",
+                      state=MAMBA_EARLIER_STATE),
             Signature("reads-written", where="Scheduler._mamba_block_aligned_split", group_kind="MambaSpec",
                       state=MAMBA_EARLIER_STATE),
         ),
         reach="engine",
+        sibling="mamba_tail_state_overwritten",
         pinned_by="tests/known_bugs/test_mamba_checkpoint_boundary.py::test_a_cached_mamba_block_holds_the_state_at_its_end",
         targets=("scheduler-engine-reachable",),
         analysis=(
@@ -894,9 +1006,10 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         fixed_in=None,
         signatures=(
             Signature("unblocked-request-admitted", where="Scheduler._update_waiting_for_remote_kv",
-                      state=UNBLOCKED_AFTER_FAILED_ASYNC_LOAD),
+                      group_kind=NO_GROUP, state=UNBLOCKED_AFTER_FAILED_ASYNC_LOAD),
         ),
         reach=ENGINE_IN_PRINCIPLE,
+        sibling="deferred_requests_take_slots",
         pinned_by="tests/known_bugs/test_failed_load_leftovers.py::test_a_failed_async_load_is_recomputed_on_a_pool_that_holds_it",
         targets=("scheduler-machine",),
         analysis=(
@@ -918,9 +1031,10 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         fixed_in=None,
         signatures=(
             Signature("running-request-progresses", where="Scheduler._update_requests_with_invalid_blocks",
-                      state=STRANDED_ENCODER_AFTER_FAILED_LOAD),
+                      group_kind=NO_GROUP, state=STRANDED_ENCODER_AFTER_FAILED_LOAD),
         ),
         reach=ENGINE_IN_PRINCIPLE,
+        sibling="max_tokens_skip_unguarded",
         pinned_by="tests/known_bugs/test_failed_load_leftovers.py::test_a_rollback_below_two_images_is_recomputed",
         targets=("scheduler-machine",),
         analysis=(
@@ -947,18 +1061,24 @@ def suppressing() -> bool:
     return os.environ.get(SUPPRESS_ENV, "suppress") != "report"
 
 
-def failure_of(violation: InvariantViolation) -> Failure:
-    """The structured facts a violation carries."""
+def failure_of(violation: InvariantViolation, instance: Instance | None = None) -> Failure:
+    """The structured facts of one instance of a violation (by default the
+    violation's own group kind and state)."""
     v = violation
     return Failure(
         v.invariant,
         v.exception,
         v.frames,
         v.where,
-        v.group_kind,
+        v.group_kind if instance is None else instance.group_kind,
         statement=getattr(v, "statement", ""),
-        state=getattr(v, "state", ""),
+        state=getattr(v, "state", "") if instance is None else instance.state,
     )
+
+
+def failures_of(violation: InvariantViolation) -> tuple[Failure, ...]:
+    """The structured facts of every instance of a violation."""
+    return tuple(failure_of(violation, i) for i in violation.instances)
 
 
 def known_bug(bug_id: str) -> KnownBug:
@@ -971,6 +1091,60 @@ def known_bug(bug_id: str) -> KnownBug:
 def match(failure: Failure, version: str) -> KnownBug | None:
     """The known bug of ``version`` that ``failure`` shows, if any."""
     return next((b for b in KNOWN_BUGS if b.affects(version) and b.shows_in(failure)), None)
+
+
+def match_violation(violation: InvariantViolation, version: str) -> KnownBug | None:
+    """The known bug of ``version`` that every instance of ``violation``
+    shows (None: an instance no signature of one bug matches)."""
+    bugs = {match(f, version) for f in failures_of(violation)}
+    return bugs.pop() if len(bugs) == 1 else None
+
+
+def sort_out(violation: InvariantViolation, version: str) -> tuple[list[str], InvariantViolation | None]:
+    """Matching per instance (the one place runners do it): the ids of the
+    known bugs of ``version`` that instances of ``violation`` show, in order,
+    and the violation to report, made of the instances no known bug's
+    signature matches (None: every instance is a known bug's)."""
+    known: list[str] = []
+    rest: list[Instance] = []
+    for instance, failure in zip(violation.instances, failures_of(violation)):
+        bug = match(failure, version)
+        if bug is None:
+            rest.append(instance)
+        elif bug.id not in known:
+            known.append(bug.id)
+    if not rest:
+        return known, None
+    if not known:
+        return known, violation
+    return known, _narrowed(violation, tuple(rest), known)
+
+
+def _instance_text(i: Instance) -> str:
+    where = "" if i.group is None else f" group {i.group}"
+    kind = "" if i.group_kind is None else f" ({i.group_kind})"
+    return (f"{i.state or 'the claim'}:{where}{kind} requests {list(i.requests)} blocks {list(i.blocks)}")
+
+
+def _narrowed(v: InvariantViolation, rest: tuple[Instance, ...], known: list[str]) -> InvariantViolation:
+    """``v`` cut to the instances ``rest`` (the others are known bugs')."""
+    head = str(v).removeprefix(f"[{v.invariant}] ")
+    kinds = {i.group_kind for i in rest}
+    out = type(v)(
+        v.invariant,
+        f"{head}\n  reported: the instances no known vLLM bug explains ("
+        + "; ".join(_instance_text(i) for i in rest) + f"); the others are known bugs {known}, set aside",
+        where=v.where,
+        group_kind=kinds.pop() if len(kinds) == 1 else None,
+        exception=v.exception,
+        frames=v.frames,
+        statement=v.statement,
+        state=rest[0].state,
+        instances=rest,
+        facts=v.facts,
+    )
+    out.oplog, out.truncation_run = v.oplog, v.truncation_run
+    return out
 
 
 def unbuildable_spec_classes(version: str) -> frozenset[str]:

@@ -37,9 +37,9 @@ connector to load, ``total = local + ext`` the request's resume point.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-from fuzz.model import AdmissionObservation, FailedLoad, GroupInfo, InvariantViolation, StepObservation
+from fuzz.model import AdmissionObservation, FailedLoad, GroupInfo, Instance, InvariantViolation, StepObservation
 from fuzz.model import answer_acted_on
 from fuzz.model import cdiv as _cdiv
 from fuzz.model import group_behaviour as _behaviour
@@ -50,6 +50,10 @@ from invariants.handoff import check_hand_off_names_computed_blocks  # what requ
 __all__ = [
     "CONNECTOR_ADMISSION_CHECKS",
     "CONNECTOR_STEP_CHECKS",
+    "LOAD_FAILURE_NOT_FAILED",
+    "RECOMPUTE_FAILED_REQUEST",
+    "RESUMED_INSIDE_LOAD_WITHOUT_STATE",
+    "RESUMED_PAST_FAILED_TOKEN",
     "check_async_load_lands_first",
     "check_dropped_answer_loads_nothing",
     "check_external_range_contiguous",
@@ -78,10 +82,21 @@ def _fail_admission(
 
 
 def _fail_step(
-    invariant: str, step: StepObservation, message: str, where: str = SCHEDULE, group: GroupInfo | None = None
+    invariant: str, step: StepObservation, message: str, where: str = SCHEDULE, group: GroupInfo | None = None,
+    state: str = "", request: str | None = None,
 ) -> None:
+    raise _step_violation(invariant, step, message, where, group, state, request)
+
+
+def _step_violation(
+    invariant: str, step: StepObservation, message: str, where: str = SCHEDULE, group: GroupInfo | None = None,
+    state: str = "", request: str | None = None,
+) -> InvariantViolation:
+    """One instance: ``request`` in ``group`` (None: the claim names none)."""
     text = f"{message}\n{step.describe()}"
-    raise InvariantViolation(invariant, text, where=where, group_kind=None if group is None else group_kind(group))
+    kind = None if group is None else group_kind(group)
+    instance = Instance(state, kind, None if group is None else group.index, () if request is None else (request,))
+    return InvariantViolation(invariant, text, where=where, group_kind=kind, state=state, instances=(instance,))
 
 
 def _loads(adm: AdmissionObservation) -> bool:
@@ -404,7 +419,13 @@ def check_failed_load_recomputed(step: StepObservation) -> None:
     ("Truncate the computed tokens at the first failed block"; with the fail
     policy the affected requests are failed); ``KVConnectorOutput``
     (``vllm/v1/outputs.py``) documents both reports; the policy is
-    ``KVTransferConfig.kv_load_failure_policy``."""
+    ``KVTransferConfig.kv_load_failure_policy``. One violation per failed
+    load, each naming its state."""
+    for violation in _recomputed_violations(step):
+        raise violation
+
+
+def _recomputed_violations(step: StepObservation) -> Iterator[InvariantViolation]:
     for f in step.failed_loads:
         if f.stage != "reported":
             continue
@@ -423,12 +444,14 @@ def check_failed_load_recomputed(step: StepObservation) -> None:
         whole = [g for g in f.groups if _behaviour(g) is Behaviour.MAY_BE_SHORT]
         bound = f.load_start if whole else f.first_failed_token
         if f.policy == "fail" and f.status_after != "FINISHED_ERROR":
-            _fail_step(
+            yield _step_violation(
                 "failed-load-recomputed",
                 step,
                 f"request {f.request_id}'s load failed under kv_load_failure_policy='fail', but the request "
                 f"is {f.status_after} after the step, not FINISHED_ERROR",
                 where="Scheduler.update_from_output",
+                state=LOAD_FAILURE_NOT_FAILED,
+                request=f.request_id,
             )
         if f.policy == "recompute" and (f.status_after == "FINISHED_ERROR" or f.computed_after > bound):
             why = (
@@ -436,7 +459,7 @@ def check_failed_load_recomputed(step: StepObservation) -> None:
                 if whole
                 else "the failed tokens must be computed again"
             )
-            _fail_step(
+            yield _step_violation(
                 "failed-load-recomputed",
                 step,
                 f"request {f.request_id}'s load failed from token {f.first_failed_token} under "
@@ -444,7 +467,24 @@ def check_failed_load_recomputed(step: StepObservation) -> None:
                 f"num_computed_tokens={f.computed_after} (at most {bound} expected: {why})",
                 where="Scheduler.update_from_output",
                 group=whole[0] if whole else None,
+                state=RECOMPUTE_FAILED_REQUEST if f.status_after == "FINISHED_ERROR"
+                else RESUMED_PAST_FAILED_TOKEN if f.computed_after > f.first_failed_token
+                else RESUMED_INSIDE_LOAD_WITHOUT_STATE,
+                request=f.request_id,
             )
+
+
+check_failed_load_recomputed.violations = _recomputed_violations  # type: ignore[attr-defined]
+
+
+# failed-load-recomputed's states (matched by known-bug signatures): the
+# request kept running under "fail", was failed under "recompute", resumes
+# past the first failed token (a garbage block taken as computed), or, with
+# a whole-state group, resumes inside the load where that group keeps no state.
+LOAD_FAILURE_NOT_FAILED = "a load failed under 'fail' that left the request unfailed"
+RECOMPUTE_FAILED_REQUEST = "a load failed under 'recompute' that failed the request"
+RESUMED_PAST_FAILED_TOKEN = "a recompute resuming past the first failed token"
+RESUMED_INSIDE_LOAD_WITHOUT_STATE = "a recompute resuming inside the load where a whole-state group keeps no state"
 
 
 def check_failed_load_not_cached(step: StepObservation) -> None:
@@ -461,20 +501,30 @@ def check_failed_load_not_cached(step: StepObservation) -> None:
     (``_handle_invalid_blocks``: ``kv_cache_manager.evict_blocks``). The one
     documented exception is left out: a failed synchronous load under the
     ``"recompute"`` policy keeps its blocks cached "where blocks will be
-    recomputed and reused by other requests sharing them"."""
+    recomputed and reused by other requests sharing them". One violation
+    per failed load (a known bug's never hides another's)."""
+    for violation in _not_cached_violations(step):
+        raise violation
+
+
+def _not_cached_violations(step: StepObservation) -> Iterator[InvariantViolation]:
     for f in step.failed_loads:
         if f.how == "invalid_block_ids" and f.policy == "recompute":
             continue
         cached = [list(g) for g in f.cached_after if g]
         if cached:
-            _fail_step(
+            yield _step_violation(
                 "failed-load-not-cached",
                 step,
                 f"request {f.request_id}'s load failed ({f.how}, kv_load_failure_policy={f.policy!r}), but "
                 f"blocks {cached} it was written into still carry a prefix-cache hash "
                 + ("after the report" if f.stage == "reported" else "after the request left WAITING_FOR_REMOTE_KVS"),
                 where=_failed_load_where(f),
+                request=f.request_id,
             )
+
+
+check_failed_load_not_cached.violations = _not_cached_violations  # type: ignore[attr-defined]
 
 
 def _failed_load_where(f: FailedLoad) -> str:

@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from fuzz.model import InvariantViolation, StepObservation
+from fuzz.model import Fact, Instance, InvariantViolation, StepObservation, group_kind
 
 __all__ = [
+    "COPY_OF_OTHER_REQUESTS_COPY",
+    "COPY_OF_OWN_COPY",
     "LOST_TO_COPY_BEFORE_FILL",
     "LOST_TO_COPY_OF_COPY",
     "MAMBA_EARLIER_STATE",
@@ -61,11 +63,40 @@ def check_copy_sources_ready(step: StepObservation) -> None:
     if not chains:
         return
     text = "; ".join(f"copy {b[0]}->{b[1]} reads block {b[0]}, which copy {a[0]}->{a[1]} writes in the same step" for a, b in chains)
+    instances = tuple(_chain_instance(step, a, b) for a, b in chains)
     raise InvariantViolation(
         "copy-source-ready",
         f"{text}\n{step.describe()}" + (f"\n  scenario: {step.context}" if step.context else ""),
         where=WHERE,
+        group_kind=instances[0].group_kind,
+        state=instances[0].state,
+        instances=instances,
     )
+
+
+def _holder(step: StepObservation, block: int) -> tuple[str, Any]:
+    """(request, group) whose table holds ``block`` after schedule() (``"?"``
+    and None where the step has no ownership record of it)."""
+    own = step.ownership
+    for t in () if own is None else own.tables:
+        for g, table in zip(own.groups, t.tables):
+            if block in table:
+                return t.request_id, g
+    return "?", None
+
+
+def _chain_instance(step: StepObservation, first: tuple[int, int], second: tuple[int, int]) -> Instance:
+    """One chain: the second copy's request and group, the first copy's request."""
+    reader, g = _holder(step, second[1])
+    writer, _ = _holder(step, first[1])
+    state = COPY_OF_OWN_COPY if reader == writer != "?" else COPY_OF_OTHER_REQUESTS_COPY
+    return Instance(state, None if g is None else group_kind(g), None if g is None else g.index,
+                    (reader, writer), (first[0], first[1], second[1]))
+
+
+# copy-source-ready's states: whose same-step copy destination a copy reads.
+COPY_OF_OTHER_REQUESTS_COPY = "a copy reads another request's same-step copy destination"
+COPY_OF_OWN_COPY = "a copy reads its own request's same-step copy destination"
 
 
 def check_kv_matches_tokens(step: StepObservation) -> None:
@@ -84,17 +115,18 @@ def check_kv_matches_tokens(step: StepObservation) -> None:
     ``num_computed_tokens`` but leaves the placeholders the failed step
     reserved, and vLLM sends them to the runner in ``num_output_tokens``,
     so the runner keeps the token vLLM discarded."""
-    if not step.kv_from_other_tokens:
-        return
-    after_failed_load = any(w.recomputed_failed_load for w in step.kv_from_other_tokens)
-    raise InvariantViolation(
-        "kv-matches-tokens",
-        "\n".join(w.describe() for w in step.kv_from_other_tokens)
-        + f"\n{step.describe()}"
-        + (f"\n  scenario: {step.context}" if step.context else ""),
-        where=_PLACEHOLDERS if after_failed_load else WHERE,
-        state=OTHER_TOKENS_AFTER_FAILED_LOAD if after_failed_load else OTHER_TOKENS,
-    )
+    for violation in _kv_violations(step):
+        raise violation
+
+
+def _kv_violations(step: StepObservation) -> Iterator[InvariantViolation]:
+    """One violation per cause, one instance per request and position."""
+    return _by_cause("kv-matches-tokens", step, step.kv_from_other_tokens,
+                     lambda w: (OTHER_TOKENS_AFTER_FAILED_LOAD, _PLACEHOLDERS) if w.recomputed_failed_load
+                     else (OTHER_TOKENS, WHERE))
+
+
+check_kv_matches_tokens.violations = _kv_violations  # type: ignore[attr-defined]
 
 
 def check_reads_written(step: StepObservation) -> None:
@@ -149,14 +181,17 @@ def _read_cause(step: StepObservation, read: Any) -> tuple[str, str]:
 
 
 def _by_cause(invariant: str, step: StepObservation, found: Sequence[Any],
-              cause: Callable[[Any], tuple[str, str]], kinds: bool = False) -> Iterator[InvariantViolation]:
+              cause: Callable[[Any], tuple[str, str]], kinds: bool = False,
+              fact: Callable[[Any], Fact | None] | None = None) -> Iterator[InvariantViolation]:
     """One ``invariant`` violation per (state, where) that ``cause`` gives
-    ``found``, in the order the causes first appear; with ``kinds``, naming
-    the group kind its findings share."""
+    ``found``, in the order the causes first appear, with one instance per
+    finding (its request, group and block); with ``kinds``, naming the group
+    kind its findings share."""
     groups: dict[tuple[str, str], list[Any]] = {}
     for f in found:
         groups.setdefault(cause(f), []).append(f)
     for (state, where), items in groups.items():
+        instances = tuple(_instance(step, state, f) for f in items)
         yield InvariantViolation(
             invariant,
             "\n".join(f.describe() for f in items)
@@ -164,18 +199,45 @@ def _by_cause(invariant: str, step: StepObservation, found: Sequence[Any],
             + (f"\n  scenario: {step.context}" if step.context else ""),
             where=where,
             state=state,
-            group_kind=_shared_kind(items) if kinds else None,
+            group_kind=_shared_kind(instances) if kinds else None,
+            instances=instances,
+            facts=() if fact is None else tuple(f for f in map(fact, items) if f is not None),
         )
 
 
-def _shared_kind(found: Sequence[Any]) -> str | None:
+def _instance(step: StepObservation, state: str, found: Any) -> Instance:
+    """A finding as an instance: its request, group (and the group's kind,
+    from the step's ownership record where the finding does not name it)
+    and block."""
+    group = getattr(found, "group", None)
+    kind = getattr(found, "group_kind", None)
+    if kind is None and group is not None and step.ownership is not None and group < len(step.ownership.groups):
+        kind = group_kind(step.ownership.groups[group])
+    request = getattr(found, "request_id", None)
+    block = getattr(found, "block_id", None)
+    return Instance(state, kind, group, () if request is None else (request,), () if block is None else (block,))
+
+
+def _shared_kind(found: Sequence[Instance]) -> str | None:
     """The group kind every one of ``found`` names (None: they differ)."""
     kinds = {f.group_kind for f in found}
     return kinds.pop() if len(kinds) == 1 else None
 
 
 def _reads_violations(step: StepObservation) -> Iterator[InvariantViolation]:
-    return _by_cause("reads-written", step, step.unwritten_reads, lambda r: _read_cause(step, r), kinds=True)
+    return _by_cause("reads-written", step, step.unwritten_reads, lambda r: _read_cause(step, r), kinds=True,
+                     fact=lambda r: _read_fact(step, r))
+
+
+def _read_fact(step: StepObservation, read: Any) -> Fact | None:
+    """The block the request's table names where the step reads what it
+    does not hold: right after its ``schedule()``, another block must be there."""
+    own = step.ownership
+    if own is None or read.group >= len(own.groups) or not read.missing:
+        return None
+    index = read.missing[0][0] // own.groups[read.group].block_size
+    return Fact("table-block", (read.request_id, read.group, index, read.start, tuple(p for p, _ in read.missing)),
+                read.block_id, read.block_id, "!=", after="schedule")
 
 
 check_reads_written.violations = _reads_violations  # type: ignore[attr-defined]
@@ -202,7 +264,7 @@ def _entry_cause(entry: Any) -> tuple[str, str]:
 
 
 def _entries_violations(step: StepObservation) -> Iterator[InvariantViolation]:
-    return _by_cause("index-written", step, step.unbacked_entries, _entry_cause)
+    return _by_cause("index-written", step, step.unbacked_entries, _entry_cause, kinds=True)
 
 
 check_index_written.violations = _entries_violations  # type: ignore[attr-defined]
@@ -219,20 +281,21 @@ def check_index_names_its_prefix(step: StepObservation) -> None:
     block that is freed and reused, evicted or overwritten must leave no
     key of its old prefix behind: the next lookup of that prefix adopts the
     new owner's KV."""
-    if not step.misnamed_entries:
-        return
-    # Every one keyed for a request a failed sync load rolled back (recompute):
-    # the async scheduler's kept output placeholder (a known bug) made the
-    # runner compute a position from the token vLLM then discarded.
-    after_failed_load = all(e.recomputed_failed_load for e in step.misnamed_entries)
-    raise InvariantViolation(
-        "index-names-its-prefix",
-        "\n".join(e.describe() for e in step.misnamed_entries)
-        + f"\n{step.describe()}"
-        + (f"\n  scenario: {step.context}" if step.context else ""),
-        where=_PLACEHOLDERS if after_failed_load else "BlockPool",
-        state=MISNAMED_AFTER_FAILED_LOAD if after_failed_load else MISNAMED_ENTRY,
-    )
+    for violation in _misnamed_violations(step):
+        raise violation
+
+
+def _misnamed_violations(step: StepObservation) -> Iterator[InvariantViolation]:
+    """One violation per cause: an entry keyed for a request a failed sync
+    load rolled back (recompute) is blamed on the async scheduler's kept
+    output placeholder (a known bug), which made the runner compute a
+    position from the token vLLM then discarded."""
+    return _by_cause("index-names-its-prefix", step, step.misnamed_entries,
+                     lambda e: (MISNAMED_AFTER_FAILED_LOAD, _PLACEHOLDERS) if e.recomputed_failed_load
+                     else (MISNAMED_ENTRY, "BlockPool"), kinds=True)
+
+
+check_index_names_its_prefix.violations = _misnamed_violations  # type: ignore[attr-defined]
 
 
 def check_keys_name_one_prefix(step: StepObservation) -> None:
@@ -253,6 +316,9 @@ def check_keys_name_one_prefix(step: StepObservation) -> None:
         + (f"\n  scenario: {step.context}" if step.context else ""),
         where=_HASHER,
         state=KEY_NAMES_TWO_PREFIXES,
+        # The request hasher's keys for the two prefixes: they must differ.
+        facts=tuple(Fact("same-key", (c.first_request, c.num_tokens, c.request, c.other_tokens), True, False)
+                    for c in step.key_collisions),
     )
 
 

@@ -40,11 +40,18 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from fuzz.model import InvariantViolation, OwnershipObservation, StepObservation
+from fuzz.model import Instance, InvariantViolation, OwnershipObservation, StepObservation
 from fuzz.model import cdiv, group_kind, group_name
 
 __all__ = [
+    "HAZARD_COPY_OF_CACHED_NEW_BLOCK",
+    "HAZARD_COPY_OF_COPY",
+    "HAZARD_COPY_OF_NEW_BLOCK",
+    "HAZARD_STATE_ADOPTED",
     "OWNERSHIP_CHECKS",
+    "READ_DROPPED_AFTER_WHOLE_LOAD",
+    "READ_NOT_HELD",
+    "ROLLED_BACK_IN_FLIGHT",
     "WHERE_ASYNC_LANDED",
     "WHERE_ROLLED_BACK",
     "WHERE_SENDING",
@@ -70,6 +77,17 @@ WHERE_ASYNC_LANDED = "Scheduler._update_waiting_for_remote_kv"
 WHERE_ROLLED_BACK = "Scheduler._update_requests_with_invalid_blocks"
 # A failed load rolled the request back past the load's end too: over a step in flight.
 ROLLED_BACK_IN_FLIGHT = "a recompute after a failed load's rollback over a step in flight"
+# read-blocks-held's other states (matched by known-bug signatures): a read of
+# blocks the request does not hold, and the recompute of the last prompt token
+# after an async load of the whole prompt reading only blocks its group
+# dropped at admission (the null block, or past its table).
+READ_NOT_HELD = "a read of a block the request does not hold"
+READ_DROPPED_AFTER_WHOLE_LOAD = "the last-token recompute after a whole-prompt async load reads a dropped block"
+# same-step-hazard's states: what the block read before its same-step write is.
+HAZARD_COPY_OF_COPY = "a copy-on-write copy reads another copy's same-step destination"
+HAZARD_COPY_OF_CACHED_NEW_BLOCK = "a copy-on-write copy reads a new block another request's allocation cached"
+HAZARD_COPY_OF_NEW_BLOCK = "a copy-on-write copy reads a new block of the same step"
+HAZARD_STATE_ADOPTED = "a recurrent state adopted as a hit while another request writes it"
 # ... and of a producer's send in flight: request_finished handed its blocks
 # to the worker and vLLM delayed their free until finished_sending.
 WHERE_SENDING = "Scheduler._free_request"
@@ -161,8 +179,11 @@ def _held_violations(step: StepObservation) -> Iterator[InvariantViolation]:
             elif not wanted:
                 continue
             problems = []
+            unheld: list[int] = []  # the real blocks among them (not null, not past the table)
             for i in wanted:
                 bid = table[i] if i < len(table) else None
+                if bid is not None and bid != null:
+                    unheld.append(bid)
                 if bid is None:
                     problems.append(f"index {i} is past the table's {len(table)} blocks")
                 elif bid == null:
@@ -181,7 +202,22 @@ def _held_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                     problems.append(
                         f"block {bid} (index {i}) sits in {holders[bid]} block tables but has ref_cnt {own.ref_cnt[bid]}"
                     )
+                else:
+                    unheld.pop()  # held: not one of the problems
             if problems:
+                whole_load = _recomputes_last_token_after_whole_load(step, t.request_id, start, t.num_prompt_tokens)
+                # The first chunk after a whole-prompt async load landed (the
+                # last token, or from where a rollback of shared blocks left it).
+                after_whole_load = whole_load or (t.request_id in landed and t.request_id in step.whole_prompt_landed)
+                state = (
+                    # A Mamba state slot, or a read past the load's end: the rollback
+                    # over the step in flight left the table laid out for that step.
+                    ROLLED_BACK_IN_FLIGHT
+                    if t.request_id in step.rolled_back_in_flight
+                    and (t.request_id not in step.rolled_back or group_kind(g) == "MambaSpec")
+                    else READ_DROPPED_AFTER_WHOLE_LOAD if after_whole_load and not unheld
+                    else READ_NOT_HELD
+                )
                 yield _violation(
                     "read-blocks-held",
                     step,
@@ -191,17 +227,13 @@ def _held_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                     f"but they are not all held by it: " + "; ".join(problems)
                     + f" (table {list(table)})",
                     where=WHERE_ASYNC_LANDED
-                    if t.request_id in landed or _recomputes_last_token_after_whole_load(step, t.request_id, start, t.num_prompt_tokens)
+                    if t.request_id in landed or whole_load
                     else WHERE_ROLLED_BACK
                     if t.request_id in step.rolled_back or t.request_id in step.rolled_back_in_flight
                     else "Scheduler.schedule",
                     group_kind=group_kind(g),
-                    # A Mamba state slot, or a read past the load's end: the rollback
-                    # over the step in flight left the table laid out for that step.
-                    state=ROLLED_BACK_IN_FLIGHT
-                    if t.request_id in step.rolled_back_in_flight
-                    and (t.request_id not in step.rolled_back or group_kind(g) == "MambaSpec")
-                    else "",
+                    state=state,
+                    instances=(Instance(state, group_kind(g), g.index, (t.request_id,), tuple(unheld)),),
                 )
     yield from _sending_violations(own, step)
 
@@ -215,6 +247,7 @@ def _sending_violations(own: OwnershipObservation, step: StepObservation) -> Ite
     fresh_for = {bid: rid for bid, rid, _ in own.fresh}
     for rid, groups in own.sending:
         problems = []
+        held_ok: set[int] = set()
         for g, ids in enumerate(groups):
             for bid in ids:
                 if bid == null:
@@ -228,7 +261,10 @@ def _sending_violations(own: OwnershipObservation, step: StepObservation) -> Ite
                     problems.append(f"block {bid} (group {g}) was handed to {fresh_for[bid]} as a fresh block this step")
                 elif others and bid not in own.cached:
                     problems.append(f"block {bid} (group {g}) sits in the tables of {others} but is no cached prefix block")
+                else:
+                    held_ok.add(bid)
         if problems:
+            unheld = tuple(b for ids in groups for b in ids if b != null and b not in held_ok)
             yield _violation(
                 "read-blocks-held",
                 step,
@@ -237,6 +273,8 @@ def _sending_violations(own: OwnershipObservation, step: StepObservation) -> Ite
                 f"{[list(g) for g in groups]} for the worker until finished_sending), but they are not all "
                 "held: " + "; ".join(problems),
                 where=WHERE_SENDING,
+                state=READ_NOT_HELD,
+                instances=(Instance(READ_NOT_HELD, None, None, (rid,), unheld),),
             )
 
 
@@ -293,6 +331,14 @@ def _hazard_violations(step: StepObservation) -> Iterator[InvariantViolation]:
         if src in written:
             writer, where = written[src]
             reader, g = located.get(dst, ("?", None))
+            state = (
+                HAZARD_COPY_OF_COPY if where == WHERE_COPY_ON_WRITE
+                # The partial-tail block another request's allocation filed in
+                # the prefix cache at once, adopted by this request's lookup.
+                else HAZARD_COPY_OF_CACHED_NEW_BLOCK if src in own.cached and writer != reader
+                else HAZARD_COPY_OF_NEW_BLOCK
+            )
+            kind = None if g is None else group_kind(g)
             yield _violation(
                 "same-step-hazard",
                 step,
@@ -302,7 +348,9 @@ def _hazard_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                 f"of request {writer}): the copy runs before the write"
                 + ("" if g is None else f" ({group_name(g)})"),
                 where=where,
-                group_kind=None if g is None else group_kind(g),
+                group_kind=kind,
+                state=state,
+                instances=(Instance(state, kind, None if g is None else g.index, (reader, writer), (src, dst)),),
             )
     # A recurrent state is read at the start of the step's scan and written
     # at its end: adopting a state block another request writes in the
@@ -334,6 +382,8 @@ def _hazard_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                     f"the state is read before it exists",
                     where=where,
                     group_kind=group_kind(g),
+                    state=HAZARD_STATE_ADOPTED,
+                    instances=(Instance(HAZARD_STATE_ADOPTED, group_kind(g), g.index, (adm.request_id, writer), (bid,)),),
                 )
 
 
@@ -380,6 +430,7 @@ def _reservation_violations(step: StepObservation) -> Iterator[InvariantViolatio
                 f"{sum(rec.taken)} (per group {list(rec.taken)}): a negative per-group count "
                 f"hides blocks another group takes",
                 where=WHERE_ROLLED_BACK if rec.request_id in step.rolled_back else "KVCacheManager.allocate_slots",
+                instances=(Instance(requests=(rec.request_id,)),),
             )
         for g, counted, taken, takers in zip(own.groups, rec.counted, rec.taken, rec.takers):
             if taken <= max(counted or 0, 0):
@@ -397,6 +448,7 @@ def _reservation_violations(step: StepObservation) -> Iterator[InvariantViolatio
                 where="KVCacheManager.allocate_slots",
                 group_kind=group_kind(g),
                 frames=tuple(_CORE + name for name in takers),
+                instances=(Instance("", group_kind(g), g.index, (rec.request_id,)),),
             )
 
 

@@ -25,7 +25,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fuzz.model import InvariantViolation, PreemptedRequest, StepObservation
+from fuzz.model import EventPayload, Fact, InvariantViolation, PreemptedRequest, StepObservation
 from fuzz.model import group_name
 from invariants.ownership import read_indices
 
@@ -56,7 +56,8 @@ LOOKAHEAD_UNALLOCATED = "a drafter's lookahead past the blocks allocated"
 PREEMPTED_NOT_RESET = "a preempted request keeps what it computed"
 
 
-def _report(invariant: str, found: Sequence[Any], step: StepObservation, where: str, state: str) -> None:
+def _report(invariant: str, found: Sequence[Any], step: StepObservation, where: str, state: str,
+            facts: tuple[Fact, ...] = ()) -> None:
     """Raise ``invariant``'s violation for what the step ``found`` (each
     describing itself), if it found anything."""
     if not found:
@@ -68,7 +69,16 @@ def _report(invariant: str, found: Sequence[Any], step: StepObservation, where: 
         + (f"\n  scenario: {step.context}" if step.context else ""),
         where=where,
         state=state,
+        facts=facts,
     )
+
+
+def _event_facts(found: Sequence[EventPayload]) -> tuple[Fact, ...]:
+    """What each wrong announcement says, against the harness's record: the
+    field of the ``BlockStored`` entry for the request's key over its first
+    ``num_tokens`` tokens, right after the ``schedule()`` that queued it."""
+    return tuple(Fact("stored-event", (p.request_id, p.num_tokens, p.field), p.announced, p.expected, after="schedule")
+                 for p in found)
 
 
 def check_lookahead_allocated(step: StepObservation) -> None:
@@ -228,7 +238,8 @@ def check_events_carry_tokens(step: StepObservation) -> None:
     entry's: one hash block, the tokens past its parent). A router that
     matches prompts by tokens routes by what the event says."""
     found = [p for p in step.event_payloads if p.tokens]
-    _report("events-carry-tokens", found, step, where=EVENTS_WHERE, state=EVENTS_WRONG_TOKENS)
+    _report("events-carry-tokens", found, step, where=EVENTS_WHERE, state=EVENTS_WRONG_TOKENS,
+            facts=_event_facts(found))
 
 
 def check_events_carry_namespace(step: StepObservation) -> None:
@@ -241,7 +252,8 @@ def check_events_carry_namespace(step: StepObservation) -> None:
     (``medium`` "GPU"). A router that keys blocks by adapter or tenant
     reads them from here."""
     found = [p for p in step.event_payloads if not p.tokens]
-    _report("events-carry-namespace", found, step, where=EVENTS_WHERE, state=EVENTS_WRONG_NAMESPACE)
+    _report("events-carry-namespace", found, step, where=EVENTS_WHERE, state=EVENTS_WRONG_NAMESPACE,
+            facts=_event_facts(found))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,15 +31,18 @@ hit); a Mamba group may hold fewer, as its blocks are whole recurrent states.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, PoolObservation, StepObservation
+from fuzz.model import AdmissionObservation, GroupInfo, Instance, InvariantViolation, PoolObservation, StepObservation
 from fuzz.model import StrandedRequest
+from invariants.stranded import (  # noqa: F401 - the liveness claim's states, matched by known-bug signatures
+    STRANDED, STRANDED_ENCODER_AFTER_FAILED_LOAD, STRANDED_PLACEHOLDERS, STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD,
+    stranded_states, stranded_where,
+)
 from fuzz.model import answer_acted_on
 from fuzz.model import Behaviour, cdiv, first_needed_token, group_kind, group_name
 from invariants.connector import CONNECTOR_ADMISSION_CHECKS, CONNECTOR_STEP_CHECKS
 from invariants.contents import (  # WHERE: the vLLM call every check here judges too
-    _PLACEHOLDERS,  # where output placeholders are reserved (AsyncScheduler)
     WHERE, chained_copies, check_copy_sources_ready, check_index_names_its_prefix, check_index_written,
     check_keys_name_one_prefix, check_kv_matches_tokens, check_reads_written,
 )
@@ -439,47 +442,30 @@ def check_running_requests_progress(step: StepObservation) -> None:
     a request still RUNNING then holds its sequence slot and its blocks
     forever, and its client never gets an answer.
 
-    Blamed on the async scheduler's output placeholders when a stranded
-    request still has some: ``AsyncScheduler._update_after_schedule``
-    reserved outputs no step in flight will deliver, and ``schedule()``
-    reads them (its "reached max_tokens" skip, its token count)."""
-    if step.stranded:
-        state = _stranded_state(step.stranded)
-        where = {STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD: _PLACEHOLDERS, STRANDED_PLACEHOLDERS: _PLACEHOLDERS,
-                 STRANDED_ENCODER_AFTER_FAILED_LOAD: _ROLLBACK}.get(state, WHERE)
-        raise InvariantViolation(
+    Each stranded request is an instance with its own state
+    (:mod:`invariants.stranded`), one violation per vLLM call blamed: the
+    async scheduler's output placeholders when a request still has some
+    (``AsyncScheduler._update_after_schedule`` reserved outputs no step in
+    flight will deliver, and ``schedule()`` reads them), the requests
+    stranded behind it included."""
+    for violation in _stranded_violations(step):
+        raise violation
+
+
+def _stranded_violations(step: StepObservation) -> Iterator[InvariantViolation]:
+    by_where: dict[str, list[tuple[StrandedRequest, str]]] = {}
+    for r, state in zip(step.stranded, stranded_states(step.stranded)):
+        by_where.setdefault(stranded_where(state, WHERE), []).append((r, state))
+    for where, found in by_where.items():
+        yield InvariantViolation(
             "running-request-progresses",
-            "\n".join(r.describe() for r in step.stranded)
-            + f"\n{step.describe()}"
+            "\n".join(r.describe() for r, _ in found) + f"\n{step.describe()}"
             + (f"\n  scenario: {step.context}" if step.context else ""),
-            where=where,
-            state=state,
+            where=where, state=found[0][1], instances=tuple(Instance(s, requests=(r.request_id,)) for r, s in found),
         )
 
 
-# What a stranded request waits for (the liveness claim's failing
-# condition, matched by known-bug signatures).
-STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD = "output placeholders after a failed-load recompute"
-STRANDED_PLACEHOLDERS = "output placeholders"
-STRANDED = "nothing in flight"
-# ... rolled back by a failed load, holding a later image's encoder output.
-STRANDED_ENCODER_AFTER_FAILED_LOAD = "an encoder output past a failed-load rollback holding the cache"
-_ROLLBACK = "Scheduler._update_requests_with_invalid_blocks"
-
-
-def _stranded_state(stranded: tuple[StrandedRequest, ...]) -> str:
-    """What the stranded requests show. A request stranded with output
-    placeholders names the step: others are then seen stranded behind what
-    it holds (a sequence slot, an encoder output), as a 600 s campaign met
-    on unmodified vLLM; a state of one's own is named only where all show it."""
-    if any(r.num_output_placeholders > 0 and r.recomputed_failed_load for r in stranded):
-        return STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD
-    if any(r.num_output_placeholders > 0 for r in stranded):
-        return STRANDED_PLACEHOLDERS
-    if all(r.recomputed_failed_load and r.holds_later_encoder_output and not r.num_output_placeholders
-           for r in stranded):
-        return STRANDED_ENCODER_AFTER_FAILED_LOAD
-    return STRANDED
+check_running_requests_progress.violations = _stranded_violations  # type: ignore[attr-defined]
 
 
 # The connector-protocol checks (invariants/connector.py) run with the others.
@@ -541,7 +527,8 @@ def step_violations(
     """Every violation the selected (default: every) step and admission
     checks find in ``step``, each check run on its own: one failing claim
     never hides another."""
-    selected = STEP_CHECKS + ADMISSION_CHECKS if checks is None else checks
+    selected = set(STEP_CHECKS + ADMISSION_CHECKS if checks is None else checks)
+    last = set(_LAST)
     found: list[InvariantViolation] = []
 
     def run(check: Callable[[StepObservation], None]) -> None:
@@ -555,7 +542,7 @@ def step_violations(
             found.append(v)
 
     for check in STEP_CHECKS:
-        if check in selected and check not in _LAST:
+        if check in selected and check not in last:
             run(check)
     for adm in step.admissions:
         for check in ADMISSION_CHECKS:

@@ -15,7 +15,9 @@ Two families:
   bookkeeping (single-type managers) the same way, each breaking one
   block-ownership rule (:mod:`invariants.ownership`); the manager edits
   (``_MANAGER_EDITS``) recompile a ``KVCacheManager`` method the same way
-  (its prefix-cache gate for requests that skip reading the cache).
+  (its prefix-cache gate for requests that skip reading the cache); the
+  sibling edits (:data:`SIBLING_PLANTS`) break a known vLLM bug's claim in
+  another group or state, to show a campaign sets aside only the real bug.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ __all__ = [
     "PLANTED_OWNERSHIP_BUGS",
     "PLANTED_SCHEDULER_BUGS",
     "PLANTED_TRUNCATE_BUGS",
+    "SIBLING_PLANTS",
     "SPECULATING",
     "planted_scheduler_bug",
     "planted_truncate_bug",
@@ -456,6 +459,32 @@ _OWNERSHIP_EDITS: dict[str, tuple[str, tuple[str, str, str], tuple[tuple[str, st
 
 PLANTED_OWNERSHIP_BUGS: dict[str, str] = {name: desc for name, (desc, _, _) in _OWNERSHIP_EDITS.items()}
 
+# Siblings of known vLLM bugs (compiled as the ownership edits are): each
+# breaks the claim a known bug breaks, at the same vLLM call, in another
+# group or state, so a campaign must report it as new while it still sets
+# the real bug aside (tests/findings/test_known_bug_siblings.py).
+_SIBLING_EDITS: dict[str, tuple[str, tuple[str, str, str], tuple[tuple[str, str], ...]]] = {
+    "landed_load_frees_first_block": (
+        "Scheduler._update_waiting_for_remote_kv, when an async load lands, frees the first "
+        "real block of the request's last group while the request keeps it in its table: the "
+        "request's next step reads a block back in the free queue (a full-attention group "
+        "too, and after any landed load, not only a whole-prompt one)",
+        ("vllm.v1.core.sched.scheduler", "Scheduler", "_update_waiting_for_remote_kv"),
+        (
+            (
+                "# This will cache the blocks iff caching is enabled.\n"
+                "self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)",
+                "self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)\n"
+                "self.kv_cache_manager.block_pool.free_blocks([b for b in self.kv_cache_manager"
+                ".get_blocks(request.request_id).blocks[-1] if not b.is_null][:1])",
+            ),
+        ),
+    ),
+}
+# The plants that exist only as siblings (a registry entry's ``sibling``,
+# fuzz/known_bugs.py): triage cases, no invariant row's.
+SIBLING_PLANTS: dict[str, str] = {name: desc for name, (desc, _, _) in _SIBLING_EDITS.items()}
+
 # name: (description, Scheduler method, edits): planted bugs in speculative
 # decoding's bookkeeping (compiled as the connector edits are).
 _SPEC_DECODE_EDITS: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
@@ -754,6 +783,7 @@ PLANTED_SCHEDULER_BUGS: dict[str, str] = {
     **{name: desc for name, (desc, _, _) in _SPEC_DECODE_EDITS.items()},
     **PLANTED_OWNERSHIP_BUGS,
     **{name: desc for name, (desc, _, _) in _MANAGER_EDITS.items()},
+    **{name: desc for name, (desc, _, _) in _SIBLING_EDITS.items()},
     "pre_fix_assert_all": (
         "truncate_computed_blocks as before vLLM PR 51468: every group, Mamba "
         "included, asserts it covers the endpoint"
@@ -817,7 +847,7 @@ def _patched_schedule(name: str) -> Callable[..., Any]:
 def _patched_method(name: str) -> tuple[type, str, Any]:
     """The planted ownership (or manager) edit ``name``: its vLLM class, method name and
     the edited method (a function, or a classmethod)."""
-    _, (module_name, class_name, method), edits = {**_OWNERSHIP_EDITS, **_MANAGER_EDITS}[name]
+    _, (module_name, class_name, method), edits = {**_OWNERSHIP_EDITS, **_MANAGER_EDITS, **_SIBLING_EDITS}[name]
     cls = getattr(importlib.import_module(module_name), class_name)
     return cls, method, _compile_edited(cls, method, edits, name)
 
@@ -894,7 +924,7 @@ def planted_scheduler_bug(name: str) -> Iterator[None]:
         finally:
             setattr(module, function, original)
         return
-    if name in _OWNERSHIP_EDITS or name in _MANAGER_EDITS:
+    if name in _OWNERSHIP_EDITS or name in _MANAGER_EDITS or name in _SIBLING_EDITS:
         cls, method, edited = _patched_method(name)
         original = vars(cls)[method]
         setattr(cls, method, edited)

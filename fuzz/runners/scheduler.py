@@ -195,17 +195,22 @@ def build_harness(config: SchedulerDraw, *, record: bool = True) -> SchedulerHar
 def triage(
     step: StepObservation, checks: tuple[Callable[..., None], ...] | None = None
 ) -> tuple[list[InvariantViolation], list[str]]:
-    """The step's violations that are no known vLLM bug of the installed
-    release, and the ids of the known bugs the others show."""
+    """The step's violations cut to their instances that are no known vLLM
+    bug of the installed release (:func:`fuzz.known_bugs.sort_out`), and the
+    ids of the known bugs the other instances show."""
     unknown: list[InvariantViolation] = []
     known: list[str] = []
     for violation in step_violations(step, checks):
-        bug = known_bugs.match(known_bugs.failure_of(violation), adapter.VLLM_VERSION)
-        if bug is None or not known_bugs.suppressing():
+        if not known_bugs.suppressing():
             unknown.append(violation)
-        elif bug.id not in known:
-            known.append(bug.id)
-            telemetry.set_aside(bug.id)
+            continue
+        bug_ids, rest = known_bugs.sort_out(violation, adapter.VLLM_VERSION)
+        if rest is not None:
+            unknown.append(rest)
+        for bug_id in bug_ids:
+            if bug_id not in known:
+                known.append(bug_id)
+                telemetry.set_aside(bug_id)
     return unknown, known
 
 

@@ -8,8 +8,9 @@ the run red (XPASS, strict). Then set ``fixed_in`` on the bug's entry in
 ``fuzz/known_bugs.py`` and delete the pin.
 
 Inside the pin, ``with shown_as(bug_id):`` lets the expected violation
-through only where the registry recognises it as that bug (the signature
-triage matches), so a different failure on the same path is not taken for it.
+through only where the registry recognises every instance of it as that bug
+(the signatures triage matches), so a different failure on the same path is
+not taken for it.
 
 A standalone repro that must import vLLM only
 (``test_sink_full_attention_manager.py``) spells the two marks out instead.
@@ -52,10 +53,10 @@ def shown_as(bug_id: str, context: Callable[[], str] | None = None) -> Iterator[
     """Re-raise an InvariantViolation from the block only after asserting
     that the registry's ``bug_id`` shows in it (its message, or
     ``context()``, explains a mismatch)."""
-    from fuzz.known_bugs import failure_of, known_bug
+    from fuzz.known_bugs import known_bug
 
     try:
         yield
     except InvariantViolation as exc:
-        assert known_bug(bug_id).shows_in(failure_of(exc)), context() if context else str(exc)
+        assert known_bug(bug_id).shows_in_every(exc), context() if context else str(exc)
         raise

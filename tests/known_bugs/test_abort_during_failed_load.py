@@ -43,7 +43,7 @@ from __future__ import annotations
 import pytest
 
 from fuzz.adapter import SchedulerHarness
-from fuzz.known_bugs import KNOWN_BUGS, failure_of
+from fuzz.known_bugs import KNOWN_BUGS
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.connector import check_failed_load_not_cached
@@ -105,5 +105,5 @@ def test_the_failure_is_the_registered_known_bug() -> None:
     _, step = _failed_load(aborted=True)
     with pytest.raises(InvariantViolation) as caught:
         check_failed_load_not_cached(step)
-    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in_every(caught.value)]
     assert bug.id == "abort-during-failed-sync-load-keeps-invalid-blocks-cached"

@@ -57,7 +57,7 @@ from collections.abc import Callable
 import pytest
 
 from fuzz.adapter import SchedulerHarness
-from fuzz.known_bugs import KNOWN_BUGS, failure_of
+from fuzz.known_bugs import KNOWN_BUGS
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.contents import check_index_names_its_prefix, check_reads_written
@@ -108,7 +108,7 @@ def test_the_stranded_request_is_the_registered_known_bug() -> None:
     with pytest.raises(InvariantViolation) as caught:
         _serve(async_scheduling=True, max_tokens=1)
     assert caught.value.where == "AsyncScheduler._update_after_schedule", caught.value.where
-    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in_every(caught.value)]
     assert bug.id == "failed-sync-load-recompute-keeps-output-placeholder"
 
 
@@ -135,7 +135,7 @@ def test_the_other_token_is_the_registered_known_bug() -> None:
         _serve_checking_contents(async_scheduling=True)
     assert caught.value.invariant == "kv-matches-tokens", caught.value.invariant
     assert "position 16's KV was computed at step 5 from token 1001, but vLLM records token 1002" in str(caught.value)
-    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in_every(caught.value)]
     assert bug.id == "failed-sync-load-recompute-keeps-output-placeholder"
 
 
@@ -189,7 +189,7 @@ def test_the_sharers_other_token_is_the_registered_known_bug() -> None:
     assert "request r1: position 4's KV was computed at step 5 from token 1001, but vLLM records token 1002" in str(
         caught.value
     ), str(caught.value)
-    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in_every(caught.value)]
     assert bug.id == "failed-sync-load-recompute-keeps-output-placeholder"
 
 
@@ -220,7 +220,7 @@ def test_the_misnamed_cache_entry_is_the_registered_known_bug() -> None:
     assert caught.value.invariant == "index-names-its-prefix", caught.value.invariant
     assert "(the first 20 tokens of request r0) names block" in str(caught.value), str(caught.value)
     assert "(16, 1002, (16, 5, 1001))" in str(caught.value), str(caught.value)
-    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in_every(caught.value)]
     assert bug.id == "failed-sync-load-recompute-keeps-output-placeholder"
 
 
@@ -271,5 +271,5 @@ def test_the_read_of_the_other_tokens_kv_is_the_registered_known_bug() -> None:
     with pytest.raises(InvariantViolation) as caught:
         _serve_a_resynced_reader(async_scheduling=True)
     assert caught.value.invariant == "reads-written", caught.value.invariant
-    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in_every(caught.value)]
     assert bug.id == "failed-sync-load-recompute-keeps-output-placeholder", str(caught.value)

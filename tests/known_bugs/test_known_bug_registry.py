@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.known_bugs import KNOWN_BUGS, REACHES, Failure, known_bug, match, unbuildable_spec_classes
+from fuzz.known_bugs import (
+    KNOWN_BUGS, NO_GROUP, ONLY_STATE, REACHES, Failure, Signature, known_bug, match, signature_gaps,
+    unbuildable_spec_classes,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,6 +26,15 @@ def test_every_known_bug_names_a_pin_that_exists(bug) -> None:
         assert test in names, f"{bug.id}: no test {test} in {path}"
     assert bug.reach in REACHES, bug.reach
     assert bug.analysis and bug.signatures
+
+
+def test_every_named_sibling_is_a_planted_bug() -> None:
+    """A sibling (tests/findings/test_known_bug_siblings.py) is a planted bug
+    the campaign can plant (python -m fuzz run --plant NAME)."""
+    from fuzz.adapter import PLANTED_SCHEDULER_BUGS
+
+    siblings = {b.id: b.sibling for b in KNOWN_BUGS if b.sibling}
+    assert siblings and all(p in PLANTED_SCHEDULER_BUGS for p in siblings.values()), siblings
 
 
 def test_bug_ids_are_unique() -> None:
@@ -55,6 +67,8 @@ def test_an_unrelated_failure_is_never_taken_for_a_known_bug() -> None:
     attention = Failure("no-unexpected-failure", "AssertionError", IN_TRUNCATE, TRUNCATE, "SlidingWindowSpec", statement=SHORT_GROUP)
     assert match(attention, "0.27.1") is None
     assert match(Failure("copy-source-ready", where=SCHEDULE), "0.27.1") is None  # before the oldest release it was seen on
+    # The claim alone, with no group and no state, is no known bug's.
+    assert match(Failure("copy-source-ready", where=SCHEDULE), "0.33.0") is None
 
 
 def test_a_fixed_bug_is_not_known_on_the_release_that_fixed_it() -> None:
@@ -115,15 +129,38 @@ def _failure_showing(bug, sig) -> Failure:
         sig.exception,
         frames,
         sig.where or "",
-        sig.group_kind,
+        None if sig.group_kind == NO_GROUP else sig.group_kind,
         sig.spec_class,
         statement=sig.statement or "",
-        state=sig.state or "",
+        state="" if sig.state == ONLY_STATE else sig.state or "",
     )
 
 
 def _affected(bug) -> str:
     return bug.since
+
+
+# Claims whose checks name several states: a signature on one of them names
+# its state, never the single-state sentinel.
+_NAMED_STATES = {s.invariant for _, s in SIGNATURES if s.state not in (None, ONLY_STATE)}
+
+
+@pytest.mark.parametrize(("bug", "sig"), SIGNATURES, ids=_SIG_IDS)
+def test_a_signature_names_claim_group_kind_and_state(bug, sig) -> None:
+    """A known bug sets aside only its own instances: every signature names
+    the claim, the group kind (NO_GROUP where the claim's instances name no
+    group) and the state (ONLY_STATE only where the claim has a single one)."""
+    assert not signature_gaps(sig), f"{bug.id}: {sig.invariant} signature leaves {signature_gaps(sig)} unnamed"
+    if sig.state == ONLY_STATE:
+        assert sig.invariant not in _NAMED_STATES, f"{bug.id}: {sig.invariant} has states; name the one it is"
+
+
+def test_a_signature_without_group_kind_or_state_is_rejected() -> None:
+    assert signature_gaps(Signature("copy-source-ready", where=SCHEDULE)) == ["group_kind", "state"]
+    assert signature_gaps(Signature("read-blocks-held", group_kind="MambaSpec")) == ["state"]
+    assert signature_gaps(Signature("", group_kind=NO_GROUP, state=ONLY_STATE)) == ["invariant"]
+    bare = Signature("no-exception", exception="ValueError", group_kind=NO_GROUP, state=ONLY_STATE)
+    assert signature_gaps(bare) == ["statement", "innermost"]
 
 
 @pytest.mark.parametrize(("bug", "sig"), SIGNATURES, ids=_SIG_IDS)
@@ -153,3 +190,6 @@ def test_a_different_failure_in_the_same_function_is_new(bug, sig) -> None:
         for state in ("output placeholders", "nothing in flight"):
             other = dataclasses.replace(failure, state=state)
             assert match(other, _affected(bug)) is None, other
+    # Another group kind (or a group where the claim names none) is not it.
+    other = dataclasses.replace(failure, group_kind="NoSuchSpec")
+    assert match(other, _affected(bug)) is None, other

@@ -47,7 +47,7 @@ from __future__ import annotations
 import pytest
 
 from fuzz.adapter import SchedulerHarness
-from fuzz.known_bugs import KNOWN_BUGS, failure_of
+from fuzz.known_bugs import KNOWN_BUGS
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.connector import check_failed_load_recomputed
@@ -91,7 +91,7 @@ def test_control_failed_sync_load_on_full_attention_resumes_at_its_first_failed_
 def test_the_failure_is_the_registered_known_bug() -> None:
     with pytest.raises(InvariantViolation) as caught:
         _check(_failed_sync_load("MambaSpec"))
-    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in_every(caught.value)]
     assert bug.id == "mamba-failed-load-rollback"
 
 
@@ -125,7 +125,7 @@ def _steps_all_this_bug(steps: list[StepObservation]) -> list[int]:
     flagged = {s.step: list(check_read_blocks_held.violations(s)) for s in steps}
     for vs in flagged.values():
         for v in vs:
-            (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(v))]
+            (bug,) = [b for b in KNOWN_BUGS if b.shows_in_every(v)]
             assert bug.id == "mamba-failed-load-rollback", str(v)
     return [n for n, vs in flagged.items() if vs]
 
@@ -207,7 +207,7 @@ def test_the_async_load_rolled_back_into_its_window_is_a_known_bug() -> None:
     seen = []
     for s in steps:
         for v in check_read_blocks_held.violations(s):
-            (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(v))]
+            (bug,) = [b for b in KNOWN_BUGS if b.shows_in_every(v)]
             seen.append(bug.id)
     assert seen == ["full-prompt-async-load-replays-outside-window", "mamba-failed-load-rollback"], seen
 
@@ -254,6 +254,6 @@ def test_the_running_request_rolled_back_into_its_window_is_a_known_bug() -> Non
     for s in steps:
         for v in check_read_blocks_held.violations(s):
             assert "request r1 " in str(v), str(v)
-            (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(v))]
+            (bug,) = [b for b in KNOWN_BUGS if b.shows_in_every(v)]
             seen.append(bug.id)
     assert seen == ["mamba-failed-load-rollback"], seen

@@ -184,7 +184,6 @@ def test_a_one_token_prompt_recomputed_after_its_whole_load_is_the_same_bug() ->
     group nulled at token 1: the same bug, reached through admission, and
     labelled as it (the connector, asked again, answers 0 as a store would)."""
     from fuzz import adapter
-    from fuzz.known_bugs import failure_of
 
     layout = LayoutDraw((SpecDraw("ChunkedLocalAttentionSpec", 1, (("attention_chunk_size", 1),)),),
                         hash_block_size=1, num_blocks=5)
@@ -193,6 +192,6 @@ def test_a_one_token_prompt_recomputed_after_its_whole_load_is_the_same_bug() ->
     found = [v for s in harness.drain() for v in check_read_blocks_held.violations(s)]
     assert found, "the recompute of token 0 read only held blocks"
     for v in found:
-        assert known_bugs.match(failure_of(v), adapter.VLLM_VERSION).id == "full-prompt-async-load-replays-outside-window", str(v)
+        assert known_bugs.match_violation(v, adapter.VLLM_VERSION).id == "full-prompt-async-load-replays-outside-window", str(v)
     asked = [(q.num_computed_tokens, q.reply) for q in harness.script.queries]
     assert asked == [(0, 1), (0, 0)], asked

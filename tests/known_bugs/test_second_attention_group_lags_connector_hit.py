@@ -48,7 +48,7 @@ from __future__ import annotations
 import pytest
 
 from fuzz.adapter import SchedulerHarness
-from fuzz.known_bugs import KNOWN_BUGS, failure_of
+from fuzz.known_bugs import KNOWN_BUGS
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.scheduler import check_no_exception_escapes
@@ -106,5 +106,5 @@ def test_the_crash_is_the_registered_known_bug() -> None:
     with pytest.raises(InvariantViolation) as caught:
         check_no_exception_escapes(step)
     assert caught.value.frames[0].endswith(":KVCacheManager.truncate_computed_blocks"), caught.value.frames
-    (bug,) = [b for b in KNOWN_BUGS if b.shows_in(failure_of(caught.value))]
+    (bug,) = [b for b in KNOWN_BUGS if b.shows_in_every(caught.value)]
     assert bug.id == "second-attention-group-lags-divergent-connector-hit"

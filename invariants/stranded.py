@@ -1,0 +1,64 @@
+"""What a stranded request waits for: the liveness claim's states
+(``running-request-progresses``, :func:`invariants.scheduler.check_running_requests_progress`),
+one per request, matched by known-bug signatures."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fuzz.model import StrandedRequest
+
+__all__ = [
+    "STRANDED",
+    "STRANDED_BEHIND_PLACEHOLDERS",
+    "STRANDED_BEHIND_PLACEHOLDERS_AFTER_FAILED_LOAD",
+    "STRANDED_ENCODER_AFTER_FAILED_LOAD",
+    "STRANDED_PLACEHOLDERS",
+    "STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD",
+    "stranded_states",
+    "stranded_where",
+]
+
+STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD = "output placeholders after a failed-load recompute"
+STRANDED_PLACEHOLDERS = "output placeholders"
+STRANDED = "nothing in flight"
+# ... rolled back by a failed load, holding a later image's encoder output.
+STRANDED_ENCODER_AFTER_FAILED_LOAD = "an encoder output past a failed-load rollback holding the cache"
+# Nothing of its own, in a step where another request holds output
+# placeholders: stranded behind what that one holds (a sequence slot, an
+# encoder output), as a 600 s campaign met on unmodified vLLM.
+STRANDED_BEHIND_PLACEHOLDERS_AFTER_FAILED_LOAD = "behind a request's output placeholders after a failed-load recompute"
+STRANDED_BEHIND_PLACEHOLDERS = "behind a request's output placeholders"
+
+_BEHIND = {
+    STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD: STRANDED_BEHIND_PLACEHOLDERS_AFTER_FAILED_LOAD,
+    STRANDED_PLACEHOLDERS: STRANDED_BEHIND_PLACEHOLDERS,
+}
+# The vLLM call each state blames: the async scheduler reserves the
+# placeholders; the failed-load rollback keeps the encoder output.
+_PLACEHOLDERS = "AsyncScheduler._update_after_schedule"
+_WHERE = {
+    **{s: _PLACEHOLDERS for pair in _BEHIND.items() for s in pair},
+    STRANDED_ENCODER_AFTER_FAILED_LOAD: "Scheduler._update_requests_with_invalid_blocks",
+}
+
+
+def _own_state(r: StrandedRequest) -> str:
+    if r.num_output_placeholders > 0:
+        return STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD if r.recomputed_failed_load else STRANDED_PLACEHOLDERS
+    if r.recomputed_failed_load and r.holds_later_encoder_output:
+        return STRANDED_ENCODER_AFTER_FAILED_LOAD
+    return STRANDED
+
+
+def stranded_states(stranded: Sequence[StrandedRequest]) -> list[str]:
+    """Each stranded request's state, in order: its own, or, with nothing of
+    its own, behind the first request of the step holding placeholders."""
+    states = [_own_state(r) for r in stranded]
+    head = next((s for s in states if s in _BEHIND), None)
+    return [_BEHIND[head] if s == STRANDED and head is not None else s for s in states]
+
+
+def stranded_where(state: str, default: str) -> str:
+    """The vLLM call a stranded state blames (``default``: the scheduler's)."""
+    return _WHERE.get(state, default)
