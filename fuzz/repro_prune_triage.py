@@ -21,7 +21,7 @@ __all__ = ["without_triage"]
 
 # The violation classes a carried check raises, and the facts only triage reads.
 _VIOLATIONS = frozenset({"InvariantViolation", "MissedHit"})
-_TRIAGE = frozenset({"where", "state", "group_kind", "exception", "frames", "statement"})
+_TRIAGE = frozenset({"where", "state", "group_kind", "exception", "frames", "statement", "facts"})
 
 
 def without_triage(source: str) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fuzz.model import MissedHit, StepObservation
+from fuzz.model import Fact, MissedHit, StepObservation
 
 __all__ = ["CACHE_CHECKS", "ENTRY_FORGOTTEN", "HIT_BELOW_MODEL", "check_cache_keeps_entries",
            "check_hit_reaches_model"]
@@ -53,6 +53,10 @@ def check_cache_keeps_entries(step: StepObservation) -> None:
         + (f"\n  scenario: {step.context}" if step.context else ""),
         where=ENTRY_WHERE,
         state=ENTRY_FORGOTTEN,
+        # The blocks the index holds under the request's key for its first
+        # ``tokens`` tokens in the group: the one the model filed it on.
+        facts=tuple(Fact("cached-blocks", (e.request_id, e.tokens, e.group), (), (e.block,))
+                    for e in step.forgotten_entries),
     )
 
 
@@ -68,6 +72,10 @@ def check_hit_reaches_model(step: StepObservation) -> None:
         + (f"\n  scenario: {step.context}" if step.context else ""),
         where=HIT_WHERE,
         state=HIT_BELOW_MODEL,
+        # The tokens the admitting schedule() counts computed for the request:
+        # at least the model's guaranteed hit.
+        facts=tuple(Fact("hit-tokens", (h.request_id,), h.served, h.guaranteed, ">=", after="schedule")
+                    for h in step.short_hits),
     )
 
 

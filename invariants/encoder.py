@@ -8,7 +8,8 @@ freed, never vLLM's ``EncoderCacheManager``.
 
 from __future__ import annotations
 
-from fuzz.model import InvariantViolation, StepObservation
+from fuzz.model import Fact, InvariantViolation, StepObservation
+from fuzz.model._encoder import MissingEncoderOutput
 
 __all__ = ["ENCODER_OUTPUT_MISSING", "check_encoder_outputs_held"]
 
@@ -34,4 +35,14 @@ def check_encoder_outputs_held(step: StepObservation) -> None:
         + (f"\n  scenario: {step.context}" if step.context else ""),
         where=_WHERE,
         state=ENCODER_OUTPUT_MISSING,
+        facts=tuple(_fact(m) for m in step.missing_encoder_outputs),
     )
+
+
+def _fact(missing: MissingEncoderOutput) -> Fact:
+    """The scheduler's call on the item: not freed at the step the worker
+    was told to free it, or an encoder run scheduled where none held it."""
+    if missing.freed_at is not None:
+        return Fact("encoder-freed", (missing.identifier, missing.request_id, missing.placeholder), True, False,
+                    step=missing.freed_at, after="schedule")
+    return Fact("encoder-scheduled", (missing.request_id, missing.item), False, True, after="schedule")

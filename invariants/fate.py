@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fuzz.model import InvariantViolation, StepObservation
+from fuzz.model import Fact, InvariantViolation, StepObservation
 
 __all__ = [
     "FATE_CHECKS", "IN_TWO_PLACES", "LOST", "REPORTED_TWICE", "STALL_BOUND", "UNBLOCKED_AFTER_FAILED_ASYNC_LOAD",
@@ -53,6 +53,8 @@ def _place_violations(step: StepObservation) -> list[InvariantViolation]:
             # requests between queues, update_from_output() reports finishes.
             where="Scheduler.update_from_output" if state == REPORTED_TWICE else "Scheduler.schedule",
             state=state,
+            # The places vLLM keeps it in: exactly one (no fact for a double report).
+            facts=() if state == REPORTED_TWICE else (Fact("places", (row.request_id,), row.places, 1, "len"),),
         ))
     return found
 
@@ -79,6 +81,10 @@ def _stall_violations(step: StepObservation) -> list[InvariantViolation]:
             f"once nothing blocks it; {STALL_BOUND} schedule() calls in a row did not{_context(step)}",
             where="Scheduler._update_waiting_for_remote_kv" if row.after_failed_async_load else "Scheduler.schedule",
             state=UNBLOCKED_AFTER_FAILED_ASYNC_LOAD if row.after_failed_async_load else UNBLOCKED_NOT_ADMITTED,
+            # Admitted (or its load started) by the first schedule() that saw
+            # it unblocked: the first of the ``steps`` in a row.
+            facts=(Fact("status", (row.request_id,), row.status, ("RUNNING", "WAITING_FOR_REMOTE_KVS"), "in",
+                        step=step.step - row.steps + 1, after="schedule"),),
         )
         for row in step.waiting_unblocked
         if row.steps >= STALL_BOUND

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fuzz.model import HandOff, InvariantViolation, StepObservation, cdiv, group_kind, group_name
+from fuzz.model import Fact, HandOff, InvariantViolation, StepObservation, cdiv, group_kind, group_name
 from invariants.ownership import read_indices
 
 __all__ = ["HANDS_OTHER_BLOCKS", "HANDS_UNHELD_KV", "check_hand_off_names_computed_blocks"]
@@ -91,8 +91,10 @@ def _hand_off_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                 )
                 if step.context:
                     text += f"\n  scenario: {step.context}"
+                facts = (Fact("handed-blocks", (h.request_id, g), list(h.handed[g]), _expected_ids(h, g)),) \
+                    if state == HANDS_OTHER_BLOCKS else ()
                 yield InvariantViolation("hand-off-names-computed-blocks", f"step {step.step}: {text}", where=where,
-                                         group_kind=group_kind(group), state=state)
+                                         group_kind=group_kind(group), state=state, facts=facts)
 
 
 def _unheld_text(state: bool, block: int, p: int, held: tuple[int, int, int | None] | None) -> str:
@@ -103,16 +105,34 @@ def _unheld_text(state: bool, block: int, p: int, held: tuple[int, int, int | No
         "nothing" if held is None else f"the KV of position {held[0]} (step {held[1]}, token {held[2]})")
 
 
+def _needed(h: HandOff, g: int, table: tuple[int, ...]) -> set[int]:
+    """The indices of group ``g``'s table a step computing ``[P, N)`` reads."""
+    size, n, p = h.groups[g].block_size, h.num_computed_tokens, h.num_processed_tokens
+    return {i for i in read_indices(h.rules[g], size, p, n, h.num_prompt_tokens, len(table)) if i >= 0} if n else set()
+
+
+def _expected_ids(h: HandOff, g: int) -> list[int]:
+    """The ids group ``g`` must be handed: its recorded table (cut to the
+    computed tokens where the group is clipped), with the null block where
+    it was handed one the group no longer needs."""
+    table = h.recorded[g] if g < len(h.recorded) else ()
+    expected = table[: cdiv(h.num_computed_tokens, h.groups[g].block_size)] if h.clipped[g] else table
+    needed = _needed(h, g, table)
+    handed = h.handed[g]
+    allowed = {i for i, mine in enumerate(handed) if mine == h.null_block_id and i not in needed}
+    return [h.null_block_id if i in allowed else block for i, block in enumerate(expected)]
+
+
 def _other_blocks(h: HandOff, g: int) -> list[str]:
     """How group ``g``'s handed ids differ from the blocks the request's
     table holds (the null block allowed where the group no longer needs
     the block)."""
     size = h.groups[g].block_size
-    n, p = h.num_computed_tokens, h.num_processed_tokens
+    n = h.num_computed_tokens
     table = h.recorded[g] if g < len(h.recorded) else ()
     expected = table[: cdiv(n, size)] if h.clipped[g] else table
     handed = h.handed[g]
-    needed = {i for i in read_indices(h.rules[g], size, p, n, h.num_prompt_tokens, len(table)) if i >= 0} if n else set()
+    needed = _needed(h, g, table)
     found = []
     if len(handed) != len(expected):
         found.append(

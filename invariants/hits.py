@@ -93,6 +93,7 @@ from collections.abc import Callable
 
 from fuzz.model import (
     AdmissionObservation,
+    Fact,
     InvariantViolation,
     MissedHit,
     StepObservation,
@@ -170,8 +171,18 @@ def check_hit_matches_index(adm: AdmissionObservation, context: str = "") -> Non
         + (f"\n  scenario: {context}" if context else "")
     )
     if longer:
-        raise InvariantViolation("hit-matches-index", text, where=HIT_WHERE, state=_excess(adm))
-    raise MissedHit("hit-matches-index", text, where=HIT_WHERE, state=_shortfall(adm, hit, reaches))
+        raise InvariantViolation("hit-matches-index", text, where=HIT_WHERE, state=_excess(adm),
+                                 facts=_hit_facts(adm, hit))
+    raise MissedHit("hit-matches-index", text, where=HIT_WHERE, state=_shortfall(adm, hit, reaches),
+                    facts=_hit_facts(adm, hit))
+
+
+def _hit_facts(adm: AdmissionObservation, hit: int) -> tuple[Fact, ...]:
+    """The hit the admitting ``schedule()`` counted computed, where nothing
+    but the lookup adds to it (no external tokens, no truncation)."""
+    if not adm.admitted or adm.reply or adm.connector_external_tokens or adm.truncated_at is not None:
+        return ()
+    return (Fact("hit-tokens", (adm.request_id,), adm.local_hit, hit, step=adm.step, after="schedule"),)
 
 
 def _excess(adm: AdmissionObservation) -> str:

@@ -27,13 +27,19 @@ class Fact:
     repro asserts: right after the failing call, ``subject`` (a name from
     the upstream writer's vocabulary of vLLM-state expressions, with its
     ``args``) is ``observed`` where the harness's own model expects
-    ``expected``, compared by ``relation``."""
+    ``expected``, compared by ``relation`` (``==``, ``!=``, ``>=``, ``in``:
+    one of ``expected``; ``len``: ``len(subject) == expected``). ``step`` is the
+    step it is stated at (None: the failing one), ``after`` the call it
+    follows there: ``"update"`` (the step's ``update_from_output``) or
+    ``"schedule"`` (its ``schedule()``, before the output is fed back)."""
 
     subject: str
     args: tuple = ()
     observed: object = None
     expected: object = None
     relation: str = "=="
+    step: int | None = None
+    after: str = "update"
 
 
 class InvariantViolation(AssertionError):
@@ -81,6 +87,9 @@ class InvariantViolation(AssertionError):
         # The failing run's operation log (fuzz.model.OpLog), set by the
         # runner that raised it: the standalone repro is written from it.
         self.oplog: object | None = None
+        # The shrunk log the standalone repro was written from, set by its
+        # writer: the campaign's sidecar keeps it for ``python -m fuzz replay``.
+        self.repro_oplog: object | None = None
         # A truncation run's (TruncationScenario, TruncationObservation), set
         # where its checks ran: the truncation repro is written from it.
         self.truncation_run: tuple[object, object] | None = None

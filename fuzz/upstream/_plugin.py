@@ -1,7 +1,9 @@
 """The pytest plugin :func:`fuzz.upstream.run_in_tree` loads into vLLM's
 tests tree (``-p fuzz.upstream._plugin``): it applies the planted bug named
-by ``FUZZ_UPSTREAM_PLANT`` for the whole run, and writes each test's outcome
-to the JSON file named by ``FUZZ_UPSTREAM_OUTCOMES``."""
+by ``FUZZ_UPSTREAM_PLANT`` for the whole run (or, where that is a JSON object
+of test file -> planted bug, each file's own around each of its tests), and
+writes each test's outcome to the JSON file named by
+``FUZZ_UPSTREAM_OUTCOMES``."""
 
 from __future__ import annotations
 
@@ -15,14 +17,29 @@ from fuzz.upstream._tree import OUTCOMES_ENV, PLANT_ENV
 
 _plant = contextlib.ExitStack()
 _outcomes: dict[str, tuple[str, str]] = {}
+_per_file: dict[str, str] = {}  # test file (as a node id starts) -> its planted bug
 
 
 def pytest_configure(config: pytest.Config) -> None:
     name = os.environ.get(PLANT_ENV)
-    if name:
+    if name and name.startswith("{"):
+        _per_file.update(json.loads(name))
+    elif name:
         from fuzz.adapter import planted_scheduler_bug
 
         _plant.enter_context(planted_scheduler_bug(name))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    name = _per_file.get(item.nodeid.split("::")[0])
+    if name is None:
+        yield
+        return
+    from fuzz.adapter import planted_scheduler_bug
+
+    with planted_scheduler_bug(name):
+        yield
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -183,7 +183,7 @@ def tree_env(parent: Path = TREE_PARENT) -> dict[str, str]:
 
 
 def run_in_tree(
-    files: dict[str, str], *, plant: str | None = None, timeout: float = 600
+    files: dict[str, str], *, plant: str | dict[str, str] | None = None, timeout: float = 600
 ) -> dict[str, TreeOutcome]:
     """Run test files inside a scratch copy of vLLM's tests tree, in one
     pytest subprocess, offline on CPU; return each test's outcome by node id
@@ -192,7 +192,8 @@ def run_in_tree(
     ``files`` maps a path relative to the tree's ``tests`` directory
     (``v1/core/test_x.py``) to the file's source. With ``plant``, the
     subprocess runs under the suite's planted scheduler bug of that name
-    (:func:`fuzz.adapter.planted_scheduler_bug`). Nothing is written into
+    (:func:`fuzz.adapter.planted_scheduler_bug`), or, for a mapping of such
+    paths to names, each file's tests under their own. Nothing is written into
     the cached ``tests`` directory (the model configs go beside it). Raises ``FileNotFoundError`` (with :data:`SKIP_REASON`)
     where there is no tree, and ``RuntimeError`` where pytest reported no
     outcome for a file (its output attached)."""
@@ -217,7 +218,9 @@ def run_in_tree(
                "PYTHONPATH": os.pathsep.join([str(root), str(REPO)])}
         for name in (PLANT_ENV, "PYTEST_ADDOPTS", "PYTEST_PLUGINS"):  # nothing of the caller's pytest
             env.pop(name, None)
-        if plant is not None:
+        if isinstance(plant, dict):
+            env[PLANT_ENV] = json.dumps({f"tests/{rel}": name for rel, name in plant.items()})
+        elif plant is not None:
             env[PLANT_ENV] = plant
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
                "-p", "no:xdist", "-p", "fuzz.upstream._plugin", "--rootdir", str(root), "-c", os.devnull,

@@ -1,0 +1,249 @@
+"""The vocabulary of :class:`fuzz.model.Fact` subjects, each rendered as an
+assertion on vLLM's own objects in an upstream-form repro.
+
+A check that fails attaches what it found as facts (``subject``, ``args``,
+``observed``, ``expected``, ``relation``); :func:`fact_lines` turns one into
+the statements that assert it in the test, with a message naming the
+request, blocks and step. The expected value is the fact's, which the
+check took from the suite's model of what the harness did (style rule 19);
+the expression only reads what vLLM did.
+
+Subjects (their ``args``):
+
+* ``cached-blocks`` (request, tokens, group): the blocks the prefix-cache
+  index holds under the request's key for its first ``tokens`` tokens;
+* ``hit-tokens`` (request): the tokens the admitting ``schedule()`` found
+  computed for the request (its hit), before the tokens it scheduled;
+* ``places`` (request): the places the scheduler keeps the request in
+  (``running``, ``waiting``, ``kv_holding_waiting``);
+* ``status`` (request): the request's ``RequestStatus`` name;
+* ``handed-blocks`` (request, group): the block ids ``request_finished_all_groups``
+  handed the connector for the group;
+* ``encoder-freed`` (mm hash, request, placeholder): the step's
+  ``free_encoder_mm_hashes`` names it while the request reads the placeholder;
+* ``encoder-scheduled`` (request, item): the step's ``scheduled_encoder_inputs``
+  runs the request's item;
+* ``stored-event`` (request, tokens, field): a field of the ``BlockStored``
+  entry the block pool queued for the request's key over its first
+  ``tokens`` tokens (``token_ids``: that block's slice);
+* ``same-key`` (request a, tokens a, request b, tokens b): the request
+  hasher gave b's first ``tokens b`` tokens the key of a's first ``tokens a``;
+* ``table-block`` (request, group, index, start, positions): the block at
+  ``index`` of the request's table in the group, where its step computing
+  from ``start`` reads ``positions``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+
+from fuzz.model import Fact
+
+__all__ = ["PRELUDES", "SUBJECTS", "Context", "fact_lines"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What a fact's lines refer to in the test: the variable of each
+    request, the step's ``SchedulerOutput`` variable, the hash block size
+    and each group's block size."""
+
+    names: dict[str, str]
+    output: str
+    step: int
+    hash_block_size: int
+    block_sizes: tuple[int, ...]
+
+    def key_index(self, tokens: int, group: int | None = None) -> int | None:
+        """The index in ``request.block_hashes`` of the key over the first
+        ``tokens`` tokens (None where the group's keys are not the hasher's)."""
+        if tokens % self.hash_block_size or tokens <= 0:
+            return None
+        if group is not None and self.block_sizes[group] != self.hash_block_size:
+            return None
+        return tokens // self.hash_block_size - 1
+
+
+def _message(text: str) -> list[str]:
+    """``text`` as string literals of at most 80 characters, one a line."""
+    return ["        " + _quoted(part) for part in textwrap.wrap(text, 80, drop_whitespace=False)]
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a double-quoted literal (vLLM's style)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _assert(expression: str, fact: Fact, message: str) -> list[str]:
+    """``assert`` ``expression`` against the fact's expected value."""
+    expected = fact.expected
+    if fact.relation == "len":
+        test = f"len({expression}) == {expected!r}"
+    elif fact.relation == "in":
+        test = f"{expression} in {tuple(expected)!r}"  # type: ignore[arg-type]
+    elif expected is True:
+        test = expression
+    elif expected is False:
+        test = f"not {expression}" if " " not in expression else f"not ({expression})"
+    else:
+        test = f"{expression} {fact.relation} {expected!r}"
+    return [f"    assert {test}, (", *_message(message), "    )"]
+
+
+def _cached_blocks(fact: Fact, ctx: Context) -> list[str] | None:
+    rid, tokens, group = fact.args
+    k = ctx.key_index(tokens, group)
+    if k is None:
+        return None
+    fact = dataclasses.replace(fact, expected=list(fact.expected))  # type: ignore[arg-type]
+    return [f"    cached = block_pool.get_cached_block({ctx.names[rid]}.block_hashes[{k}], [{group}])"] + _assert(
+        "[block.block_id for block in cached or []]", fact, (
+        f"step {ctx.step}: the prefix cache dropped {rid}'s first {tokens} tokens (group {group}, block "
+        f"{', '.join(map(str, fact.expected))}): a free keeps a block's key; only reusing the block, "  # type: ignore[arg-type]
+        "evict_blocks or a reset drops it"))
+
+
+def _hit_tokens(fact: Fact, ctx: Context) -> list[str] | None:
+    (rid,) = fact.args
+    name = ctx.names[rid]
+    allows = "holds at least" if fact.relation == ">=" else "allows exactly"
+    return _assert(f'{name}.num_computed_tokens - {ctx.output}.num_scheduled_tokens["{rid}"]', fact, (
+        f"step {ctx.step}: {rid}'s prefix-cache lookup served {fact.observed} tokens; the cache {allows} "
+        f"{fact.expected} of its prefix"))
+
+
+def _table_block(fact: Fact, ctx: Context) -> list[str] | None:
+    rid, group, index, start, positions = fact.args
+    return _assert(f'scheduler.kv_cache_manager.get_block_ids("{rid}")[{group}][{index}]', fact, (
+        f"step {ctx.step}: {rid} computes from position {start} and reads positions {list(positions)} in block "
+        f"{fact.observed} (group {group}), which no step filled with their KV under {rid}'s prefix"))
+
+
+def _places(fact: Fact, ctx: Context) -> list[str] | None:
+    (rid,) = fact.args
+    where = ", ".join(fact.observed) or "none"  # type: ignore[arg-type]
+    return [
+        "    places = [",
+        "        name",
+        '        for name, queue in (("running", scheduler.running), ("waiting", scheduler.waiting),',
+        '                            ("kv_holding_waiting", scheduler.kv_holding_waiting))',
+        f"        if {ctx.names[rid]} in queue",
+        "    ]",
+    ] + _assert(
+        "places", fact, (f"after step {ctx.step}, {rid} (neither finished nor aborted) is in {where} of the "
+                         "scheduler's places: it must be in exactly one"))
+
+
+def _status(fact: Fact, ctx: Context) -> list[str] | None:
+    (rid,) = fact.args
+    expected = fact.expected if fact.relation == "in" else (fact.expected,)
+    wanted = " or ".join(expected)  # type: ignore[arg-type]
+    if fact.relation not in ("in", "=="):
+        return None
+    statuses = [f"RequestStatus.{s}" for s in expected]  # type: ignore[union-attr]
+    test = (f"{ctx.names[rid]}.status in ({', '.join(statuses)})" if len(statuses) > 1
+            else f"{ctx.names[rid]}.status == {statuses[0]}")
+    return [f"    assert {test}, (", *_message(_status_text(rid, ctx.step, fact.observed, wanted)), "    )"]
+
+
+def _status_text(rid: str, step: int, observed: object, wanted: str) -> str:
+    return (f"step {step}: schedule() left {rid} {observed} with nothing running, the pool free and its connector "
+            f"answer decided: it must be {wanted}")
+
+
+def _handed_blocks(fact: Fact, ctx: Context) -> list[str] | None:
+    rid, group = fact.args
+    return _assert(f'list(scheduler.connector.handed["{rid}"][{group}])', fact, (
+        f"step {ctx.step}: request_finished_all_groups handed blocks {fact.observed} of {rid} (group {group}); "
+        f"its table holds {fact.expected} for its computed tokens"))
+
+
+def _encoder_freed(fact: Fact, ctx: Context) -> list[str] | None:
+    mm_hash, rid, (offset, length) = fact.args
+    if fact.expected is not False:
+        return None
+    return _assert(f'"{mm_hash}" not in {ctx.output}.free_encoder_mm_hashes', dataclasses.replace(fact, expected=True), (
+        f"step {ctx.step}: schedule() tells the worker to free the encoder output of {mm_hash} while {rid} "
+        f"still reads it (its placeholder [{offset}, {offset + length}))"))
+
+
+def _encoder_scheduled(fact: Fact, ctx: Context) -> list[str] | None:
+    rid, item = fact.args
+    return _assert(f'{item} in {ctx.output}.scheduled_encoder_inputs.get("{rid}", [])', fact, (
+        f"step {ctx.step}: {rid} computes inside its item {item}'s placeholder, whose encoder output the "
+        "worker does not hold, and no encoder run is scheduled"))
+
+
+_EVENT_FIELDS = ("token_ids", "lora_name", "lora_id", "medium")
+
+
+def _stored_event(fact: Fact, ctx: Context) -> list[str] | None:
+    rid, tokens, field = fact.args
+    size = ctx.block_sizes[0] if len(set(ctx.block_sizes)) == 1 else None
+    k = ctx.key_index(tokens, 0 if size else None)
+    if k is None or size is None or field not in _EVENT_FIELDS:
+        return None
+    read = f"event.token_ids[i * {size}:(i + 1) * {size}]" if field == "token_ids" else f"event.{field}"
+    expected = list(fact.expected) if field == "token_ids" else fact.expected  # type: ignore[call-overload]
+    place = "i" if field == "token_ids" else "_"
+    return [f"    event, {place} = announced[maybe_convert_block_hash({ctx.names[rid]}.block_hashes[{k}])]"] + _assert(
+        read, dataclasses.replace(fact, expected=expected), (
+            f"step {ctx.step}: BlockStored announces {rid}'s block over tokens [{tokens - size}, {tokens}) "
+            f"with {field}={fact.observed!r}; the block holds {field}={expected!r}"))
+
+
+
+
+def _same_key(fact: Fact, ctx: Context) -> list[str] | None:
+    a, tokens_a, b, tokens_b = fact.args
+    ka, kb = ctx.key_index(tokens_a), ctx.key_index(tokens_b)
+    if ka is None or kb is None:
+        return None
+    if fact.expected is not False:
+        return None
+    distinct = dataclasses.replace(fact, expected=True)
+    return _assert(f"{ctx.names[b]}.block_hashes[{kb}] != {ctx.names[a]}.block_hashes[{ka}]", distinct, (
+        f"{b}'s first {tokens_b} tokens get the prefix-cache key of {a}'s first {tokens_a}, another prefix: "
+        f"{b} would read {a}'s KV"))
+
+
+SUBJECTS = {
+    "cached-blocks": _cached_blocks,
+    "hit-tokens": _hit_tokens,
+    "places": _places,
+    "status": _status,
+    "handed-blocks": _handed_blocks,
+    "encoder-freed": _encoder_freed,
+    "encoder-scheduled": _encoder_scheduled,
+    "stored-event": _stored_event,
+    "same-key": _same_key,
+    "table-block": _table_block,
+}
+
+
+# What a subject's facts read first, once per step where some are stated:
+# (the lines, the imports they need as (module, name)).
+PRELUDES: dict[str, tuple[list[str], tuple[tuple[str, str], ...]]] = {
+    "cached-blocks": (["    block_pool = scheduler.kv_cache_manager.block_pool"], ()),
+    "status": ([], (("vllm.v1.request", "RequestStatus"),)),
+    # Each announced key's BlockStored event and place in it (vLLM publishes them after the step).
+    "stored-event": ([
+        "    announced = {",
+        "        key: (event, i)",
+        "        for event in scheduler.kv_cache_manager.block_pool.kv_event_queue",
+        "        if isinstance(event, BlockStored)",
+        "        for i, key in enumerate(event.block_hashes)",
+        "    }",
+    ], (("vllm.distributed.kv_events", "BlockStored"), ("vllm.v1.core.kv_cache_utils", "maybe_convert_block_hash"))),
+}
+
+
+def fact_lines(fact: Fact, ctx: Context) -> list[str] | None:
+    """The statements asserting ``fact`` in the test (None: the vocabulary
+    cannot state it there)."""
+    render = SUBJECTS.get(fact.subject)
+    try:
+        return None if render is None else render(fact, ctx)
+    except KeyError:  # a request the shrunk run no longer has
+        return None

@@ -1,0 +1,505 @@
+"""An upstream-form repro: a failing run written as a test in vLLM's own
+idiom, for vLLM's ``tests/v1/core`` (or ``tests/v1/kv_connector/unit``
+where a KV connector is part of the case).
+
+:func:`upstream_repro` writes it from the (shrunk) operation log
+(:class:`fuzz.model.OpLog`) and the violation its replay raised, whose
+:attr:`~fuzz.model.InvariantViolation.facts` say what to assert:
+
+* the scheduler comes from vLLM's helpers (``create_scheduler`` of
+  ``tests/v1/core/utils.py``; with a connector, ``create_vllm_config`` and
+  ``create_scheduler`` of ``tests/v1/kv_connector/unit/utils.py`` and its
+  ``MockKVConnector``); what they cannot give (a second KV-cache group, KV
+  events, an encoder budget, a connector that keeps what it is handed) is
+  built in a few explicit lines;
+* each request is a ``Request`` with the run's tokens;
+* the run is concrete steps: add, ``schedule()``, feed a
+  ``ModelRunnerOutput`` (``create_model_runner_output`` where one token per
+  request does), abort, evict, reset; no driver loop, no recording class;
+* it stops at the last fact, each asserted where the check saw it (right
+  after the step's ``schedule()`` or its ``update_from_output()``), with a
+  message naming the request, blocks and step, the general claim (the
+  check's docstring) in the test's docstring.
+
+Nothing of the suite travels in the file: the full record stays in the
+campaign's sidecar, which ``python -m fuzz replay`` reruns under every claim.
+Generated Python is built as plain statements here (style rule 17).
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+
+from fuzz.adapter import VLLM_VERSION
+from fuzz.model import (
+    Abort,
+    AddRequest,
+    Evict,
+    Fact,
+    FedOutput,
+    InvariantViolation,
+    OpLog,
+    ResetPrefixCache,
+    Step,
+)
+from fuzz.upstream._facts import PRELUDES, Context, fact_lines
+from invariants.table import INVARIANTS
+
+__all__ = ["upstream_form", "upstream_path", "upstream_repro", "upstream_repro_of_failure"]
+
+# Facts a file asserts at most (the rest are named in a comment).
+MAX_FACTS = 3
+
+_CORE = "tests.v1.core.utils"
+_UNIT = "tests.v1.kv_connector.unit.utils"
+
+
+class _Unwritable(Exception):
+    """The run uses something the writer does not state (yet)."""
+
+
+class _File:
+    """The file's imports and lines, gathered as the test is written."""
+
+    def __init__(self) -> None:
+        self.imports: dict[str, set[str]] = {}
+        self.top: list[str] = []  # module-level code after the imports
+        self.body: list[str] = []
+
+    def need(self, module: str, *names: str) -> None:
+        self.imports.setdefault(module, set()).update(names)
+
+    def import_lines(self) -> list[str]:
+        lines = ["import pytest", *(f"import {m}" for m in sorted(self.imports) if not self.imports[m]), ""]
+        for module in sorted(m for m in self.imports if self.imports[m]):
+            names = sorted(self.imports[module])
+            line = f"from {module} import {', '.join(names)}"
+            if len(line) > 88:
+                line = f"from {module} import (\n" + "".join(f"    {n},\n" for n in names) + ")"
+            lines.append(line)
+        return lines
+
+
+def _name(request_id: str) -> str:
+    name = "".join(c if c.isalnum() else "_" for c in request_id)
+    return name if name[:1].isalpha() else f"req_{name}"
+
+
+# The general claims, in vLLM's words, of the checks whose facts a file
+# asserts (others: the check's docstring, which speaks of the harness).
+CLAIMS = {
+    "cache-keeps-entries": "Freeing a request keeps its full blocks' prefix-cache entries: only reusing a block, "
+                           "evict_blocks or a reset drops an entry, so the same prompt sent again hits them.",
+    "hit-reaches-model": "A lookup serves every full block of the request's prefix that the prefix cache still "
+                         "holds, up to the hit limit.",
+    "request-in-one-place": "After every step, a request that has neither finished nor been aborted is in exactly "
+                            "one of the scheduler's places: running, waiting or kv_holding_waiting.",
+    "unblocked-request-admitted": "A waiting request is admitted (or its KV load started) by the first schedule() "
+                                  "that finds nothing blocking it: nothing running, the pool free, its connector "
+                                  "answer decided.",
+    "events-carry-tokens": "Every block a BlockStored event announces carries, in its block_size slice of "
+                           "token_ids, the tokens of the block its key stands for.",
+    "events-carry-namespace": "Every block a BlockStored event announces names the LoRA adapter its request was "
+                              "computed under (lora_name, lora_id), as its key does.",
+    "hand-off-names-computed-blocks": "request_finished hands the KV connector exactly the blocks that hold the "
+                                      "request's computed KV: per attention group, the first "
+                                      "cdiv(num_computed_tokens, block_size) blocks of its table.",
+    "encoder-outputs-held": "The scheduler frees an encoder output (free_encoder_mm_hashes) only once no request "
+                            "still reads it.",
+    "keys-name-one-prefix": "A prefix-cache key names one prefix: two requests get one block hash only for the "
+                            "same tokens up to there, in the same namespace (cache salt, LoRA adapter, images).",
+    "hit-matches-index": "A prefix-cache lookup serves exactly the longest hit the cached blocks allow: the full "
+                         "blocks of the prefix every group holds within its attention span, cut to the hit "
+                         "alignment and the lookup's limit.",
+    "reads-written": "Below where a request's step computes from, it reads only blocks that hold its own prefix's "
+                     "KV: a hit adopts a block only when it was filled from the same tokens under the same prefix.",
+}
+
+
+def _claim(invariant: str) -> str:
+    """The general claim ``invariant`` states."""
+    if invariant in CLAIMS:
+        return CLAIMS[invariant]
+    for row in INVARIANTS:
+        if row.name == invariant and row.tier == "scheduler":
+            doc = inspect.getdoc(row.check) or invariant
+            return " ".join(doc.split("\n\n")[0].split())
+    return invariant
+
+
+def _spec(f: _File, kind: str, block_size: int, params: dict[str, int]) -> str:
+    """A group's spec, by vLLM's test factories where one builds it."""
+    if kind == "FullAttentionSpec" and not params:
+        f.need(_CORE, "new_kv_cache_spec")
+        return f"new_kv_cache_spec(block_size={block_size}, num_kv_heads=1, head_size=1)"
+    if kind == "SlidingWindowSpec" and set(params) == {"sliding_window"}:
+        f.need(_CORE, "new_sliding_window_spec")
+        return (f"new_sliding_window_spec(block_size={block_size}, num_kv_heads=1, head_size=1, "
+                f"sliding_window={params['sliding_window']})")
+    if kind == "ChunkedLocalAttentionSpec" and set(params) == {"attention_chunk_size"}:
+        f.need("vllm.v1.kv_cache_interface", "ChunkedLocalAttentionSpec")
+        f.need("torch")
+        return (f"ChunkedLocalAttentionSpec(block_size={block_size}, num_kv_heads=1, head_size=1, "
+                f"dtype=torch.float32, attention_chunk_size={params['attention_chunk_size']})")
+    raise _Unwritable(f"a {kind} group")
+
+
+def _connector_config(log: OpLog) -> dict[str, object]:
+    """``MockKVConnector``'s extra config that answers as the run's
+    connector did: one answer for every request, after as many 'not yet'
+    answers each."""
+    defers, values = set(), set()
+    for add in log.requests:
+        answers = log.answers_for(add.request_id)
+        undecided = next((i for i, a in enumerate(answers) if a.answer is not None), len(answers))
+        defers.add(undecided)
+        values.update((a.answer, a.load_async) for a in answers[undecided:])
+        if add.reply is not None and add.reply.kind not in ("zero", "store", "undecided"):
+            raise _Unwritable(f"a {add.reply.kind!r} store reply")
+        if add.reply is not None and not answers[undecided:] and add.reply.store_len:
+            raise _Unwritable("a store answer the run never gave")
+    if len(defers) > 1 or len(values) > 1:
+        raise _Unwritable("connector answers that differ between requests or calls")
+    matched, is_async = next(iter(values), (0, False))
+    config: dict[str, object] = {"matched_tokens": matched, "is_async": is_async}
+    if next(iter(defers), 0):
+        config["num_defers_before_matching"] = next(iter(defers))
+    return config
+
+
+def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
+    cfg, draw = log.config, log.config.draw
+    groups = draw.layout.groups
+    if draw.speculative_method or any(r.embeds for r in log.requests) or draw.prefill_schedule_interval != 1:
+        raise _Unwritable("speculation, prompt embeddings or a prefill interval")
+    plain = len(groups) == 1 and groups[0].kind == "FullAttentionSpec" and not groups[0].params
+    # The helpers' own spec is one full-attention group: others are stated.
+    specs = [] if plain else [_spec(f, g.kind, g.block_size, dict(g.params)) for g in groups]
+    limits = (f"block_size={cfg.scheduler_block_size}, max_num_seqs={draw.max_num_seqs}, "
+              f"max_num_batched_tokens={draw.max_num_batched_tokens}, max_model_len={cfg.max_model_len}")
+    b = f.body
+    if draw.connector:
+        f.need(_UNIT, "create_scheduler", "create_vllm_config")
+        # The mock lacks the hybrid allocator's hand-off (more than one group
+        # needs it) and keeps nothing it is handed: a small subclass has both.
+        keeps = any(fact.subject == "handed-blocks" for fact in facts)
+        handed = len(groups) > 1 or keeps
+        extra = _connector_config(log)
+        if draw.divergent_hits and len(groups) > 1:
+            extra["supports_divergent_local_hybrid_hits"] = True
+        b += ["    vllm_config = create_vllm_config(",
+              f"        {limits},",
+              f'        kv_connector="{"HandOffRecorder" if handed else "MockKVConnector"}",'
+              + (" kv_connector_module_path=__name__," if handed else ""),
+              f'        kv_role="{draw.kv_role}", kv_load_failure_policy="{draw.kv_load_failure_policy}",',
+              "        kv_connector_extra_config={" + ", ".join(f'"{k}": {v!r}' for k, v in extra.items()) + "},",
+              "    )"]
+        if handed:
+            _recorder(f, draw.kv_role == "kv_producer", keeps)
+        config = "vllm_config"
+    else:
+        f.need(_CORE, "create_scheduler")
+        config = "scheduler.vllm_config"
+    more = []
+    if draw.long_prefill_token_threshold:
+        more.append(("long_prefill_token_threshold", draw.long_prefill_token_threshold))
+    if draw.async_scheduling:
+        more.append(("async_scheduling", True))
+    if draw.connector:
+        b += [f"    vllm_config.scheduler_config.{k} = {v!r}" for k, v in more]
+        if draw.max_loras and any(r.lora for r in log.requests):
+            f.need("vllm.config", "LoRAConfig")
+            b.append(f"    vllm_config.lora_config = LoRAConfig(max_loras={draw.max_loras})")
+        if specs:  # the helper's own group is full attention with the config's block size
+            b += _kv_cache_config(f, log, specs)
+        b.append(f"    scheduler = create_scheduler(vllm_config, num_blocks={draw.layout.num_blocks}"
+                 + (f", kv_cache_config=kv_cache_config, hash_block_size={cfg.hash_block_size})" if specs else ")"))
+    else:
+        args = ["enable_prefix_caching=True", limits, f"num_blocks={draw.layout.num_blocks}"]
+        args += [f"{k}={v!r}" for k, v in more]
+        if len(groups) == 1 and specs:
+            args.append(f"kv_cache_spec={specs[0]}")
+        if draw.max_loras and any(r.lora for r in log.requests):
+            f.need("vllm.config", "LoRAConfig")
+            args.append(f"lora_config=LoRAConfig(max_loras={draw.max_loras})")
+        if draw.model_runner is not None:
+            args.append(f"use_v2_model_runner={draw.model_runner == 'v2'}")
+        b += ["    scheduler = create_scheduler("] + [
+            f"        {line}" for line in textwrap.wrap(", ".join(args) + ",", 100)] + ["    )"]
+        if len(groups) > 1:
+            b.append("    # The helper builds one KV-cache group: the same scheduler on this run's groups.")
+            b += _kv_cache_config(f, log, specs)
+            f.need("vllm.v1.structured_output", "StructuredOutputManager")
+            b += ["    scheduler = type(scheduler)(",
+                  f"        vllm_config={config}, kv_cache_config=kv_cache_config, block_size={cfg.scheduler_block_size},",
+                  f"        hash_block_size={cfg.hash_block_size}, log_stats=True,",
+                  f"        structured_output_manager=StructuredOutputManager({config}),",
+                  "    )"]
+    if draw.connector and draw.model_runner is not None:
+        b.append(f"    scheduler.use_v2_model_runner = {draw.model_runner == 'v2'}")
+    if draw.kv_events:
+        b.append("    # --kv-events-config: the block pool queues BlockStored / BlockRemoved events.")
+        b.append("    scheduler.kv_cache_manager.block_pool.enable_kv_cache_events = True")
+    items = [n for r in log.requests for *_, n in r.mm]
+    if items:
+        size = max(draw.max_num_batched_tokens, *items)
+        f.need("vllm.v1.core.encoder_cache_manager", "EncoderCacheManager")
+        b += ["    # A multimodal model's encoder budget (a text model's scheduler has none): one batch or one item.",
+              f"    scheduler.max_num_encoder_input_tokens = {size}",
+              f"    scheduler.encoder_cache_manager = EncoderCacheManager(cache_size={size})"]
+
+
+def _kv_cache_config(f: _File, log: OpLog, specs: list[str]) -> list[str]:
+    """The run's ``KVCacheConfig``, with what the engine's KV-cache planning
+    writes onto it (a lookup's alignment and retention read those fields)."""
+    f.need("vllm.v1.kv_cache_interface", "KVCacheConfig", "KVCacheGroupSpec")
+    planned = ", ".join(f"{k}={v!r}" for k, v in log.config.kv_config_fields if v is not None)
+    return (["    kv_cache_config = KVCacheConfig(",
+             f"        num_blocks={log.config.draw.layout.num_blocks},",
+             *([f"        {planned},"] if planned else []),
+             "        kv_cache_tensors=[],",
+             "        kv_cache_groups=["]
+            + [f'            KVCacheGroupSpec(["layer{i}"], {spec}),' for i, spec in enumerate(specs)]
+            + ["        ],", "    )"])
+
+
+def _recorder(f: _File, producer: bool, keeps: bool) -> None:
+    """A ``MockKVConnector`` that supports the hybrid allocator's hand-off
+    (``SupportsHMA``), keeping the block ids it is handed where a fact reads them."""
+    f.need(_UNIT, "MockKVConnector")
+    f.need("vllm.distributed.kv_transfer.kv_connector.v1.base", "SupportsHMA")
+    f.top += [
+        "class HandOffRecorder(MockKVConnector, SupportsHMA):",
+        '    """The mock connector with the hybrid allocator\'s hand-off'
+        + (', keeping the block ids each finished request is handed."""' if keeps else '."""'),
+        "",
+        *(["    def __init__(self, *args, **kwargs):",
+           "        super().__init__(*args, **kwargs)",
+           "        self.handed = {}",
+           ""] if keeps else []),
+        "    def request_finished_all_groups(self, request, block_ids):",
+        *(["        self.handed[request.request_id] = block_ids"] if keeps else []),
+        "        return " + ("True, None  # a producer holds the blocks until their send is reported done"
+                           if producer else "False, None"),
+    ]
+
+
+def _request(f: _File, add: AddRequest, hash_block_size: int) -> list[str]:
+    f.need("vllm.v1.request", "Request")
+    f.need("vllm.sampling_params", "SamplingParams")
+    f.need("vllm.v1.core.kv_cache_utils", "get_request_block_hasher")
+    f.need("vllm.utils.hashing", "sha256")
+    tokens = list(add.token_ids)
+    if tokens == list(range(tokens[0], tokens[0] + len(tokens))):
+        prompt = f"list(range({tokens[0]}, {tokens[0] + len(tokens)}))" if tokens[0] else f"list(range({len(tokens)}))"
+    else:
+        prompt = repr(tokens)
+    keywords = [f'request_id="{add.request_id}"', f"prompt_token_ids={prompt}",
+                f"sampling_params=SamplingParams(max_tokens={add.max_tokens}, ignore_eos={add.ignore_eos})",
+                "pooling_params=None", f"block_hasher=get_request_block_hasher({hash_block_size}, sha256)"]
+    if add.cache_salt:
+        keywords.append(f"cache_salt={add.cache_salt!r}")
+    if add.lora:
+        from fuzz.adapter._identity import lora_identity
+
+        f.need("vllm.lora.request", "LoRARequest")
+        keywords.append(f"lora_request=LoRARequest{lora_identity(add.lora)!r}")
+    if add.skip_reading_prefix_cache:
+        keywords[2] = keywords[2][:-1] + ", skip_reading_prefix_cache=True)"
+    if add.mm:
+        f.need("vllm.multimodal.inputs", "MultiModalFeatureSpec", "MultiModalKwargsItem", "PlaceholderRange")
+        features = ", ".join(
+            f'MultiModalFeatureSpec(data=MultiModalKwargsItem.dummy(), modality="image", identifier="{name}", '
+            f"mm_position=PlaceholderRange(offset={offset}, length={length}))" for name, offset, length in add.mm)
+        keywords.append(f"mm_features=[{features}]")
+    text = f"    {_name(add.request_id)} = Request(" + ", ".join(keywords) + ")"
+    if len(text) <= 120:
+        return [text]
+    return [f"    {_name(add.request_id)} = Request("] + [f"        {k}," for k in keywords] + ["    )"]
+
+
+def _feed(f: _File, fed: FedOutput, output: str) -> list[str]:
+    """``update_from_output`` with the output the harness fed back."""
+    if fed.drafts:
+        raise _Unwritable("draft tokens")
+    names = "[" + ", ".join(_name(r) for r in fed.req_ids) + "]"
+    sampled = [list(t) for t in fed.sampled_token_ids]
+    kv = {k: set(v) for k, v in (("finished_sending", fed.finished_sending), ("finished_recving", fed.finished_recving),
+                                ("invalid_block_ids", fed.invalid_block_ids)) if v}
+    one_token = len({tuple(s) for s in sampled}) == 1 and len(sampled[0]) == 1 if sampled else False
+    if one_token and not fed.failed_recving:
+        f.need(_UNIT, "create_model_runner_output")
+        extra = "".join(f", {k}={v!r}" for k, v in kv.items())
+        return [(f"    scheduler.update_from_output({output}, create_model_runner_output("
+                 f"{names}, token_id={sampled[0][0]}{extra}))")]
+    if not fed.req_ids and not kv and not fed.failed_recving:
+        f.need("vllm.v1.outputs", "EMPTY_MODEL_RUNNER_OUTPUT")
+        return [f"    scheduler.update_from_output({output}, EMPTY_MODEL_RUNNER_OUTPUT)"]
+    f.need("vllm.v1.outputs", "ModelRunnerOutput")
+    ids = [f'"{r}"' for r in fed.req_ids]
+    fields = [f"req_ids=[{', '.join(ids)}]", "req_id_to_index={" + ", ".join(f"{r}: {i}" for i, r in enumerate(ids)) + "}",
+              f"sampled_token_ids={sampled!r}"]
+    if len(", ".join(fields)) <= 88 and not kv and not fed.failed_recving:
+        return [f"    scheduler.update_from_output({output}, ModelRunnerOutput(", f"        {', '.join(fields)}))"]
+    lines = [f"    scheduler.update_from_output({output}, ModelRunnerOutput("] + [f"        {x}," for x in fields]
+    if kv or fed.failed_recving:
+        f.need("vllm.v1.outputs", "KVConnectorOutput")
+        if fed.failed_recving:
+            kv["failed_recving"] = set(fed.failed_recving)
+        lines.append("        kv_connector_output=KVConnectorOutput("
+                     + ", ".join(f"{k}={v!r}" for k, v in kv.items()) + "),")
+    return lines + ["    ))"]
+
+
+def _scheduled(step: Step) -> str:
+    if step.output is None or not step.output.num_scheduled:
+        return "schedules nothing"
+    return "schedules " + ", ".join(f"{n} token{'s' * (n != 1)} of {r}" for r, n in step.output.num_scheduled) + (
+        f"; preempts {', '.join(step.output.preempted)}" if step.output.preempted else "")
+
+
+def _facts_at(f: _File, facts: list[Fact], ctx: Context) -> list[str]:
+    lines: list[str] = []
+    for subject in dict.fromkeys(fact.subject for fact in facts):
+        prelude, imports = PRELUDES.get(subject, ([], ()))
+        lines += prelude
+        for module, name in imports:
+            f.need(module, name)
+    for fact in facts:
+        rendered = fact_lines(fact, ctx)
+        if rendered is None:
+            raise _Unwritable(f"a {fact.subject} fact")
+        lines += rendered
+    return lines
+
+
+def _program(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
+    last = log.steps[-1].index
+    at: dict[tuple[int, str], list[Fact]] = {}
+    for fact in facts:
+        at.setdefault((fact.step or last, fact.after), []).append(fact)
+    stop = max(at)[0]
+    cfg = log.config
+    names = {r.request_id: _name(r.request_id) for r in log.requests}
+    block_sizes = tuple(g.block_size for g in cfg.draw.layout.groups)
+    async_ = cfg.draw.async_scheduling
+    during: list[str] = []
+    b = f.body
+    for op in log.ops:
+        if isinstance(op, AddRequest):
+            if b[-1].startswith("    scheduler.update_from_output("):
+                b.append("")
+            b += _request(f, op, cfg.hash_block_size)
+            b.append(f"    scheduler.add_request({names[op.request_id]})")
+        elif isinstance(op, Abort) and op.during_step:
+            during.append(op.request_id)
+        elif isinstance(op, Abort):
+            f.need("vllm.v1.request", "RequestStatus")
+            b.append(f'    scheduler.finish_requests("{op.request_id}", RequestStatus.FINISHED_ABORTED)')
+        elif isinstance(op, Evict):
+            b.append(f"    scheduler.kv_cache_manager.evict_blocks({set(op.block_ids)!r})")
+        elif isinstance(op, ResetPrefixCache):
+            b.append(f"    scheduler.reset_prefix_cache(reset_running_requests={op.reset_running})")
+        elif isinstance(op, Step):
+            if op.index > stop:
+                break
+            if op.output is None or op.error:
+                raise _Unwritable("a step that raised")
+            output = f"output_{op.index}" if async_ else "output"
+            b += ["", f"    # Step {op.index}: {_scheduled(op)}.", f"    {output} = scheduler.schedule()"]
+            scheduled_at = len(b) - 1
+            ctx = Context(names, output, op.index, cfg.hash_block_size, block_sizes)
+            b += _facts_at(f, at.get((op.index, "schedule"), []), ctx)
+            if op.index == stop and (stop, "update") not in at:
+                if not any(output in line for line in b[scheduled_at + 1:]):
+                    b[scheduled_at] = "    scheduler.schedule()"
+                return
+            if op.fed is not None:
+                if during:
+                    f.need("vllm.v1.request", "RequestStatus")
+                b += [f'    scheduler.finish_requests("{r}", RequestStatus.FINISHED_ABORTED)  # while the model runs'
+                      for r in during]
+                during = []
+                b += _feed(f, op.fed, f"output_{op.fed_step}" if async_ and op.fed_step else output)
+            b += _facts_at(f, at.get((op.index, "update"), []), ctx)
+            if op.index == stop:
+                return
+
+
+def upstream_path(log: OpLog) -> str:
+    """Where the file belongs in vLLM's tests tree: the connector unit tests
+    where the case has a KV connector, else the core tests."""
+    return "v1/kv_connector/unit" if log.config.draw.connector else "v1/core"
+
+
+def upstream_repro(oplog: OpLog, violation: InvariantViolation, *, vllm_version: str | None = None) -> str | None:
+    """The source of a pytest file in vLLM's idiom that replays ``oplog``
+    and asserts ``violation``'s facts on vLLM's state (None where it has
+    none, or the run uses what the writer does not state)."""
+    facts = tuple(violation.facts)
+    if not facts or not oplog.steps:
+        return None
+    shown, left = facts[:MAX_FACTS], len(facts) - MAX_FACTS
+    f = _File()
+    f.need("vllm.utils.hashing", "sha256")
+    f.need("vllm.v1.core.kv_cache_utils", "init_none_hash")
+    invariant = violation.invariant
+    f.body += [f"def test_{invariant.replace('-', '_')}():",
+               textwrap.fill(_claim(invariant), 92, initial_indent='    """', subsequent_indent="    ") + '"""',
+               "    init_none_hash(sha256)"]
+    try:
+        _scheduler(f, oplog, shown)
+        f.body.append("")
+        _program(f, oplog, shown)
+    except _Unwritable:
+        return None
+    if left > 0:
+        f.body.append(f"    # ... and {left} more like these.")
+    version = vllm_version or VLLM_VERSION
+    head = [
+        "# SPDX-License-Identifier: Apache-2.0",
+        f'"""vLLM {version} breaks \'{invariant}\' in {violation.where or "the scheduler"} (kvtrunc-fuzz).',
+        "",
+        'The campaign\'s JSON sidecar keeps the whole run for `python -m fuzz replay`."""',
+        "",
+    ]
+    return "\n".join([*head, *f.import_lines(), "", "pytestmark = pytest.mark.cpu_test", "", "",
+                      *([*f.top, "", ""] if f.top else []), *f.body, ""])
+
+
+def upstream_form(log: OpLog, invariant: str) -> tuple[str, str, InvariantViolation] | None:
+    """``log``'s failure of ``invariant`` in upstream form: (its path in
+    vLLM's tests tree, its source, the violation whose facts it asserts).
+    The log is shrunk with the claim's check alone and replayed; where the
+    shrunk run's violation has no facts the file can state (a shorter run
+    may break the claim where the vocabulary says nothing), the whole run
+    is. None when neither replay breaks the claim with facts a file states."""
+    from fuzz.repro_shrink import replay_violation, shrink_oplog
+
+    rows = [row for row in INVARIANTS if row.name == invariant and row.tier == "scheduler"]
+    if not rows:
+        return None
+    checks = (rows[0].check,)
+    whole = replay_violation(log, invariant, checks)
+    if whole is None:
+        return None
+    for violation in (replay_violation(shrink_oplog(log, invariant, checks=checks), invariant, checks), whole):
+        if violation is None or not isinstance(violation.oplog, OpLog):
+            continue
+        source = upstream_repro(violation.oplog, violation)
+        if source is not None:
+            return f"{upstream_path(violation.oplog)}/test_{invariant.replace('-', '_')}.py", source, violation
+    return None
+
+
+def upstream_repro_of_failure(failure: BaseException | None, invariant: str) -> tuple[str, str] | None:
+    """``failure``'s upstream form (:func:`upstream_form` of the log its run
+    attached, :func:`fuzz.runners.scheduler.carrying_oplog`): (its path in
+    vLLM's tests tree, its source); None when the failure carries no facts
+    or no log, or no replay of it yields a file."""
+    log = getattr(failure, "oplog", None)
+    if not isinstance(log, OpLog) or not getattr(failure, "facts", ()):
+        return None
+    form = upstream_form(log, invariant)
+    return None if form is None else form[:2]
