@@ -130,8 +130,9 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="measure line and branch coverage of vLLM's KV-cache and scheduler code (coverage.py; "
                           "see fuzz/coverage.py and docs/coverage.md)")
     sub.add_parser("list", help="list the targets")
-    replay = sub.add_parser("replay", help="rerun a saved repro and say whether it still fails")
-    replay.add_argument("file", help="a repro .py file written by `run` (its .json sidecar is used when present)")
+    replay = sub.add_parser("replay", help="rerun a saved finding and say whether it still fails")
+    replay.add_argument("file", help="a finding's .json sidecar or repro .py file written by `run`: the operation log "
+                                     "its sidecar keeps is replayed under every claim; without one, the .py runs")
     replay.add_argument("--vllm-src", default=None, help="replay against a vLLM source checkout")
     merge = sub.add_parser("merge", help="merge the reports of a sharded campaign's runners into one")
     merge.add_argument("campaigns", nargs="+", help="campaign.json files (or the report dirs holding them)")
@@ -368,7 +369,71 @@ def _repro_path(arg: str) -> Path:
     return path
 
 
+def _sidecar_log(arg: str) -> tuple[dict, object] | None:
+    """The sidecar of ``arg`` (itself, or the one beside a repro .py that
+    names it) and the operation log it keeps (fuzz.model.OpLog); None where
+    there is none (then the .py runs as before)."""
+    from fuzz.model import decode_oplog
+
+    path = Path(arg)
+    if not path.is_file():
+        return None
+    # A .py names no sidecar: the one beside it whose "repro" is the file's name.
+    candidates = {".json": [path], ".py": sorted(path.parent.glob("*.json"))}.get(path.suffix, [])
+    for candidate in candidates:
+        try:
+            meta = json.loads(candidate.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+        if not isinstance(meta, dict) or not meta.get("oplog"):
+            continue
+        if candidate != path and meta.get("repro") != path.name:
+            continue
+        try:
+            return meta, decode_oplog(meta["oplog"])
+        except ValueError as exc:
+            raise UsageError(f"{arg}: its sidecar's oplog cannot be read: {exc}") from None
+    return None
+
+
+def _replay_log(name: str, meta: dict, log) -> int:  # type: ignore[no-untyped-def]
+    """Replay a sidecar's operation log through the harness with every
+    check on, known vLLM bugs set aside as in a campaign."""
+    from fuzz.campaign.findings import crash_state
+    from fuzz.repro_shrink import first_violation
+    from fuzz.runners.scheduler import ALL_CHECKS
+
+    size = log.size()
+    what = f"its operation log ({size['requests']} request(s), {size['steps']} step(s)) under every claim"
+    try:
+        violation = first_violation(log, ALL_CHECKS)
+    except Exception as exc:  # noqa: BLE001 - the harness or this vLLM cannot run the log: one line
+        print(f"{name}: could not replay {what}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        return EXIT_ERROR
+    if violation is None:
+        known = f"; known vLLM bug {meta['known_bug']} is set aside" if meta.get("known_bug") else ""
+        print(f"{name}: PASSES now (replayed {what}: the bug is fixed, or this vLLM never had it{known})")
+        return EXIT_OK
+    recorded = meta.get("invariant")
+    other = f" (the sidecar recorded {recorded})" if recorded and recorded != violation.invariant else ""
+    print(f"{name}: STILL FAILS (replayed {what})\n"
+          f"  claim: {violation.invariant}{other}\n"
+          f"  state: {crash_state(violation)}" + (f" ({violation.state})" if violation.state else "") + "\n"
+          f"  {str(violation).splitlines()[0][:400]}")
+    return EXIT_VIOLATION
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
+    found = _sidecar_log(args.file)
+    if found is not None:
+        if args.vllm_src is not None:  # the checkout must come first on the import path: a fresh process
+            proc = subprocess.run([sys.executable, "-m", "fuzz", "replay", args.file], env=_vllm_env(args.vllm_src),
+                                  cwd=ROOT, capture_output=True, text=True)
+            print(proc.stdout, end="")
+            if proc.returncode not in (EXIT_OK, EXIT_VIOLATION):
+                print(proc.stderr[-2000:], end="", file=sys.stderr)
+            return proc.returncode
+        return _replay_log(Path(args.file).name, *found)
     path = _repro_path(args.file)
     env = _vllm_env(args.vllm_src)
     cmd = [sys.executable, "-m", "pytest", str(path.resolve()), "-q", "-p", "no:cacheprovider",

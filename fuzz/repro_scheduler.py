@@ -54,7 +54,7 @@ from fuzz.repro import repro_header, spec_classes, specs_lines
 from fuzz.repro_shrink import _replay_checked, shrink_oplog
 from fuzz.repro_groups import behaviours_of, read_rules_of, roles_of, spans_of
 from fuzz.repro_source import kit_attributes, kit_definitions, kit_source
-from fuzz.model import Abort, AddRequest, Evict, OpLog, ResetPrefixCache, Step
+from fuzz.model import Abort, AddRequest, Evict, InvariantViolation, OpLog, ResetPrefixCache, Step
 from invariants.scheduler import ADMISSION_CHECKS
 from invariants.table import INVARIANTS
 
@@ -565,4 +565,6 @@ def scheduler_repro_of_failure(
     log = shrunk_log_of_failure(failure, invariant)
     if log is None:
         return None
+    if isinstance(failure, InvariantViolation):  # the sidecar keeps the log the file came from
+        failure.repro_oplog = log
     return scheduler_repro(log, invariant=invariant, target=target, seed=seed, violation=violation)

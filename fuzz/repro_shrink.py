@@ -17,7 +17,7 @@ from collections.abc import Callable
 from fuzz import adapter
 from fuzz.model import Abort, AddRequest, Evict, InvariantViolation, OpLog, ResetPrefixCache, Step
 
-__all__ = ["shrink_oplog"]
+__all__ = ["first_violation", "replay_violation", "shrink_oplog"]
 
 
 def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None], ...] | None = None) -> OpLog | None:
@@ -25,6 +25,37 @@ def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None
     (default: every check a file can state: one that none can would end the
     replay first without bearing on the file's claim); the new log (up to
     the step that broke) when ``invariant`` still breaks."""
+    violation = replay_violation(log, invariant, checks)
+    return None if violation is None else violation.oplog  # type: ignore[return-value]
+
+
+def replay_violation(
+    log: OpLog, invariant: str, checks: tuple[Callable[..., None], ...] | None = None
+) -> InvariantViolation | None:
+    """:func:`_replay_checked`'s replay: the violation of ``invariant`` it
+    raised, carrying the new log as its ``oplog`` (None: it did not break)."""
+    try:
+        harness = adapter.SchedulerHarness(log.config.draw)
+    except adapter.InvalidLayout:
+        return None
+    try:
+        violation = _play(harness, log, checks)
+    except Exception:  # noqa: BLE001 - another failure: not this one
+        return None
+    return violation if violation is not None and violation.invariant == invariant else None
+
+
+def first_violation(log: OpLog, checks: tuple[Callable[..., None], ...] | None = None) -> InvariantViolation | None:
+    """Replay ``log`` through a fresh harness with ``checks`` on (default as
+    :func:`replay_violation`'s; known vLLM bugs set aside, as in a campaign):
+    the first violation of any claim, carrying the new log as its ``oplog``;
+    None when the run ends clean. Anything else raises (``InvalidLayout``:
+    this vLLM cannot build the log's layout)."""
+    return _play(adapter.SchedulerHarness(log.config.draw), log, checks)
+
+
+def _play(harness: adapter.SchedulerHarness, log: OpLog,
+          checks: tuple[Callable[..., None], ...] | None) -> InvariantViolation | None:
     from fuzz.runners.scheduler import ALL_CHECKS, Stepper
     from invariants.scheduler import check_no_leaked_blocks
     from invariants.table import INVARIANTS
@@ -35,10 +66,6 @@ def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None
     if not log.config.draw.connector:  # the connector's claims judge its records: with none, there are none
         checks = tuple(c for c in checks if c.__module__ != "invariants.connector")
 
-    try:
-        harness = adapter.SchedulerHarness(log.config.draw)
-    except adapter.InvalidLayout:
-        return None
     run = Stepper(harness, checks)
     # The steps whose own schedule() admitted the synchronous loads a fed
     # output reports invalid (with async scheduling, fed one step late).
@@ -68,9 +95,8 @@ def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None
         if not harness.broken and check_no_leaked_blocks in checks:
             check_no_leaked_blocks(harness.pool_observation())
     except InvariantViolation as exc:
-        return harness.oplog if exc.invariant == invariant else None
-    except Exception:  # noqa: BLE001 - another failure: not this one
-        return None
+        exc.oplog = harness.oplog
+        return exc
     return None
 
 

@@ -26,7 +26,7 @@ from hypothesis.core import decode_failure
 from hypothesis.database import choices_to_bytes
 
 from fuzz import known_bugs
-from fuzz.model import InvariantViolation, MissedHit
+from fuzz.model import InvariantViolation, MissedHit, OpLog, encode_oplog
 from fuzz.outcomes import Outcome
 from fuzz.registry import get_target
 
@@ -98,6 +98,26 @@ def failure_key(target: str, exc: BaseException) -> str:
     return crash_state(exc)
 
 
+def _upstream_repro(exc: BaseException, invariant: str) -> tuple[str, str] | None:
+    """The upstream form of a violation that carries facts (None: none)."""
+    if not getattr(exc, "facts", ()):
+        return None
+    from fuzz.upstream import upstream_repro_of_failure
+
+    return upstream_repro_of_failure(exc, invariant)
+
+
+def _sidecar_oplog(exc: BaseException) -> dict[str, Any] | None:
+    """The sidecar's ``oplog``: the shrunk log the repro file was written
+    from, else the failing run's whole log (fuzz.model.encode_oplog); None
+    for a failure that carries none (the truncation tier). ``python -m fuzz
+    replay`` reruns it under every claim."""
+    for log in (getattr(exc, "repro_oplog", None), getattr(exc, "oplog", None)):
+        if isinstance(log, OpLog):
+            return encode_oplog(log)
+    return None
+
+
 def _blob(exc: BaseException) -> str | None:
     for line in getattr(exc, "__notes__", []):
         if "reproduce_failure" in line:
@@ -129,6 +149,9 @@ class Findings:
         self.vllm_version = vllm_version
         self.keys: set[str] = set()
         self.entries: dict[str, dict[str, Any]] = {}  # key -> its sidecar
+        # stem -> the sidecar's "oplog": in the file only, never in the
+        # campaign's totals (a run's whole record can be long).
+        self.oplogs: dict[str, dict[str, Any] | None] = {}
 
     def known(self, target: str, exc: BaseException) -> bool:
         """True when this failure was recorded already; ``target`` is then
@@ -157,7 +180,7 @@ class Findings:
             except (OSError, ValueError):
                 theirs = []
             meta["targets"] = sorted(set(meta["targets"]) | set(theirs), key=(theirs + meta["targets"]).index)
-        path.write_text(json.dumps(meta, indent=2))
+        path.write_text(json.dumps({**meta, "oplog": self.oplogs.get(meta["stem"])}, indent=2))
 
     def record(self, target_name: str, seed: int | None, exc: BaseException) -> dict[str, Any] | None:
         """Write the repro and sidecar of a new failure and return the sidecar
@@ -181,9 +204,16 @@ class Findings:
             if source:
                 repro_file = self.repro_dir / f"test_{stem.replace('-', '_')}.py"
                 repro_file.write_text(source)
+        # Beside it, the form a vLLM contributor pastes into vLLM's tests
+        # (fuzz.upstream), where the violation carries facts to assert.
+        upstream = _upstream_repro(exc, invariant)
+        upstream_file = None
+        if upstream is not None:
+            upstream_file = self.repro_dir / f"test_{stem.replace('-', '_')}_upstream.py"
+            upstream_file.write_text(upstream[1])
         bug = None
         if isinstance(exc, InvariantViolation):
-            bug = known_bugs.match(known_bugs.failure_of(exc), self.vllm_version)
+            bug = known_bugs.match_violation(exc, self.vllm_version)
         target = get_target(target_name)
         meta = {
             "target": target_name,  # the first to find it
@@ -212,10 +242,14 @@ class Findings:
             "violation": message[:4000],
             "vllm_version": self.vllm_version,
             "repro": None if repro_file is None else repro_file.name,
+            # The upstream form, and where it belongs in vLLM's tests tree.
+            "upstream_repro": None if upstream_file is None else upstream_file.name,
+            "upstream_path": None if upstream is None else upstream[0],
             "found_after_s": round(time.time() - self.start, 3),
             "found_at": round(time.time(), 3),
             "worker": self.worker,
         }
         self.entries[key] = meta
+        self.oplogs[stem] = _sidecar_oplog(exc)
         self._write_sidecar(meta)
         return meta

@@ -30,6 +30,8 @@ rest of the suite survive vLLM's moving internal API.
   :class:`FixedRun`, written by hand beside a planted bug);
 * ``_oplog``: the operation log of a scheduler run (:class:`OpLog`), a
   repro's source of truth;
+* ``_oplog_json``: that log as JSON and back (:func:`encode_oplog`,
+  :func:`decode_oplog`), for the campaign's sidecar and ``replay``;
 * ``_ownership``: the shadow model of block ownership after one
   ``schedule()`` (:class:`OwnershipObservation`);
 * ``_evictions``: how each free block came back to the pool
@@ -89,6 +91,7 @@ from fuzz.model._oplog import (
     ScheduledOutput,
     Step,
 )
+from fuzz.model._oplog_json import decode_oplog, encode_oplog
 from fuzz.model._connector import HandOff
 from fuzz.model._scheduler import (
     REPLY_KINDS,
@@ -165,6 +168,8 @@ __all__ = [
     "RunConfig",
     "ScheduledOutput",
     "Step",
+    "decode_oplog",
+    "encode_oplog",
     "AdmissionObservation",
     "AllocationRecord",
     "BlockRef",

@@ -173,6 +173,59 @@ def test_replay_answers_bad_input_with_one_line_and_exit_2(tmp_path: Path, capsy
     assert "expected a repro .py file written by `run`, or its .json sidecar" in err[0], err[0]
 
 
+def _recorded_scheduler_finding(tmp_path: Path, bug: str):  # type: ignore[no-untyped-def]
+    """A planted bug's fixed run (tests/invariants/test_scheduler_planted.py),
+    its violation recorded as a campaign worker records it: the violation and
+    the sidecar returned."""
+    from fuzz.campaign.findings import Findings
+    from fuzz.model import InvariantViolation
+    from tests.invariants.test_scheduler_planted import FIXED_CASES
+
+    check, run = next((c, r) for c, _, b, r, _ in FIXED_CASES if b == bug)
+    with adapter.planted_scheduler_bug(bug):
+        with pytest.raises(InvariantViolation) as caught:
+            run((check,))
+        findings = Findings(repro_dir=tmp_path, start=0.0, campaign_seed=None, worker="w0",
+                            vllm_version=adapter.VLLM_VERSION)
+        meta = findings.record("scheduler-machine", 1, caught.value)
+    assert meta is not None
+    return caught.value, meta
+
+
+def test_replay_reruns_a_sidecars_operation_log_under_every_claim(tmp_path: Path, capsys) -> None:
+    """The sidecar keeps the shrunk log the repro file came from (not the
+    campaign's totals: the returned entry has none); `replay` of the
+    sidecar, or of its .py, rebuilds that log and replays it with every
+    check on: it STILL FAILS, naming the claim and crash state, while the
+    bug is planted, and PASSES now without it."""
+    from fuzz.campaign.findings import crash_state
+    from fuzz.model import decode_oplog
+
+    violation, meta = _recorded_scheduler_finding(tmp_path, "cache_salt_not_hashed")
+    sidecar = tmp_path / f"{meta['stem']}.json"
+    kept = json.loads(sidecar.read_text())
+    assert "oplog" not in meta and kept["repro"] == meta["repro"]
+    assert decode_oplog(kept["oplog"]) == violation.repro_oplog
+    assert len(violation.repro_oplog.steps) <= len(violation.oplog.steps)
+    for path in (sidecar, tmp_path / meta["repro"]):
+        with adapter.planted_scheduler_bug("cache_salt_not_hashed"):
+            assert main(["replay", str(path)]) == 1
+        out = capsys.readouterr().out
+        assert f"{path.name}: STILL FAILS (replayed its operation log" in out, out
+        assert f"  claim: {meta['invariant']}\n" in out and f"  state: {crash_state(violation)}" in out, out
+        assert main(["replay", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert f"{path.name}: PASSES now (replayed its operation log" in out, out
+
+
+def test_replay_refuses_an_unreadable_operation_log_with_one_line(tmp_path: Path, capsys) -> None:
+    sidecar = tmp_path / "finding.json"
+    sidecar.write_text(json.dumps({"repro": None, "oplog": {"format": 1, "log": {"@type": "OpLog", "ops": []}}}))
+    assert main(["replay", str(sidecar)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{sidecar}: its sidecar's oplog cannot be read: log: " in err[0], err
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
