@@ -29,6 +29,7 @@ __all__ = [
     "drafting_pressures",
     "failing_load_configs",
     "generation_lengths",
+    "image_lengths",
     "image_tokens",
     "images",
     "prefix_image",
@@ -58,40 +59,70 @@ def namespaces() -> st.SearchStrategy[tuple[str | None, str | None, str | None]]
     return st.integers(0, len(_NAMESPACES) - 1).map(lambda k: _NAMESPACES[k])
 
 
-# The images a prompt may carry: two, so that requests sending the same
-# tokens may carry different ones at the same placeholder.
-_IMAGES = ("image-a", "image-b")
+# The images a prompt may carry: three, so that requests sending the same
+# tokens may carry different ones at the same placeholder, and a prompt may
+# carry again, elsewhere, a picture another prompt sent.
+_IMAGES = ("image-a", "image-b", "image-c")
 
 
 def image_tokens(block: int) -> int:
-    """The placeholder length of every image on a machine of ``block``-token
-    scheduler blocks (an image's identifier fixes its size): half a block
-    and one more, so that an image at a block's middle straddles two."""
+    """The placeholder length of the smallest images, on a machine of
+    ``block``-token scheduler blocks: half a block and one more, so that an
+    image at a block's middle straddles two."""
     return block // 2 + 1
 
 
-def images(num_tokens: int, block: int, anchored: int | None = None
+def image_lengths(block: int, budget: int) -> st.SearchStrategy[int]:
+    """The placeholder length of every image of a run (an image's
+    identifier fixes its size, and the model's largest item sizes the
+    encoder cache: ``max(budget, length)`` embeddings, as vLLM's
+    ``MultiModalBudget`` does for a ``budget``-token batch): in half the
+    runs :func:`image_tokens` (several outputs fit the cache), in the
+    others more than half the budget (two never fit together: an image
+    waits until an output no request holds can be evicted) up to a block
+    past it (one output fills the cache and is read over several steps),
+    never past two blocks (longer images made long prompts, prefilled over
+    many steps under a small budget: a costlier run, no new state), so a
+    budget of more than four blocks is not pressed. Shrinks to
+    :func:`image_tokens`."""
+    if block < 1 or budget < 1:
+        raise ValueError(f"block={block}, budget={budget}: both must be >= 1")
+    low = min(max(2, budget // 2 + 1), 2 * block)
+    return st.one_of(st.just(image_tokens(block)), st.integers(low, max(low, min(budget + block, 2 * block))))
+
+
+def images(num_tokens: int, block: int, anchored: int | None = None, *, length: int | None = None
            ) -> st.SearchStrategy[tuple[tuple[str, int, int], ...]]:
     """The images a prompt of ``num_tokens`` tokens carries, (identifier,
-    placeholder offset, placeholder length) each, in prompt order: on a
-    shared prefix that carries an image at ``anchored`` (the offset; None:
-    none) inside the prompt, that image in half the prompts, the other
-    image at the same placeholder in a quarter (the same tokens, another
-    picture), and none in a quarter (the same tokens as text); and in half
-    of them, where it fits after that, a second image ending with the prompt
-    (its blocks are hashed as the request decodes). No draw is made for a
-    prompt without one, so the rest of a run's choices are as they were.
-    Shrinks to the prefix's image alone."""
-    length = image_tokens(block)
-    if anchored is None or anchored + length > num_tokens:
-        return st.just(())
+    placeholder offset, placeholder length) each, in prompt order, every
+    one ``length`` tokens long (default :func:`image_tokens`): on a shared
+    prefix that carries an image at ``anchored`` (the offset; None: none)
+    inside the prompt, that image in half the prompts, another image at
+    the same placeholder in a quarter (the same tokens, another picture),
+    and none in a quarter (the same tokens as text); then, in half the
+    prompts, one or two more anywhere after it where they fit, each one of
+    the three pictures (so one an earlier prompt sent, at another place),
+    each ending the prompt in half the draws (its blocks are then hashed
+    as the request decodes). Shrinks to the prefix's image alone."""
+    length = image_tokens(block) if length is None else length
+    if length < 1:
+        raise ValueError(f"length={length} < 1")
 
     @st.composite
     def carried(draw: st.DrawFn) -> tuple[tuple[str, int, int], ...]:
-        k = draw(st.integers(0, 3))
-        found = () if k == 3 else ((_IMAGES[k // 2], anchored, length),)
-        if num_tokens - length >= anchored + length and draw(st.booleans()):
-            found += ((draw(st.sampled_from(_IMAGES)), num_tokens - length, length),)
+        found: tuple[tuple[str, int, int], ...] = ()
+        if anchored is not None and anchored + length <= num_tokens:
+            k = draw(st.integers(0, 3), label="prefix image (3: none)")
+            found = () if k == 3 else ((_IMAGES[k // 2], anchored, length),)
+        end = found[0][1] + length if found else 0
+        for _ in range(draw(st.sampled_from((0, 1, 0, 2)), label="more images")):
+            room = num_tokens - length - end
+            if room < 0:
+                break
+            last = draw(st.booleans(), label="image ends the prompt")
+            at = num_tokens - length if last else end + draw(st.integers(0, room), label="image gap")
+            found += ((draw(st.sampled_from(_IMAGES), label="picture"), at, length),)
+            end = at + length
         return found
 
     return carried()

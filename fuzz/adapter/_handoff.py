@@ -5,7 +5,10 @@ harness's own record of that request's blocks.
 saw it hold: the runner's (from each ``SchedulerOutput``, as
 :class:`fuzz.adapter._contents.BlockContents` keeps it), or, while an async
 load keeps the request from the runner, the blocks
-``update_state_after_alloc`` handed the connector; a preemption empties it.
+``update_state_after_alloc`` handed the connector; a preemption empties it,
+and so does vLLM's release of a failed async load that left no valid token
+(``Scheduler._update_waiting_for_remote_kv``: the request waits again with
+no blocks, and is handed none if aborted before it is admitted again).
 The scripted connector calls :meth:`HandOffWatch.hand_off` inside
 ``request_finished_all_groups``, so the record and the contents are read at
 the moment of the call, before vLLM frees or the pool reuses anything. What
@@ -40,6 +43,7 @@ class HandOffWatch:
         self.with_runner: set[str] = set()  # requests whose record is the runner's table
         self.allocated: dict[str, tuple[tuple[int, ...], ...]] = {}  # the blocks of their last allocation
         self.rolled_back: set[str] = set()  # requests a failed synchronous load ever rolled back (the harness's)
+        self.requests: Any = None  # vLLM's request map, to observe a failed async load's release (see take)
 
     def take(self, out: Any, allocs: Sequence[ConnectorAlloc]) -> None:
         """After the runner took ``out``'s tables: the allocations of the step
@@ -54,6 +58,14 @@ class HandOffWatch:
         for a in allocs:
             self.allocated[a.request_id] = a.block_ids
             self.with_runner.discard(a.request_id)
+        # An async load's request that schedule() moved back to WAITING with
+        # no computed token: its load failed from no local hit, and vLLM
+        # released every block it had allocated.
+        fresh = {a.request_id for a in allocs}
+        for rid in [r for r in self.allocated if r not in fresh and r not in self.with_runner]:
+            request = None if self.requests is None else self.requests.get(rid)
+            if request is not None and request.status.name == "WAITING" and request.num_computed_tokens == 0:
+                del self.allocated[rid]
         cached = out.scheduled_cached_reqs
         for rid in [n.req_id for n in out.scheduled_new_reqs] + list(cached.req_ids):
             if rid in self.contents.tables:

@@ -269,6 +269,7 @@ class ScriptedRunner:
         hashes vLLM's ``requests`` carry (its hash function's, not its cache's
         word): every key the index files is one of them. ``recomputed``: the
         requests a failed sync load ever rolled back."""
+        self.hand_offs.requests = requests  # the same map each step: the next take() observes the queue through it
         cached = _compat.prefix_cache_map(pool)
         if cached is None:
             return (), ()

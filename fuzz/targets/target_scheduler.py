@@ -23,8 +23,9 @@ uses the evict shortcut.
   resets), every invariant checked after every step and the pool whenever
   idle. Rare states are built, not waited for: failing-load runs, a finished
   turn extended past its sub-block tail (``next_turn``), requests decoding
-  with drafts outgrowing the pool (``press_with_drafts``). docs/targets.md
-  has the rules.
+  with drafts outgrowing the pool (``press_with_drafts``), an image sent
+  again while another needs the encoder cache (``share_image``, in
+  ``_machine_images.py``). docs/targets.md has the rules.
 """
 
 from __future__ import annotations
@@ -37,28 +38,21 @@ from collections.abc import Callable, Iterator, Sequence
 import pytest
 from hypothesis import event, example, given, note, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    Bundle,
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
-)
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from fuzz.adapter import missing_capabilities
 from fuzz.registry import SCHEDULER_TIER
-from fuzz.model import ExternalReply, SchedulerDraw
+from fuzz.targets._machine_images import ImageRules
+from fuzz.model import ExternalReply, SchedulerDraw, SingleShotScenario
 from fuzz.runners.scheduler import ALL_CHECKS, Stepper, build_harness, carrying_oplog, run_single_shot
 from invariants.scheduler import check_no_leaked_blocks
 from strategies.engine_models import engine_single_shot_scenarios
-from fuzz.model import SingleShotScenario
 from strategies.machine import (
     drafting_pressures,
     namespaces,
     failing_load_configs,
     generation_lengths,
-    image_tokens,
+    image_lengths,
     images,
     machine_configs,
     prefix_image,
@@ -183,7 +177,7 @@ def checks_for_machine(checks: tuple[Callable[..., None], ...]) -> Iterator[None
         _machine_checks = saved
 
 
-class SchedulerMachine(RuleBasedStateMachine):
+class SchedulerMachine(ImageRules, RuleBasedStateMachine):
     """Requests sharing prefixes come and go on one real scheduler.
 
     Prefixes live in a Bundle, so later requests really hit what earlier ones
@@ -193,7 +187,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     prefixes = Bundle("prefixes")
 
-    draws_images = True  # requests carry their shared prefix's images (a one-rule measurement may not)
+    draws_images = True  # requests carry images (a one-rule measurement may not)
 
     def __init__(self) -> None:
         super().__init__()
@@ -219,8 +213,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         note(f"config: {config!r}")
         harness = build_harness(config)
         self.stepper = None if harness is None else Stepper(harness, _machine_checks)
-        self.block = config.layout.scheduler_block_size
-        self.unit = config.layout.hash_block_size
+        self.block, self.unit = config.layout.scheduler_block_size, config.layout.hash_block_size
+        self.image_len = data.draw(image_lengths(self.block, config.max_num_batched_tokens), label="image tokens")
         # A failing load spans at least two blocks before the token left to
         # compute (a one-block load has only the load's start to resume at).
         prefix = self.new_prefix(
@@ -319,9 +313,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         # One request in eight skips the prefix cache its predecessors filled.
         skip = data.draw(prefix_cache_skips(), label="skip_reading_prefix_cache")
         salt, lora, embeds = data.draw(namespaces(), label="cache_salt, lora, prompt embeddings")
-        image = prefix_image(prefix, self.block) if self.draws_images else None
-        anchored = image if image is not None and image + image_tokens(self.block) <= cut else None
-        mm = () if embeds else data.draw(images(len(tokens), self.block, anchored), label="images")
+        image = prefix_image(prefix, self.block)
+        anchored = image if image is not None and image + self.image_len <= cut else None
+        mm = () if embeds or not self.draws_images else data.draw(
+            images(len(tokens), self.block, anchored, length=self.image_len), label="images")
         rid = self.harness.add_request(tokens, max_tokens=max_tokens, reply=reply, skip_reading_prefix_cache=skip,
                                        cache_salt=salt, lora=lora, embeds=embeds, mm=mm)
         if mm:

@@ -129,6 +129,9 @@ class PressedTurnMachine(SchedulerMachine):
         """Not a rule here: this measures next_turn alone (a rule the sample
         did not have moved its derandomized draws: 8 of 41 pressed runs)."""
 
+    def share_image(self, data: st.DataObject) -> None:  # type: ignore[override]
+        """Not a rule here either (no images: see draws_images)."""
+
     def config_draws(self, failing_load: bool):  # type: ignore[no-untyped-def]
         return machine_configs(configs=scheduler_draws(
             layouts=scheduler_layouts(weights=(6, 2, 2, 1, 2, 0)), asynchronous=True, producers=True, speculative=True,

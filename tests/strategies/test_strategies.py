@@ -173,19 +173,34 @@ def test_a_planted_bug_shrinks_to_the_minimal_hybrid_layout(seed: int) -> None:
 
 
 @given(num_tokens=st.integers(1, 80), block=st.integers(1, 20), anchored=st.none() | st.integers(0, 40),
-       data=st.data())
-def test_drawn_images_fit_their_prompt_at_the_prefixs_placeholder(
-        num_tokens: int, block: int, anchored: int | None, data: st.DataObject) -> None:
+       length=st.none() | st.integers(1, 40), data=st.data())
+def test_drawn_images_fit_their_prompt_in_order(
+        num_tokens: int, block: int, anchored: int | None, length: int | None, data: st.DataObject) -> None:
     from strategies.machine import image_tokens, images
 
-    drawn = data.draw(images(num_tokens, block, anchored))
-    assert len(drawn) <= 2, drawn
+    size = image_tokens(block) if length is None else length
+    drawn = data.draw(images(num_tokens, block, anchored, length=length))
+    assert len(drawn) <= 3, drawn
     end = 0
-    for i, (name, offset, length) in enumerate(drawn):
-        assert name in ("image-a", "image-b") and length == image_tokens(block), drawn
-        assert end <= offset and offset + length <= num_tokens, (num_tokens, drawn)
-        assert offset == anchored or offset + length == num_tokens, drawn  # the prefix's, or one ending the prompt
-        end = offset + length
+    for i, (name, offset, n) in enumerate(drawn):
+        assert name in ("image-a", "image-b", "image-c") and n == size, drawn
+        assert end <= offset and offset + n <= num_tokens, (num_tokens, drawn)
+        end = offset + n
+    # Two at most anywhere; a third only at the prefix's placeholder, first.
+    if len(drawn) == 3:
+        assert anchored is not None and drawn[0][1] == anchored, drawn
+
+
+@given(block=st.integers(1, 20), budget=st.integers(1, 200), data=st.data())
+def test_image_lengths_are_small_or_press_the_encoder_cache(block: int, budget: int, data: st.DataObject) -> None:
+    from strategies.machine import image_lengths, image_tokens
+
+    length = data.draw(image_lengths(block, budget))
+    assert 1 <= length <= max(image_tokens(block), 2 * block), (block, budget, length)
+    # Not the small image: two outputs never fit the cache (max(budget, length)),
+    # unless the two-block cap (a budget of more than four blocks) holds it back.
+    if length != image_tokens(block) and budget <= 4 * block:
+        assert 2 * length > max(budget, length), (block, budget, length)
 
 
 def test_a_prefix_image_is_carried_swapped_or_left_out() -> None:
@@ -198,7 +213,13 @@ def test_a_prefix_image_is_carried_swapped_or_left_out() -> None:
     assert find(images(20, 8, 4), lambda _: True) == (("image-a", 4, image_tokens(8)),)
     assert find(images(20, 8, 4), lambda d: bool(d) and d[0][0] == "image-b") == (("image-b", 4, image_tokens(8)),)
     assert find(images(20, 8, 4), lambda d: not d) == ()
-    assert find(images(20, 8, 4), lambda d: len(d) == 2) == (("image-a", 4, 5), ("image-a", 15, 5))
-    # No image on the prefix, or one that does not fit the prompt: none, and no draw.
+    # Another picture anywhere after it (a gap drawn, or ending the prompt).
+    assert find(images(20, 8, 4), lambda d: len(d) == 2 and d[1][1] < 15) == (("image-a", 4, 5), ("image-a", 9, 5))
+    assert find(images(20, 8, 4), lambda d: len(d) == 2 and d[1][1] == 15) == (("image-a", 4, 5), ("image-a", 15, 5))
+    assert find(images(20, 8, 4), lambda d: d[-1:] and d[-1][0] == "image-c" and d[-1][1] == 15) == (
+        ("image-a", 4, 5), ("image-c", 15, 5))
+    # No image on the prefix, or one that does not fit the prompt: images anywhere, of the given length.
     assert find(images(20, 8), lambda _: True) == ()
-    assert find(images(6, 8, 4), lambda _: True) == ()
+    assert find(images(20, 8), lambda d: bool(d) and d[0][1] == 0) == (("image-a", 0, 5),)
+    assert find(images(20, 8, length=12), lambda d: len(d) == 1 and d[0][1] == 0) == (("image-a", 0, 12),)
+    assert find(images(6, 8, 4), lambda d: bool(d) and d[0][1] == 1) == (("image-a", 1, 5),)
