@@ -283,9 +283,12 @@ class Stepper:
             self.labels.add(NO_PROGRESS if self.harness.going_nowhere else "stalled; aborted")
             for rid in self.harness.live_request_ids:
                 self.harness.abort(rid)
-            while self._busy() and not self.harness.broken and steps < 2 * max_steps:
-                self.step()
-                steps += 1
+        # What is left (an output still pending: it returns an aborted
+        # request's deferred frees) is served whether or not the run went
+        # anywhere.
+        while self._busy() and not self.harness.broken and steps < 2 * max_steps:
+            self.step()
+            steps += 1
 
 
 def run_single_shot(

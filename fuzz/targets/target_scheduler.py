@@ -560,7 +560,10 @@ class SchedulerMachine(ImageRules, RuleBasedStateMachine):
             # idle: no request, no output pending; stalled: steps with
             # nothing to do (waiting requests the pool cannot hold; stranded
             # ones fail their check first); going nowhere: a preemption loop.
-            if not self._live() or self.harness.is_idle() or self.harness.stalled or self.harness.going_nowhere:
+            # With no request left, an output still pending is fed all the
+            # same: it is what returns an aborted request's deferred frees.
+            stuck = self.harness.stalled or self.harness.going_nowhere
+            if not self._live() or self.harness.is_idle() or (stuck and self.harness.live_request_ids):
                 break
             self.step(1)
 
