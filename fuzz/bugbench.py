@@ -329,7 +329,7 @@ def run_bench(bugs: list[BenchBug], *, budget: float, seeds: int, timeout_slack:
 def main(argv: list[str] | None = None) -> int:
     from fuzz.matrix.envs import DEFAULT_ROOT
 
-    from fuzz.cli import EXIT_ERROR, OneLineParser, UsageError
+    from fuzz.args import EXIT_ERROR, OneLineParser, UsageError
 
     p = OneLineParser(prog="python -m fuzz bugbench", description=__doc__.splitlines()[0])
     p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds per trial (default %(default)s)")

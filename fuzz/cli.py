@@ -21,22 +21,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from fuzz.args import EXIT_ERROR, EXIT_MISSED_HIT, EXIT_OK, EXIT_VIOLATION, OneLineParser, UsageError
+
 __all__ = ["EXIT_ERROR", "EXIT_MISSED_HIT", "EXIT_OK", "EXIT_VIOLATION", "UsageError", "main", "matrix_exit_code", "parse_duration"]
 
 ROOT = Path(__file__).resolve().parent.parent
-EXIT_OK, EXIT_VIOLATION, EXIT_ERROR, EXIT_MISSED_HIT = 0, 1, 2, 3
 DEFAULT_BUDGET = "60s"
-
-
-class UsageError(Exception):
-    """One clear line for the user (``python -m fuzz COMMAND: ...``); exit code 2."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one :class:`UsageError` line."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]  # one line, exit code 2
-        raise UsageError(message)
 
 
 def parse_duration(text: str) -> float:
@@ -128,7 +118,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--plant", default=None, help="plant a known truncation or scheduler bug (self-tests and benchmarks)")
     run.add_argument("--coverage", action="store_true",
                      help="measure line and branch coverage of vLLM's KV-cache and scheduler code (coverage.py; "
-                          "see fuzz/coverage.py and docs/coverage.md)")
+                          "see fuzz/coverage/__init__.py and docs/coverage.md)")
     sub.add_parser("list", help="list the targets")
     replay = sub.add_parser("replay", help="rerun a saved finding and say whether it still fails")
     replay.add_argument("file", help="a finding's .json sidecar or repro .py file written by `run`: the operation log "
@@ -400,7 +390,7 @@ def _replay_log(name: str, meta: dict, log) -> int:  # type: ignore[no-untyped-d
     """Replay a sidecar's operation log through the harness with every
     check on, known vLLM bugs set aside as in a campaign."""
     from fuzz.campaign.findings import crash_state
-    from fuzz.repro_shrink import first_violation
+    from fuzz.repro.shrink import first_violation
     from fuzz.runners.scheduler import ALL_CHECKS
 
     size = log.size()

@@ -21,7 +21,7 @@ __all__ = ["TARGETS", "Target", "default_targets", "get_target"]
 TRUNCATION_TIER = ("truncate", "connector-lookup", "per-group-lookup")
 SCHEDULER_TIER = ("truncate", "local-prefix-hit")
 # Scheduler targets write their repro from the run's operation log.
-SCHEDULER_REPRO = "fuzz.repro_scheduler:scheduler_repro_of_failure"
+SCHEDULER_REPRO = "fuzz.repro.scheduler:scheduler_repro_of_failure"
 # The reach labels (fuzz.model.ENGINE_REACHABLE / SCHEDULER_API), spelled out
 # here so listing targets never imports the suite's model.
 _API = "scheduler-API"
@@ -81,7 +81,7 @@ TARGETS: dict[str, Target] = {
             "fuzz_truncate_hybrid",
             strategy="hybrid_scenarios",
             check="check_truncation_scenario",
-            repro="fuzz.repro:truncation_repro_of_failure",
+            repro="fuzz.repro.truncation:truncation_repro_of_failure",
             needs=TRUNCATION_TIER,
         ),
         Target(
@@ -91,7 +91,7 @@ TARGETS: dict[str, Target] = {
             "fuzz_truncate_any_layout",
             strategy="any_layout_scenarios",
             check="check_truncation_scenario",
-            repro="fuzz.repro:truncation_repro_of_failure",
+            repro="fuzz.repro.truncation:truncation_repro_of_failure",
             needs=TRUNCATION_TIER,
         ),
         Target(

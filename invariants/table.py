@@ -44,7 +44,7 @@ class Invariant:
     * ``real_bug``: for a claim unmodified vLLM already fails, the open entry
       of :data:`fuzz.known_bugs.KNOWN_BUGS` that shows it failing instead;
     * ``repro``: a standalone repro can state it (the scheduler writer's
-      :data:`fuzz.repro_scheduler.WRITABLE`; the truncation writer asserts the
+      :data:`fuzz.repro.scheduler.WRITABLE`; the truncation writer asserts the
       call's failure or its per-group lengths and prefix view). A scheduler
       file states it with ``check`` itself where the kit keeps the records
       it reads (its module is one of :data:`fuzz.kit.SUITE_CHECK_MODULES`,

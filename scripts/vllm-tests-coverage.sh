@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # vLLM's own unit tests of the KV-cache and scheduler code, under the same
-# coverage measurement as `python -m fuzz run --coverage` (fuzz/coverage.py),
+# coverage measurement as `python -m fuzz run --coverage` (fuzz/coverage/__init__.py),
 # printing the same per-file / per-function tables (docs/coverage.md).
 #
 #   scripts/vllm-tests-coverage.sh [OUT_DIR] [pytest selection...]

@@ -1,5 +1,5 @@
 """Run vLLM's own unit tests of the KV-cache and scheduler code under the
-campaign's coverage measurement (fuzz/coverage.py) and print the same tables.
+campaign's coverage measurement (fuzz/coverage/__init__.py) and print the same tables.
 
 Called by scripts/vllm-tests-coverage.sh, which fetches the tests and sets
 the environment (VLLM_TARGET_DEVICE=cpu, HF_HUB_OFFLINE=1, a local HF_HOME).

@@ -31,7 +31,7 @@ def main() -> int:
     parser.add_argument("--json", help="also write the files to this file (claim-async -> source)")
     args = parser.parse_args()
     import fuzz.adapter  # noqa: F401  (vLLM's offline environment first)
-    from fuzz.repro_scheduler import scheduler_repro
+    from fuzz.repro.scheduler import scheduler_repro
     from tests.findings.test_repro_kit import _tiny_log
 
     files: dict[str, str | None] = {}

@@ -42,8 +42,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 logging.getLogger(_base.__name__).setLevel(logging.ERROR)
 
 from fuzz.adapter import _compat  # noqa: E402
-from fuzz import kit  # noqa: E402
-from fuzz.model import ExternalReply  # noqa: E402
+from fuzz.model import ExternalReply, saved_prefix  # noqa: E402
 from fuzz.adapter._contents import namespace_within  # noqa: E402
 from fuzz.model import ConnectorFinish, ConnectorMeta, HandOff, HarnessError  # noqa: E402
 
@@ -163,7 +162,7 @@ class ConnectorScript:
         image counts from its placeholder on: namespace_within)."""
         best = 0
         for theirs, entry in self.saved:
-            n = kit.saved_prefix([entry], tokens, self.save_unit)
+            n = saved_prefix([entry], tokens, self.save_unit)
             while n > best and namespace_within(theirs, n) != namespace_within(namespace, n):
                 n -= self.save_unit
             best = max(best, n)

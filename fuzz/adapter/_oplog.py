@@ -19,11 +19,10 @@ from fuzz.adapter import _compat, _connector
 from fuzz.adapter._build import build_scheduler
 from fuzz.adapter._config import _MODEL_CONFIGS
 from fuzz.adapter._env import sha256
-from fuzz import kit  # noqa: E402 - after the environment, like every vLLM import
 
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
-from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 from fuzz.model import (  # noqa: E402
@@ -91,7 +90,12 @@ def model_runner_output(fed: FedOutput) -> Any:
         if fed.finished_recving or fed.failed_recving or fed.invalid_block_ids or fed.finished_sending
         else None
     )
-    return kit.model_runner_output(list(fed.req_ids), [list(t) for t in fed.sampled_token_ids], connector)
+    return ModelRunnerOutput(
+        req_ids=list(fed.req_ids),
+        req_id_to_index={r: i for i, r in enumerate(fed.req_ids)},
+        sampled_token_ids=[list(t) for t in fed.sampled_token_ids],
+        kv_connector_output=connector,
+    )
 
 
 def request_of(op: AddRequest, hash_block_size: int) -> Request:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fuzz import coverage
 from fuzz.campaign import config as config_module
 from fuzz.campaign.config import CampaignConfig
 from fuzz.campaign.progress import harness_errors, read_totals
@@ -74,6 +75,7 @@ def run_campaign(config: CampaignConfig, *, workers: int, profile: str, env: dic
            "--rootdir", str(ROOT), "-o", "addopts=", "-W", "ignore::DeprecationWarning"]
     if config.coverage:
         cmd += ["-p", "fuzz.coverage"]  # starts the tracer before conftest.py imports vLLM
+        env[coverage.TRACE_ENV] = coverage.trace_env(config.stats_dir, config.start, config.slots)
     if workers > 1:
         cmd += ["-p", "xdist.plugin", "-n", str(workers), "--dist", "load"]
     if junit is not None:

@@ -1,6 +1,6 @@
 """The standalone repro kit: real modules whose source a repro file carries.
 
-A repro of a scheduler-tier failure (:mod:`fuzz.repro_scheduler`) is one
+A repro of a scheduler-tier failure (:mod:`fuzz.repro.scheduler`) is one
 pytest file that imports vLLM, pytest and the standard library only. Its
 code is copied out of these modules with :func:`inspect.getsource`, only the
 definitions its failing claim needs, so the kit is linted and tested as code
@@ -11,12 +11,14 @@ and no Python lives in string templates:
   connector and its role, the request features the program uses and the
   prefill cadence are data here, not variants of the code);
 * :mod:`fuzz.kit._connector`: the scripted KV connector, where the
-  program needs one (its store's :func:`saved_prefix` is the harness's too);
+  program needs one (its store's ``saved_prefix`` is the harness's too:
+  ``fuzz.model._kv``);
 * :mod:`fuzz.kit._build`: the scheduler and its requests;
 * :mod:`fuzz.kit._watch`: what the file watches the scheduler do;
 * :mod:`fuzz.kit._driver`: the engine step loop and the closing drain;
 * :mod:`fuzz.kit._worker`: what the model runner knows and samples;
-* :mod:`fuzz.kit._outputs`: the ModelRunnerOutput it returns (the harness's too);
+* :mod:`fuzz.kit._outputs`: the ModelRunnerOutput it returns (built as the
+  harness's replay builds it, ``fuzz.adapter._oplog``);
 * :mod:`fuzz.kit._contents`: what each block holds (the suite's model);
 * ``fuzz.adapter._events``: the KV events a router replays (the suite's own);
 * ``fuzz.model._hits``, ``fuzz.adapter._hits``: the hit the index allows a
@@ -50,11 +52,9 @@ tests/findings/test_repro_kit.py holds them to it.
 
 from __future__ import annotations
 
-from fuzz.kit._connector import saved_prefix
-from fuzz.kit._outputs import model_runner_output
 
 __all__ = [
-    "COPIED_MODULES", "KIT_MODULES", "SUITE_CHECK_MODULES", "TRUNCATION_KIT_MODULES", "model_runner_output", "saved_prefix",
+    "COPIED_MODULES", "KIT_MODULES", "SUITE_CHECK_MODULES", "TRUNCATION_KIT_MODULES",
 ]
 
 # In the order a file carries their definitions.

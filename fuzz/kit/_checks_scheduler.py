@@ -7,7 +7,7 @@ to compute, stale output and rejected drafts (fuzz.model's records, and
 :mod:`fuzz.kit._loads` for failed loads).
 
 Each kit check restates one suite invariant on vLLM's own objects and the
-watch (``fuzz.repro_scheduler._check_of`` pairs them); it is called as
+watch (``fuzz.repro.scheduler._check_of`` pairs them); it is called as
 ``check(scheduler, out, watch, step)`` right after the step where the
 invariant broke, and raises AssertionError naming the step, the request,
 the group and the numbers that disagree. The other rooms of checks follow

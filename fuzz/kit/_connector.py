@@ -13,21 +13,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from fuzz.model._kv import saved_prefix
 from fuzz.kit._params import DIVERGENT_HITS, KV_ROLE, SAVED_STORE, SCHEDULER_BLOCK_SIZE, STORE
-
-
-def saved_prefix(saved, tokens, unit):
-    """The longest prefix of ``tokens``, in whole blocks of ``unit`` tokens,
-    that one of the ``saved`` token sequences starts with."""
-    best = 0
-    for entry in saved:
-        n = 0
-        for a, b in zip(entry, tokens):
-            if a != b:
-                break
-            n += 1
-        best = max(best, n // unit * unit)
-    return best
 
 
 class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):

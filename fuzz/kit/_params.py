@@ -1,7 +1,7 @@
 """The data a standalone repro's kit reads: module-level constants.
 
 A generated file defines each of these at its top with the failing run's
-values (:mod:`fuzz.repro_scheduler` writes them); the kit's functions read
+values (:mod:`fuzz.repro.scheduler` writes them); the kit's functions read
 them as globals, so one definition serves every configuration. The values
 here are a small sync configuration, so that the kit imports and lints as a
 module of its own.

@@ -1,4 +1,4 @@
-"""The constants a truncation repro defines at its top (:mod:`fuzz.repro`
+"""The constants a truncation repro defines at its top (:mod:`fuzz.repro.truncation`
 writes them); :mod:`fuzz.kit._truncation` reads them. Defaults: one small
 full-attention layout, so that the kit imports and lints on its own."""
 

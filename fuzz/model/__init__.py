@@ -70,7 +70,7 @@ from fuzz.model._classification import (
     question_for,
 )
 from fuzz.model._groups import answer_acted_on, cdiv, group_behaviour, group_kind, group_name, span_of
-from fuzz.model._kv import first_needed_token
+from fuzz.model._kv import first_needed_token, saved_prefix
 from fuzz.model._ownership import AllocationRecord, HeldTable, LookupRecord, OwnershipObservation
 from fuzz.model._evictions import Eviction, FreedBlock, describe_out_of_order, evicted_out_of_order, reused_before
 from fuzz.model._cache import ForgottenEntry, ShortHit
@@ -127,6 +127,7 @@ from fuzz.model._outputs import draft_verifications_of, drafts_to_verify_of, sta
 from fuzz.model._violations import Fact, HarnessError, Instance, InvariantViolation, MissedHit
 
 __all__ = [
+    "saved_prefix",
     "EndpointRule",
     "FixedPrompt",
     "FixedRun",

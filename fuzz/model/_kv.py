@@ -204,3 +204,17 @@ class TruncationObservation:
         if self.context:
             lines.append(f"  scenario: {self.context}")
         return "\n".join(lines)
+
+
+def saved_prefix(saved: Any, tokens: Any, unit: int) -> int:
+    """The longest prefix of ``tokens``, in whole blocks of ``unit`` tokens,
+    that one of the ``saved`` token sequences starts with."""
+    best = 0
+    for entry in saved:
+        n = 0
+        for a, b in zip(entry, tokens):
+            if a != b:
+                break
+            n += 1
+        best = max(best, n // unit * unit)
+    return best

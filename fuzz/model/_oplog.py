@@ -13,7 +13,7 @@ returned (:class:`ScheduledOutput`), every connector answer it asked for
 ``update_from_output()`` (:class:`FedOutput`), with finished async loads,
 failed ones and invalid blocks.
 
-The log is the source of truth of a standalone repro (:mod:`fuzz.repro_scheduler`),
+The log is the source of truth of a standalone repro (:mod:`fuzz.repro.scheduler`),
 and replaying it (:func:`fuzz.adapter.replay_oplog`) gives the same
 ``SchedulerOutput`` s.
 """

@@ -475,7 +475,7 @@ def upstream_form(log: OpLog, invariant: str) -> tuple[str, str, InvariantViolat
     shrunk run's violation has no facts the file can state (a shorter run
     may break the claim where the vocabulary says nothing), the whole run
     is. None when neither replay breaks the claim with facts a file states."""
-    from fuzz.repro_shrink import replay_violation, shrink_oplog
+    from fuzz.repro.shrink import replay_violation, shrink_oplog
 
     rows = [row for row in INVARIANTS if row.name == invariant and row.tier == "scheduler"]
     if not rows:

@@ -25,7 +25,7 @@ from fuzz.model import (
     decode_oplog,
     encode_oplog,
 )
-from fuzz.repro_shrink import first_violation
+from fuzz.repro.shrink import first_violation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from tests.invariants.test_scheduler_planted import FIXED_CASES
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from fuzz.kit import COPIED_MODULES, KIT_MODULES, SUITE_CHECK_MODULES, TRUNCATION_KIT_MODULES
-from fuzz.repro_scheduler import WRITABLE, _check_of, _constants, scheduler_repro
-from fuzz.repro_source import kit_definitions, kit_source, specialise, trim
+from fuzz.repro.scheduler import WRITABLE, _check_of, _constants, scheduler_repro
+from fuzz.repro.source import kit_definitions, kit_source, specialise, trim
 from fuzz.targets.target_scheduler import UNSUPPORTED
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def _ruff(*paths: Path) -> subprocess.CompletedProcess[str]:
 
 def test_the_kit_lints_clean() -> None:
     modules = [ROOT / (m.replace(".", "/") + ".py") for m in KIT_MODULES + TRUNCATION_KIT_MODULES]
-    writers = [ROOT / "fuzz" / name for name in ("repro_source.py", "repro_scheduler.py", "repro_shrink.py", "repro.py")]
+    writers = [ROOT / "fuzz" / "repro" / name for name in ("source.py", "scheduler.py", "shrink.py", "truncation.py")]
     result = _ruff(*modules, *writers)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -121,8 +121,8 @@ def test_the_kit_s_admission_record_reads_as_an_admission() -> None:
     import invariants.scheduler as checks
     from fuzz.kit._admissions import Admission
     from fuzz.model import AdmissionObservation
-    from fuzz.repro_scheduler import _PER_ADMISSION
-    from fuzz.repro_source import kit_attributes
+    from fuzz.repro.scheduler import _PER_ADMISSION
+    from fuzz.repro.source import kit_attributes
 
     kit = {f.name for f in dataclasses.fields(Admission)}
     suite = {f.name for f in dataclasses.fields(AdmissionObservation)}
@@ -163,7 +163,7 @@ def test_the_watch_records_what_every_carried_step_check_reads() -> None:
     import inspect
 
     from fuzz.kit import KIT_MODULES
-    from fuzz.repro_scheduler import WRITABLE, _PER_ADMISSION, _PER_LOOKUP, _check_of, _ROWS
+    from fuzz.repro.scheduler import WRITABLE, _PER_ADMISSION, _PER_LOOKUP, _check_of, _ROWS
 
     recorded = {"describe"}
     for name in KIT_MODULES:
@@ -188,7 +188,7 @@ def test_the_watch_records_what_every_carried_step_check_reads() -> None:
 
 
 def test_a_file_drops_the_triage_of_the_violations_it_raises() -> None:
-    from fuzz.repro_prune_triage import without_triage
+    from fuzz.repro.prune_triage import without_triage
 
     source = (
         'def check(step):\n'
@@ -209,7 +209,7 @@ def test_a_file_drops_the_fields_of_its_records_nothing_reads() -> None:
     that filled it; a field read, filled by position or through ``**``, set
     through another call's keyword, or whose value might change something,
     stays."""
-    from fuzz.repro_prune_fields import unread_fields
+    from fuzz.repro.prune_fields import unread_fields
 
     record = (
         "@dataclasses.dataclass(frozen=True)\n"
@@ -333,7 +333,7 @@ def test_a_record_nothing_reads_goes_with_every_store_into_it() -> None:
     attribute or string reads loses its stores (an if they empty keeps its
     test); one read by name, or stored by a call that may change something,
     stays."""
-    from fuzz.repro_prune import unread_records, without_lines
+    from fuzz.repro.prune import unread_records, without_lines
 
     sources = {"W": _RECORDS.split("\n\ndef ")[0], "f": "def " + _RECORDS.split("\n\ndef ")[1]}
     drops = unread_records(sources, {"W"}, extra="")
@@ -346,7 +346,7 @@ def test_a_record_nothing_reads_goes_with_every_store_into_it() -> None:
 
 
 def test_a_local_nothing_reads_and_an_empty_splat_go() -> None:
-    from fuzz.repro_prune import without_unused_locals
+    from fuzz.repro.prune import without_unused_locals
 
     source = "def f(a):\n    x, y = a.b, {}\n    extra = {}\n    z = a.c()\n    return g(\n        1, **extra)\n"
     assert without_unused_locals(source) == "def f(a):\n    z = a.c()\n    return g(\n        1)"
@@ -428,7 +428,7 @@ def test_the_failing_run_s_log_travels_with_the_violation() -> None:
     itself: a later run in the same process changes nothing."""
     from fuzz.adapter import SchedulerHarness, planted_scheduler_bug
     from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
-    from fuzz.repro_scheduler import scheduler_repro_of_failure
+    from fuzz.repro.scheduler import scheduler_repro_of_failure
     from fuzz.runners.scheduler import ALL_CHECKS, Stepper
 
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4)), hash_block_size=1, num_blocks=19)
@@ -512,7 +512,7 @@ def _claims_on_fixed_runs() -> list[str]:
     """Every claim a file can state that a fixed run shows failing (the
     cases of :func:`_planted_runs`), from the table: a new one is tested here
     without a line in this file."""
-    from fuzz.repro_scheduler import WRITABLE
+    from fuzz.repro.scheduler import WRITABLE
     from tests.invariants.test_scheduler_planted import FIXED_CASES, SPEC_DECODE_CASES
 
     return sorted({name for _, name, *_ in (*FIXED_CASES, *SPEC_DECODE_CASES)} & WRITABLE)
@@ -526,7 +526,7 @@ def test_the_suite_s_invariant_and_the_kit_s_check_agree_on_recorded_runs(invari
     check (``fuzz.kit.SUITE_CHECK_MODULES``): the watch's records agree with
     the harness's on the same run."""
     from fuzz.adapter import planted_scheduler_bug
-    from fuzz.repro_scheduler import _replay_checked, shrink_oplog
+    from fuzz.repro.scheduler import _replay_checked, shrink_oplog
 
     (bug, check, _, failing_log), *_ = [c for c in _planted_runs() if c[2] == invariant]
     with planted_scheduler_bug(bug):
@@ -550,7 +550,7 @@ def test_the_suite_s_invariant_and_the_kit_s_check_agree_on_recorded_runs(invari
 def test_a_written_truncation_file_lints_clean(tmp_path: Path) -> None:
     from fuzz import adapter
     from fuzz.model import TruncationObservation
-    from fuzz.repro import truncation_repro
+    from fuzz.repro.truncation import truncation_repro
     from fuzz.targets.target_truncate import SEED_PR_51468
 
     obs = TruncationObservation(
@@ -571,7 +571,7 @@ def test_a_written_truncation_file_lints_clean(tmp_path: Path) -> None:
 def test_an_if_on_a_record_the_file_never_fills_is_decided() -> None:
     """A record only ever stored empty, emptied or read (any owner) makes
     ``if watch.x:`` false; one filled anywhere (the test too) does not."""
-    from fuzz.repro_prune import never_filled
+    from fuzz.repro.prune import never_filled
 
     sources = {"W": "class W:\n    def __init__(self):\n        self.a = []\n        self.b = []\n        self.c = {}",
                "f": "def f(watch):\n    if watch.a:\n        watch.a.clear()\n    watch.b.append(1)\n    return len(watch.c)"}
@@ -581,7 +581,7 @@ def test_an_if_on_a_record_the_file_never_fills_is_decided() -> None:
 
 
 def test_a_field_set_from_constants_decides_its_ifs_and_unused_parameters_go() -> None:
-    from fuzz.repro_prune import calls_doing_nothing, constant_fields, unused_parameters
+    from fuzz.repro.prune import calls_doing_nothing, constant_fields, unused_parameters
 
     sources = {"R": "class R:\n    def __init__(self, fast=False):\n        self.fast = fast\n"
                     "    def go(self, x):\n        if self.fast and x:\n            return 1\n        return 2",
@@ -609,7 +609,7 @@ def test_a_sync_file_without_aborts_or_speculation_carries_none_of_their_code() 
 
 
 def test_a_parameter_the_docstring_names_stays() -> None:
-    from fuzz.repro_prune import unused_parameters
+    from fuzz.repro.prune import unused_parameters
 
     sources = {"f": 'def f(out, done):\n    """For each request of ``out``."""\n    return done',
                "g": "def g(x):\n    return f(x, 1)"}
@@ -623,7 +623,7 @@ def test_a_helper_called_once_moves_to_its_call() -> None:
     """Its body replaces the call (parameters renamed to the names passed,
     ``return v`` the call's assignment, a passed call bound first); a
     helper called twice, or whose locals clash with the caller's, stays."""
-    from fuzz.repro_prune_inline import inlined_helpers
+    from fuzz.repro.prune_inline import inlined_helpers
 
     sources = {
         "begin": 'def begin(w):\n    """Doc."""\n    w.step += 1\n    w.seen = []',
@@ -644,14 +644,14 @@ def test_a_helper_called_once_moves_to_its_call() -> None:
 
 
 def test_a_one_line_method_called_once_moves_into_its_expression() -> None:
-    from fuzz.repro_prune_inline import inlined_helpers
+    from fuzz.repro.prune_inline import inlined_helpers
 
     sources = {"W": "class W:\n    def a(self, x):\n        return self.b(x) + 1\n\n    def b(self, y):\n        return y * 2"}
     assert inlined_helpers(sources, {"W"}, extra="W().a(1)") == {"W": "class W:\n    def a(self, x):\n        return (x * 2) + 1"}
 
 
 def test_annotations_go_but_a_class_body_s_fields_keep_theirs() -> None:
-    from fuzz.repro_prune_annotations import without_annotations
+    from fuzz.repro.prune_annotations import without_annotations
 
     source = ("class C:\n    x: int = 3\n\n    def f(self, a: int,\n          b: str | None = None) -> bool:\n"
               "        y: list[int] = []\n        return bool(y)")
@@ -675,7 +675,7 @@ def test_a_summary_too_long_to_cut_goes_rather_than_a_fragment() -> None:
 
 
 def test_an_argument_equal_to_vllm_s_declared_default_goes() -> None:
-    from fuzz.repro_prune_defaults import without_default_arguments
+    from fuzz.repro.prune_defaults import without_default_arguments
 
     defaults = {"Config": {"seed": 0, "flag": True, "mode": "none"}}
     source = ("def make():\n    return Config(\n        seed=SEED,\n        flag=1,\n        mode='none',\n"
@@ -696,7 +696,7 @@ def test_the_declared_defaults_are_read_from_vllm() -> None:
 
 
 def test_a_literal_bound_once_and_read_once_moves_to_its_read() -> None:
-    from fuzz.repro_prune_stores import with_literals_inlined
+    from fuzz.repro.prune_stores import with_literals_inlined
 
     source = "def f(s):\n    out = None\n    s.update(x=out)\n    return s"
     assert with_literals_inlined(source) == "def f(s):\n    s.update(x=None)\n    return s"
@@ -709,7 +709,7 @@ def test_a_literal_bound_once_and_read_once_moves_to_its_read() -> None:
 
 
 def test_a_store_the_next_statement_about_its_owner_overwrites_goes() -> None:
-    from fuzz.repro_prune_stores import without_overwritten_stores
+    from fuzz.repro.prune_stores import without_overwritten_stores
 
     source = "def f(s, w):\n    w.a = []\n    out = s.run()\n    w.a = g(out)\n    return out"
     assert without_overwritten_stores(source) == "def f(s, w):\n    out = s.run()\n    w.a = g(out)\n    return out"
@@ -722,7 +722,7 @@ def test_a_store_the_next_statement_about_its_owner_overwrites_goes() -> None:
 
 
 def test_a_one_line_helper_called_often_moves_into_each_call() -> None:
-    from fuzz.repro_prune_inline import inlined_helpers
+    from fuzz.repro.prune_inline import inlined_helpers
 
     sources = {
         "busy": 'def busy(s):\n    """Doc."""\n    return bool(s.requests)',
@@ -737,7 +737,7 @@ def test_a_one_line_helper_called_often_moves_into_each_call() -> None:
 
 
 def test_a_name_bound_to_a_call_and_never_read_keeps_only_the_call() -> None:
-    from fuzz.repro_prune_stores import without_unread_names
+    from fuzz.repro.prune_stores import without_unread_names
 
     source = "def f(s, rid):\n    def g(r):\n        facts = s.pending.pop(r, None)\n        return 1\n    return g(rid)"
     assert without_unread_names(source) == (

@@ -1,4 +1,4 @@
-"""The writer's passes share parsed trees (fuzz/repro_trees.py) and leave them as parsed."""
+"""The writer's passes share parsed trees (fuzz/repro/trees.py) and leave them as parsed."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ast
 
 import pytest
 
-from fuzz.repro_trees import parents, parse, walk
+from fuzz.repro.trees import parents, parse, walk
 from fuzz.targets.target_scheduler import UNSUPPORTED
 
 SOURCE = "def f(x):\n    y = [x]\n    return y\n"
@@ -33,7 +33,7 @@ def test_a_syntax_error_is_raised_each_time() -> None:
 def test_writing_a_file_again_in_the_same_process_writes_the_same_file(invariant: str) -> None:
     """A pass that changed a shared tree would hand the next pass reading
     that text a different tree: the second file would differ."""
-    from fuzz.repro_scheduler import scheduler_repro
+    from fuzz.repro.scheduler import scheduler_repro
     from tests.findings.test_repro_kit import _tiny_log
 
     log = _tiny_log()

@@ -3,7 +3,7 @@
 For each planted bug (:data:`fuzz.adapter.PLANTED_SCHEDULER_BUGS`: the
 ``Scheduler.schedule`` edits and the wrong ``truncate_computed_blocks``
 variants): the single-shot fuzzer finds it with every check on, the writer
-(:mod:`fuzz.repro_scheduler`) shrinks the operation log and writes a pytest
+(:mod:`fuzz.repro.scheduler`) shrinks the operation log and writes a pytest
 file importing vLLM and the standard library only, and that file fails with
 the bug planted and passes without it. The same holds for the state machine
 (other scheduler configurations: tests/findings/test_scheduler_repro_configs.py).
@@ -25,7 +25,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from fuzz.adapter import planted_scheduler_bug
 from fuzz.model import InvariantViolation
-from fuzz.repro_scheduler import (
+from fuzz.repro.scheduler import (
     _check_of,
     WRITABLE,
     repro_size,
@@ -256,7 +256,7 @@ def test_a_failure_that_needs_no_connector_gets_a_file_without_one(tmp_path: Pat
     no connector class, store or KVTransferConfig, yet fails planted (in
     the kit's check) and passes unplanted. A connector claim keeps it."""
     from fuzz.model import SchedulerDraw
-    from fuzz.repro_shrink import _may_drop_connector
+    from fuzz.repro.shrink import _may_drop_connector
     from tests.invariants.test_scheduler_planted import FIXED_CASES
 
     bug = "cache_salt_not_hashed"

@@ -15,7 +15,7 @@ from hypothesis import given
 
 from fuzz.adapter import planted_scheduler_bug
 from fuzz.model import InvariantViolation, PromptDraw
-from fuzz.repro_scheduler import scheduler_repro, scheduler_repro_of_failure, shrink_oplog, shrunk_log_of_failure
+from fuzz.repro.scheduler import scheduler_repro, scheduler_repro_of_failure, shrink_oplog, shrunk_log_of_failure
 from fuzz.runners.scheduler import ALL_CHECKS, run_single_shot
 from invariants.handoff import check_hand_off_names_computed_blocks
 from fuzz.targets.target_scheduler import UNSUPPORTED

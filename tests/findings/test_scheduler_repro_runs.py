@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fuzz.adapter import planted_scheduler_bug
-from fuzz.repro_scheduler import WRITABLE, _check_of, scheduler_repro, shrink_oplog
+from fuzz.repro.scheduler import WRITABLE, _check_of, scheduler_repro, shrink_oplog
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from tests.findings.test_scheduler_repro import _check_repro, _fixed_case_log
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from fuzz.adapter import FIXED_RUNS, PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS, SIBLING_PLANTS, planted_scheduler_bug
-from fuzz.repro_scheduler import _replay_checked
+from fuzz.repro.scheduler import _replay_checked
 from fuzz.known_bugs import KNOWN_BUGS
 from tests.strategies.test_draws_pinned import _no_local_constants
 from fuzz.targets import target_scheduler

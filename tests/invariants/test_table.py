@@ -8,7 +8,7 @@ from collections import Counter
 
 from fuzz.adapter import PLANTED_SCHEDULER_BUGS, PLANTED_TRUNCATE_BUGS, SIBLING_PLANTS
 from fuzz.known_bugs import KNOWN_BUGS
-from fuzz.repro_scheduler import WRITABLE
+from fuzz.repro.scheduler import WRITABLE
 from invariants import scheduler as sched
 from invariants.table import INVARIANTS, invariant
 from invariants.truncation import TRUNCATION_CHECKS

@@ -101,7 +101,7 @@ def test_the_failing_run_travels_with_the_violation() -> None:
     import dataclasses
 
     from fuzz.model import InvariantViolation
-    from fuzz.repro import truncation_repro_of_failure
+    from fuzz.repro.truncation import truncation_repro_of_failure
     from fuzz.targets.target_truncate import SEED_PR_51468
 
     with adapter.planted_truncate_bug("pre_fix_assert_all"):
@@ -121,7 +121,7 @@ def test_the_eagle_plant_becomes_a_repro_that_builds_the_drafter(tmp_path) -> No
     """Shrunk, the EAGLE plant's repro builds the manager with ``use_eagle``
     and flags the draft groups; it fails while the bug is planted and passes
     on unmodified vLLM."""
-    from fuzz.repro import truncation_repro_of_failure
+    from fuzz.repro.truncation import truncation_repro_of_failure
 
     only_must_cover = functools.partial(check_truncation_scenario, only="must-cover")
     with adapter.planted_truncate_bug("eagle_drops_again"):
@@ -146,7 +146,7 @@ def test_the_eagle_plant_becomes_a_repro_that_builds_the_drafter(tmp_path) -> No
 def test_a_repro_without_a_drafter_does_not_mention_eagle() -> None:
     """Scenarios without speculative decoding keep their repro as it was."""
     from fuzz.model import TruncationObservation
-    from fuzz.repro import truncation_repro
+    from fuzz.repro.truncation import truncation_repro
     from fuzz.targets.target_truncate import SEED_PR_51468
 
     obs = TruncationObservation(

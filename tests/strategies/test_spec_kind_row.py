@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, Phase, find, settings
 
 from fuzz import adapter
 from fuzz.model import SchedulerDraw
-from fuzz.repro import _spec_code
+from fuzz.repro.truncation import _spec_code
 from fuzz.spec_guard import guard_findings
 from fuzz.model import CLASSIFIED, Behaviour, Classification, Param, Span, behaviour_of
 from strategies.specs import drawable_kinds, kv_cache_layouts

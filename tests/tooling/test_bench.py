@@ -62,7 +62,7 @@ def test_only_a_new_failure_stops_the_benchmark(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_the_model_cost_table_has_a_row_per_target_and_a_column_per_model(capsys: pytest.CaptureFixture[str]) -> None:
-    from fuzz import _model_cost
+    from fuzz.bench import model_cost as _model_cost
 
     assert bench.main(["--model-cost", "--targets", "scheduler-single-shot", "--examples", "3", "--repeats", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -75,7 +75,7 @@ def test_the_model_cost_table_has_a_row_per_target_and_a_column_per_model(capsys
 
 def test_the_model_cost_timers_see_every_model_and_check_module_and_are_removed() -> None:
     import invariants.scheduler as checks
-    from fuzz import _model_cost
+    from fuzz.bench import model_cost as _model_cost
     from fuzz.adapter import SchedulerHarness
     from fuzz.runners import scheduler as runner
 

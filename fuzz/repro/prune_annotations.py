@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 
-from fuzz.repro_trees import parse, walk
+from fuzz.repro.trees import parse, walk
 
 __all__ = ["without_annotations"]
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable, Mapping
 
-from fuzz.repro_prune import _call_items, _cut, _Effects, _list_cuts, _span
-from fuzz.repro_trees import parse, walk
+from fuzz.repro.prune import _call_items, _cut, _Effects, _list_cuts, _span
+from fuzz.repro.trees import parse, walk
 
 __all__ = ["unread_fields"]
 

@@ -1,7 +1,7 @@
 """Inlining a repro file's one-use helpers where they are called.
 
-:mod:`fuzz.repro_source` selects the kit's definitions a file needs and
-:mod:`fuzz.repro_prune` drops what nothing reads; what is left may be a
+:mod:`fuzz.repro.source` selects the kit's definitions a file needs and
+:mod:`fuzz.repro.prune` drops what nothing reads; what is left may be a
 short helper the file calls once (the step loop's ``_begin_step``,
 ``_scheduled``, ``_feed``, the builders' ``_make_model_config``), kept
 apart in the kit because other files call it elsewhere or with more
@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable, Mapping
 
-from fuzz.repro_trees import parse, walk
+from fuzz.repro.trees import parse, walk
 
 __all__ = ["inlined_helpers"]
 

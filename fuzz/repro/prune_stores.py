@@ -1,6 +1,6 @@
 """Stores a repro file's code makes for nothing.
 
-After :mod:`fuzz.repro_source` specialises the kit to a file's constants,
+After :mod:`fuzz.repro.source` specialises the kit to a file's constants,
 some statements are left doing no work in that file: a local bound to a
 literal only to be passed on once (``connector_output = None`` where the
 file has no connector), a record reset right before the next statement
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import ast
 
-from fuzz.repro_prune import _Effects, without_lines
-from fuzz.repro_trees import parse, walk
+from fuzz.repro.prune import _Effects, without_lines
+from fuzz.repro.trees import parse, walk
 
 __all__ = ["with_literals_inlined", "without_overwritten_stores", "without_unread_names"]
 
@@ -107,7 +107,7 @@ def without_unread_names(source: str) -> str:
     function (nested functions included) never reads ``name``: what other
     passes leave once the code that read it is specialised away
     (``facts = self.failed_waiting.pop(rid, None)``). Values that change
-    nothing go whole elsewhere (:func:`fuzz.repro_prune.without_unused_locals`)."""
+    nothing go whole elsewhere (:func:`fuzz.repro.prune.without_unused_locals`)."""
     tree = parse(source)
     cuts: list[tuple[int, int, int]] = []  # (line, start col, end col) of "name = "
     for fn in walk(tree):

@@ -7,10 +7,9 @@ module only renders."""
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from fuzz.coverage import Summary
+from fuzz.coverage.summary import Summary
 
 __all__ = ["compare", "growth_table", "markdown", "overhead_line", "svg_growth"]
 

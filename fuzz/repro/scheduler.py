@@ -25,7 +25,7 @@ imports vLLM and the standard library only:
 
 Everything after the constants is the repro kit's code (:mod:`fuzz.kit`,
 real modules), copied with :func:`inspect.getsource` by
-:mod:`fuzz.repro_source`: only what the test and its claim reach, each
+:mod:`fuzz.repro.source`: only what the test and its claim reach, each
 ``if`` on a constant (async scheduling, speculation, the connector and its
 role, the request features the program uses, what the claim watches)
 reduced to the branch the run takes, each docstring cut to its summary and
@@ -33,7 +33,7 @@ comment-only lines dropped (the failing check stays in full). Nothing of it
 is a string template.
 
 It fails on the vLLM that produced it and passes once the bug is gone.
-:func:`shrink_oplog` (:mod:`fuzz.repro_shrink`) first drops whatever the
+:func:`shrink_oplog` (:mod:`fuzz.repro.shrink`) first drops whatever the
 failure does not need (groups; the connector; requests, their twins, fills
 and probes; trailing steps), by replaying the log through the harness with
 every check on.
@@ -50,10 +50,10 @@ import textwrap
 
 from fuzz import adapter
 from fuzz.kit import SUITE_CHECK_MODULES
-from fuzz.repro import repro_header, spec_classes, specs_lines
-from fuzz.repro_shrink import _replay_checked, shrink_oplog
-from fuzz.repro_groups import behaviours_of, read_rules_of, roles_of, spans_of
-from fuzz.repro_source import kit_attributes, kit_definitions, kit_source
+from fuzz.repro.truncation import repro_header, spec_classes, specs_lines
+from fuzz.repro.shrink import _replay_checked, shrink_oplog
+from fuzz.repro.groups import behaviours_of, read_rules_of, roles_of, spans_of
+from fuzz.repro.source import kit_attributes, kit_definitions, kit_source
 from fuzz.model import Abort, AddRequest, Evict, InvariantViolation, OpLog, ResetPrefixCache, Step
 from invariants.scheduler import ADMISSION_CHECKS
 from invariants.table import INVARIANTS

@@ -1,6 +1,6 @@
 """Parsed sources for the repro writer's passes, each parsed and walked once.
 
-The writer (:func:`fuzz.repro_source.kit_source`) runs its passes to a fixed
+The writer (:func:`fuzz.repro.source.kit_source`) runs its passes to a fixed
 point over the few hundred definitions a file may carry, and a round changes
 few of them: most passes read the same source text again and again. Here a
 text is parsed once, a node's walk and a tree's parent map are built once,

@@ -44,12 +44,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fuzz._coverage_render import compare, growth_table, markdown, overhead_line, svg_growth
+from fuzz.coverage.render import compare, growth_table, markdown, overhead_line, svg_growth
+from fuzz.coverage.summary import Summary
 
 __all__ = [
     "FUNCTIONS",
     "MODULES",
     "Summary",
+    "TRACE_ENV",
     "Tracer",
     "active_tracer",
     "combine",
@@ -58,6 +60,7 @@ __all__ = [
     "markdown",
     "overhead_line",
     "summarize",
+    "trace_env",
     "svg_growth",
 ]
 
@@ -195,17 +198,28 @@ def active_tracer() -> Tracer | None:
     return _TRACER
 
 
-def _start_from_env() -> None:
-    """Start the tracer in a campaign worker that asks for coverage. With
-    pytest-xdist the controller process runs nothing: it is left alone."""
-    global _TRACER
-    from fuzz.campaign.config import CampaignConfig
+TRACE_ENV = "FUZZ_COVERAGE_TRACE"  # set by the campaign runner: where and since when to trace
 
-    config = CampaignConfig.from_env()
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if config is None or not config.coverage or (config.slots > 1 and worker is None):
+
+def trace_env(stats_dir: str, start: float, slots: int) -> str:
+    """The value of :data:`TRACE_ENV` for a campaign whose workers measure
+    coverage (``slots``: its worker count; with several, pytest-xdist's
+    controller process runs nothing and is left alone)."""
+    return json.dumps({"dir": str(Path(stats_dir) / DATA_DIR), "start": start, "slots": slots})
+
+
+def _start_from_env() -> None:
+    """Start the tracer in a campaign worker that asks for coverage
+    (:data:`TRACE_ENV`)."""
+    global _TRACER
+    text = os.environ.get(TRACE_ENV, "")
+    if not text:
         return
-    _TRACER = Tracer(Path(config.stats_dir) / DATA_DIR, worker or "main", start=config.start)
+    asked = json.loads(text)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if asked["slots"] > 1 and worker is None:
+        return
+    _TRACER = Tracer(Path(asked["dir"]), worker or "main", start=float(asked["start"]))
     atexit.register(_TRACER.finish)
 
 
@@ -257,21 +271,6 @@ def combine(sources: Iterable[Path], report_dir: Path) -> Path | None:
 
 
 # -- the report side ------------------------------------------------------------------
-
-
-@dataclass
-class Summary:
-    """What one combined coverage result says about :data:`MODULES`."""
-
-    files: dict[str, dict[str, int]]  # module -> lines, lines covered, branches, branches covered
-    functions: list[dict[str, Any]]  # rows for FUNCTIONS: module, name, branches, covered, missing
-    growth: dict[str, list[tuple[float, int]]]  # target (and "all") -> (seconds, covered branches)
-    vllm_version: str = "?"
-    notes: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"vllm_version": self.vllm_version, "files": self.files, "functions": self.functions,
-                "growth": {k: [list(p) for p in v] for k, v in self.growth.items()}, "notes": self.notes}
 
 
 def _regions(source: str) -> list[tuple[str, int, int]]:

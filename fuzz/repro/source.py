@@ -12,10 +12,10 @@ The kit (:mod:`fuzz.kit`) is real modules; this module reads their source
   definitions they reach (and the ones those reach), the constants they
   read and the imports they need; of a kit class without bases (the
   watch, the worker's record), only the methods something calls;
-* **dropping** (:mod:`fuzz.repro_prune`'s passes, run until nothing
+* **dropping** (:mod:`fuzz.repro.prune`'s passes, run until nothing
   changes): what nothing in the file reads; then a helper the file calls
-  once moves to its call (:mod:`fuzz.repro_prune_inline`), and the copied
-  code loses its type annotations (:mod:`fuzz.repro_prune_annotations`);
+  once moves to its call (:mod:`fuzz.repro.prune_inline`), and the copied
+  code loses its type annotations (:mod:`fuzz.repro.prune_annotations`);
 * **trimming**: each copied definition's docstring cut to its first
   sentence (where it runs over two lines, its first line's words up to a
   colon; without one, the docstring goes: no fragment) and its
@@ -41,7 +41,7 @@ import tokenize
 from collections.abc import Iterable, Mapping
 
 from fuzz.kit import KIT_MODULES
-from fuzz.repro_prune import (
+from fuzz.repro.prune import (
     calls_doing_nothing,
     constant_fields,
     never_filled,
@@ -50,13 +50,13 @@ from fuzz.repro_prune import (
     without_lines,
     without_unused_locals,
 )
-from fuzz.repro_prune_annotations import without_annotations
-from fuzz.repro_prune_defaults import without_default_arguments
-from fuzz.repro_prune_inline import inlined_helpers
-from fuzz.repro_prune_fields import unread_fields
-from fuzz.repro_prune_triage import without_triage
-from fuzz.repro_prune_stores import with_literals_inlined, without_overwritten_stores, without_unread_names
-from fuzz.repro_trees import parse, walk
+from fuzz.repro.prune_annotations import without_annotations
+from fuzz.repro.prune_defaults import without_default_arguments
+from fuzz.repro.prune_inline import inlined_helpers
+from fuzz.repro.prune_fields import unread_fields
+from fuzz.repro.prune_triage import without_triage
+from fuzz.repro.prune_stores import with_literals_inlined, without_overwritten_stores, without_unread_names
+from fuzz.repro.trees import parse, walk
 
 __all__ = ["KitSource", "kit_attributes", "kit_definitions", "kit_source", "specialise", "trim"]
 
@@ -419,7 +419,7 @@ def kit_source(
 
 def _prune(sources: dict[str, str], selected: set[str], plain: set[str], constants: Mapping[str, object],
            extra: str, in_full: frozenset[str]) -> bool:
-    """One round of :mod:`fuzz.repro_prune`'s later passes over the selected
+    """One round of :mod:`fuzz.repro.prune`'s later passes over the selected
     ``sources`` (changed in place): each ``if`` on a record the file never
     fills or on a field it fixes decided, calls that do nothing dropped,
     then parameters nothing reads (the definitions ``in_full`` keep theirs).

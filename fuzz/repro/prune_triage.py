@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import ast
 
-from fuzz.repro_prune import _call_items, _cut, _list_cuts, _span
-from fuzz.repro_trees import parse, walk
+from fuzz.repro.prune import _call_items, _cut, _list_cuts, _span
+from fuzz.repro.trees import parse, walk
 
 __all__ = ["without_triage"]
 

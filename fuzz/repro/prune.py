@@ -1,6 +1,6 @@
 """Passes that cut a repro file's copied kit code to what the file uses.
 
-:mod:`fuzz.repro_source` selects and specialises the kit's definitions;
+:mod:`fuzz.repro.source` selects and specialises the kit's definitions;
 the passes here then drop, from the selected sources, what nothing in the
 file reads (each reads the sources with :mod:`ast` and returns source
 with whole statements removed, never code rewritten as text):
@@ -10,7 +10,7 @@ with whole statements removed, never code rewritten as text):
   changes nothing else (:func:`unread_records`, :func:`without_lines`);
 * a local nothing reads, and an empty ``{}`` only splatted (``**extra``)
   (:func:`without_unused_locals`);
-* what the file fixes for :func:`fuzz.repro_source.specialise` to decide an
+* what the file fixes for :func:`fuzz.repro.source.specialise` to decide an
   ``if`` on: a record it never fills (:func:`never_filled`), a field a
   plain class sets from a parameter every construction passes the same
   constants (:func:`constant_fields`);
@@ -25,8 +25,8 @@ import ast
 import re
 from collections.abc import Iterable, Mapping
 
-from fuzz.repro_trees import parents as _parents
-from fuzz.repro_trees import parse, walk
+from fuzz.repro.trees import parents as _parents
+from fuzz.repro.trees import parse, walk
 
 __all__ = [
     "calls_doing_nothing", "constant_fields", "never_filled", "unread_records", "unused_parameters", "without_lines",

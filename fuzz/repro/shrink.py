@@ -6,7 +6,7 @@ groups, requests (with their twins, fills and probes), steps and the KV
 connector one at a time, replaying each candidate through a fresh harness with
 the suite's checks on, and keeps a candidate when the same invariant still
 breaks.
-:mod:`fuzz.repro_scheduler` writes the file from what is left.
+:mod:`fuzz.repro.scheduler` writes the file from what is left.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import textwrap
 from fuzz import adapter
 from fuzz.kit import TRUNCATION_KIT_MODULES
 from fuzz.model import Behaviour, SpecDraw, TruncationObservation, group_behaviour
-from fuzz.repro_source import kit_source
+from fuzz.repro.source import kit_source
 from invariants.truncation import loud_failure_expected
 from fuzz.model import TruncationScenario
 

@@ -31,7 +31,7 @@ medians of ``--repeats``; and, with it on, microseconds per step spent
 building the observation and running the four checks.
 
 ``--model-cost`` instead measures, per scheduler target, each reference
-model's and each invariant module's microseconds per step (fuzz/_model_cost.py).
+model's and each invariant module's microseconds per step (fuzz/bench/model_cost.py).
 
 ``--breakdown SECONDS`` instead runs each target's campaign worker loop for
 that long and prints where its time went: Hypothesis's phases (replay,
@@ -56,12 +56,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fuzz._breakdown import child_breakdown, report_breakdown
-from fuzz._model_cost import child_model_cost, report_model_cost
+from fuzz.bench.breakdown import child_breakdown, report_breakdown
+from fuzz.bench.model_cost import child_model_cost, report_model_cost
 
 __all__ = ["main"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- in the child process ------------------------------------------------------
@@ -575,6 +575,3 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({"targets": results, "planted": planted}, indent=1))
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
