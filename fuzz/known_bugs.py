@@ -1099,7 +1099,10 @@ def match(failure: Failure, version: str) -> KnownBug | None:
 
 def match_violation(violation: InvariantViolation, version: str) -> KnownBug | None:
     """The known bug of ``version`` that every instance of ``violation``
-    shows (None: an instance no signature of one bug matches)."""
+    shows (None: an instance no signature of one bug matches, or the
+    violation is what :func:`sort_out` left: no known bug's)."""
+    if violation.sorted_out:
+        return None
     bugs = {match(f, version) for f in failures_of(violation)}
     return bugs.pop() if len(bugs) == 1 else None
 
@@ -1119,9 +1122,9 @@ def sort_out(violation: InvariantViolation, version: str) -> tuple[list[str], In
             known.append(bug.id)
     if not rest:
         return known, None
-    if not known:
-        return known, violation
-    return known, _narrowed(violation, tuple(rest), known)
+    left = violation if not known else _narrowed(violation, tuple(rest), known)
+    left.sorted_out = True
+    return known, left
 
 
 def _instance_text(i: Instance) -> str:

@@ -93,6 +93,9 @@ class InvariantViolation(AssertionError):
         # A truncation run's (TruncationScenario, TruncationObservation), set
         # where its checks ran: the truncation repro is written from it.
         self.truncation_run: tuple[object, object] | None = None
+        # Set where known bugs were sorted out of it (fuzz.known_bugs.sort_out):
+        # what is left is no known bug's, and nothing matches it again.
+        self.sorted_out = False
 
 
 class MissedHit(InvariantViolation):
