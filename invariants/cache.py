@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fuzz.model import Fact, MissedHit, StepObservation
+from fuzz.model import Fact, Instance, MissedHit, StepObservation, group_kind
 
 __all__ = ["CACHE_CHECKS", "ENTRY_FORGOTTEN", "HIT_BELOW_MODEL", "check_cache_keeps_entries",
            "check_hit_reaches_model"]
@@ -37,6 +37,12 @@ ENTRY_FORGOTTEN = "a full-block entry the cache must keep is gone from the index
 HIT_BELOW_MODEL = "a hit shorter than the cache model guarantees"
 ENTRY_WHERE = "BlockPool"  # whichever of its calls dropped the keys
 HIT_WHERE = "KVCacheManager.get_computed_blocks"
+
+
+def _kind(step: StepObservation, group: int) -> str | None:
+    """The spec kind of ``group`` (None where the step has no record of it)."""
+    own = step.ownership
+    return group_kind(own.groups[group]) if own is not None and group < len(own.groups) else None
 
 
 def check_cache_keeps_entries(step: StepObservation) -> None:
@@ -53,6 +59,9 @@ def check_cache_keeps_entries(step: StepObservation) -> None:
         + (f"\n  scenario: {step.context}" if step.context else ""),
         where=ENTRY_WHERE,
         state=ENTRY_FORGOTTEN,
+        # One instance per entry: the request that filed it, its group and block.
+        instances=tuple(Instance(ENTRY_FORGOTTEN, _kind(step, e.group), e.group, (e.request_id,), (e.block,))
+                        for e in step.forgotten_entries),
         # The blocks the index holds under the request's key for its first
         # ``tokens`` tokens in the group: the one the model filed it on.
         facts=tuple(Fact("cached-blocks", (e.request_id, e.tokens, e.group), (), (e.block,))
@@ -72,6 +81,11 @@ def check_hit_reaches_model(step: StepObservation) -> None:
         + (f"\n  scenario: {step.context}" if step.context else ""),
         where=HIT_WHERE,
         state=HIT_BELOW_MODEL,
+        # One instance per lookup: its request and the blocks of the guaranteed
+        # hit (a lookup's hit is joint: no group of its own).
+        instances=tuple(Instance(HIT_BELOW_MODEL, requests=(h.request_id,),
+                                 blocks=tuple(b for blocks in h.blocks for b in blocks))
+                        for h in step.short_hits),
         # The tokens the admitting schedule() counts computed for the request:
         # at least the model's guaranteed hit.
         facts=tuple(Fact("hit-tokens", (h.request_id,), h.served, h.guaranteed, ">=", after="schedule")

@@ -316,6 +316,10 @@ def check_keys_name_one_prefix(step: StepObservation) -> None:
         + (f"\n  scenario: {step.context}" if step.context else ""),
         where=_HASHER,
         state=KEY_NAMES_TWO_PREFIXES,
+        # One instance per key carried over two prefixes: the two requests (a
+        # request's key is the hasher's, no group's).
+        instances=tuple(Instance(KEY_NAMES_TWO_PREFIXES, requests=(c.first_request, c.request))
+                        for c in step.key_collisions),
         # The request hasher's keys for the two prefixes: they must differ.
         facts=tuple(Fact("same-key", (c.first_request, c.num_tokens, c.request, c.other_tokens), True, False)
                     for c in step.key_collisions),

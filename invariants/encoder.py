@@ -8,7 +8,7 @@ freed, never vLLM's ``EncoderCacheManager``.
 
 from __future__ import annotations
 
-from fuzz.model import Fact, InvariantViolation, StepObservation
+from fuzz.model import Fact, Instance, InvariantViolation, StepObservation
 from fuzz.model._encoder import MissingEncoderOutput
 
 __all__ = ["ENCODER_OUTPUT_MISSING", "check_encoder_outputs_held"]
@@ -35,6 +35,9 @@ def check_encoder_outputs_held(step: StepObservation) -> None:
         + (f"\n  scenario: {step.context}" if step.context else ""),
         where=_WHERE,
         state=ENCODER_OUTPUT_MISSING,
+        # One instance per output read: its request (the encoder cache is no KV-cache group).
+        instances=tuple(Instance(ENCODER_OUTPUT_MISSING, requests=(m.request_id,))
+                        for m in step.missing_encoder_outputs),
         facts=tuple(_fact(m) for m in step.missing_encoder_outputs),
     )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fuzz.model import Fact, InvariantViolation, StepObservation
+from fuzz.model import Fact, Instance, InvariantViolation, StepObservation, WaitingRequest
 
 __all__ = [
     "FATE_CHECKS", "IN_TWO_PLACES", "LOST", "REPORTED_TWICE", "STALL_BOUND", "UNBLOCKED_AFTER_FAILED_ASYNC_LOAD",
@@ -53,6 +53,7 @@ def _place_violations(step: StepObservation) -> list[InvariantViolation]:
             # requests between queues, update_from_output() reports finishes.
             where="Scheduler.update_from_output" if state == REPORTED_TWICE else "Scheduler.schedule",
             state=state,
+            instances=(Instance(state, requests=(row.request_id,)),),
             # The places vLLM keeps it in: exactly one (no fact for a double report).
             facts=() if state == REPORTED_TWICE else (Fact("places", (row.request_id,), row.places, 1, "len"),),
         ))
@@ -73,6 +74,10 @@ def check_request_in_one_place(step: StepObservation) -> None:
 check_request_in_one_place.violations = _place_violations  # type: ignore[attr-defined]
 
 
+def _stall_state(row: WaitingRequest) -> str:
+    return UNBLOCKED_AFTER_FAILED_ASYNC_LOAD if row.after_failed_async_load else UNBLOCKED_NOT_ADMITTED
+
+
 def _stall_violations(step: StepObservation) -> list[InvariantViolation]:
     return [
         InvariantViolation(
@@ -80,7 +85,8 @@ def _stall_violations(step: StepObservation) -> list[InvariantViolation]:
             f"{row.describe()}: vLLM's waiting loop admits (or starts the load of) a waiting request "
             f"once nothing blocks it; {STALL_BOUND} schedule() calls in a row did not{_context(step)}",
             where="Scheduler._update_waiting_for_remote_kv" if row.after_failed_async_load else "Scheduler.schedule",
-            state=UNBLOCKED_AFTER_FAILED_ASYNC_LOAD if row.after_failed_async_load else UNBLOCKED_NOT_ADMITTED,
+            state=_stall_state(row),
+            instances=(Instance(_stall_state(row), requests=(row.request_id,)),),
             # Admitted (or its load started) by the first schedule() that saw
             # it unblocked: the first of the ``steps`` in a row.
             facts=(Fact("status", (row.request_id,), row.status, ("RUNNING", "WAITING_FOR_REMOTE_KVS"), "in",

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fuzz.model import Fact, HandOff, InvariantViolation, StepObservation, cdiv, group_kind, group_name
+from fuzz.model import Fact, HandOff, Instance, InvariantViolation, StepObservation, cdiv, group_kind, group_name
 from invariants.ownership import read_indices
 
 __all__ = ["HANDS_OTHER_BLOCKS", "HANDS_UNHELD_KV", "check_hand_off_names_computed_blocks"]
@@ -93,8 +93,21 @@ def _hand_off_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                     text += f"\n  scenario: {step.context}"
                 facts = (Fact("handed-blocks", (h.request_id, g), list(h.handed[g]), _expected_ids(h, g)),) \
                     if state == HANDS_OTHER_BLOCKS else ()
+                instance = Instance(state, group_kind(group), g, (h.request_id,), _wrong_blocks(h, g, state))
                 yield InvariantViolation("hand-off-names-computed-blocks", f"step {step.step}: {text}", where=where,
-                                         group_kind=group_kind(group), state=state, facts=facts)
+                                         group_kind=group_kind(group), state=state, instances=(instance,),
+                                         facts=facts)
+
+
+def _wrong_blocks(h: HandOff, g: int, state: str) -> tuple[int, ...]:
+    """The blocks of group ``g``'s hand-off at fault: those handed where the
+    table holds another (or past it) and the table's blocks not handed; or
+    those not holding the request's KV."""
+    if state == HANDS_UNHELD_KV:
+        return tuple(dict.fromkeys(block for gg, block, _, _ in h.unheld if gg == g))
+    expected, handed = _expected_ids(h, g), h.handed[g]
+    wrong = [mine for i, mine in enumerate(handed) if i >= len(expected) or mine != expected[i]]
+    return tuple(dict.fromkeys(wrong + list(expected[len(handed):])))
 
 
 def _unheld_text(state: bool, block: int, p: int, held: tuple[int, int, int | None] | None) -> str:

@@ -25,8 +25,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fuzz.model import EventPayload, Fact, InvariantViolation, PreemptedRequest, StepObservation
-from fuzz.model import group_name
+from fuzz.model import EventPayload, Fact, Instance, InvariantViolation, PreemptedRequest, StepObservation
+from fuzz.model import group_kind, group_name
 from invariants.ownership import read_indices
 
 __all__ = [
@@ -57,9 +57,9 @@ PREEMPTED_NOT_RESET = "a preempted request keeps what it computed"
 
 
 def _report(invariant: str, found: Sequence[Any], step: StepObservation, where: str, state: str,
-            facts: tuple[Fact, ...] = ()) -> None:
+            facts: tuple[Fact, ...] = (), instances: tuple[Instance, ...] = ()) -> None:
     """Raise ``invariant``'s violation for what the step ``found`` (each
-    describing itself), if it found anything."""
+    describing itself, each ``instances``' one where given), if it found anything."""
     if not found:
         return
     raise InvariantViolation(
@@ -69,8 +69,17 @@ def _report(invariant: str, found: Sequence[Any], step: StepObservation, where: 
         + (f"\n  scenario: {step.context}" if step.context else ""),
         where=where,
         state=state,
+        instances=instances,
         facts=facts,
     )
+
+
+def _kind(step: StepObservation, group: int | None) -> str | None:
+    """The spec kind of ``group`` (None where the step has no record of it)."""
+    own = step.ownership
+    if group is None or own is None or group >= len(own.groups):
+        return None
+    return group_kind(own.groups[group])
 
 
 def _event_facts(found: Sequence[EventPayload]) -> tuple[Fact, ...]:
@@ -79,6 +88,11 @@ def _event_facts(found: Sequence[EventPayload]) -> tuple[Fact, ...]:
     ``num_tokens`` tokens, right after the ``schedule()`` that queued it."""
     return tuple(Fact("stored-event", (p.request_id, p.num_tokens, p.field), p.announced, p.expected, after="schedule")
                  for p in found)
+
+
+def _event_instances(step: StepObservation, found: Sequence[EventPayload], state: str) -> tuple[Instance, ...]:
+    """One instance per wrong announcement: the request whose key it is, in its group."""
+    return tuple(Instance(state, _kind(step, p.group), p.group, (p.request_id,)) for p in found)
 
 
 def check_lookahead_allocated(step: StepObservation) -> None:
@@ -186,7 +200,9 @@ def check_events_replay_index(step: StepObservation) -> None:
     is told of that a lookup cannot hit (it routes requests to a replica
     that recomputes), none a lookup hits that the router never heard of (a
     hit it never routes to), and none withdrawn twice."""
-    _report("events-replay-index", step.event_gaps, step, where=EVENTS_WHERE, state=EVENTS_DISAGREE)
+    _report("events-replay-index", step.event_gaps, step, where=EVENTS_WHERE, state=EVENTS_DISAGREE,
+            instances=tuple(Instance(EVENTS_DISAGREE, _kind(step, g.group), g.group, (), g.block_ids)
+                            for g in step.event_gaps))
 
 
 def _chain_violations(step: StepObservation) -> list[InvariantViolation]:
@@ -239,7 +255,7 @@ def check_events_carry_tokens(step: StepObservation) -> None:
     matches prompts by tokens routes by what the event says."""
     found = [p for p in step.event_payloads if p.tokens]
     _report("events-carry-tokens", found, step, where=EVENTS_WHERE, state=EVENTS_WRONG_TOKENS,
-            facts=_event_facts(found))
+            facts=_event_facts(found), instances=_event_instances(step, found, EVENTS_WRONG_TOKENS))
 
 
 def check_events_carry_namespace(step: StepObservation) -> None:
@@ -253,7 +269,7 @@ def check_events_carry_namespace(step: StepObservation) -> None:
     reads them from here."""
     found = [p for p in step.event_payloads if not p.tokens]
     _report("events-carry-namespace", found, step, where=EVENTS_WHERE, state=EVENTS_WRONG_NAMESPACE,
-            facts=_event_facts(found))
+            facts=_event_facts(found), instances=_event_instances(step, found, EVENTS_WRONG_NAMESPACE))
 
 
 @dataclasses.dataclass(frozen=True)

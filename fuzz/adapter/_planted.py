@@ -480,6 +480,34 @@ _SIBLING_EDITS: dict[str, tuple[str, tuple[str, str, str], tuple[tuple[str, str]
             ),
         ),
     ),
+    "rollback_frees_failed_block": (
+        "Scheduler._update_requests_with_invalid_blocks, rolling a running request back to its "
+        "first failed block under the recompute policy, frees that block while the request "
+        "keeps it in its table: the recompute reads a block back in the free queue (a "
+        "full-attention group too, with or without a step in flight)",
+        ("vllm.v1.core.sched.scheduler", "Scheduler", "_update_requests_with_invalid_blocks"),
+        (
+            (
+                "request.num_computed_tokens = idx * self.block_size",
+                "request.num_computed_tokens = idx * self.block_size\n"
+                "if evict_blocks and self.recompute_kv_load_failures: self.kv_cache_manager.block_pool"
+                ".free_blocks([self.kv_cache_manager.block_pool.blocks[block_id]])",
+            ),
+        ),
+    ),
+    "reset_preempts_loading_requests": (
+        "Scheduler.reset_prefix_cache(reset_running_requests=True) preempts the waiting "
+        "requests that hold blocks (an async load in flight) as well as the running ones: "
+        "_preempt_request asserts on the first, another raise than the deferred frees' one",
+        ("vllm.v1.core.sched.scheduler", "Scheduler", "reset_prefix_cache"),
+        (
+            ("while self.running:", "while self.running or self.kv_holding_waiting:"),
+            (
+                "request = self.running.pop()",
+                "request = self.running.pop() if self.running else self.kv_holding_waiting.pop_request()",
+            ),
+        ),
+    ),
 }
 # The plants that exist only as siblings (a registry entry's ``sibling``,
 # fuzz/known_bugs.py): triage cases, no invariant row's.
