@@ -53,7 +53,7 @@ from typing import Any
 
 from vllm.v1.core.sched.request_queue import RequestQueue
 
-from fuzz.model import Abort, AddRequest, OpLog, RequestPlaces, Step, WaitingRequest, cdiv
+from fuzz.model import Abort, AddRequest, OpLog, OpVisitor, RequestPlaces, Step, WaitingRequest, cdiv
 from fuzz.model._fate import ABORTED, FINISHED
 
 __all__ = ["FateRecord"]
@@ -61,7 +61,7 @@ __all__ = ["FateRecord"]
 _WAITING = ("WAITING", "PREEMPTED", "WAITING_FOR_REMOTE_KVS")
 
 
-class FateRecord:
+class FateRecord(OpVisitor[None]):
     """``requests``: the harness's registry of every request it added;
     ``oplog``: its operation log (the aborts it issued, the prompts and
     ``max_tokens`` it added); ``script``: its connector script; ``watch``:
@@ -103,14 +103,22 @@ class FateRecord:
         aborts (each a fate only for a request that had none)."""
         ops = self.oplog.ops
         for op in ops[self._ops_seen:]:
-            if isinstance(op, AddRequest):
-                self._longest[op.request_id] = len(op.token_ids) + op.max_tokens
-            elif isinstance(op, Step) and op.fed is not None:
-                self.failed_async.update(op.fed.failed_recving)
-            elif (isinstance(op, Abort) and op.request_id in self.requests
-                  and not self.finish_reports[op.request_id] and op.request_id not in self.aborted):
-                self.aborted.add(op.request_id)
+            self.visit(op)
         self._ops_seen = len(ops)
+
+    def on_add_request(self, op: AddRequest) -> None:
+        self._longest[op.request_id] = len(op.token_ids) + op.max_tokens
+
+    def on_step(self, op: Step) -> None:
+        if op.fed is not None:
+            self.failed_async.update(op.fed.failed_recving)
+
+    def on_abort(self, op: Abort) -> None:
+        if op.request_id in self.requests and not self.finish_reports[op.request_id] and op.request_id not in self.aborted:
+            self.aborted.add(op.request_id)
+
+    def other(self, op: Any) -> None:
+        """Evictions and resets have no bearing on a request's fate."""
 
     def reported(self, outputs: Any) -> Any:
         """Record the finish reports among ``outputs`` (what

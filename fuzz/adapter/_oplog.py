@@ -31,6 +31,7 @@ from fuzz.model import (  # noqa: E402
     Evict,
     FedOutput,
     OpLog,
+    OpVisitor,
     ResetPrefixCache,
     RunConfig,
     ScheduledOutput,
@@ -141,59 +142,78 @@ def replay_oplog(log: OpLog) -> list[ScheduledOutput | None]:
     """Run ``log`` on a fresh scheduler; one output per ``schedule()`` (None
     where it raised; replay stops there). Each fed output goes to the step it
     belongs to (``Step.fed_step``: async scheduling feeds one step late)."""
-    built = build_scheduler(log.config.draw)
-    sched = built.scheduler
-    script = _connector.SCRIPT
-    outputs: list[ScheduledOutput | None] = []
-    scheduled: dict[int, Any] = {}  # step index -> its SchedulerOutput, until fed back
-    during: list[str] = []  # aborts that arrive while the model runs the next step
+    replay = _Replay(build_scheduler(log.config.draw))
     for op in log.ops:
-        if isinstance(op, AddRequest):
-            if op.reply is not None:
-                script.replies[op.request_id] = op.reply
-            grant_budget_for(sched, op)
-            sched.add_request(request_of(op, built.hash_block_size))
-        elif isinstance(op, Abort) and op.during_step:  # applied inside the next step
-            during.append(op.request_id)
-        elif isinstance(op, Abort):
-            sched.finish_requests(op.request_id, RequestStatus.FINISHED_ABORTED)
-        elif isinstance(op, Evict):
-            sched.kv_cache_manager.evict_blocks(set(op.block_ids))
-        elif isinstance(op, ResetPrefixCache):
+        if not replay.visit(op):
+            break
+    return replay.outputs
+
+
+class _Replay(OpVisitor[bool]):
+    """Each operation done to a fresh scheduler; False: the replay stops there."""
+
+    def __init__(self, built: Any) -> None:
+        self.built, self.sched, self.script = built, built.scheduler, _connector.SCRIPT
+        self.outputs: list[ScheduledOutput | None] = []
+        self.scheduled: dict[int, Any] = {}  # step index -> its SchedulerOutput, until fed back
+        self.during: list[str] = []  # aborts that arrive while the model runs the next step
+
+    def on_add_request(self, op: AddRequest) -> bool:
+        if op.reply is not None:
+            self.script.replies[op.request_id] = op.reply
+        grant_budget_for(self.sched, op)
+        self.sched.add_request(request_of(op, self.built.hash_block_size))
+        return True
+
+    def on_abort(self, op: Abort) -> bool:
+        if op.during_step:  # applied inside the next step
+            self.during.append(op.request_id)
+        else:
+            self.sched.finish_requests(op.request_id, RequestStatus.FINISHED_ABORTED)
+        return True
+
+    def on_evict(self, op: Evict) -> bool:
+        self.sched.kv_cache_manager.evict_blocks(set(op.block_ids))
+        return True
+
+    def on_reset_prefix_cache(self, op: ResetPrefixCache) -> bool:
+        try:
+            self.sched.reset_prefix_cache(op.reset_running)
+        except Exception:  # noqa: BLE001 - the log's next step says it raised
+            self.outputs.append(None)
+            return False
+        return True
+
+    def on_step(self, op: Step) -> bool:
+        sched = self.sched
+        out = None
+        if op.output is not None or op.error is not None:  # else: no schedule() (async, nothing left)
             try:
-                sched.reset_prefix_cache(op.reset_running)
-            except Exception:  # noqa: BLE001 - the log's next step says it raised
-                outputs.append(None)
-                break
-        elif isinstance(op, Step):
-            out = None
-            if op.output is not None or op.error is not None:  # else: no schedule() (async, nothing left)
-                try:
-                    out = sched.schedule()
-                except Exception:  # noqa: BLE001 - the log says where it raised
-                    outputs.append(None)
-                    break
-                outputs.append(scheduled_output(out))
-                scheduled[op.index] = out
-            if op.fed is None:
-                if op.error is not None or out is None:
-                    break
-                # Async scheduling: this step's output is fed later; aborts
-                # that came during it are applied after it.
-                if during:
-                    sched.finish_requests(during, RequestStatus.FINISHED_ABORTED)
-                    during = []
-                continue
-            script.loads_in_flight.difference_update(op.fed.finished_recving)
-            script.loads_in_flight.difference_update(op.fed.failed_recving)
-            try:
-                if during:  # EngineCore._process_aborts_queue, before update_from_output
-                    sched.finish_requests(during, RequestStatus.FINISHED_ABORTED)
-                    during = []
-                sched.update_from_output(scheduled.pop(op.fed_step or op.index), model_runner_output(op.fed))
-                if op.fed.drafts:  # EngineCore.post_step hands the drafter's proposals over
-                    ids = [r for r, _ in op.fed.drafts]
-                    sched.update_draft_token_ids(DraftTokenIds(ids, [list(d) for _, d in op.fed.drafts]))
-            except Exception:  # noqa: BLE001
-                break
-    return outputs
+                out = sched.schedule()
+            except Exception:  # noqa: BLE001 - the log says where it raised
+                self.outputs.append(None)
+                return False
+            self.outputs.append(scheduled_output(out))
+            self.scheduled[op.index] = out
+        if op.fed is None:
+            if op.error is not None or out is None:
+                return False
+            # Async scheduling: this step's output is fed later; aborts
+            # that came during it are applied after it.
+            if self.during:
+                sched.finish_requests(self.during, RequestStatus.FINISHED_ABORTED)
+                self.during = []
+            return True
+        self.script.loads_in_flight.difference_update(op.fed.finished_recving)
+        self.script.loads_in_flight.difference_update(op.fed.failed_recving)
+        try:
+            if self.during:  # EngineCore._process_aborts_queue, before update_from_output
+                sched.finish_requests(self.during, RequestStatus.FINISHED_ABORTED)
+                self.during = []
+            sched.update_from_output(self.scheduled.pop(op.fed_step or op.index), model_runner_output(op.fed))
+            if op.fed.drafts:  # EngineCore.post_step hands the drafter's proposals over
+                ids = [r for r, _ in op.fed.drafts]
+                sched.update_draft_token_ids(DraftTokenIds(ids, [list(d) for _, d in op.fed.drafts]))
+        except Exception:  # noqa: BLE001
+            return False
+        return True

@@ -12,7 +12,10 @@ rooms of their own, which the harness composes:
 * :mod:`fuzz.adapter._observations`: the observations, assembled from the
   recording wrappers and the scripted connector's records;
 * :mod:`fuzz.adapter._evictions`: how each free block came back to the
-  pool, and which cached blocks allocations evict.
+  pool, and which cached blocks allocations evict;
+* :mod:`fuzz.adapter._step_parts`: what a step's parts hand on (each step is
+  built of parts, one concern each, in the engine core's order), and the
+  engine core's batch queue.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from fuzz.adapter._observe import step_failure
 from fuzz.adapter._ownership import OwnershipSpy, read_rules
 from fuzz.adapter._runner import ScriptedRunner, runner_output
 from fuzz.adapter._specs import qualified_name
+from fuzz.adapter._step_parts import BatchQueue, Failure, Marks, Pending, Scheduled
 
 from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 from vllm.v1.outputs import DraftTokenIds  # noqa: E402
@@ -42,25 +46,12 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 from fuzz.model import Abort, AddRequest, ConnectorAnswer, Evict, FedOutput, OpLog, ResetPrefixCache, Step  # noqa: E402
 from fuzz.model import (  # noqa: E402
-    DraftVerification, EventGap, EventOrphan, ExternalReply, ForeignHit, GroupInfo, HarnessError, HitAcrossReset,
-    MisnamedEntry, PoolObservation, PreemptedRequest, SchedulerDraw, StaleOutput, StepObservation, UnbackedEntry,
+    DraftVerification, ExternalReply, GroupInfo, HarnessError, PoolObservation, PreemptedRequest, SchedulerDraw,
+    StaleOutput, StepObservation,
 )
 from fuzz.model import group_behaviour as _group_behaviour, span_of  # noqa: E402
 
 __all__ = ["SchedulerHarness"]
-
-
-@dataclasses.dataclass
-class _Pending:
-    """A scheduled step and what the model runner returns for it, decided
-    when it was scheduled (what the GPU computes for that SchedulerOutput)."""
-
-    index: int
-    out: Any
-    sampled: list[list[int]]
-    invalid_block_ids: set[int]
-    # The synchronous loads reported failed with it (see Faults.invalid_blocks).
-    sync_failures: dict[str, tuple[int, int, tuple[int, ...], int]]
 
 
 class SchedulerHarness:
@@ -128,10 +119,8 @@ class SchedulerHarness:
         # Everything done to vLLM, in the suite's words (a repro's source of truth).
         self.oplog = OpLog(_oplog.run_config(draw, built, self.groups))
         self._fed: FedOutput | None = None
-        # Async scheduling: the engine's batch queue (EngineCore
-        # step_with_batch_queue, size max_concurrent_batches = 2): at most one
-        # scheduled step whose model output is not fed back yet.
-        self._pending: _Pending | None = None
+        self._verifications: tuple[DraftVerification, ...] = ()  # the step's (see _feed_back)
+        self._queue = BatchQueue(self.scheduler, draw.async_scheduling)
         # Request id -> the step whose schedule() started its async load: a
         # load lands in the output of that step or a later one, never earlier.
         self._load_started: dict[str, int] = {}
@@ -152,6 +141,10 @@ class SchedulerHarness:
         self.script.watch(self.runner.hand_offs.hand_off, self.contents.namespaces)  # read at request_finished
 
     # -- properties ---------------------------------------------------------
+    @property
+    def _pending(self) -> Pending | None:
+        return self._queue.pending
+
     @property
     def partial_hits_enabled(self) -> bool:
         return _compat.partial_hits_enabled(self.manager.coordinator)
@@ -297,181 +290,202 @@ class SchedulerHarness:
 
         Synchronous scheduling feeds the step's own output at once (the
         engine core's ``step()``). Async scheduling follows the engine core's
-        ``step_with_batch_queue`` (queue of 2), see :meth:`_take_output`: a
+        ``step_with_batch_queue`` (queue of 2), see :class:`BatchQueue`: a
         step's output is usually fed after the next ``schedule()``;
-        :attr:`StepObservation.fed_step` says whose output a step fed."""
+        :attr:`StepObservation.fed_step` says whose output a step fed. The
+        step's operation-log entry is the one the observation carries."""
         if self.broken:
             raise RuntimeError(f"the scheduler is unusable after an earlier failure: {self.broken}")
-        self.step_index += 1
-        self._fed = None
-        self._stale = []
-        self._verifications: tuple[DraftVerification, ...] = ()
-        self.spies.new_step()
-        rolled_back = self.faults.new_step()
-        self.ownership.new_step()
-        asked_before = len(self.script.queries)
-        allocs_before = len(self.script.allocs)
-        metas_before = len(self.script.metas)
-        in_flight = frozenset(self.script.loads_in_flight)
-        error = error_type = where = None
-        frames: tuple[str, ...] = ()
-        statement = ""
-        out = None
+        marks = self._new_step()
         t0 = time.perf_counter()
-        due, self._resets_due = self._resets_due, []
-        reset_preempted: tuple[PreemptedRequest, ...] = ()
-        if due:  # the utility calls, in order, right before this step's schedule()
-            running = [r.request_id for r in self.scheduler.running]
-            try:
-                for reset in due:
-                    self.resets.append((self.step_index, self.scheduler.reset_prefix_cache(reset.reset_running)))
-            except Exception as exc:  # noqa: BLE001 - every failure is an observation
-                error, error_type, where, frames, statement = step_failure(exc, "reset_prefix_cache")
-            still = {r.request_id for r in self.scheduler.running}
-            reset_preempted = self.observer.preempted_states([r for r in running if r not in still], self.step_index)
+        failure, reset_preempted = self._apply_resets()
         # EngineCore.step_with_batch_queue schedules only `if
         # self.scheduler.has_requests()`; with nothing queued the harness
         # schedules anyway (as the synchronous drive does on an idle scheduler).
-        schedules = error is None and (
+        schedules = failure is None and (
             not self.draw.async_scheduling or self._pending is None or self.scheduler.has_requests())
         prefill_held = schedules and self.observer.prefill_held()
-        try:
-            if schedules:
-                out = self.scheduler.schedule()
-        except Exception as exc:  # noqa: BLE001 - every failure is an observation
-            error, error_type, where, frames, statement = step_failure(exc, "schedule")
+        out, failure = self._schedule() if schedules else (None, failure)
         self.vllm_seconds += time.perf_counter() - t0
+        seen = self._what_schedule_did(out, marks, reset_preempted)
+        queued, model_fields = self._run_model(out, seen)
+        fed = None if failure else self._queue.take(queued)
+        finished, failure, event_fields = self._feed(fed, failure)
+        if failure:
+            self.broken = failure.error
+        after_fields = self._after_feed(out, fed, finished, failure)
+        op = self._log_step(out, seen.queries, failure, finished, fed)
+        return StepObservation.recorded(
+            op,
+            context=context,
+            vllm_version=VLLM_VERSION,
+            async_scheduling=self.draw.async_scheduling,
+            schedule_called=schedules,
+            prefill_held=prefill_held,
+            loads_in_flight=marks.in_flight,
+            rolled_back=marks.rolled_back,
+            fed_step=None if fed is None else fed.index,
+            **Failure.fields_of(failure), **seen.fields(), **model_fields, **event_fields, **after_fields,
+            **self._end_of_step(out, fed, failure, seen.admissions),
+        )
+
+    def _new_step(self) -> Marks:
+        """Count the step and start every recorder's records of it."""
+        self.step_index += 1
+        self._fed = None
+        self._stale = []
+        self._verifications = ()
+        self.spies.new_step()
+        rolled_back = self.faults.new_step()
+        self.ownership.new_step()
+        script = self.script
+        return Marks(len(script.queries), len(script.allocs), len(script.metas), frozenset(script.loads_in_flight),
+                      rolled_back)
+
+    def _apply_resets(self) -> tuple[Failure | None, tuple[PreemptedRequest, ...]]:
+        """The prefix-cache resets asked for since the last step, in order,
+        right before its ``schedule()`` (the engine core's utility calls):
+        the failure of one, and the running requests they preempted."""
+        due, self._resets_due = self._resets_due, []
+        if not due:
+            return None, ()
+        failure = None
+        running = [r.request_id for r in self.scheduler.running]
+        try:
+            for reset in due:
+                self.resets.append((self.step_index, self.scheduler.reset_prefix_cache(reset.reset_running)))
+        except Exception as exc:  # noqa: BLE001 - every failure is an observation
+            failure = Failure(*step_failure(exc, "reset_prefix_cache"))
+        still = {r.request_id for r in self.scheduler.running}
+        return failure, self.observer.preempted_states([r for r in running if r not in still], self.step_index)
+
+    def _schedule(self) -> tuple[Any, Failure | None]:
+        """``schedule()``: its ``SchedulerOutput``, or what it raised."""
+        try:
+            return self.scheduler.schedule(), None
+        except Exception as exc:  # noqa: BLE001 - every failure is an observation
+            return None, Failure(*step_failure(exc, "schedule"))
+
+    def _what_schedule_did(self, out: Any, marks: Marks, reset_preempted: tuple[PreemptedRequest, ...]) -> Scheduled:
+        """Block ownership right after ``schedule()``, what it asked the
+        connector and admitted, the async loads it started, whom it
+        preempted or scheduled anew, and the synchronous loads to fail."""
         # Under async scheduling the step queued before this schedule() is
         # still in flight: its forward pass reads while this one is planned.
         running = self._pending.index if self.draw.async_scheduling and self._pending is not None else None
         ownership = self.ownership.observe(self.step_index, out, self.read_rules, self.script.send_blocks, running)
-        queries = self.script.queries[asked_before:]
-        allocs = self.script.allocs[allocs_before:]
-        dishonest = tuple(
-            q.request_id for q in queries if not self.script.reply_for(q.request_id).honest
-        )
+        queries = self.script.queries[marks.queries:]
+        allocs = self.script.allocs[marks.allocs:]
+        dishonest = tuple(q.request_id for q in queries if not self.script.reply_for(q.request_id).honest)
         admissions = self.observer.admissions(out, queries, allocs)
         connector_allocs = self.observer.connector_allocs(queries, allocs)
         for a in connector_allocs:
             if a.num_external_tokens and a.reply_async:
                 self.faults.load_started(a)
                 self._load_started[a.request_id] = self.step_index
-        metas = tuple(self.script.metas[metas_before:])
+        metas = tuple(self.script.metas[marks.metas:])
         preemptions = self.observer.preemptions(out, self.step_index, reset_preempted)
         newly = self.observer.newly_scheduled(out)
-        invalid = self.faults.invalid_blocks(admissions)
-        queued = None
-        unbacked: tuple[UnbackedEntry, ...] = ()
-        misnamed: tuple[MisnamedEntry, ...] = ()
-        foreign: tuple[ForeignHit, ...] = ()
-        across: tuple[HitAcrossReset, ...] = ()
-        if out is not None:
-            self.runner.hand_over(out, connector_allocs, admissions, invalid, self.step_index)
-            sampled = self.runner.sample(out, self.step_index, frozenset(r for r, *_ in newly),
-                                         self._whole_prompt_landed, self.faults.recomputed_failed_load)
-            queued = _Pending(self.step_index, out, sampled, invalid, self.faults.take_sync_failures())
-            # The index as the step runs: what schedule() cached, against
-            # what the step's forward pass and loads have written by then
-            # (an async load's blocks only once it is reported landed).
-            unbacked, misnamed = self.runner.index_entries(
-                self.pool, self.scheduler.requests, self.faults.recomputed_failed_load)
-            foreign = self.runner.foreign_hits(admissions)
-            across = self.runner.hits_across_reset(admissions, max((s for s, ok in self.resets if ok), default=0))
+        return Scheduled(queries, admissions, connector_allocs, newly, self.faults.invalid_blocks(admissions),
+                          dishonest, metas, ownership, preemptions)
+
+    def _run_model(self, out: Any, seen: Scheduled) -> tuple[Pending | None, dict[str, Any]]:
+        """The model runner's work on a scheduled step (none when nothing
+        was): the step queued with what it returns, and the prefix-cache
+        index as the step runs."""
+        if out is None:
+            return None, {}
+        step, runner = self.step_index, self.runner
+        runner.hand_over(out, seen.connector_allocs, seen.admissions, seen.invalid, step)
+        sampled = runner.sample(out, step, frozenset(r for r, *_ in seen.newly), self._whole_prompt_landed,
+                                self.faults.recomputed_failed_load)
+        queued = Pending(step, out, sampled, seen.invalid, self.faults.take_sync_failures())
+        # The index as the step runs: what schedule() cached, against
+        # what the step's forward pass and loads have written by then
+        # (an async load's blocks only once it is reported landed).
+        unbacked, misnamed = runner.index_entries(self.pool, self.scheduler.requests, self.faults.recomputed_failed_load)
+        last_reset = max((s for s, ok in self.resets if ok), default=0)
+        return queued, dict(unbacked_entries=unbacked, misnamed_entries=misnamed,
+                            foreign_hits=runner.foreign_hits(seen.admissions),
+                            hits_across_reset=runner.hits_across_reset(seen.admissions, last_reset))
+
+    def _feed(self, fed: Pending | None, failure: Failure | None
+              ) -> tuple[frozenset[str], Failure | None, dict[str, Any]]:
+        """Feed ``fed`` back (None: nothing this step) with the aborts that
+        came while the model ran, then hand over the drafts: the requests
+        that left, the step's failure, and the KV events replayed."""
         finished: frozenset[str] = frozenset()
-        fed = None if error else self._take_output(queued)
-        gaps: tuple[EventGap, ...] = ()
-        orphans: tuple[EventOrphan, ...] = ()
+        events: dict[str, Any] = {}
         if fed is not None:
             try:
                 self.faults.process_aborts()
                 finished = self._feed_back(fed)
-                gaps = self.observer.event_gaps()
-                orphans = self.observer.event_orphans(self.read_rules)
+                events["event_gaps"] = self.observer.event_gaps()
+                events["event_orphans"] = self.observer.event_orphans(self.read_rules)
             except Exception as exc:  # noqa: BLE001
-                error, error_type, where, frames, statement = step_failure(exc, "update_from_output")
-        if not error:  # nothing fed back: the input queue aborts them after the step
+                failure = Failure(*step_failure(exc, "update_from_output"))
+        if failure is None:  # nothing fed back: the input queue aborts them after the step
             self.faults.process_aborts()
-        if not error and fed is not None:
+        if failure is None and fed is not None:
             self._propose_drafts(fed)
-        if error:
-            self.broken = error
+        return finished, failure, events
+
+    def _after_feed(self, out: Any, fed: Pending | None, finished: frozenset[str],
+                    failure: Failure | None) -> dict[str, Any]:
+        """What the connector was told of finished requests, the requests
+        stranded, and KV computed from other tokens, once the step is fed."""
+        error = None if failure is None else failure.error
         finishes, left = self.observer.finish_calls()
-        fed_step = None if fed is None else fed.index
         stranded = self.observer.stranded(
-            out,
-            None if fed is None else fed.out,
-            None if self._pending is None else self._pending.out,
-            finished,
-            error,
-            bool(self.faults.step_failed_loads),
-            self.faults.recomputed_failed_load,
-        )
+            out, None if fed is None else fed.out, None if self._pending is None else self._pending.out, finished,
+            error, bool(self.faults.step_failed_loads), self.faults.recomputed_failed_load)
         self.observer.progress(finished)
         kv_wrong = (
             () if error
             else self.runner.kv_from_other_tokens(out, self.scheduler.requests, self.faults.recomputed_failed_load)
         )
-        self.oplog.ops.append(
-            Step(
-                index=self.step_index,
-                output=None if out is None else _oplog.scheduled_output(out),
-                answers=tuple(
-                    ConnectorAnswer(q.request_id, q.num_computed_tokens, q.reply, q.load_async) for q in queries
-                ),
-                fed=self._fed,
-                error=error,
-                error_where=where,
-                left=tuple(sorted(finished)),
-                fed_step=None if fed_step == self.step_index else fed_step,
-            )
+        return dict(connector_finishes=finishes, left_scheduler=left, stranded=stranded, kv_from_other_tokens=kv_wrong)
+
+    def _log_step(self, out: Any, queries: Sequence[Any], failure: Failure | None, finished: frozenset[str],
+                  fed: Pending | None) -> Step:
+        """The step's one record, appended to the operation log."""
+        op = Step(
+            index=self.step_index,
+            output=None if out is None else _oplog.scheduled_output(out),
+            answers=tuple(ConnectorAnswer(q.request_id, q.num_computed_tokens, q.reply, q.load_async) for q in queries),
+            fed=self._fed,
+            error=None if failure is None else failure.error,
+            error_where=None if failure is None else failure.where,
+            left=tuple(sorted(finished)),
+            fed_step=None if fed is None or fed.index == self.step_index else fed.index,
         )
-        return StepObservation(
-            step=self.step_index,
-            admissions=admissions,
-            error=error,
-            error_type=error_type,
-            error_where=where,
-            dishonest_replies=dishonest,
-            num_scheduled=dict(out.num_scheduled_tokens) if out is not None else {},
-            copies=tuple((c.src_block_id, c.dst_block_id) for c in out.kv_cache_block_copies or ()) if out is not None else (),
-            newly_scheduled=newly,
-            preempted=frozenset(out.preempted_req_ids or ()) if out is not None else frozenset(),
-            finished=finished,
-            context=context,
-            error_frames=frames,
-            error_statement=statement,
-            vllm_version=VLLM_VERSION,
-            connector_allocs=connector_allocs,
-            connector_metas=metas,
-            loads_in_flight=in_flight,
-            connector_finishes=finishes,
-            left_scheduler=left,
+        self.oplog.ops.append(op)
+        return op
+
+    def _end_of_step(self, out: Any, fed: Pending | None, failure: Failure | None,
+                     admissions: tuple[Any, ...]) -> dict[str, Any]:
+        """The observation's fields read once the step is recorded, in this
+        order (the fate and the cache model read the log and the pool)."""
+        error = None if failure is None else failure.error
+        ran, runner = out is not None, self.runner
+        return dict(
+            num_scheduled=dict(out.num_scheduled_tokens) if ran else {},
+            copies=tuple((c.src_block_id, c.dst_block_id) for c in out.kv_cache_block_copies or ()) if ran else (),
+            preempted=frozenset(out.preempted_req_ids or ()) if ran else frozenset(),
             failed_loads=tuple(self.faults.step_failed_loads),
-            rolled_back=rolled_back,
             rolled_back_in_flight=frozenset(self.faults.past_load),
             whole_prompt_landed=frozenset(self._whole_prompt_landed),
-            ownership=ownership,
-            fed_step=fed_step,
-            async_scheduling=self.draw.async_scheduling,
-            schedule_called=schedules,
-            prefill_held=prefill_held,
             stale_outputs=tuple(self._stale),
             draft_verifications=self._verifications,
-            stranded=stranded,
-            kv_from_other_tokens=kv_wrong,
-            unwritten_reads=tuple(self.runner.unwritten_reads) if out is not None else (),
-            unbacked_entries=unbacked,
-            misnamed_entries=misnamed,
-            key_collisions=self.runner.key_collisions(),
-            missing_encoder_outputs=self.runner.missing_encoder_outputs if out is not None else (),
-            event_gaps=gaps,
-            event_orphans=orphans, event_payloads=self.observer.event_payloads(self.read_rules, self.runner.keys, self.oplog.ops),
+            unwritten_reads=tuple(runner.unwritten_reads) if ran else (),
+            key_collisions=runner.key_collisions(),
+            missing_encoder_outputs=runner.missing_encoder_outputs if ran else (),
+            event_payloads=self.observer.event_payloads(self.read_rules, runner.keys, self.oplog.ops),
             events_replayed=self.observer.events is not None and fed is not None and not error,
-            foreign_hits=foreign,
-            hits_across_reset=across,
-            missing_lookahead=tuple(self.runner.missing_lookahead) if out is not None else (),
-            preemptions=preemptions, **self.fate.after_step(out, self._pending, error),
-            evictions=self.evictions.take(), **self.cache_model.take(admissions),
+            missing_lookahead=tuple(runner.missing_lookahead) if ran else (),
+            **self.fate.after_step(out, self._pending, error),
+            evictions=self.evictions.take(),
+            **self.cache_model.take(admissions),
         )
 
     QUIET_STEPS = QUIET_STEPS
@@ -491,34 +505,7 @@ class SchedulerHarness:
         steps repeat the same loop."""
         return self.observer.going_nowhere()
 
-    def _take_output(self, queued: _Pending | None) -> _Pending | None:
-        """The scheduled step whose output this engine step feeds back (None:
-        none), ``queued`` being the one just scheduled.
-
-        Synchronous: ``queued`` itself. Async scheduling, as
-        ``EngineCore.step_with_batch_queue`` (vllm/v1/engine/core.py) does it:
-        the new output joins the queue (``batch_queue.appendleft``); ``if
-        len(batch_queue) < self.batch_queue_size and (model_executed or
-        self.scheduler.has_requests())`` it returns without feeding anything;
-        otherwise ``batch_queue.pop()`` (the oldest) and
-        ``update_from_output`` it. ``model_executed`` is
-        ``scheduler_output.total_num_scheduled_tokens > 0``; the queue holds
-        ``max_concurrent_batches`` = 2 (V1 runner, no PP; V2: pp_size + 1)."""
-        if not self.draw.async_scheduling:
-            return queued
-        if queued is None:  # nothing scheduled (no requests): the oldest is fed
-            oldest, self._pending = self._pending, None
-            return oldest
-        if self._pending is None:
-            executed = queued.out.total_num_scheduled_tokens > 0
-            if executed or self.scheduler.has_requests():
-                self._pending = queued
-                return None
-            return queued
-        oldest, self._pending = self._pending, queued
-        return oldest
-
-    def _propose_drafts(self, fed: _Pending) -> None:
+    def _propose_drafts(self, fed: Pending) -> None:
         """Hand the drafter's proposals to the scheduler as the engine core
         does after a step (``scheduler.update_draft_token_ids``), see
         :meth:`ScriptedRunner.drafts`."""
@@ -530,7 +517,7 @@ class SchedulerHarness:
             self._fed = dataclasses.replace(self._fed, drafts=tuple((r, tuple(d)) for r, d in zip(ids, drafts)))
         self.scheduler.update_draft_token_ids(DraftTokenIds(ids, drafts))
 
-    def _feed_back(self, step: _Pending) -> frozenset[str]:
+    def _feed_back(self, step: Pending) -> frozenset[str]:
         """``update_from_output`` of ``step``'s output, with the connector's
         async loads that have landed by then (those started in that step or
         earlier: a worker reports a load in the output of a step it ran)."""

@@ -29,7 +29,8 @@ rest of the suite survive vLLM's moving internal API.
   :class:`SingleShotScenario` and their parts, drawn by :mod:`strategies`;
   :class:`FixedRun`, written by hand beside a planted bug);
 * ``_oplog``: the operation log of a scheduler run (:class:`OpLog`), a
-  repro's source of truth;
+  repro's source of truth, and the one place its kinds of operation are
+  told apart (:class:`OpVisitor`);
 * ``_oplog_json``: that log as JSON and back (:func:`encode_oplog`,
   :func:`decode_oplog`), for the campaign's sidecar and ``replay``;
 * ``_ownership``: the shadow model of block ownership after one
@@ -86,6 +87,7 @@ from fuzz.model._oplog import (
     Evict,
     FedOutput,
     OpLog,
+    OpVisitor,
     ResetPrefixCache,
     RunConfig,
     ScheduledOutput,
@@ -165,6 +167,7 @@ __all__ = [
     "Evict",
     "FedOutput",
     "OpLog",
+    "OpVisitor",
     "ResetPrefixCache",
     "RunConfig",
     "ScheduledOutput",

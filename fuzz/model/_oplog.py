@@ -21,7 +21,7 @@ and replaying it (:func:`fuzz.adapter.replay_oplog`) gives the same
 from __future__ import annotations
 
 import dataclasses
-from typing import Union
+from typing import Any, ClassVar, Generic, TypeVar, Union
 
 from fuzz.model._kv import GroupInfo
 from fuzz.model._scheduler import ExternalReply, SchedulerDraw
@@ -33,6 +33,7 @@ __all__ = [
     "Evict",
     "FedOutput",
     "OpLog",
+    "OpVisitor",
     "ResetPrefixCache",
     "RunConfig",
     "ScheduledOutput",
@@ -181,6 +182,54 @@ class Step:
 
 
 Op = Union[AddRequest, Abort, Evict, ResetPrefixCache, Step]
+
+R = TypeVar("R")
+
+
+class OpVisitor(Generic[R]):
+    """What to do with each kind of operation, dispatched in one place.
+
+    :meth:`visit` picks the method of ``op``'s kind (``on_<kind>``); one
+    without an override goes to :meth:`other`, which refuses it, so a handler
+    that must know every kind (a replay, a repro writer) fails loudly on a
+    new one, and one that reads a few kinds overrides :meth:`other` to pass
+    over the rest. A new kind of operation is a dataclass above, a member of
+    :data:`Op`, a row of ``_METHODS`` and an ``on_`` method here, plus the
+    handlers that must act on it."""
+
+    _METHODS: ClassVar[dict[type, str]] = {
+        AddRequest: "on_add_request",
+        Abort: "on_abort",
+        Evict: "on_evict",
+        ResetPrefixCache: "on_reset_prefix_cache",
+        Step: "on_step",
+    }
+
+    def visit(self, op: Op) -> R:
+        method = self._METHODS.get(type(op))
+        if method is None:
+            kinds = ", ".join(k.__name__ for k in self._METHODS)
+            raise TypeError(f"{type(op).__name__} {op!r} is not an operation of the log (one of {kinds})")
+        return getattr(self, method)(op)  # type: ignore[no-any-return]
+
+    def on_add_request(self, op: AddRequest) -> R:
+        return self.other(op)
+
+    def on_abort(self, op: Abort) -> R:
+        return self.other(op)
+
+    def on_evict(self, op: Evict) -> R:
+        return self.other(op)
+
+    def on_reset_prefix_cache(self, op: ResetPrefixCache) -> R:
+        return self.other(op)
+
+    def on_step(self, op: Step) -> R:
+        return self.other(op)
+
+    def other(self, op: Any) -> R:
+        """An operation of a kind this visitor has no method for."""
+        raise TypeError(f"{type(self).__name__} has no rule for a {type(op).__name__} operation")
 
 
 @dataclasses.dataclass

@@ -4,6 +4,7 @@ scripted answers, and what one ``schedule()`` step showed."""
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from fuzz.model._classification import Behaviour, classification_of_kind
 from fuzz.model._connector import ConnectorAlloc, ConnectorFinish, ConnectorMeta, FailedLoad
@@ -29,6 +30,9 @@ from fuzz.model._fate import RequestPlaces, WaitingRequest
 from fuzz.model._kv import GroupInfo, LayoutDraw, Span
 from fuzz.model._outputs import DraftVerification, StaleOutput
 from fuzz.model._ownership import OwnershipObservation
+
+if TYPE_CHECKING:
+    from fuzz.model._oplog import Step
 
 __all__ = [
     "KV_ROLES",
@@ -506,6 +510,24 @@ class StepObservation:
     # lookups that served less than it guarantees.
     forgotten_entries: tuple[ForgottenEntry, ...] = ()
     short_hits: tuple[ShortHit, ...] = ()
+    # The operation-log entry of this step, the very object the harness's log
+    # holds: one record of the step (see recorded). None: built by hand.
+    op: Step | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def recorded(cls, op: Step, **fields: Any) -> StepObservation:
+        """The observation of the step the log entry ``op`` records: its
+        index, error and where it was raised, and the requests that left in
+        ``update_from_output``, are the entry's own; ``fields`` the rest."""
+        return cls(step=op.index, error=op.error, error_where=op.error_where, finished=frozenset(op.left), op=op,
+                   **fields)
+
+    def __post_init__(self) -> None:
+        op = self.op
+        if op is not None and (op.index, op.error, op.error_where, op.left) != (
+                self.step, self.error, self.error_where, tuple(sorted(self.finished))):
+            raise ValueError(f"the observation of step {self.step} disagrees with the log entry of step {op.index} "
+                             "it carries (error, where it was raised, or the requests that left)")
 
     @property
     def fed_late(self) -> bool:

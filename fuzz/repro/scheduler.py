@@ -54,7 +54,7 @@ from fuzz.repro.truncation import repro_header, spec_classes, specs_lines
 from fuzz.repro.shrink import _replay_checked, shrink_oplog
 from fuzz.repro.groups import behaviours_of, read_rules_of, roles_of, spans_of
 from fuzz.repro.source import kit_attributes, kit_definitions, kit_source
-from fuzz.model import Abort, AddRequest, Evict, InvariantViolation, OpLog, ResetPrefixCache, Step
+from fuzz.model import Abort, AddRequest, Evict, InvariantViolation, OpLog, OpVisitor, ResetPrefixCache, Step
 from invariants.scheduler import ADMISSION_CHECKS
 from invariants.table import INVARIANTS
 
@@ -195,9 +195,6 @@ def _const(request_id: str) -> str:
 
 def _program(log: OpLog, broken: int, invariant: str) -> list[str]:
     """The test body's lines, up to and including the step that breaks."""
-    lines: list[str] = []
-    pending_plain = 0
-    first_plain = 0
     # Async scheduling feeds a step's output a step late: the contents model
     # learns which blocks its synchronous loads fail at the step that issues them.
     failing_at = {
@@ -205,59 +202,74 @@ def _program(log: OpLog, broken: int, invariant: str) -> list[str]:
         for op in log.steps
         if _watches(invariant, "contents") and op.fed is not None and op.fed.invalid_block_ids and op.fed_step is not None
     }
-
-    def flush() -> None:
-        nonlocal pending_plain
-        if pending_plain == 1:
-            lines.append(f"    _step(scheduler, watch)  # step {first_plain}")
-        elif pending_plain > 1:
-            lines.append(f"    for _ in range({pending_plain}):  # steps {first_plain}-{first_plain + pending_plain - 1}")
-            lines.append("        _step(scheduler, watch)")
-        pending_plain = 0
-
+    program = _Program(broken, invariant, failing_at)
     for op in log.until_step(broken).ops:
-        if isinstance(op, Step):
-            fed = op.fed
-            args = ""
-            if fed is not None and fed.failed_recving:
-                args += f", failed_loads={set(fed.failed_recving)!r}"
-            if fed is not None and fed.invalid_block_ids:
-                args += f", invalid_block_ids={set(fed.invalid_block_ids)!r}"
-            if op.index in failing_at:
-                args += f", failing_blocks={failing_at[op.index]!r}"
-            if op.index == broken:
-                flush()
-                lines += _breaking_step(op, args, invariant)
-            elif args:
-                flush()
-                lines.append(f"    _step(scheduler, watch{args})  # step {op.index}")
-            else:
-                if pending_plain == 0:
-                    first_plain = op.index
-                pending_plain += 1
-            continue
-        flush()
-        if isinstance(op, AddRequest):
-            skip = ", skip_reading_prefix_cache=True" if op.skip_reading_prefix_cache else ""
-            salt = f", cache_salt={op.cache_salt!r}" if op.cache_salt else ""
-            lora = f", lora={op.lora!r}" if op.lora else ""
-            lora += f", embeds={op.embeds!r}" if op.embeds else ""
-            lora += f", mm={op.mm!r}" if op.mm else ""
-            lines.append(
-                f'    scheduler.add_request(_make_request("{op.request_id}", {_const(op.request_id)}, '
-                f"max_tokens={op.max_tokens}{skip}{salt}{lora}))"
-            )
-        elif isinstance(op, Abort) and op.during_step:
-            lines.append(f'    watch.aborts.append("{op.request_id}")  # arrives while the model runs the next step')
-        elif isinstance(op, Abort):
-            lines.append(f'    scheduler.finish_requests("{op.request_id}", RequestStatus.FINISHED_ABORTED)')
-        elif isinstance(op, Evict):
-            lines.append("    # Blocks dropped from the prefix cache by hand (the search shortcut).")
-            lines.append(f"    scheduler.kv_cache_manager.evict_blocks({set(op.block_ids)!r})")
-        elif isinstance(op, ResetPrefixCache):
-            lines.append(f"    _reset_prefix_cache(scheduler, watch, reset_running_requests={op.reset_running})")
-    flush()
-    return lines
+        program.visit(op)
+    program.flush()
+    return program.lines
+
+
+class _Program(OpVisitor[None]):
+    """Each operation as the test's lines; a run of plain steps as one loop."""
+
+    def __init__(self, broken: int, invariant: str, failing_at: dict[int, set[int]]) -> None:
+        self.broken, self.invariant, self.failing_at = broken, invariant, failing_at
+        self.lines: list[str] = []
+        self.plain: list[int] = []  # the plain steps not written yet
+
+    def flush(self) -> None:
+        plain, self.plain = self.plain, []
+        if len(plain) == 1:
+            self.lines.append(f"    _step(scheduler, watch)  # step {plain[0]}")
+        elif len(plain) > 1:
+            self.lines.append(f"    for _ in range({len(plain)}):  # steps {plain[0]}-{plain[0] + len(plain) - 1}")
+            self.lines.append("        _step(scheduler, watch)")
+
+    def on_step(self, op: Step) -> None:
+        fed = op.fed
+        args = ""
+        if fed is not None and fed.failed_recving:
+            args += f", failed_loads={set(fed.failed_recving)!r}"
+        if fed is not None and fed.invalid_block_ids:
+            args += f", invalid_block_ids={set(fed.invalid_block_ids)!r}"
+        if op.index in self.failing_at:
+            args += f", failing_blocks={self.failing_at[op.index]!r}"
+        if op.index == self.broken:
+            self.flush()
+            self.lines += _breaking_step(op, args, self.invariant)
+        elif args:
+            self.flush()
+            self.lines.append(f"    _step(scheduler, watch{args})  # step {op.index}")
+        else:
+            self.plain.append(op.index)
+
+    def on_add_request(self, op: AddRequest) -> None:
+        self.flush()
+        skip = ", skip_reading_prefix_cache=True" if op.skip_reading_prefix_cache else ""
+        salt = f", cache_salt={op.cache_salt!r}" if op.cache_salt else ""
+        lora = f", lora={op.lora!r}" if op.lora else ""
+        lora += f", embeds={op.embeds!r}" if op.embeds else ""
+        lora += f", mm={op.mm!r}" if op.mm else ""
+        self.lines.append(
+            f'    scheduler.add_request(_make_request("{op.request_id}", {_const(op.request_id)}, '
+            f"max_tokens={op.max_tokens}{skip}{salt}{lora}))"
+        )
+
+    def on_abort(self, op: Abort) -> None:
+        self.flush()
+        if op.during_step:
+            self.lines.append(f'    watch.aborts.append("{op.request_id}")  # arrives while the model runs the next step')
+        else:
+            self.lines.append(f'    scheduler.finish_requests("{op.request_id}", RequestStatus.FINISHED_ABORTED)')
+
+    def on_evict(self, op: Evict) -> None:
+        self.flush()
+        self.lines.append("    # Blocks dropped from the prefix cache by hand (the search shortcut).")
+        self.lines.append(f"    scheduler.kv_cache_manager.evict_blocks({set(op.block_ids)!r})")
+
+    def on_reset_prefix_cache(self, op: ResetPrefixCache) -> None:
+        self.flush()
+        self.lines.append(f"    _reset_prefix_cache(scheduler, watch, reset_running_requests={op.reset_running})")
 
 
 def _breaking_step(op: Step, args: str, invariant: str) -> list[str]:

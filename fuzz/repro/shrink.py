@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from fuzz import adapter
-from fuzz.model import Abort, AddRequest, Evict, InvariantViolation, OpLog, ResetPrefixCache, Step
+from fuzz.model import Abort, AddRequest, Evict, InvariantViolation, OpLog, OpVisitor, ResetPrefixCache, Step
 
 __all__ = ["first_violation", "replay_violation", "shrink_oplog"]
 
@@ -70,27 +71,11 @@ def _play(harness: adapter.SchedulerHarness, log: OpLog,
     # The steps whose own schedule() admitted the synchronous loads a fed
     # output reports invalid (with async scheduling, fed one step late).
     sync_failing = {op.fed_step or op.index for op in log.steps if op.fed and op.fed.invalid_block_ids}
+    player = _Player(harness, run, sync_failing)
     try:
         for op in log.ops:
-            if isinstance(op, AddRequest):
-                harness.add_request(op.token_ids, max_tokens=op.max_tokens, reply=op.reply, request_id=op.request_id,
-                                    skip_reading_prefix_cache=op.skip_reading_prefix_cache, cache_salt=op.cache_salt,
-                                    lora=op.lora, embeds=op.embeds, mm=op.mm)
-            elif isinstance(op, Abort):
-                if op.during_step or op.request_id in harness.live_request_ids:
-                    harness.abort(op.request_id, during_step=op.during_step)
-            elif isinstance(op, Evict):
-                harness.evict_shortcut(set(op.block_ids))
-            elif isinstance(op, ResetPrefixCache):
-                harness.reset_prefix_cache(reset_running=op.reset_running)
-            elif isinstance(op, Step):
-                if harness.broken:
-                    break
-                for rid in op.fed.failed_recving if op.fed else ():
-                    harness.fail_async_load(rid)
-                if op.index in sync_failing and harness.can_report_invalid_blocks:
-                    harness.fail_next_sync_loads()
-                run.step()
+            if not player.visit(op):
+                break
         run.drain()
         if not harness.broken and check_no_leaked_blocks in checks:
             check_no_leaked_blocks(harness.pool_observation())
@@ -98,6 +83,45 @@ def _play(harness: adapter.SchedulerHarness, log: OpLog,
         exc.oplog = harness.oplog
         return exc
     return None
+
+
+class _Player(OpVisitor[bool]):
+    """Each operation done again through a harness, its steps checked;
+    False: the harness broke, the replay stops."""
+
+    def __init__(self, harness: adapter.SchedulerHarness, run: Any, sync_failing: set[int]) -> None:
+        self.harness, self.run, self.sync_failing = harness, run, sync_failing
+
+    def on_add_request(self, op: AddRequest) -> bool:
+        self.harness.add_request(
+            op.token_ids, max_tokens=op.max_tokens, reply=op.reply, request_id=op.request_id,
+            skip_reading_prefix_cache=op.skip_reading_prefix_cache, cache_salt=op.cache_salt,
+            lora=op.lora, embeds=op.embeds, mm=op.mm)
+        return True
+
+    def on_abort(self, op: Abort) -> bool:
+        if op.during_step or op.request_id in self.harness.live_request_ids:
+            self.harness.abort(op.request_id, during_step=op.during_step)
+        return True
+
+    def on_evict(self, op: Evict) -> bool:
+        self.harness.evict_shortcut(set(op.block_ids))
+        return True
+
+    def on_reset_prefix_cache(self, op: ResetPrefixCache) -> bool:
+        self.harness.reset_prefix_cache(reset_running=op.reset_running)
+        return True
+
+    def on_step(self, op: Step) -> bool:
+        harness = self.harness
+        if harness.broken:
+            return False
+        for rid in op.fed.failed_recving if op.fed else ():
+            harness.fail_async_load(rid)
+        if op.index in self.sync_failing and harness.can_report_invalid_blocks:
+            harness.fail_next_sync_loads()
+        self.run.step()
+        return True
 
 
 def _without_request(log: OpLog, request_id: str) -> OpLog:

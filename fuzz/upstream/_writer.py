@@ -40,6 +40,7 @@ from fuzz.model import (
     FedOutput,
     InvariantViolation,
     OpLog,
+    OpVisitor,
     ResetPrefixCache,
     Step,
 )
@@ -379,52 +380,73 @@ def _program(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
     at: dict[tuple[int, str], list[Fact]] = {}
     for fact in facts:
         at.setdefault((fact.step or last, fact.after), []).append(fact)
-    stop = max(at)[0]
-    cfg = log.config
-    names = {r.request_id: _name(r.request_id) for r in log.requests}
-    block_sizes = tuple(g.block_size for g in cfg.draw.layout.groups)
-    async_ = cfg.draw.async_scheduling
-    during: list[str] = []
-    b = f.body
+    program = _Program(f, log, at)
     for op in log.ops:
-        if isinstance(op, AddRequest):
-            if b[-1].startswith("    scheduler.update_from_output("):
-                b.append("")
-            b += _request(f, op, cfg.hash_block_size)
-            b.append(f"    scheduler.add_request({names[op.request_id]})")
-        elif isinstance(op, Abort) and op.during_step:
-            during.append(op.request_id)
-        elif isinstance(op, Abort):
-            f.need("vllm.v1.request", "RequestStatus")
-            b.append(f'    scheduler.finish_requests("{op.request_id}", RequestStatus.FINISHED_ABORTED)')
-        elif isinstance(op, Evict):
-            b.append(f"    scheduler.kv_cache_manager.evict_blocks({set(op.block_ids)!r})")
-        elif isinstance(op, ResetPrefixCache):
-            b.append(f"    scheduler.reset_prefix_cache(reset_running_requests={op.reset_running})")
-        elif isinstance(op, Step):
-            if op.index > stop:
-                break
-            if op.output is None or op.error:
-                raise _Unwritable("a step that raised")
-            output = f"output_{op.index}" if async_ else "output"
-            b += ["", f"    # Step {op.index}: {_scheduled(op)}.", f"    {output} = scheduler.schedule()"]
-            scheduled_at = len(b) - 1
-            ctx = Context(names, output, op.index, cfg.hash_block_size, block_sizes)
-            b += _facts_at(f, at.get((op.index, "schedule"), []), ctx)
-            if op.index == stop and (stop, "update") not in at:
-                if not any(output in line for line in b[scheduled_at + 1:]):
-                    b[scheduled_at] = "    scheduler.schedule()"
-                return
-            if op.fed is not None:
-                if during:
-                    f.need("vllm.v1.request", "RequestStatus")
-                b += [f'    scheduler.finish_requests("{r}", RequestStatus.FINISHED_ABORTED)  # while the model runs'
-                      for r in during]
-                during = []
-                b += _feed(f, op.fed, f"output_{op.fed_step}" if async_ and op.fed_step else output)
-            b += _facts_at(f, at.get((op.index, "update"), []), ctx)
-            if op.index == stop:
-                return
+        if not program.visit(op):
+            return
+
+
+class _Program(OpVisitor[bool]):
+    """Each operation as the test's lines, with the facts due after each
+    step's ``schedule()`` and ``update_from_output()``; False: the program
+    ends there (the last step a fact is due at)."""
+
+    def __init__(self, f: _File, log: OpLog, at: dict[tuple[int, str], list[Fact]]) -> None:
+        self.f, self.at, self.cfg = f, at, log.config
+        self.stop = max(at)[0]
+        self.names = {r.request_id: _name(r.request_id) for r in log.requests}
+        self.block_sizes = tuple(g.block_size for g in self.cfg.draw.layout.groups)
+        self.during: list[str] = []
+
+    def on_add_request(self, op: AddRequest) -> bool:
+        b = self.f.body
+        if b[-1].startswith("    scheduler.update_from_output("):
+            b.append("")
+        b += _request(self.f, op, self.cfg.hash_block_size)
+        b.append(f"    scheduler.add_request({self.names[op.request_id]})")
+        return True
+
+    def on_abort(self, op: Abort) -> bool:
+        if op.during_step:
+            self.during.append(op.request_id)
+        else:
+            self.f.need("vllm.v1.request", "RequestStatus")
+            self.f.body.append(f'    scheduler.finish_requests("{op.request_id}", RequestStatus.FINISHED_ABORTED)')
+        return True
+
+    def on_evict(self, op: Evict) -> bool:
+        self.f.body.append(f"    scheduler.kv_cache_manager.evict_blocks({set(op.block_ids)!r})")
+        return True
+
+    def on_reset_prefix_cache(self, op: ResetPrefixCache) -> bool:
+        self.f.body.append(f"    scheduler.reset_prefix_cache(reset_running_requests={op.reset_running})")
+        return True
+
+    def on_step(self, op: Step) -> bool:
+        f, b, at, stop = self.f, self.f.body, self.at, self.stop
+        if op.index > stop:
+            return False
+        if op.output is None or op.error:
+            raise _Unwritable("a step that raised")
+        async_ = self.cfg.draw.async_scheduling
+        output = f"output_{op.index}" if async_ else "output"
+        b += ["", f"    # Step {op.index}: {_scheduled(op)}.", f"    {output} = scheduler.schedule()"]
+        scheduled_at = len(b) - 1
+        ctx = Context(self.names, output, op.index, self.cfg.hash_block_size, self.block_sizes)
+        b += _facts_at(f, at.get((op.index, "schedule"), []), ctx)
+        if op.index == stop and (stop, "update") not in at:
+            if not any(output in line for line in b[scheduled_at + 1:]):
+                b[scheduled_at] = "    scheduler.schedule()"
+            return False
+        if op.fed is not None:
+            if self.during:
+                f.need("vllm.v1.request", "RequestStatus")
+            b += [f'    scheduler.finish_requests("{r}", RequestStatus.FINISHED_ABORTED)  # while the model runs'
+                  for r in self.during]
+            self.during = []
+            b += _feed(f, op.fed, f"output_{op.fed_step}" if async_ and op.fed_step else output)
+        b += _facts_at(f, at.get((op.index, "update"), []), ctx)
+        return op.index != stop
 
 
 def upstream_path(log: OpLog) -> str:
