@@ -27,20 +27,22 @@ MODULES = (
 
 
 class Recorder:
-    """A pytest plugin: each ``_check_repro`` call records the file's size."""
+    """A pytest plugin: each ``check_repro`` call records the file's size."""
 
     def __init__(self) -> None:
         self.sizes: dict[str, int | None] = {}
 
-    def pytest_configure(self, config: pytest.Config) -> None:
-        import tests.findings.test_scheduler_repro as repro_tests
+    def record(self, source, bug, tmp_path, check=None):  # type: ignore[no-untyped-def]
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0].split("::")[-1]
+        self.sizes[f"{bug} | {test}"] = len(source.splitlines()) if source else None
+        return tmp_path / "not-run.py"
 
-        def record(source, bug, tmp_path, check=None):  # type: ignore[no-untyped-def]
-            test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0].split("::")[-1]
-            self.sizes[f"{bug} | {test}"] = len(source.splitlines()) if source else None
-            return tmp_path / "not-run.py"
-
-        repro_tests._check_repro = record  # the modules beside it import it from there
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        # Each test module holds the check it imported under its own name:
+        # swapped there, in the modules collected (this script imports no test code).
+        for module in {item.module for item in items if isinstance(item, pytest.Function)}:
+            if hasattr(module, "check_repro"):
+                module.check_repro = self.record
 
 
 def main() -> int:

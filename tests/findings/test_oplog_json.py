@@ -27,7 +27,7 @@ from fuzz.model import (
 )
 from fuzz.repro.shrink import first_violation
 from fuzz.targets.target_scheduler import UNSUPPORTED
-from tests.invariants.test_scheduler_planted import FIXED_CASES
+from tests.invariants.planted_cases import FIXED_CASES
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 

@@ -13,7 +13,6 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
-import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -24,6 +23,7 @@ from fuzz.kit import COPIED_MODULES, KIT_MODULES, SUITE_CHECK_MODULES, TRUNCATIO
 from fuzz.repro.scheduler import WRITABLE, _check_of, _constants, scheduler_repro
 from fuzz.repro.source import kit_definitions, kit_source, specialise, trim
 from fuzz.targets.target_scheduler import UNSUPPORTED
+from tests.findings.repro_checks import ruff, tiny_log
 
 ROOT = Path(__file__).resolve().parents[2]
 # What a file in vLLM's test tree may import.
@@ -61,20 +61,10 @@ def test_the_kit_imports_only_vllm_pytest_and_the_standard_library(name: str) ->
         assert allowed, f"{name} imports {module}: a repro file may import vLLM, pytest and the standard library only"
 
 
-def _ruff(*paths: Path) -> subprocess.CompletedProcess[str]:
-    if importlib.util.find_spec("ruff") is None:
-        pytest.skip("ruff is not installed (pip install ruff)")
-    return subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--no-cache", "--select", "F,E9", "--line-length", "120",
-         *map(str, paths)],
-        capture_output=True, text=True, cwd=ROOT, check=False,
-    )
-
-
 def test_the_kit_lints_clean() -> None:
     modules = [ROOT / (m.replace(".", "/") + ".py") for m in KIT_MODULES + TRUNCATION_KIT_MODULES]
     writers = [ROOT / "fuzz" / "repro" / name for name in ("source.py", "scheduler.py", "shrink.py", "truncation.py")]
-    result = _ruff(*modules, *writers)
+    result = ruff(*modules, *writers)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -358,7 +348,7 @@ def test_admissions_are_watched_only_where_the_file_reads_them() -> None:
     wrapped lookup and allocate_slots) only where the file written without
     them still reads them (watch.admitting, or the Admission records of
     watch.admissions)."""
-    log = _tiny_log()
+    log = tiny_log()
     for invariant, reads in (("computed-adds-up", True), ("hits-within-namespace", True),
                              ("preempted-resumable", False), ("events-replay-index", False)):
         source = scheduler_repro(log, invariant=invariant, target="t", seed=0, violation="")
@@ -372,22 +362,11 @@ def test_admissions_are_watched_only_where_the_file_reads_them() -> None:
 # --- the files --------------------------------------------------------------
 
 
-def _tiny_log(**draw):  # type: ignore[no-untyped-def]
-    from fuzz.adapter import SchedulerHarness
-    from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
-
-    harness = SchedulerHarness(SchedulerDraw(LayoutDraw((SpecDraw("FullAttentionSpec", 4),), 4, 16), **draw))
-    harness.add_request(range(8), reply=ExternalReply("store", store_len=4))
-    harness.step()
-    harness.step()
-    return harness.oplog
-
-
 def test_the_writer_knows_every_constant_the_kit_reads() -> None:
     from fuzz.kit import _params
 
     names = {n for n in vars(_params) if n.isupper()}
-    log = _tiny_log()
+    log = tiny_log()
     assert set(_constants(log, "computed-adds-up", list(log.requests))) == names
 
 
@@ -400,12 +379,12 @@ def test_the_writer_knows_every_constant_the_kit_reads() -> None:
      "eviction-order", "lookahead-allocated", "hits-after-reset"],
 )
 def test_a_written_file_lints_clean(invariant: str, async_scheduling: bool, tmp_path: Path) -> None:
-    source = scheduler_repro(_tiny_log(async_scheduling=async_scheduling), invariant=invariant, target="t", seed=0,
+    source = scheduler_repro(tiny_log(async_scheduling=async_scheduling), invariant=invariant, target="t", seed=0,
                              violation="")
     assert source is not None
     path = tmp_path / "test_repro.py"
     path.write_text(source)
-    result = _ruff(path)
+    result = ruff(path)
     assert result.returncode == 0, result.stdout + result.stderr + source
     assert ("def _queued_step(" in source) == async_scheduling
     assert ("class BlockContents" in source) == (
@@ -460,9 +439,9 @@ def test_the_failing_run_s_log_travels_with_the_violation() -> None:
 
 def _planted_runs():  # type: ignore[no-untyped-def]
     """(planted bug, the suite's check, its invariant, a run returning the
-    failing log under the plant): the fixed runs of tests/invariants/test_scheduler_planted.py."""
+    failing log under the plant): the fixed runs of tests/invariants/planted_cases.py."""
     from tests.invariants.planted_runs import speculating_harness
-    from tests.invariants.test_scheduler_planted import FIXED_CASES, SPEC_DECODE_CASES
+    from tests.invariants.planted_cases import FIXED_CASES, SPEC_DECODE_CASES
 
     def stepped(run):  # type: ignore[no-untyped-def]
         def log(check):  # type: ignore[no-untyped-def]
@@ -513,7 +492,7 @@ def _claims_on_fixed_runs() -> list[str]:
     cases of :func:`_planted_runs`), from the table: a new one is tested here
     without a line in this file."""
     from fuzz.repro.scheduler import WRITABLE
-    from tests.invariants.test_scheduler_planted import FIXED_CASES, SPEC_DECODE_CASES
+    from tests.invariants.planted_cases import FIXED_CASES, SPEC_DECODE_CASES
 
     return sorted({name for _, name, *_ in (*FIXED_CASES, *SPEC_DECODE_CASES)} & WRITABLE)
 
@@ -560,7 +539,7 @@ def test_a_written_truncation_file_lints_clean(tmp_path: Path) -> None:
     source = truncation_repro(SEED_PR_51468, obs, target="t", seed=0, invariant="must-cover", violation="")
     path = tmp_path / "test_truncation_repro.py"
     path.write_text(source)
-    result = _ruff(path)
+    result = ruff(path)
     assert result.returncode == 0, result.stdout + result.stderr + source
     assert "def _lookup(" in source and "find_longest_cache_hit_per_group" in source  # the per-group lookup is written
 
@@ -600,7 +579,7 @@ def test_a_field_set_from_constants_decides_its_ifs_and_unused_parameters_go() -
 def test_a_sync_file_without_aborts_or_speculation_carries_none_of_their_code() -> None:
     """The worker's async and rejection branches, the abort hook and the
     connector's unused parameters go from a sync file with no connector."""
-    log = _tiny_log(connector=False, divergent_hits=False)
+    log = tiny_log(connector=False, divergent_hits=False)
     source = scheduler_repro(log, invariant="preempted-resumable", target="t", seed=0, violation="")
     assert source is not None
     for gone in ("self.async_scheduling", "unfed_rejections", "_abort_during_step", "recving", "failed_loads", "**options",

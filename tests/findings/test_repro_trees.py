@@ -34,9 +34,9 @@ def test_writing_a_file_again_in_the_same_process_writes_the_same_file(invariant
     """A pass that changed a shared tree would hand the next pass reading
     that text a different tree: the second file would differ."""
     from fuzz.repro.scheduler import scheduler_repro
-    from tests.findings.test_repro_kit import _tiny_log
+    from tests.findings.repro_checks import tiny_log
 
-    log = _tiny_log()
+    log = tiny_log()
     first = scheduler_repro(log, invariant=invariant, target="t", seed=0, violation="")
     again = scheduler_repro(log, invariant=invariant, target="t", seed=0, violation="")
     assert first is not None and first == again

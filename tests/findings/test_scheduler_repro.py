@@ -11,16 +11,11 @@ the bug planted and passes without it. The same holds for the state machine
 
 from __future__ import annotations
 
-import ast
-import contextlib
-import importlib.util
-import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from fuzz.adapter import planted_scheduler_bug
@@ -37,16 +32,24 @@ from fuzz.repro.scheduler import (
 from fuzz.runners.scheduler import run_single_shot
 from fuzz.targets import target_scheduler
 from fuzz.targets.target_scheduler import UNSUPPORTED
-from tests.strategies import test_draws_pinned
-from strategies.single_shot import single_shot_scenarios
+from fuzz.hunting import without_module_constants as _no_local_constants  # edits elsewhere must not move the search
 from invariants import connector as conn
 from invariants import scheduler as inv
+from tests.findings.repro_checks import (
+    ALLOWED_IMPORTS,
+    SEARCH,
+    check_repro,
+    fixed_case_log,
+    fixed_run_cases,
+    imports_of,
+    planted_search_strategy,
+    run_repro,
+)
 from tests.known_bugs._pin import known_vllm_bug
+from tests.support.harnesses import harness_of
+from tests.support.search import planted_failure
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
-
-SEARCH = settings(max_examples=2000, derandomize=True, database=None, deadline=None,
-                  phases=[Phase.generate], suppress_health_check=list(HealthCheck))
 
 # Planted bug -> the invariant the campaign's checks (all of them) report first.
 BUGS = {
@@ -73,114 +76,17 @@ BUGS = {
 }
 # The scheduler-tier limit for the pre-fix assert (issue 13).
 LIMITS = {"pre_fix_assert_all": {"groups": 2, "requests": 3, "steps": 6}}
-ALLOWED_IMPORTS = {"collections", "dataclasses", "enum", "json", "pytest", "torch", "traceback", "typing", "vllm"}
-
-
-_no_local_constants = test_draws_pinned._no_local_constants  # edits elsewhere must not move the search
-
-
-def _planted_search_strategy():  # type: ignore[no-untyped-def]
-    """The single-shot scenarios without the twins and load flavours: those
-    build the open vLLM 0.33.0 bugs' states on purpose, and a repro shrunk
-    from such a scenario fails on unmodified vLLM too (the undercount's
-    ValueError), which these planted-bug repros must not."""
-    return single_shot_scenarios(shortcut=False, allow_over=False)
-
-
-def _find(bug: str) -> InvariantViolation:
-    """The first failing single-shot example, every check on (as the campaign runs it)."""
-
-    @SEARCH
-    @given(scenario=_planted_search_strategy())
-    def search(scenario) -> None:  # type: ignore[no-untyped-def]
-        run_single_shot(scenario, record=False)
-
-    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
-        search()
-    return caught.value
-
-
-def _run_repro(path: Path, tmp_path: Path, bug: str | None) -> BaseException | None:
-    """Import the file under its own module name (its connector is loaded by
-    that name) and run its test, with ``bug`` planted; the failure, or None."""
-    name = f"kvtrunc_repro_{path.stem}_{bug or 'unplanted'}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-        (test,) = [getattr(module, n) for n in dir(module) if n.startswith("test_")]
-        planted = planted_scheduler_bug(bug) if bug else contextlib.nullcontext()
-        with pytest.MonkeyPatch.context() as mp, planted:
-            run_dir = tmp_path / (bug or "unplanted")
-            run_dir.mkdir()
-            test(run_dir, mp)
-    except (AssertionError, pytest.fail.Exception) as exc:
-        return exc
-    finally:
-        del sys.modules[name]
-    return None
-
-
-# The claims every file states without a kit check of their own, and where
-# a failing file states them: the pool check's frame, or (no-exception) the
-# step's pytest.fail, whose text says what escaped.
-_STATED_AT = {"no-leaked-blocks": "_assert_no_leaked_blocks"}
-_ESCAPED = "escaped the scheduler"
-
-
-def _header_invariant(source: str) -> str:
-    """The claim a written file's header names (``invariant: x``)."""
-    return next(line.split(": ", 1)[1] for line in source.splitlines() if line.startswith("invariant: "))
-
-
-def _imports(source: str) -> set[str]:
-    names = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            names.add((node.module or "").split(".")[0])
-    return names
-
-
-def _check_repro(source: str | None, bug: str, tmp_path: Path, check: str | None = None) -> Path:
-    """Write ``source``, run it with ``bug`` planted (it must fail, in the
-    kit's ``check``: by default the check of the claim its header names, the
-    one the suite's invariant broke on the run it replays) and without (it
-    must pass). Every file written here thus shows the kit's check and the
-    suite's invariant agreeing on one recorded run, planted and not."""
-    assert source, f"{bug}: no repro written"
-    claim = _header_invariant(source)
-    check = check or _check_of(claim) or _STATED_AT.get(claim)
-    assert _imports(source) <= ALLOWED_IMPORTS, _imports(source)
-    assert "pytestmark = pytest.mark.cpu_test" in source
-    # A file with the connector loads it by its own module path; one without has none of it.
-    has_connector = "class ScriptedConnector(" in source
-    assert ("kv_connector_module_path=__name__" in source) == has_connector, source
-    assert has_connector or "KVTransferConfig" not in source and "STORE = " not in source, source
-    path = tmp_path / f"test_repro_{bug}.py"
-    path.write_text(source)
-    if importlib.util.find_spec("ruff") is not None:  # in requirements/lean.txt: CI lints every file written
-        from tests.findings.test_repro_kit import _ruff
-
-        lint = _ruff(path)
-        assert lint.returncode == 0, f"{bug}: the repro does not lint clean\n{lint.stdout}{lint.stderr}\n{source}"
-    failure = _run_repro(path, tmp_path, bug)
-    assert failure is not None, f"{bug}: the repro passes with the bug planted\n{source}"
-    frames = [frame.name for frame in traceback.extract_tb(failure.__traceback__)]
-    if check is None:  # no-exception
-        assert claim == "no-exception" and _ESCAPED in str(failure), f"{bug}: no exception escapes: {failure!r}\n{source}"
-    else:
-        assert check in frames, f"{bug}: the repro fails outside {check}: {failure!r}\n{source}"
-    assert _run_repro(path, tmp_path, None) is None, f"{bug}: the repro fails on unmodified vLLM\n{source}"
-    return path
+# The seed the every-check search draws from: the one it drew from when it
+# was written out here (Hypothesis's digest of that function), so it meets
+# the examples BUGS and LIMITS describe.
+EVERY_CHECK_SEED = int("4310643ec278f8bbb670fcbe5de934a7d7c6ee64511ee660098f1cb5dc758a5a7b182e504e296483f2e257760f3fe0d4", 16)
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_a_planted_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
-    violation = _find(bug)
+    # The first failing single-shot example, every check on (as the campaign runs it).
+    violation, _ = planted_failure(bug, planted_search_strategy(), settings=SEARCH, module_constants=False,
+                                   seed=EVERY_CHECK_SEED)
     assert violation.invariant == BUGS[bug], str(violation)
     with planted_scheduler_bug(bug):
         log = shrunk_log_of_failure(violation, violation.invariant)  # the shrunk run the file replays
@@ -190,7 +96,7 @@ def test_a_planted_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> N
     size = repro_size(log)
     for what, limit in LIMITS.get(bug, {}).items():
         assert size[what] <= limit, (bug, size)
-    _check_repro(source, bug, tmp_path)
+    check_repro(source, bug, tmp_path)
 
 
 def test_the_state_machine_shrunk_program_becomes_a_repro(tmp_path: Path) -> None:
@@ -203,7 +109,7 @@ def test_the_state_machine_shrunk_program_becomes_a_repro(tmp_path: Path) -> Non
         source = scheduler_repro_of_failure(target="scheduler-machine", seed=0,
                                             invariant=violation.invariant, violation=str(violation),
                                             failure=violation)
-    _check_repro(source, bug, tmp_path)
+    check_repro(source, bug, tmp_path)
 
 
 # Planted bugs on the failed-load paths only the state machine reaches (its
@@ -222,25 +128,14 @@ MACHINE_BUGS = {
 
 
 def _failed_load_log(bug: str, async_load: bool = True):  # type: ignore[no-untyped-def]
-    """tests/invariants/test_connector_protocol.py's async- (or sync-)
-    load-fails-recompute run, planted: a derandomized machine search for it
+    """The connector protocol's async- (or sync-) load-fails-recompute run
+    (tests/invariants/planted_runs.py), planted: a derandomized machine search for it
     moved with unrelated edits, so this case starts from the fixed scenario."""
-    from tests.invariants.test_connector_protocol import failed_load_run
+    from tests.invariants.planted_runs import failed_load_run
 
     with planted_scheduler_bug(bug):
         harness, _ = failed_load_run(async_load, "recompute")
     return harness.oplog
-
-
-def _fixed_case_log(bug: str):  # type: ignore[no-untyped-def]
-    """The fixed run tests/invariants/test_scheduler_planted.py shows ``bug`` caught on
-    (its FIXED_CASES), planted: its log and the invariant it breaks."""
-    from tests.invariants.test_scheduler_planted import FIXED_CASES
-
-    check, invariant, run = next((c, i, r) for c, i, b, r, _ in FIXED_CASES if b == bug)
-    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
-        run((check,))
-    return caught.value.oplog, invariant
 
 
 # Planted bug -> its fixed run's log and the invariant it breaks.
@@ -257,10 +152,10 @@ def test_a_failure_that_needs_no_connector_gets_a_file_without_one(tmp_path: Pat
     the kit's check) and passes unplanted. A connector claim keeps it."""
     from fuzz.model import SchedulerDraw
     from fuzz.repro.shrink import _may_drop_connector
-    from tests.invariants.test_scheduler_planted import FIXED_CASES
+    from tests.invariants.planted_cases import FIXED_CASES
 
     bug = "cache_salt_not_hashed"
-    log, invariant = _fixed_case_log(bug)
+    log, invariant = fixed_case_log(bug)
     assert log.config.draw.connector
     (check,) = [c for c, _, b, *_ in FIXED_CASES if b == bug]
     assert not _may_drop_connector(log, "told-external-accounted")
@@ -271,7 +166,7 @@ def test_a_failure_that_needs_no_connector_gets_a_file_without_one(tmp_path: Pat
     assert source is not None and "no KV connector" in source
     for absent in ("class ScriptedConnector", "KVTransferConfig", "STORE = ", "RECORDED_ANSWERS", "kv_connector_module_path"):
         assert absent not in source, absent
-    _check_repro(source, bug, tmp_path, check=_check_of(invariant))
+    check_repro(source, bug, tmp_path, check=_check_of(invariant))
     with pytest.raises(ValueError, match="divergent"):
         SchedulerDraw(log.config.draw.layout, connector=False)
 
@@ -285,7 +180,7 @@ def test_a_planted_failed_load_bug_becomes_a_standalone_repro(bug: str, tmp_path
         with planted_scheduler_bug(bug):
             log = shrink_oplog(log, invariant, checks=(check,))
         source = scheduler_repro(log, invariant=invariant, target="scheduler-machine", seed=0, violation="")
-        _check_repro(source, bug, tmp_path)
+        check_repro(source, bug, tmp_path)
         return
     search = settings(SEARCH, max_examples=budget, stateful_step_count=30)
     with (
@@ -300,12 +195,11 @@ def test_a_planted_failed_load_bug_becomes_a_standalone_repro(bug: str, tmp_path
     with planted_scheduler_bug(bug):
         log = shrink_oplog(caught.value.oplog, invariant, checks=(check,))
     source = scheduler_repro(log, invariant=invariant, target="scheduler-machine", seed=0, violation="")
-    _check_repro(source, bug, tmp_path)
+    check_repro(source, bug, tmp_path)
 
 
 def test_every_planted_scheduler_bug_has_a_repro_case() -> None:
     from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS
-    from tests.findings.test_scheduler_repro_runs import fixed_run_cases
 
     cases = set(BUGS) | set(MACHINE_BUGS) | {bug for _, bug in CHECK_ALONE} | set(OWNERSHIP_BUGS) | set(fixed_run_cases())
     # tests/findings/test_scheduler_repro_configs.py: the speculative-decoding repros.
@@ -326,11 +220,10 @@ def test_every_planted_scheduler_bug_has_a_repro_case() -> None:
 
 
 def test_invariants_it_cannot_state_get_no_file() -> None:
-    from fuzz.adapter import SchedulerHarness
-    from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+    from fuzz.model import ExternalReply, LayoutDraw, SpecDraw
 
     # A run of its own: the test must not depend on which test ran before.
-    harness = SchedulerHarness(SchedulerDraw(LayoutDraw((SpecDraw("FullAttentionSpec", 4),), 4, 16)))
+    harness = harness_of(LayoutDraw((SpecDraw("FullAttentionSpec", 4),), 4, 16))
     harness.add_request(range(8), reply=ExternalReply("store", store_len=4))
     harness.step()
     log = harness.oplog
@@ -344,14 +237,12 @@ def test_groups_the_failure_does_not_need_shrink_away() -> None:
     """The any-layout target's shrunk pre-fix failure, as a campaign first
     wrote it (3 groups): replay-shrinking drops the second full-attention
     group, the two requests and two steps stay."""
-    from fuzz.adapter import SchedulerHarness
-    from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+    from fuzz.model import ExternalReply, LayoutDraw, SpecDraw
 
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4), SpecDraw("FullAttentionSpec", 4)),
                         hash_block_size=1, num_blocks=19)
-    draw = SchedulerDraw(layout, max_num_batched_tokens=4, max_num_seqs=1, model_runner="v2")
     with planted_scheduler_bug("pre_fix_assert_all"):
-        harness = SchedulerHarness(draw)
+        harness = harness_of(layout, batch=4, seqs=1, model_runner="v2")
         harness.add_request(range(0, 42, 7), reply=ExternalReply("store", store_len=6))
         harness.step()
         harness.add_request(range(0, 70, 7), reply=ExternalReply("store", store_len=10))
@@ -368,24 +259,24 @@ def test_groups_the_failure_does_not_need_shrink_away() -> None:
 def test_a_real_vllm_bug_regenerates_as_a_failing_repro(bug_id: str, tmp_path: Path) -> None:
     from fuzz.adapter import VLLM_VERSION
     from fuzz.known_bugs import known_bug
-    from tests.known_bugs.test_known_vllm_bugs_scheduler import _pool_nearly_full_scenario, _shared_partial_hit_harness
+    from tests.known_bugs.runs import pool_nearly_full_scenario, shared_partial_hit_harness
 
     if not known_bug(bug_id).affects(VLLM_VERSION):
         pytest.skip(f"{bug_id} does not affect vLLM {VLLM_VERSION}")
     if bug_id == "mamba-external-block-undercount":
-        harness, step = _pool_nearly_full_scenario()
+        harness, step = pool_nearly_full_scenario()
         log, invariant = harness.oplog, "no-exception"
     else:
-        shared = _shared_partial_hit_harness(2)
+        shared = shared_partial_hit_harness(2)
         shared.step()
         log, invariant = shared.oplog, "copy-source-ready"
     assert log is not None
     source = scheduler_repro(log, invariant=invariant, target="tests/known_bugs/test_known_vllm_bugs_scheduler.py", seed=None,
                              violation=bug_id)
-    assert source and _imports(source) <= ALLOWED_IMPORTS
+    assert source and imports_of(source) <= ALLOWED_IMPORTS
     path = tmp_path / f"test_{bug_id.replace('-', '_')}.py"
     path.write_text(source)
-    failure = _run_repro(path, tmp_path, None)
+    failure = run_repro(path, tmp_path, None)
     assert failure is not None, f"the generated repro of {bug_id} passes on vLLM {VLLM_VERSION}"
     expected = "ValueError" if invariant == "no-exception" else ", which copy "
     assert expected in str(failure), str(failure)
@@ -418,7 +309,7 @@ def _searched_with_its_check() -> list[tuple[Callable[..., None], str]]:
     tests/invariants/test_scheduler_planted.py) that neither list above
     writes: searched with the check of the first row naming it alone."""
     from invariants.table import INVARIANTS
-    from tests.invariants.test_scheduler_planted import SEARCHED
+    from tests.invariants.planted_cases import SEARCHED
 
     written = set(BUGS) | {bug for _, bug in CHECK_ALONE}
     return [
@@ -432,19 +323,13 @@ CHECK_ALONE += _searched_with_its_check()
 
 @pytest.mark.parametrize(("check", "bug"), CHECK_ALONE, ids=lambda v: v if isinstance(v, str) else v.__name__)
 def test_a_check_alone_becomes_a_repro(check, bug: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    @SEARCH
-    @given(scenario=_planted_search_strategy())
-    def search(scenario) -> None:  # type: ignore[no-untyped-def]
-        run_single_shot(scenario, (check,), record=False)
-
-    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
-        search()
-    invariant = caught.value.invariant
+    violation, _ = planted_failure(bug, planted_search_strategy(), settings=SEARCH, checks=(check,), module_constants=False)
+    invariant = violation.invariant
     assert invariant in WRITABLE
     with planted_scheduler_bug(bug):
-        log = shrink_oplog(caught.value.oplog, invariant, checks=(check,))
+        log = shrink_oplog(violation.oplog, invariant, checks=(check,))
     source = scheduler_repro(log, invariant=invariant, target="scheduler-single-shot", seed=0, violation="")
-    _check_repro(source, bug, tmp_path)
+    check_repro(source, bug, tmp_path)
 
 
 def test_an_engine_reachable_finding_becomes_a_repro(tmp_path: Path) -> None:
@@ -455,19 +340,13 @@ def test_an_engine_reachable_finding_becomes_a_repro(tmp_path: Path) -> None:
 
     bug = "pre_fix_assert_all"
 
-    @settings(SEARCH, max_examples=600)
-    @given(scenario=engine_reachable_strategy())
-    def search(scenario) -> None:  # type: ignore[no-untyped-def]
-        run_single_shot(scenario, record=False)
-
-    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
-        search()
+    violation, _ = planted_failure(bug, engine_reachable_strategy(), settings=settings(SEARCH, max_examples=600))
     with planted_scheduler_bug(bug):
-        log = shrunk_log_of_failure(caught.value, caught.value.invariant)
-        source = None if log is None else scheduler_repro(log, invariant=caught.value.invariant, target="scheduler-engine-reachable", seed=0,
-                                                           violation=str(caught.value))
+        log = shrunk_log_of_failure(violation, violation.invariant)
+        source = None if log is None else scheduler_repro(log, invariant=violation.invariant, target="scheduler-engine-reachable", seed=0,
+                                                           violation=str(violation))
     assert log is not None and log.config.draw.engine is not None
-    _check_repro(source, bug, tmp_path)
+    check_repro(source, bug, tmp_path)
 
 
 # The block-ownership planted bugs (invariants/ownership.py): found as
@@ -500,13 +379,14 @@ LIMITS.update({
 
 @pytest.mark.parametrize("bug", sorted(OWNERSHIP_BUGS))
 def test_a_planted_ownership_bug_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
-    from tests.invariants.test_ownership_planted import CASES
-    from tests.invariants.test_ownership_planted import _find as find_alone
+    from tests.invariants.planted_cases import OWNERSHIP_BUDGET, OWNERSHIP_CASES, OWNERSHIP_SEED
 
-    ((check, invariant, strategy),) = [(c, i, st) for c, i, b, st in CASES if b == bug]
+    ((check, invariant, strategy),) = [(c, i, st) for c, i, b, st in OWNERSHIP_CASES if b == bug]
     assert invariant == OWNERSHIP_BUGS[bug]
-    with _no_local_constants():  # what else the session imported must not move the search
-        violation, scenario = find_alone(check, bug, strategy)
+    # As tests/invariants/test_ownership_planted.py searches, without the
+    # mined constants: what else the run imported must not move the search.
+    violation, scenario = planted_failure(bug, strategy(), settings=settings(SEARCH, max_examples=OWNERSHIP_BUDGET),
+                                          checks=(check,), module_constants=False, seed=OWNERSHIP_SEED)
     assert violation.invariant == invariant, str(violation)
     with planted_scheduler_bug(bug):
         with pytest.raises(InvariantViolation) as rerun:
@@ -516,7 +396,7 @@ def test_a_planted_ownership_bug_becomes_a_standalone_repro(bug: str, tmp_path: 
     for what, limit in LIMITS[bug].items():
         assert size[what] <= limit, (bug, size)
     source = scheduler_repro(log, invariant=invariant, target="scheduler-single-shot", seed=0, violation=str(violation))
-    _check_repro(source, bug, tmp_path)
+    check_repro(source, bug, tmp_path)
 
 
 class _ReproStillFails(Exception):
@@ -542,18 +422,18 @@ def test_a_real_ownership_bug_regenerates_as_a_failing_repro(
     from fuzz import known_bugs
     from fuzz.adapter import VLLM_VERSION
     from invariants import ownership as own
-    from tests.known_bugs import test_ownership_findings as pins
+    from tests.known_bugs import runs as pins
 
     if not known_bugs.known_bug(bug_id).affects(VLLM_VERSION):
         pytest.skip(f"{bug_id} does not affect vLLM {VLLM_VERSION}")
-    from tests.known_bugs.test_mamba_failed_load_rollback import _failed_sync_load_run
+    from tests.known_bugs.runs import failed_sync_load_run
 
     monkeypatch.setattr(known_bugs, "match", lambda failure, version: None)  # the pin must see its own bug
     if bug_id == "mamba-failed-load-rollback":
         # Its pin states failed-load-recomputed; the ownership model sees the
         # rolled-back request read the null block where its state should be.
         check, invariant = own.check_read_blocks_held, "read-blocks-held"
-        log = _failed_sync_load_run("MambaSpec")[0].oplog
+        log = failed_sync_load_run("MambaSpec")[0].oplog
     else:
         scenario, check = {
             "same-step-partial-hit-reads-unwritten-block": (
@@ -567,10 +447,10 @@ def test_a_real_ownership_bug_regenerates_as_a_failing_repro(
     log = shrink_oplog(log, invariant, checks=(check,))
     source = scheduler_repro(log, invariant=invariant, target="tests/known_bugs/test_ownership_findings.py",
                              seed=None, violation=bug_id)
-    assert source and _imports(source) <= ALLOWED_IMPORTS
+    assert source and imports_of(source) <= ALLOWED_IMPORTS
     path = tmp_path / f"test_{bug_id.replace('-', '_')}.py"
     path.write_text(source)
-    failure = _run_repro(path, tmp_path, None)
+    failure = run_repro(path, tmp_path, None)
     if failure is not None:
         # The file's own check fails, at the step the harness saw break.
         assert str(failure).startswith(f"step {log.steps[-1].index}:"), str(failure)

@@ -2,7 +2,7 @@
 standalone vLLM tests too: async scheduling (the file builds the
 AsyncScheduler and feeds each output one step late), a prefill cadence, a
 KV producer, speculative decoding (ngram and EAGLE). The helpers are
-tests/findings/test_scheduler_repro.py's.
+tests/findings/repro_checks.py's.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from hypothesis import given
 
 from fuzz.adapter import planted_scheduler_bug
-from fuzz.model import InvariantViolation, PromptDraw
+from fuzz.model import PromptDraw
 from fuzz.repro.scheduler import scheduler_repro, scheduler_repro_of_failure, shrink_oplog, shrunk_log_of_failure
-from fuzz.runners.scheduler import ALL_CHECKS, run_single_shot
+from fuzz.runners.scheduler import ALL_CHECKS
 from invariants.handoff import check_hand_off_names_computed_blocks
 from fuzz.targets.target_scheduler import UNSUPPORTED
-from tests.findings.test_scheduler_repro import SEARCH, _check_repro, _no_local_constants, _planted_search_strategy
+from tests.findings.repro_checks import SEARCH, check_repro, planted_search_strategy
+from tests.support.search import planted_failure
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -29,23 +29,12 @@ pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "
 ASYNC_BUGS = {"skip_truncation": "computed-adds-up", "connector_finished_twice": "finished-once"}
 
 
-def _find_async(bug: str) -> InvariantViolation:
-    """As :func:`_find`, every configuration with async scheduling."""
-
-    @SEARCH
-    @given(scenario=_planted_search_strategy().map(
-        lambda s: dataclasses.replace(s, config=dataclasses.replace(s.config, async_scheduling=True))))
-    def search(scenario) -> None:  # type: ignore[no-untyped-def]
-        run_single_shot(scenario, record=False)
-
-    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
-        search()
-    return caught.value
-
-
 @pytest.mark.parametrize("bug", sorted(ASYNC_BUGS))
 def test_a_planted_bug_on_async_scheduling_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
-    violation = _find_async(bug)
+    # Every configuration with async scheduling.
+    violation, _ = planted_failure(bug, planted_search_strategy().map(
+        lambda s: dataclasses.replace(s, config=dataclasses.replace(s.config, async_scheduling=True))),
+        settings=SEARCH, module_constants=False)
     assert violation.invariant == ASYNC_BUGS[bug], str(violation)
     with planted_scheduler_bug(bug):
         log = shrunk_log_of_failure(violation, violation.invariant)
@@ -54,7 +43,7 @@ def test_a_planted_bug_on_async_scheduling_becomes_a_standalone_repro(bug: str, 
     assert log is not None and log.config.draw.async_scheduling
     assert any(s.fed_step is not None for s in log.steps), "no output was fed one step late"
     assert source is not None and "ASYNC_SCHEDULING = True" in source and "get_scheduler_cls()" in source
-    _check_repro(source, bug, tmp_path)
+    check_repro(source, bug, tmp_path)
 
 
 def test_a_planted_bug_under_a_prefill_cadence_becomes_a_standalone_repro(tmp_path: Path) -> None:
@@ -63,22 +52,17 @@ def test_a_planted_bug_under_a_prefill_cadence_becomes_a_standalone_repro(tmp_pa
     file builds its scheduler with the same cadence."""
     bug = "skip_truncation"
 
-    @SEARCH
-    @given(scenario=_planted_search_strategy().map(
-        lambda s: dataclasses.replace(s, config=dataclasses.replace(s.config, prefill_schedule_interval=3))))
-    def search(scenario) -> None:  # type: ignore[no-untyped-def]
-        run_single_shot(scenario, record=False)
-
-    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
-        search()
+    violation, _ = planted_failure(bug, planted_search_strategy().map(
+        lambda s: dataclasses.replace(s, config=dataclasses.replace(s.config, prefill_schedule_interval=3))),
+        settings=SEARCH)
     with planted_scheduler_bug(bug):
-        log = shrunk_log_of_failure(caught.value, caught.value.invariant)
-        source = None if log is None else scheduler_repro(log, invariant=caught.value.invariant, target="scheduler-single-shot", seed=0,
-                                                           violation=str(caught.value))
+        log = shrunk_log_of_failure(violation, violation.invariant)
+        source = None if log is None else scheduler_repro(log, invariant=violation.invariant, target="scheduler-single-shot", seed=0,
+                                                           violation=str(violation))
     assert log is not None and log.config.draw.prefill_schedule_interval == 3
     assert source is not None and "prefill_schedule_interval=PREFILL_SCHEDULE_INTERVAL" in source
     assert "PREFILL_SCHEDULE_INTERVAL = 3" in source
-    _check_repro(source, bug, tmp_path)
+    check_repro(source, bug, tmp_path)
 
 
 def _as_producer(scenario):  # type: ignore[no-untyped-def]
@@ -105,23 +89,17 @@ def test_a_planted_bug_on_a_producer_becomes_a_standalone_repro(tmp_path: Path) 
     connector role, whose sends hold blocks until finished_sending."""
     bug = "connector_finished_twice"
 
-    @SEARCH
-    @given(scenario=_planted_search_strategy().map(_as_producer))
-    def search(scenario) -> None:  # type: ignore[no-untyped-def]
-        run_single_shot(scenario, record=False)
-
-    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
-        search()
-    assert caught.value.invariant == "finished-once", str(caught.value)
+    violation, _ = planted_failure(bug, planted_search_strategy().map(_as_producer), settings=SEARCH, module_constants=False)
+    assert violation.invariant == "finished-once", str(violation)
     with planted_scheduler_bug(bug):
-        log = shrunk_log_of_failure(caught.value, caught.value.invariant)
-        source = None if log is None else scheduler_repro(log, invariant=caught.value.invariant, target="scheduler-machine", seed=0,
-                                                           violation=str(caught.value))
+        log = shrunk_log_of_failure(violation, violation.invariant)
+        source = None if log is None else scheduler_repro(log, invariant=violation.invariant, target="scheduler-machine", seed=0,
+                                                           violation=str(violation))
     assert log is not None and log.config.draw.kv_role == "kv_producer"
     # The file's closing drain reports the held sends done (finished_sending):
     # without them its requests never leave and its leak check cannot pass.
     assert source is not None and "kv_role=KV_ROLE," in source and "KV_ROLE = 'kv_producer'" in source
-    _check_repro(source, bug, tmp_path)
+    check_repro(source, bug, tmp_path)
 
 
 def _speculating(config, method: str, k: int = 2):  # type: ignore[no-untyped-def]
@@ -150,22 +128,16 @@ def test_a_planted_bug_on_a_speculative_config_becomes_a_standalone_repro(method
     drafts and hands the drafter's proposals over as the harness did."""
     bug = "skip_truncation"
 
-    @SEARCH
-    @given(scenario=_planted_search_strategy().map(
-        lambda s: dataclasses.replace(s, config=_speculating(s.config, method))))
-    def search(scenario) -> None:  # type: ignore[no-untyped-def]
-        run_single_shot(scenario, record=False)
-
-    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
-        search()
+    violation, _ = planted_failure(bug, planted_search_strategy().map(
+        lambda s: dataclasses.replace(s, config=_speculating(s.config, method))), settings=SEARCH, module_constants=False)
     with planted_scheduler_bug(bug):
-        log = shrunk_log_of_failure(caught.value, caught.value.invariant)
-        source = None if log is None else scheduler_repro(log, invariant=caught.value.invariant, target="scheduler-single-shot", seed=0,
-                                                           violation=str(caught.value))
+        log = shrunk_log_of_failure(violation, violation.invariant)
+        source = None if log is None else scheduler_repro(log, invariant=violation.invariant, target="scheduler-single-shot", seed=0,
+                                                           violation=str(violation))
     assert log is not None and log.config.draw.speculative_method == method
     assert source is not None and f"SPECULATIVE_METHOD = {method!r}" in source
     assert "SpeculativeConfig(" in source and "**speculation" in source  # its helper may be inlined in _make_scheduler
-    _check_repro(source, bug, tmp_path)
+    check_repro(source, bug, tmp_path)
 
 
 def _short(replay: PromptDraw) -> PromptDraw:
@@ -182,26 +154,21 @@ def test_a_planted_spec_decode_bug_becomes_a_standalone_repro(method: str, tmp_p
     over) and states the claim after the step that verified them."""
     bug = "rejected_drafts_stay_computed"
 
-    @SEARCH
-    @given(scenario=_planted_search_strategy().map(
-        lambda s: dataclasses.replace(s, config=_speculating(s.config, method), replay=_short(s.replay))))
-    def search(scenario) -> None:  # type: ignore[no-untyped-def]
-        # Without the hand-off claim: a short request that finishes in the
-        # step that verifies its drafts hands the connector blocks it never
-        # wrote (the same plant, seen at its finish) before this claim can
-        # read it; the file under test states this claim.
-        run_single_shot(scenario, tuple(c for c in ALL_CHECKS if c is not check_hand_off_names_computed_blocks),
-                        record=False)
-
-    with planted_scheduler_bug(bug), _no_local_constants(), pytest.raises(InvariantViolation) as caught:
-        search()
-    assert caught.value.invariant == "rejected-drafts-rolled-back", str(caught.value)
+    # Without the hand-off claim: a short request that finishes in the step
+    # that verifies its drafts hands the connector blocks it never wrote (the
+    # same plant, seen at its finish) before this claim can read it; the
+    # file under test states this claim.
+    violation, _ = planted_failure(bug, planted_search_strategy().map(
+        lambda s: dataclasses.replace(s, config=_speculating(s.config, method), replay=_short(s.replay))),
+        settings=SEARCH, checks=(c for c in ALL_CHECKS if c is not check_hand_off_names_computed_blocks),
+        module_constants=False)
+    assert violation.invariant == "rejected-drafts-rolled-back", str(violation)
     with planted_scheduler_bug(bug):
         source = scheduler_repro_of_failure(target="scheduler-single-shot", seed=0,
-                                            invariant=caught.value.invariant, violation=str(caught.value),
-                                            failure=caught.value)
+                                            invariant=violation.invariant, violation=str(violation),
+                                            failure=violation)
     assert source is not None and "check_rejected_drafts_rolled_back(watch)" in source
-    _check_repro(source, bug, tmp_path)
+    check_repro(source, bug, tmp_path)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["ngram-sync", "eagle-async"])
@@ -225,4 +192,4 @@ def test_accepted_drafts_recorded_as_other_tokens_become_a_standalone_repro(
     source = scheduler_repro(log, invariant="kv-matches-tokens", target="scheduler-machine", seed=0, violation="")
     assert source is not None and "    check_kv_matches_tokens(watch)" in source  # the suite's check itself
     assert "class WorkerRecord" in source  # the suite's own record, copied
-    _check_repro(source, bug, tmp_path)
+    check_repro(source, bug, tmp_path)

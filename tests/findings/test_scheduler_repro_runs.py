@@ -3,20 +3,19 @@
 The fixed runs are fuzz.adapter.FIXED_RUNS: each one, planted,
 is shrunk with its claim's check alone and written; the file fails in the
 kit's own check with the plant and passes without it (the helpers are
-tests/findings/test_scheduler_repro.py's).
+tests/findings/repro_checks.py's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from fuzz.adapter import planted_scheduler_bug
-from fuzz.repro.scheduler import WRITABLE, _check_of, scheduler_repro, shrink_oplog
+from fuzz.repro.scheduler import _check_of, scheduler_repro, shrink_oplog
 from fuzz.targets.target_scheduler import UNSUPPORTED
-from tests.findings.test_scheduler_repro import _check_repro, _fixed_case_log
+from tests.findings.repro_checks import check_repro, fixed_case_log, fixed_run_cases
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -71,17 +70,10 @@ BUILT = {
 }
 
 
-def fixed_run_cases() -> dict[str, tuple[Callable[..., None], str]]:
-    """Planted bug -> (check, invariant) of every fixed run whose claim a file can state."""
-    from tests.invariants.test_scheduler_planted import FIXED_CASES
-
-    return {bug: (check, name) for check, name, bug, *_ in FIXED_CASES if name in WRITABLE}
-
-
 @pytest.mark.parametrize("bug", sorted(fixed_run_cases()))
 def test_a_planted_bug_shown_on_a_fixed_run_becomes_a_standalone_repro(bug: str, tmp_path: Path) -> None:
     check, expected = fixed_run_cases()[bug]
-    log, invariant = _fixed_case_log(bug)
+    log, invariant = fixed_case_log(bug)
     assert log is not None and invariant == expected
     with planted_scheduler_bug(bug):
         log = shrink_oplog(log, invariant, checks=(check,))
@@ -89,4 +81,4 @@ def test_a_planted_bug_shown_on_a_fixed_run_becomes_a_standalone_repro(bug: str,
     kit_check = _check_of(invariant)
     assert source is not None and f"    {kit_check}(" in source, source
     assert BUILT.get(bug, "") in source, source
-    _check_repro(source, bug, tmp_path, check=kit_check)
+    check_repro(source, bug, tmp_path, check=kit_check)

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.adapter import SchedulerHarness, planted_scheduler_bug
-from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.adapter import planted_scheduler_bug
+from fuzz.model import LayoutDraw, SpecDraw
 from fuzz.runners.scheduler import triage
 from invariants.scheduler import check_no_exception_escapes
+from tests.support.harnesses import harness_of
 
 
 def _three_decoding_requests() -> list:
@@ -24,16 +25,8 @@ def _three_decoding_requests() -> list:
     second step all three decode with 1 + 3 tokens each against a budget of
     6, so the second request's drafts are cut to one."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=40)
-    harness = SchedulerHarness(
-        SchedulerDraw(
-            layout=layout,
-            max_num_batched_tokens=6,
-            max_num_seqs=3,
-            speculative_method="ngram",
-            num_speculative_tokens=3,
-            draft_acceptance=(3,),
-        )
-    )
+    harness = harness_of(layout, batch=6, seqs=3, speculative_method="ngram", num_speculative_tokens=3,
+                         draft_acceptance=(3,))
     for i in range(3):
         harness.add_request(tuple(range(10 * i, 10 * i + 2)), max_tokens=8)
     return harness.drain()

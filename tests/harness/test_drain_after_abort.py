@@ -10,14 +10,15 @@ from __future__ import annotations
 import pytest
 
 from fuzz.adapter import SchedulerHarness
-from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import LayoutDraw, SpecDraw
 from fuzz.runners.scheduler import Stepper
 from invariants.scheduler import check_no_leaked_blocks
+from tests.support.harnesses import harness_of
 
 
 def _harness() -> SchedulerHarness:
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17)
-    return SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=8, max_num_seqs=2, async_scheduling=True))
+    return harness_of(layout, batch=8, seqs=2, async_scheduling=True)
 
 
 @pytest.mark.parametrize("stuck", ["going_nowhere", "stalled"])

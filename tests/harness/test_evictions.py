@@ -5,12 +5,13 @@ blocks still free at each eviction, from its own model of the pool."""
 from __future__ import annotations
 
 from fuzz.adapter import SchedulerHarness
-from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import LayoutDraw, SpecDraw
+from tests.support.harnesses import harness_of
 
 
 def _harness(*groups: SpecDraw, num_blocks: int, batch: int = 32) -> SchedulerHarness:
     layout = LayoutDraw(groups, hash_block_size=4, num_blocks=num_blocks)
-    return SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=batch, max_num_seqs=2))
+    return harness_of(layout, batch=batch, seqs=2)
 
 
 def _drain(harness: SchedulerHarness) -> list:

@@ -13,7 +13,6 @@ from fuzz.model import (
     ExternalReply,
     LayoutDraw,
     RequestPlaces,
-    SchedulerDraw,
     SpecDraw,
     StepObservation,
     WaitingRequest,
@@ -27,6 +26,7 @@ from invariants.fate import (
     check_request_in_one_place,
     check_unblocked_request_admitted,
 )
+from tests.support.harnesses import harness_of
 
 _RUN = FIXED_RUNS["lost_when_pool_full"]
 
@@ -108,9 +108,8 @@ def test_an_async_load_refused_for_its_speculative_step_reservation_is_no_stall(
     short the request. vLLM's documented reservation, not a stall."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 1), SpecDraw("SlidingWindowSpec", 1, (("sliding_window", 1),))),
                         hash_block_size=1, num_blocks=13, max_model_len=3)
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=16, max_num_seqs=2, model_runner="v1",
-                                             speculative_method="eagle", num_speculative_tokens=3,
-                                             draft_acceptance=(1,)))
+    harness = harness_of(layout, batch=16, seqs=2, model_runner="v1", speculative_method="eagle",
+                         num_speculative_tokens=3, draft_acceptance=(1,))
     rid = harness.add_request([7], max_tokens=1, reply=ExternalReply("store", store_len=1, load_async=True))
     for _ in range(4):
         _clean(harness.step())

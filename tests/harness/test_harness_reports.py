@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 
 from fuzz.adapter import SchedulerHarness
-from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
+from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.ownership import WHERE_SENDING
 from invariants.scheduler import step_violations
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -28,7 +29,7 @@ LAYOUT = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_
 
 
 def _harness(**draw: Any) -> SchedulerHarness:
-    return SchedulerHarness(SchedulerDraw(LAYOUT, max_num_batched_tokens=16, max_num_seqs=2, **draw))
+    return harness_of(LAYOUT, batch=16, seqs=2, **draw)
 
 
 def _forget_after_schedule(harness: SchedulerHarness, when: Callable[[Any], str | None]) -> list[str]:
@@ -237,10 +238,7 @@ def test_the_token_of_a_step_whose_sync_load_failed_is_dropped(runner: str) -> N
     samples again when the recompute reaches the prompt's end. Counting the
     discarded token, it sampled nothing there and the request was stranded."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 1),), hash_block_size=1, num_blocks=13)
-    harness = SchedulerHarness(
-        SchedulerDraw(layout, max_num_batched_tokens=4, max_num_seqs=1, kv_load_failure_policy="recompute",
-                      model_runner=runner)
-    )
+    harness = harness_of(layout, batch=4, seqs=1, kv_load_failure_policy="recompute", model_runner=runner)
     harness.add_request([0, 3064], max_tokens=1, reply=ExternalReply("store", store_len=2))
     harness.fail_next_sync_loads()
     _, found = _run(harness)

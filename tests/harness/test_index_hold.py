@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.adapter import SchedulerHarness
-from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import LayoutDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -25,7 +25,7 @@ def test_groups_of_one_spec_hold_a_prefix_only_together() -> None:
 
     layout = LayoutDraw((SpecDraw("MambaSpec", 4), SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4)),
                         hash_block_size=4, num_blocks=41)
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2))
+    harness = harness_of(layout, batch=32, seqs=2)
     harness.add_request(range(17), max_tokens=1)
     harness.drain()
     probe = harness._requests[harness.add_request(range(17), max_tokens=1)]

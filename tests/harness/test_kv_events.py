@@ -7,13 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from fuzz.adapter import FIXED_RUNS, SchedulerHarness, planted_scheduler_bug
+from fuzz.adapter import FIXED_RUNS, planted_scheduler_bug
 from fuzz.adapter._event_payloads import PayloadLog, expected_extra_keys, stored_blocks
 from fuzz.adapter._events import EventLog, IndexTally, event_gaps, index_counts
-from fuzz.model import AddRequest, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import AddRequest, LayoutDraw, SpecDraw
 from fuzz.runners.scheduler import run_fixed
 from invariants.promises import check_events_carry_namespace, check_events_carry_tokens
 from invariants.scheduler import STEP_CHECKS
+from tests.support.harnesses import harness_of
 
 
 def _stored(group: int, *keys: int, parent: int | None = None, tokens: int = 4, block_size: int = 4) -> object:
@@ -138,7 +139,7 @@ def test_the_tally_reports_what_a_whole_recount_reports() -> None:
 @pytest.mark.parametrize("kv_events", [False, True], ids=["off", "on"])
 def test_the_harness_replays_what_vllm_publishes(kv_events: bool) -> None:
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=9)
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2, kv_events=kv_events))
+    harness = harness_of(layout, batch=32, seqs=2, kv_events=kv_events)
     steps = []
     for i in range(4):
         harness.add_request(range(100 * i, 100 * i + 13), max_tokens=2)

@@ -14,11 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from fuzz.adapter import SchedulerHarness, replay_oplog
-from fuzz.model import Abort, AddRequest, ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw, Step
+from fuzz.model import Abort, AddRequest, ExternalReply, LayoutDraw, SpecDraw, Step
 from fuzz.runners.scheduler import run_single_shot
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from fuzz.model import SingleShotScenario
 from strategies.single_shot import single_shot_scenarios
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -60,9 +61,7 @@ def test_an_async_scheduling_run_replays_into_the_same_outputs(scenario: SingleS
 def test_aborts_async_loads_and_their_failures_replay(async_scheduling: bool) -> None:
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4)), hash_block_size=1,
                         num_blocks=40)
-    harness = SchedulerHarness(
-        SchedulerDraw(layout, max_num_batched_tokens=8, max_num_seqs=3, async_scheduling=async_scheduling)
-    )
+    harness = harness_of(layout, batch=8, seqs=3, async_scheduling=async_scheduling)
     a = harness.add_request(range(20), max_tokens=3, reply=ExternalReply("store", store_len=16, load_async=True))
     b = harness.add_request(range(100, 120), max_tokens=3,
                             reply=ExternalReply("undecided", store_len=12, undecided=1))
@@ -85,7 +84,7 @@ def test_a_missing_operation_replays_differently() -> None:
     """The comparison has teeth: drop one request and the outputs differ."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4)), hash_block_size=1,
                         num_blocks=40)
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=8))
+    harness = harness_of(layout, batch=8)
     harness.add_request(range(10), max_tokens=1)
     harness.add_request(range(10), max_tokens=1)
     harness.drain()
@@ -101,9 +100,7 @@ def test_an_abort_during_a_step_replays(async_scheduling: bool) -> None:
     before that step's update_from_output (EngineCore._process_aborts_queue);
     the log says so, and replay applies it there too."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=1, num_blocks=40)
-    harness = SchedulerHarness(
-        SchedulerDraw(layout, max_num_batched_tokens=8, max_num_seqs=2, async_scheduling=async_scheduling)
-    )
+    harness = harness_of(layout, batch=8, seqs=2, async_scheduling=async_scheduling)
     a = harness.add_request(range(12), max_tokens=4)
     harness.add_request(range(100, 112), max_tokens=4)
     harness.step()
@@ -128,10 +125,7 @@ def test_a_producers_held_blocks_replay(async_scheduling: bool) -> None:
     output of a step scheduled after ``request_finished``), an aborted one not
     at all; the log carries the reports and replay frees at the same steps."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=20)
-    harness = SchedulerHarness(
-        SchedulerDraw(layout, max_num_batched_tokens=16, max_num_seqs=2, async_scheduling=async_scheduling,
-                      kv_role="kv_producer")
-    )
+    harness = harness_of(layout, batch=16, seqs=2, async_scheduling=async_scheduling, kv_role="kv_producer")
     a = harness.add_request(range(10), max_tokens=2)
     b = harness.add_request(range(100, 110), max_tokens=8)
     for _ in range(10):

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.adapter import FIXED_RUNS, SchedulerHarness
-from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.adapter import FIXED_RUNS
+from fuzz.model import ExternalReply, LayoutDraw, SpecDraw
 from fuzz.runners.scheduler import ALL_CHECKS, Stepper, run_fixed
 from fuzz.targets.target_scheduler import UNSUPPORTED
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -36,7 +37,7 @@ def test_a_request_preempted_by_a_reset_may_wait_for_a_load_at_once() -> None:
     reset preempts the decoding request, and the next schedule() admits it
     again into WAITING_FOR_REMOTE_KVS, holding blocks; preempted-resumable
     judges it as the reset left it (PREEMPTED, nothing held)."""
-    harness = SchedulerHarness(SchedulerDraw(LAYOUT, max_num_batched_tokens=32, max_num_seqs=2))
+    harness = harness_of(LAYOUT, batch=32, seqs=2)
     run = Stepper(harness, ALL_CHECKS)
     rid = harness.add_request(range(13), max_tokens=6, reply=ExternalReply("store", store_len=8, load_async=True))
     for _ in range(8):
@@ -57,7 +58,7 @@ def test_a_request_preempted_by_a_reset_may_wait_for_a_load_at_once() -> None:
 def test_a_reset_refused_while_a_request_runs_changes_nothing() -> None:
     """Without reset_running_requests, a reset while a request holds blocks
     is refused (vLLM returns False) and the cache keeps serving its hits."""
-    harness = SchedulerHarness(SchedulerDraw(LAYOUT, max_num_batched_tokens=32, max_num_seqs=2))
+    harness = harness_of(LAYOUT, batch=32, seqs=2)
     run = Stepper(harness, ALL_CHECKS)
     harness.add_request(range(13), max_tokens=2)
     run.drain()
@@ -84,10 +85,8 @@ def test_a_reset_drops_the_drafts_of_the_step_in_flight() -> None:
         (SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4, (("num_speculative_blocks", 3),))),
         hash_block_size=4, num_blocks=41,
     )
-    harness = SchedulerHarness(SchedulerDraw(
-        layout, max_num_batched_tokens=16, max_num_seqs=2, model_runner="v1", async_scheduling=True,
-        kv_role="kv_producer", speculative_method="eagle", num_speculative_tokens=3, draft_acceptance=(0,),
-    ))
+    harness = harness_of(layout, batch=16, seqs=2, model_runner="v1", async_scheduling=True, kv_role="kv_producer",
+                         speculative_method="eagle", num_speculative_tokens=3, draft_acceptance=(0,))
     run = Stepper(harness, ALL_CHECKS)
     rid = harness.add_request(tuple(range(10)), max_tokens=8)
     for _ in range(3):  # two prefill chunks (4, 6), then 1 token and 3 drafts
@@ -105,7 +104,7 @@ def test_a_reset_drops_the_drafts_of_the_step_in_flight() -> None:
 def test_two_resets_asked_between_steps_are_both_done_as_logged() -> None:
     """Every reset asked for between two steps is done, in order, as the
     operation log (and so the replay and a repro file) has them."""
-    harness = SchedulerHarness(SchedulerDraw(LAYOUT, max_num_batched_tokens=32, max_num_seqs=2))
+    harness = harness_of(LAYOUT, batch=32, seqs=2)
     run = Stepper(harness, ALL_CHECKS)
     harness.add_request(range(13), max_tokens=4)
     run.step()

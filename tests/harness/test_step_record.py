@@ -26,13 +26,13 @@ from fuzz.model import (
     OpLog,
     OpVisitor,
     ResetPrefixCache,
-    SchedulerDraw,
     SpecDraw,
     Step,
     StepObservation,
 )
 from fuzz.model._oplog import Op
 from fuzz.targets.target_scheduler import UNSUPPORTED
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -52,8 +52,7 @@ def _stepped(harness: SchedulerHarness) -> StepObservation:
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_every_step_logs_one_entry_the_observation_carries(async_scheduling: bool) -> None:
-    harness = SchedulerHarness(
-        SchedulerDraw(LAYOUT, max_num_batched_tokens=8, max_num_seqs=3, async_scheduling=async_scheduling))
+    harness = harness_of(LAYOUT, batch=8, seqs=3, async_scheduling=async_scheduling)
     a = harness.add_request(range(20), max_tokens=3, reply=ExternalReply("store", store_len=16, load_async=True))
     b = harness.add_request(range(100, 120), max_tokens=3, reply=ExternalReply("undecided", store_len=12, undecided=1))
     harness.fail_async_load(a)
@@ -100,7 +99,7 @@ def test_every_operation_kind_has_a_rule_and_nothing_else_passes() -> None:
 
 
 def test_replay_refuses_what_is_no_operation() -> None:
-    harness = SchedulerHarness(SchedulerDraw(LAYOUT, max_num_batched_tokens=8))
+    harness = harness_of(LAYOUT, batch=8)
     harness.add_request(range(10), max_tokens=1)
     harness.drain()
     log = harness.oplog

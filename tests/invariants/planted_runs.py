@@ -6,8 +6,11 @@ played by :func:`fuzz.runners.scheduler.run_fixed`); the check a run is
 shown with is the one whose row in :data:`invariants.table.INVARIANTS`
 names the plant. The self-tests (``tests/invariants/test_scheduler_planted.py``)
 and repro tests (``tests/findings/test_scheduler_repro_runs.py``) derive
-their cases from :func:`shown_on_runs`: a new plant shown on a fixed run
-touches no file here.
+their cases from :func:`shown_on_runs` (through
+``tests/invariants/planted_cases.py``): a new plant shown on a fixed run
+touches no file here. Beside them, the hand-made runs the self-tests and
+the repro tests both play: the speculating run and the failed loads of the
+connector protocol.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import functools
 from collections.abc import Callable
 
 from fuzz.adapter import FIXED_RUNS, SPECULATING, SchedulerHarness
+from fuzz.model import ExternalReply, LayoutDraw, SpecDraw, StepObservation
 from fuzz.runners.scheduler import Stepper, run_fixed
 from invariants.table import INVARIANTS, Invariant
+from tests.support.harnesses import harness_of
 
 # A plant more than one row names: the row its run shows (the other row's
 # case is elsewhere: same-step-hazard's in tests/invariants/test_ownership_planted.py).
@@ -45,3 +50,29 @@ def speculating_harness(async_scheduling: bool) -> SchedulerHarness:
     for prompt in run.prompts:
         harness.add_request(prompt.tokens, max_tokens=prompt.max_tokens)
     return harness
+
+
+# Failed loads. A 16-token request on one full-attention group (block 4)
+# whose connector answers 12 loads [0, 12) synchronously into blocks 0-2
+# (cached at allocation); the harness reports all three invalid
+# (invalid_block_ids), so the request resumes at 0 ("recompute") or fails
+# ("fail", its blocks evicted). A 20-token request on the same group whose
+# async load of [0, 15) is reported failed (failed_recving) in the step
+# it starts: "recompute" resets it to 0 and frees the blocks when it leaves
+# WAITING_FOR_REMOTE_KVS (it then loads again, and that load lands); "fail"
+# ends it.
+ONE_GROUP = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=32)
+
+
+def failed_load_run(async_load: bool, policy: str) -> tuple[SchedulerHarness, list[StepObservation]]:
+    """One request whose sync or async load fails under ``policy``, run to
+    its end: the harness (its operation log) and every step (the connector
+    protocol's failed-load scenarios, tests/invariants/test_connector_protocol.py)."""
+    harness = harness_of(ONE_GROUP, batch=32, kv_load_failure_policy=policy)
+    if async_load:
+        rid = harness.add_request(tuple(range(100, 120)), max_tokens=2, reply=ExternalReply("store", store_len=15, load_async=True))
+        harness.fail_async_load(rid)
+    else:
+        harness.add_request(tuple(range(100, 116)), max_tokens=1, reply=ExternalReply("store", store_len=12))
+        harness.fail_next_sync_loads()
+    return harness, harness.drain(context=f"{'async' if async_load else 'sync'} load fails, policy {policy}")

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 
 from fuzz.adapter import FIXED_RUNS, SchedulerHarness, planted_scheduler_bug
-from fuzz.model import InvariantViolation, LayoutDraw, MissedHit, SchedulerDraw, SpecDraw
+from fuzz.model import InvariantViolation, LayoutDraw, MissedHit, SpecDraw
 from fuzz.runners.scheduler import Stepper, run_fixed
 from invariants.cache import check_cache_keeps_entries, check_hit_reaches_model
 from invariants.hits import check_eviction_order, check_hit_matches_index
+from tests.support.harnesses import harness_of
 
 RUN = FIXED_RUNS["free_forgets_keys"]  # one 13-token prompt sent twice, one after the other
 
@@ -37,7 +38,7 @@ def test_the_hit_length_claims_agree_with_a_forgetful_index() -> None:
 
 def _harness(*specs: SpecDraw, num_blocks: int = 17, hash_block_size: int = 4) -> SchedulerHarness:
     layout = LayoutDraw(specs, hash_block_size=hash_block_size, num_blocks=num_blocks)
-    return SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2))
+    return harness_of(layout, batch=32, seqs=2)
 
 
 def test_the_model_files_full_blocks_and_forgets_on_a_reset_and_an_eviction() -> None:

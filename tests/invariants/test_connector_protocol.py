@@ -29,6 +29,8 @@ from fuzz.targets.target_scheduler import UNSUPPORTED
 from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
 from invariants import connector as conn
 from invariants.scheduler import step_violations
+from tests.invariants.planted_cases import CONNECTOR_CASES as CASES
+from tests.invariants.planted_runs import failed_load_run
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -55,33 +57,9 @@ SCENARIOS: dict[str, tuple[tuple[tuple[int, ...], int, ExternalReply], ...]] = {
 }
 
 
-# Failed loads. A 16-token request on one full-attention group (block 4)
-# whose connector answers 12 loads [0, 12) synchronously into blocks 0-2
-# (cached at allocation); the harness reports all three invalid
-# (invalid_block_ids), so the request resumes at 0 ("recompute") or fails
-# ("fail", its blocks evicted). A 20-token request on the same group whose
-# async load of [0, 15) is reported failed (failed_recving) in the step
-# it starts: "recompute" resets it to 0 and frees the blocks when it leaves
-# WAITING_FOR_REMOTE_KVS (it then loads again, and that load lands); "fail"
-# ends it.
-ONE_GROUP = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=32)
-
-
+# Failed loads: tests/invariants/planted_runs.py's failed_load_run.
 def _failed_load(async_load: bool, policy: str) -> list[StepObservation]:
     return failed_load_run(async_load, policy)[1]
-
-
-def failed_load_run(async_load: bool, policy: str) -> tuple[SchedulerHarness, list[StepObservation]]:
-    """One request whose sync or async load fails under ``policy``, run to
-    its end: the harness (its operation log) and every step."""
-    harness = SchedulerHarness(SchedulerDraw(layout=ONE_GROUP, max_num_batched_tokens=32, kv_load_failure_policy=policy))
-    if async_load:
-        rid = harness.add_request(TOKENS[:20], max_tokens=2, reply=ExternalReply("store", store_len=15, load_async=True))
-        harness.fail_async_load(rid)
-    else:
-        harness.add_request(TOKENS[:16], max_tokens=1, reply=ExternalReply("store", store_len=12))
-        harness.fail_next_sync_loads()
-    return harness, harness.drain(context=f"{'async' if async_load else 'sync'} load fails, policy {policy}")
 
 
 FAILURE_RUNS: dict[str, Callable[[], list[StepObservation]]] = {
@@ -140,26 +118,6 @@ def test_the_checks_see_the_calls_they_judge() -> None:
     assert start.reply_async and start.num_external_tokens == 15 and not first.num_scheduled
     (again,) = landing.connector_allocs
     assert again.asked_with is None and again.num_external_tokens == 0 and landing.num_scheduled
-
-
-# (check, invariant, planted bug, scenario)
-CASES: list[tuple[Callable[..., None], str, str, str]] = [
-    (conn.check_external_range_contiguous, "external-contiguous", "asks_connector_unaligned", "sync-load-truncates-tail"),
-    (conn.check_told_external_accounted, "told-external-accounted", "tells_connector_total", "sync-load-truncates-tail"),
-    (conn.check_load_blocks_cover_range, "load-blocks-cover", "hands_connector_cached_blocks", "sync-load-truncates-tail"),
-    (conn.check_dropped_answer_loads_nothing, "dropped-answer-loads-nothing", "keeps_tail_and_loads", "tail-kept-answer-dropped"),
-    (conn.check_meta_built_once, "meta-built-once", "skips_meta_on_empty_step", "async-load-partial"),
-    (conn.check_meta_names_scheduled, "meta-names-scheduled", "async_load_counted_scheduled", "async-load-partial"),
-    (conn.check_sync_load_announced, "sync-load-announced", "no_sync_load_flag", "sync-load-truncates-tail"),
-    (conn.check_async_load_lands_first, "async-load-lands-first", "async_load_computes_at_once", "async-load-partial"),
-    (conn.check_finished_once, "finished-once", "connector_finished_twice", "sync-load-truncates-tail"),
-    (conn.check_hand_off_names_computed_blocks, "hand-off-names-computed-blocks", "hands_off_one_block_short",
-     "sync-load-truncates-tail"),
-    (conn.check_failed_load_recomputed, "failed-load-recomputed", "resumes_past_invalid_block", "sync-load-fails-recompute"),
-    (conn.check_failed_load_recomputed, "failed-load-recomputed", "failed_async_load_kept", "async-load-fails-recompute"),
-    (conn.check_failed_load_not_cached, "failed-load-not-cached", "evicts_invalid_blocks_on_recompute", "sync-load-fails-fail"),
-    (conn.check_failed_load_not_cached, "failed-load-not-cached", "failed_async_load_kept", "async-load-fails-recompute"),
-]
 
 
 @pytest.mark.parametrize(

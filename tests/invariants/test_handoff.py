@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz import kit
+from fuzz.model import saved_prefix
 from fuzz.adapter import FIXED_RUNS, SchedulerHarness, planted_scheduler_bug
 from fuzz.adapter._connector import ConnectorScript
 from fuzz.runners.scheduler import run_fixed
@@ -75,7 +75,7 @@ def test_the_store_serves_saved_kv_to_its_own_namespace_only() -> None:
     harness.drain(context="save")
     assert harness.script.saved == [("tenant-a", TOKENS[:12])]
     # A store keyed by the tokens alone would serve any client those 12.
-    assert kit.saved_prefix([tokens for _, tokens in harness.script.saved], TOKENS[:20], 4) == 12
+    assert saved_prefix([tokens for _, tokens in harness.script.saved], TOKENS[:20], 4) == 12
     harness.evict_shortcut({b.block_id for b in harness.pool.blocks if b.block_hash is not None})
     asked = {
         harness.add_request(TOKENS[:20], max_tokens=1, reply=ExternalReply("saved"), cache_salt=salt): salt

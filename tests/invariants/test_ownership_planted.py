@@ -17,60 +17,32 @@ Mamba state adopted in the step it is written) is still reported.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, SchedulerHarness, planted_scheduler_bug
-from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.adapter import PLANTED_OWNERSHIP_BUGS, planted_scheduler_bug
+from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SpecDraw
 from fuzz.runners.scheduler import run_single_shot, triage
 from fuzz.targets import target_scheduler
-from fuzz.targets.target_scheduler import any_layout_strategy, single_shot_strategy
 from invariants import ownership as own
 from invariants.scheduler import STEP_CHECKS
-from fuzz.model import SingleShotScenario
-
-# (check, invariant name, planted bug, strategy factory)
-CASES: list[tuple[Callable[..., None], str, str, Callable[[], object]]] = [
-    (own.check_read_blocks_held, "read-blocks-held", "mamba_frees_resume_state", single_shot_strategy),
-    (own.check_no_same_step_hazard, "same-step-hazard", "mamba_adopts_same_step_state", single_shot_strategy),
-    (own.check_reservation_covers_allocation, "reservation-covers-allocation", "cow_block_not_reserved", single_shot_strategy),
-    # The same claim summed over groups (each group within its own count):
-    # a -1 only hides something beside a group that takes a block in the same
-    # call, on differing block sizes (the any-layout mix meets it in ~40
-    # examples, the hybrid one in ~500).
-    (own.check_reservation_covers_allocation, "reservation-covers-allocation", "mamba_count_goes_negative", any_layout_strategy),
-    (own.check_lookup_within_limit, "lookup-within-limit", "lookup_rounds_limit_up", single_shot_strategy),
-]
+from tests.invariants.planted_cases import OWNERSHIP_BUDGET, OWNERSHIP_SEED
+from tests.invariants.planted_cases import OWNERSHIP_CASES as CASES
+from tests.known_bugs.runs import shared_partial_hit_step
+from tests.support.harnesses import harness_of
+from tests.support.search import planted_failure
 
 SEARCH = settings(
-    max_examples=300,
+    max_examples=OWNERSHIP_BUDGET,
     derandomize=True,
     database=None,
     deadline=None,
     phases=[Phase.generate],  # the first failure is enough; no shrinking
     suppress_health_check=list(HealthCheck),
 )
-
-
-def _find(check: Callable[..., None], bug: str, strategy: Callable[[], object]) -> tuple[InvariantViolation, SingleShotScenario]:
-    found: list[SingleShotScenario] = []
-
-    @SEARCH
-    @given(scenario=strategy())
-    def search(scenario: SingleShotScenario) -> None:
-        try:
-            run_single_shot(scenario, (check,), record=False)
-        except InvariantViolation:
-            found.append(scenario)
-            raise
-
-    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
-        search()
-    return caught.value, found[-1]
 
 
 @pytest.mark.parametrize(
@@ -81,7 +53,7 @@ def _find(check: Callable[..., None], bug: str, strategy: Callable[[], object]) 
 def test_ownership_invariant_catches_planted_bug(
     check: Callable[..., None], invariant: str, bug: str, strategy: Callable[[], object]
 ) -> None:
-    violation, scenario = _find(check, bug, strategy)
+    violation, scenario = planted_failure(bug, strategy(), settings=SEARCH, checks=(check,), seed=OWNERSHIP_SEED)
     assert violation.invariant == invariant, str(violation)
     # Only this check: with the bug still planted, the other ownership
     # checks pass the same scenario.
@@ -120,39 +92,11 @@ def test_every_ownership_check_has_a_planted_case() -> None:
 # --------------------------------------------------------------------------
 # Known bugs do not blind the model.
 # --------------------------------------------------------------------------
-def _tokens(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randint(3, 1023) for _ in range(n)]
-
-
-def _shared_partial_hit_step(*, second_root: bool = False) -> object:
-    """The known same-step copy-on-write chain
-    (tests/known_bugs/test_known_vllm_bugs_scheduler.py): a 9-token prompt alone, then two 130-token prompts sharing
-    its first 8 tokens admitted in one step; returns that step. With
-    ``second_root``, two more 130-token prompts on another root, sharing 129
-    tokens, arrive in the same step: the second could adopt the first's
-    block-aligned Mamba state, cached as it is allocated."""
-    layout = LayoutDraw(
-        groups=(SpecDraw("FullAttentionSpec", 64), SpecDraw("MambaSpec", 64)), hash_block_size=8, num_blocks=600
-    )
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=4096, max_num_seqs=4))
-    root = _tokens(1000, 330)
-    harness.add_request(root[:8] + _tokens(0, 1), max_tokens=1, reply=ExternalReply("zero"))
-    harness.drain()
-    for _ in range(2):
-        harness.add_request(root[:129] + _tokens(0, 1), max_tokens=1, reply=ExternalReply("zero"))
-    if second_root:
-        other = _tokens(2000, 330)
-        for seed in (5, 6):
-            harness.add_request(other[:129] + _tokens(seed, 1), max_tokens=1, reply=ExternalReply("zero"))
-    return harness.step()
-
-
 def test_the_known_cow_chain_alone_is_set_aside() -> None:
     """Control: on unmodified vLLM the step shows only the known bug, to the
     old check and to the ownership model alike; vLLM's Mamba guard defers
     the second request on the other root to the next step."""
-    step = _shared_partial_hit_step(second_root=True)
+    step = shared_partial_hit_step(2, second_root=True)
     hazards = list(own.check_no_same_step_hazard.violations(step))
     assert hazards and all(v.group_kind == "FullAttentionSpec" for v in hazards), step.describe()
     assert triage(step) == ([], ["same-step-cow-chain"]), step.describe()
@@ -164,7 +108,7 @@ def test_a_different_same_step_hazard_beside_the_known_chain_is_reported() -> No
     chain is still labelled, and the Mamba hazard is reported, beside the
     contents model's view of it (the state is read before it is written)."""
     with planted_scheduler_bug("mamba_adopts_same_step_state"):
-        step = _shared_partial_hit_step(second_root=True)
+        step = shared_partial_hit_step(2, second_root=True)
     unknown, known = triage(step)
     assert "same-step-cow-chain" in known, step.describe()
     assert [(v.invariant, v.group_kind) for v in unknown if v.invariant != "reads-written"] == [
@@ -182,7 +126,7 @@ def test_a_negative_count_that_hides_nothing_is_no_violation() -> None:
     the planted ``mamba_count_goes_negative`` case above (a -1 beside a group
     that takes blocks) is what the claim is for."""
     layout = LayoutDraw((SpecDraw("MambaSpec", 4),), hash_block_size=4, num_blocks=32)
-    harness = SchedulerHarness(SchedulerDraw(layout=layout, max_num_batched_tokens=32, kv_load_failure_policy="recompute"))
+    harness = harness_of(layout, batch=32, kv_load_failure_policy="recompute")
     harness.add_request(tuple(range(100, 116)), max_tokens=1, reply=ExternalReply("store", store_len=12))
     harness.fail_next_sync_loads()
     steps = harness.drain()
@@ -209,10 +153,8 @@ def test_a_speculating_mamba_group_is_read_where_vllm_keeps_its_running_state() 
     layout = LayoutDraw(
         (SpecDraw("MambaSpec", 4, (("num_speculative_blocks", 4),)),), hash_block_size=1, num_blocks=19, max_model_len=44
     )
-    harness = SchedulerHarness(
-        SchedulerDraw(layout, max_num_batched_tokens=8, max_num_seqs=2, long_prefill_token_threshold=1,
-                      speculative_method="ngram", num_speculative_tokens=4, draft_acceptance=(0,))
-    )
+    harness = harness_of(layout, batch=8, seqs=2, long_prefill_token_threshold=1,
+                         speculative_method="ngram", num_speculative_tokens=4, draft_acceptance=(0,))
     harness.add_request([0, 7, 3128, 3129], max_tokens=3)
     steps = [harness.step(), harness.step()]
     harness.add_request([0, 7, 14, 21, 3192, 3193], max_tokens=1)

@@ -15,64 +15,28 @@ import dataclasses
 from collections.abc import Callable
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from fuzz.adapter import FIXED_RUNS, PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS, SIBLING_PLANTS, planted_scheduler_bug
+from fuzz.hunting import without_module_constants as _no_local_constants
 from fuzz.repro.scheduler import _replay_checked
 from fuzz.known_bugs import KNOWN_BUGS
-from tests.strategies.test_draws_pinned import _no_local_constants
 from fuzz.targets import target_scheduler
-from fuzz.adapter import SchedulerHarness
-from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import ExternalReply, LayoutDraw, SpecDraw
 from fuzz.runners.scheduler import STALE_OUTPUT, Stepper, run_fixed, run_single_shot
 from invariants import cache as cache_checks
-from invariants import connector as conn
 from invariants import contents as contents_checks
 from invariants import scheduler as inv
 from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import check_hits_within_namespace, check_preempted_resumable
 from invariants.hits import check_hit_matches_index
 from fuzz.model import InvariantViolation
-from fuzz.model import SingleShotScenario
 from strategies.single_shot import single_shot_scenarios
-from invariants.table import INVARIANTS
-from tests.invariants import planted_runs
+from tests.invariants.planted_cases import CASES, CAUGHT_REAL_BUG, FIXED_CASES, MACHINE_CASES, SPEC_DECODE_CASES
 from tests.invariants.planted_runs import speculating_harness
-
-# Planted bugs only the state machine can reach: the single-shot scenarios
-# never fail a load. (check, invariant, planted bug)
-MACHINE_CASES: list[tuple[Callable[..., None], str, str]] = [
-    (conn.check_failed_load_recomputed, "failed-load-recomputed", "resumes_past_invalid_block"),
-    (conn.check_failed_load_not_cached, "failed-load-not-cached", "evicts_invalid_blocks_on_recompute"),
-    (conn.check_failed_load_recomputed, "failed-load-recomputed", "failed_async_load_kept"),
-]
-
-# Planted bugs in speculative decoding's bookkeeping, shown on a fixed run
-# that speculates (check, invariant, planted bug).
-SPEC_DECODE_CASES: list[tuple[Callable[..., None], str, str]] = [
-    (inv.check_rejected_drafts_rolled_back, "rejected-drafts-rolled-back", "rejected_drafts_stay_computed"),
-    (inv.check_kv_matches_tokens, "kv-matches-tokens", "records_first_sampled_token"),
-]
-
-# Planted bugs the single-shot search finds: every one a scheduler row of
-# invariants/table.py names that no other case shows (a fixed run of
-# fuzz.adapter.FIXED_RUNS, the state machine, the speculating run,
-# the block-ownership cases of tests/invariants/test_ownership_planted.py,
-# or the triage case drafts_never_cut). Each is shown failing the check of
-# every row that names it: a new plant the search finds needs no entry here.
-_SHOWN_ELSEWHERE = (
-    set(FIXED_RUNS) | {bug for *_, bug in MACHINE_CASES} | {bug for *_, bug in SPEC_DECODE_CASES}
-    | set(PLANTED_OWNERSHIP_BUGS) | {"drafts_never_cut"}
-)
-SEARCHED = tuple(dict.fromkeys(
-    bug for row in INVARIANTS if row.tier == "scheduler" for bug in row.planted if bug not in _SHOWN_ELSEWHERE
-))
-# (check, invariant name, planted bug, search uses the evict shortcut)
-CASES: list[tuple[Callable[..., None], str, str, bool]] = [
-    (row.check, row.name, bug, False) for bug in SEARCHED for row in INVARIANTS
-    if row.tier == "scheduler" and bug in row.planted
-]
+from tests.support.search import planted_failure
+from tests.support.harnesses import harness_of
 
 SEARCH = settings(
     max_examples=400,
@@ -93,23 +57,6 @@ SEARCH = settings(
 BUDGET = {"async_load_computes_at_once": 2000, "keeps_tail_and_loads": 2000}
 
 
-def _find(check: Callable[..., None], bug: str, shortcut: bool) -> tuple[InvariantViolation, SingleShotScenario]:
-    found: list[SingleShotScenario] = []
-
-    @settings(SEARCH, max_examples=BUDGET.get(bug, SEARCH.max_examples))
-    @given(scenario=single_shot_scenarios(shortcut=shortcut, allow_over=False))
-    def search(scenario: SingleShotScenario) -> None:
-        try:
-            run_single_shot(scenario, (check,), record=False)
-        except InvariantViolation:
-            found.append(scenario)
-            raise
-
-    with planted_scheduler_bug(bug), pytest.raises(InvariantViolation) as caught:
-        search()
-    return caught.value, found[-1]
-
-
 @pytest.mark.parametrize(
     ("check", "invariant", "bug", "shortcut"),
     CASES,
@@ -118,17 +65,13 @@ def _find(check: Callable[..., None], bug: str, shortcut: bool) -> tuple[Invaria
 def test_invariant_catches_planted_bug(
     check: Callable[..., None], invariant: str, bug: str, shortcut: bool
 ) -> None:
-    violation, scenario = _find(check, bug, shortcut)
+    violation, scenario = planted_failure(
+        bug, single_shot_scenarios(shortcut=shortcut, allow_over=False),
+        settings=settings(SEARCH, max_examples=BUDGET.get(bug, SEARCH.max_examples)), checks=(check,),
+    )
     assert violation.invariant == invariant, str(violation)
     # The same scenario on unmodified vLLM satisfies the invariant.
     run_single_shot(scenario, (check,), record=False)
-
-
-
-
-FIXED_CASES: list[tuple[Callable[..., None], str, str, Callable[..., Stepper], str | None]] = [
-    (row.check, row.name, bug, run, label) for bug, (run, label, row) in planted_runs.shown_on_runs().items()
-]
 
 
 @pytest.mark.parametrize(("check", "invariant", "bug", "run", "label"), FIXED_CASES,
@@ -153,7 +96,7 @@ def test_an_rswa_group_is_judged_as_full_attention() -> None:
     than the index allows."""
     def run(checks: tuple[Callable[..., None], ...]) -> Stepper:
         layout = LayoutDraw((SpecDraw("RSWASpec", 4, (("rswa_window", 4),)),), hash_block_size=4, num_blocks=33)
-        stepper = Stepper(SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2)), checks)
+        stepper = Stepper(harness_of(layout, batch=32, seqs=2), checks)
         seen = []
         for _ in range(2):
             rid = stepper.harness.add_request(range(12), max_tokens=6)
@@ -206,17 +149,6 @@ def test_every_planted_bug_is_used() -> None:
     expected = set(PLANTED_SCHEDULER_BUGS) - set(PLANTED_OWNERSHIP_BUGS) - {"drafts_never_cut"} - set(SIBLING_PLANTS)
     # An ownership edit may show a contents claim too (mamba_adopts_same_step_state: reads-written).
     assert used - set(PLANTED_OWNERSHIP_BUGS) == expected, expected ^ used
-
-
-# Checks shown catching a real vLLM bug instead of a planted one: unmodified
-# vLLM already fails them (strict xfails and a passing control in
-# tests/known_bugs/test_known_vllm_bugs_scheduler.py).
-CAUGHT_REAL_BUG: dict[Callable[..., None], str] = {
-    inv.check_copy_sources_ready: "same-step-cow-chain",
-    # The failed-load placeholder's second consequence, pinned with a
-    # synchronous control in tests/known_bugs/test_failed_load_output_placeholder.py.
-    inv.check_kv_matches_tokens: "failed-sync-load-recompute-keeps-output-placeholder",
-}
 
 
 # A second row a fixed run's plant is named by (the run shows the first,
@@ -338,11 +270,9 @@ def test_a_window_group_dropping_an_adopted_block_is_no_cross_salt_hit() -> None
         (SpecDraw("SlidingWindowSpec", 2, (("sliding_window", 4),)),), hash_block_size=2, num_blocks=13,
         max_model_len=24,
     )
-    harness = SchedulerHarness(
-        SchedulerDraw(layout, max_num_batched_tokens=4, max_num_seqs=3, long_prefill_token_threshold=1,
-                      prefill_schedule_interval=4, async_scheduling=True, model_runner="v2",
-                      kv_load_failure_policy="fail", divergent_hits=True)
-    )
+    harness = harness_of(layout, batch=4, seqs=3, long_prefill_token_threshold=1, prefill_schedule_interval=4,
+                         async_scheduling=True, model_runner="v2", kv_load_failure_policy="fail",
+                         divergent_hits=True)
     run = Stepper(harness, (check_hits_within_namespace,))
     harness.add_request(range(131, 166, 7), max_tokens=1, reply=ExternalReply("zero"))
     harness.add_request(range(131, 173, 7), max_tokens=1)

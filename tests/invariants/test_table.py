@@ -12,8 +12,7 @@ from fuzz.repro.scheduler import WRITABLE
 from invariants import scheduler as sched
 from invariants.table import INVARIANTS, invariant
 from invariants.truncation import TRUNCATION_CHECKS
-from tests.invariants import test_connector_protocol, test_ownership_planted, test_scheduler_planted
-from tests.invariants import test_truncation_planted
+from tests.invariants import planted_cases
 
 TRUNCATION = [row for row in INVARIANTS if row.tier == "truncation"]
 SCHEDULER = [row for row in INVARIANTS if row.tier == "scheduler"]
@@ -54,16 +53,16 @@ def test_a_scheduler_row_is_writable_as_the_writer_says() -> None:
 
 
 def test_the_self_tests_planted_cases_are_the_tables() -> None:
-    cases = [(check, name, bug) for check, name, bug, *_ in test_scheduler_planted.CASES]
-    cases += [(check, name, bug) for check, name, bug, *_ in test_scheduler_planted.MACHINE_CASES]
-    cases += [(check, name, bug) for check, name, bug, *_ in test_scheduler_planted.FIXED_CASES]
-    cases += [(check, name, bug) for check, name, bug, *_ in test_scheduler_planted.SPEC_DECODE_CASES]
-    cases += [(check, name, bug) for check, name, bug, *_ in test_ownership_planted.CASES]
-    cases += [(check, name, bug) for check, name, bug, *_ in test_connector_protocol.CASES]
+    cases = [(check, name, bug) for check, name, bug, *_ in planted_cases.CASES]
+    cases += [(check, name, bug) for check, name, bug, *_ in planted_cases.MACHINE_CASES]
+    cases += [(check, name, bug) for check, name, bug, *_ in planted_cases.FIXED_CASES]
+    cases += [(check, name, bug) for check, name, bug, *_ in planted_cases.SPEC_DECODE_CASES]
+    cases += [(check, name, bug) for check, name, bug, *_ in planted_cases.OWNERSHIP_CASES]
+    cases += [(check, name, bug) for check, name, bug, *_ in planted_cases.CONNECTOR_CASES]
     for check, name, bug in cases:
         row = invariant(name)
         assert row.check is check and bug in row.planted, (name, bug, row)
-    for bug, name, _ in test_truncation_planted.PLANTED:
+    for bug, name, _ in planted_cases.TRUNCATION_CASES:
         assert bug in invariant(name, tier="truncation").planted, (name, bug)
-    for check, bug in test_scheduler_planted.CAUGHT_REAL_BUG.items():
+    for check, bug in planted_cases.CAUGHT_REAL_BUG.items():
         assert next(row for row in SCHEDULER if row.check is check).real_bug == bug

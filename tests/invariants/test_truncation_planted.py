@@ -16,32 +16,8 @@ import functools
 from fuzz.targets.target_truncate import check_truncation_scenario
 from invariants.truncation import TRUNCATION_CHECKS
 from strategies.scenarios import truncation_scenarios
-from strategies.specs import kv_cache_layouts
-
-HYBRID = truncation_scenarios()
-# Scratch groups only appear among the "other" kinds; force one in.
-WITH_SCRATCH = truncation_scenarios(
-    layouts=kv_cache_layouts(
-        min_groups=3, max_groups=4, required=("FullAttentionSpec", "MambaSpec", "CircularBufferSpec")
-    )
-)
-
-# The EAGLE plant differs from vLLM only when the manager speculates.
-SPECULATING = truncation_scenarios(eagle="always")
-
-PLANTED = [
-    ("pre_fix_assert_all", "no-unexpected-failure", HYBRID),
-    ("blanket_min", "must-cover", HYBRID),
-    ("mutates_input", "input-unchanged", HYBRID),
-    ("touches_refcounts", "refcounts-unchanged", HYBRID),
-    ("no_alignment_check", "misaligned-rejected", HYBRID),
-    ("mamba_keeps_all", "whole-state-clamped", HYBRID),
-    ("shifted_view", "prefix-view", HYBRID),
-    ("scratch_gets_null", "scratch-empty", WITH_SCRATCH),
-    ("leaks_block", "pool-unchanged", HYBRID),
-    # Only scenarios that speculate with an EAGLE-style drafter can find it.
-    ("eagle_drops_again", "must-cover", SPECULATING),
-]
+from tests.invariants.planted_cases import HYBRID, SPECULATING
+from tests.invariants.planted_cases import TRUNCATION_CASES as PLANTED
 
 
 def test_the_eagle_plant_needs_the_eagle_draws() -> None:

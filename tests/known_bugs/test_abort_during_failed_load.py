@@ -44,10 +44,11 @@ import pytest
 
 from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import KNOWN_BUGS
-from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
+from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.connector import check_failed_load_not_cached
 from tests.known_bugs._pin import known_vllm_bug
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -56,9 +57,7 @@ PROMPT = tuple(range(12))
 
 def _harness() -> SchedulerHarness:
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=1, num_blocks=19)
-    return SchedulerHarness(
-        SchedulerDraw(layout=layout, max_num_batched_tokens=16, max_num_seqs=2, kv_load_failure_policy="fail")
-    )
+    return harness_of(layout, batch=16, seqs=2, kv_load_failure_policy="fail")
 
 
 def _failed_load(*, aborted: bool) -> tuple[SchedulerHarness, StepObservation]:

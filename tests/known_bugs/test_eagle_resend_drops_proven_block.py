@@ -50,11 +50,11 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.adapter import SchedulerHarness
-from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import LayoutDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.hits import check_hit_matches_index
 from tests.known_bugs._pin import known_vllm_bug, shown_as
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -64,9 +64,8 @@ def _resend(*specs: SpecDraw):
     (4-token blocks) under an async EAGLE drafter (k = 2); returns the
     second lookup's admission."""
     layout = LayoutDraw(specs, hash_block_size=4, num_blocks=65)
-    harness = SchedulerHarness(SchedulerDraw(
-        layout, max_num_batched_tokens=32, max_num_seqs=2, model_runner="v1", async_scheduling=True,
-        speculative_method="eagle", num_speculative_tokens=2, draft_acceptance=(1,)))
+    harness = harness_of(layout, batch=32, seqs=2, model_runner="v1", async_scheduling=True,
+                         speculative_method="eagle", num_speculative_tokens=2, draft_acceptance=(1,))
     seen = []
     for _ in range(2):
         rid = harness.add_request(range(12), max_tokens=2)
@@ -99,9 +98,8 @@ def test_a_single_window_keeps_the_hit_the_next_block_proves() -> None:
     4 tokens a step (sync, k = 1, no draft accepted)."""
     layout = LayoutDraw((SpecDraw("SlidingWindowSpec", 3, (("sliding_window", 3),)),), hash_block_size=3,
                         num_blocks=13)
-    harness = SchedulerHarness(SchedulerDraw(
-        layout, max_num_batched_tokens=4, max_num_seqs=1, model_runner="v2",
-        speculative_method="eagle", num_speculative_tokens=1, draft_acceptance=(0,)))
+    harness = harness_of(layout, batch=4, seqs=1, model_runner="v2", speculative_method="eagle",
+                         num_speculative_tokens=1, draft_acceptance=(0,))
     harness.add_request(range(0, 70, 7), max_tokens=1)
     harness.drain()
     rid = harness.add_request(range(0, 63, 7), max_tokens=1)

@@ -41,11 +41,11 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.adapter import SchedulerHarness
-from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import LayoutDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.hits import check_hit_matches_index
 from tests.known_bugs._pin import known_vllm_bug, shown_as
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -59,9 +59,8 @@ def _second_lookup(window: int):
         hash_block_size=4,
         num_blocks=65,
     )
-    harness = SchedulerHarness(SchedulerDraw(
-        layout, max_num_batched_tokens=32, max_num_seqs=2, model_runner="v1", async_scheduling=True,
-        speculative_method="eagle", num_speculative_tokens=2, draft_acceptance=(1,)))
+    harness = harness_of(layout, batch=32, seqs=2, model_runner="v1", async_scheduling=True,
+                         speculative_method="eagle", num_speculative_tokens=2, draft_acceptance=(1,))
     seen = []
     for prompt in (range(17), range(21)):
         rid = harness.add_request(prompt, max_tokens=2)

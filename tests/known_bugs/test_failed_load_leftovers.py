@@ -55,10 +55,11 @@ import pytest
 
 from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import SUPPRESS_ENV
-from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import ExternalReply, LayoutDraw, SpecDraw
 from fuzz.runners.scheduler import ALL_CHECKS, Stepper
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from tests.known_bugs._pin import known_vllm_bug, shown_as
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -73,8 +74,7 @@ def _harness(num_blocks: int) -> SchedulerHarness:
     """Full attention of 4-token blocks, one request at a time, 4 tokens a
     step, a connector whose failed loads are recomputed."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=num_blocks)
-    return SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=4, max_num_seqs=1,
-                                          kv_load_failure_policy="recompute", connector=True))
+    return harness_of(layout, batch=4, seqs=1, kv_load_failure_policy="recompute", connector=True)
 
 
 def _failed_async_load(num_blocks: int) -> None:

@@ -58,11 +58,12 @@ import pytest
 
 from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import KNOWN_BUGS
-from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
+from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.contents import check_index_names_its_prefix, check_reads_written
 from invariants.scheduler import check_kv_matches_tokens, check_running_requests_progress
 from tests.known_bugs._pin import known_vllm_bug
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -75,16 +76,8 @@ def _serve(
     load failing block by block; stepped until it finishes, ``check`` run
     on every step (the liveness check raises once the request is stranded)."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=16)
-    harness = SchedulerHarness(
-        SchedulerDraw(
-            layout=layout,
-            max_num_batched_tokens=8,
-            max_num_seqs=1,
-            kv_load_failure_policy="recompute",
-            model_runner="v1",
-            async_scheduling=async_scheduling,
-        )
-    )
+    harness = harness_of(layout, batch=8, seqs=1, kv_load_failure_policy="recompute", model_runner="v1",
+                         async_scheduling=async_scheduling)
     harness.add_request(list(range(16)), max_tokens=max_tokens, reply=ExternalReply("store", store_len=16))
     harness.fail_next_sync_loads()
     for _ in range(12):
@@ -149,18 +142,8 @@ def _serve_a_sharer(*, async_scheduling: bool) -> SchedulerHarness:
     output, so r1 keeps the placeholder of its last prefill step. Every step
     is checked by ``kv-matches-tokens``."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 3),), hash_block_size=3, num_blocks=13, max_model_len=36)
-    harness = SchedulerHarness(
-        SchedulerDraw(
-            layout=layout,
-            max_num_batched_tokens=4,
-            max_num_seqs=2,
-            long_prefill_token_threshold=0,
-            kv_load_failure_policy="recompute",
-            model_runner="v2",
-            async_scheduling=async_scheduling,
-            divergent_hits=True,
-        )
-    )
+    harness = harness_of(layout, batch=4, seqs=2, long_prefill_token_threshold=0, kv_load_failure_policy="recompute",
+                         model_runner="v2", async_scheduling=async_scheduling, divergent_hits=True)
     harness.add_request(list(range(0, 63, 7)), max_tokens=1, reply=ExternalReply("store", store_len=9))
     harness.add_request(list(range(0, 28, 7)), max_tokens=2)
     harness.fail_next_sync_loads()
@@ -237,13 +220,9 @@ def _serve_a_resynced_reader(*, async_scheduling: bool) -> SchedulerHarness:
     step computing from 9 reads position 8 as a third token. Every step is
     checked by ``reads-written``."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 3),), hash_block_size=3, num_blocks=13)
-    harness = SchedulerHarness(
-        SchedulerDraw(
-            layout=layout, max_num_batched_tokens=6, max_num_seqs=3, long_prefill_token_threshold=3,
-            kv_load_failure_policy="recompute", model_runner="v1", async_scheduling=async_scheduling,
-            prefill_schedule_interval=3,
-        )
-    )
+    harness = harness_of(layout, batch=6, seqs=3, long_prefill_token_threshold=3, kv_load_failure_policy="recompute",
+                         model_runner="v1", async_scheduling=async_scheduling,
+                         prefill_schedule_interval=3)
     check_reads_written(harness.step())
     harness.add_request(list(range(0, 42, 7)), max_tokens=1)
     harness.add_request([0, 7, 14, 21, 28, 35, 4192, 4193], max_tokens=3, reply=ExternalReply("store", store_len=8))

@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.adapter import SchedulerHarness
-from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import ExternalReply, LayoutDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.hits import check_hit_matches_index
 from tests.known_bugs._pin import known_vllm_bug, shown_as
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -57,10 +57,8 @@ def _third_admission(second_block: int):
         hash_block_size=1,
         num_blocks=163,
     )
-    harness = SchedulerHarness(
-        SchedulerDraw(layout, max_num_batched_tokens=48, max_num_seqs=2, divergent_hits=False,
-                      kv_load_failure_policy="fail", model_runner="v2", async_scheduling=True)
-    )
+    harness = harness_of(layout, batch=48, seqs=2, divergent_hits=False, kv_load_failure_policy="fail",
+                         model_runner="v2", async_scheduling=True)
     harness.add_request(SHARED[:84] + (3064, 3065), max_tokens=1, reply=ExternalReply("store", store_len=86))
     harness.step()
     harness.add_request(SHARED + (3128, 3129), max_tokens=1)

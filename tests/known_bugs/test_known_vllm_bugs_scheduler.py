@@ -77,8 +77,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from fuzz.adapter import SchedulerHarness
-from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw
 from fuzz.known_bugs import KNOWN_BUGS
 from fuzz.runners.scheduler import triage
 from invariants.scheduler import (
@@ -86,6 +84,7 @@ from invariants.scheduler import (
     check_no_exception_escapes,
 )
 from tests.known_bugs._pin import known_vllm_bug
+from tests.known_bugs.runs import pool_nearly_full_scenario, shared_partial_hit_step
 
 
 # --------------------------------------------------------------------------
@@ -145,39 +144,17 @@ def test_mamba_external_load_admission_never_overdraws_the_pool():
 
 
 # --------------------------------------------------------------------------
-# The real path: Scheduler.schedule() with a connector, engine-sized pool.
+# The real path: Scheduler.schedule() with a connector, engine-sized pool
+# (the run: tests/known_bugs/runs.py's pool_nearly_full_scenario).
 # --------------------------------------------------------------------------
-def _pool_nearly_full_scenario() -> tuple[SchedulerHarness, object]:
-    """A running 900-token request fills most of a 140-block pool (enough for
-    max_model_len=1024, as the engine requires); then a request arrives whose
-    prompt the connector holds, sized so its admission estimate equals the
-    free blocks exactly."""
-    block = 8
-    layout = LayoutDraw(
-        groups=(SpecDraw("FullAttentionSpec", block), SpecDraw("MambaSpec", block)),
-        hash_block_size=2,
-        num_blocks=140,
-    )
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=64, max_num_seqs=2))
-    harness.add_request([5_000 + i for i in range(900)], max_tokens=200, reply=ExternalReply("zero"))
-    while harness.scheduler.requests[next(iter(harness.scheduler.requests))].num_computed_tokens < 900:
-        step = harness.step()
-        check_no_exception_escapes(step)
-    free = harness.pool.get_num_free_blocks()
-    # n = 8k + 1 tokens, 8k loaded: estimate (k + 1) + 1 == free.
-    n = block * (free - 2) + 1
-    harness.add_request(list(range(n)), max_tokens=1, reply=ExternalReply("store", store_len=n))
-    return harness, harness.step()
-
-
 def test_real_path_is_recognised_as_the_known_bug():
-    _, step = _pool_nearly_full_scenario()
+    _, step = pool_nearly_full_scenario()
     assert triage(step) == ([], ["mamba-external-block-undercount"]), step.describe()
 
 
 @known_vllm_bug("vLLM 0.33.0: schedule() raises ValueError (Mamba external-state block not reserved)")
 def test_schedule_survives_a_sync_external_load_into_a_nearly_full_pool():
-    _, step = _pool_nearly_full_scenario()
+    _, step = pool_nearly_full_scenario()
     check_no_exception_escapes(step)
 
 
@@ -276,53 +253,25 @@ def test_standalone_same_step_partial_hits_never_chain_block_copies(tmp_path):
 
 
 # --------------------------------------------------------------------------
-# same-step-cow-chain: the real path, through the harness.
+# same-step-cow-chain: the real path, through the harness (the run:
+# tests/known_bugs/runs.py's shared_partial_hit_step).
 # --------------------------------------------------------------------------
-def _tokens(seed: int, n: int) -> list[int]:
-    import random
-
-    rng = random.Random(seed)
-    return [rng.randint(3, 1023) for _ in range(n)]
-
-
-def _shared_partial_hit_step(copies_of_b: int):
-    """A 9-token prompt runs alone, then ``copies_of_b`` 130-token prompts
-    sharing its first 8 tokens arrive together; returns their first step."""
-    return _shared_partial_hit_harness(copies_of_b).step()
-
-
-def _shared_partial_hit_harness(copies_of_b: int):
-    """:func:`_shared_partial_hit_step`'s harness, right before that step."""
-    layout = LayoutDraw(
-        groups=(SpecDraw("FullAttentionSpec", 64), SpecDraw("MambaSpec", 64)),
-        hash_block_size=8,
-        num_blocks=600,
-    )
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=4096, max_num_seqs=4))
-    root = _tokens(1000, 330)
-    harness.add_request(root[:8] + _tokens(0, 1), max_tokens=1, reply=ExternalReply("zero"))
-    harness.drain()
-    for _ in range(copies_of_b):
-        harness.add_request(root[:129] + _tokens(0, 1), max_tokens=1, reply=ExternalReply("zero"))
-    return harness
-
-
 def test_one_request_on_a_partial_hit_copies_from_cached_blocks_only():
     """Control: with one request, the same path has no copy chain."""
-    step = _shared_partial_hit_step(1)
+    step = shared_partial_hit_step(1)
     assert step.copies, step.describe()  # the partial hit is copied on write
     check_copy_sources_ready(step)
     assert triage(step) == ([], [])
 
 
 def test_real_path_cow_chain_is_recognised_as_the_known_bug():
-    step = _shared_partial_hit_step(2)
+    step = shared_partial_hit_step(2)
     assert triage(step) == ([], ["same-step-cow-chain"]), step.describe()
 
 
 @known_vllm_bug("vLLM 0.33.0: a same-step partial-hit copy-on-write reads another copy's destination")
 def test_requests_sharing_a_partial_hit_in_one_step_copy_from_ready_blocks():
-    step = _shared_partial_hit_step(2)
+    step = shared_partial_hit_step(2)
     check_copy_sources_ready(step)
 
 

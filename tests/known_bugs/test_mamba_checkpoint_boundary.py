@@ -33,10 +33,11 @@ import pytest
 
 from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import KNOWN_BUGS
-from fuzz.model import InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
+from fuzz.model import InvariantViolation, LayoutDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.contents import check_index_written, check_reads_written
 from tests.known_bugs._pin import known_vllm_bug
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -54,7 +55,7 @@ def _serve(*, checkpoints: bool, checks: tuple[Callable[[StepObservation], None]
     extra = (("num_prefill_checkpoint_blocks", 1), ("prefill_checkpoint_alignment", 1)) if checkpoints else ()
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 48), SpecDraw("MambaSpec", 48, extra)), hash_block_size=4,
                         num_blocks=15, max_model_len=150)
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=96, max_num_seqs=1))
+    harness = harness_of(layout, batch=96, seqs=1)
     for prompt in (list(range(0, 672, 7)), _SECOND, [*_SECOND[:100], *range(5000, 5008)]):
         harness.add_request(prompt, max_tokens=1)
         for _ in range(8):

@@ -46,30 +46,16 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import KNOWN_BUGS
-from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
+from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.connector import check_failed_load_recomputed
 from invariants.ownership import check_read_blocks_held
 from tests.known_bugs._pin import known_vllm_bug
+from tests.known_bugs.runs import failed_sync_load
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
-
-
-def _failed_sync_load(spec: str) -> list[StepObservation]:
-    """16 tokens, one group of block 4; the connector answers 12 from 0 and
-    the load of [0, 12) is reported failed block by block."""
-    return _failed_sync_load_run(spec)[1]
-
-
-def _failed_sync_load_run(spec: str) -> tuple[SchedulerHarness, list[StepObservation]]:
-    """:func:`_failed_sync_load`'s harness (its operation log) and steps."""
-    layout = LayoutDraw((SpecDraw(spec, 4),), hash_block_size=4, num_blocks=32)
-    harness = SchedulerHarness(SchedulerDraw(layout=layout, max_num_batched_tokens=32, kv_load_failure_policy="recompute"))
-    harness.add_request(tuple(range(100, 116)), max_tokens=1, reply=ExternalReply("store", store_len=12))
-    harness.fail_next_sync_loads()
-    return harness, harness.drain(context=f"{spec}: sync load of [0, 12) fails")
 
 
 def _check(steps: list[StepObservation]) -> None:
@@ -81,16 +67,16 @@ def _check(steps: list[StepObservation]) -> None:
 
 @known_vllm_bug("vLLM: a failed sync load on a Mamba layout resumes past the load's start, where no state exists")
 def test_failed_sync_load_on_mamba_resumes_where_a_state_exists() -> None:
-    _check(_failed_sync_load("MambaSpec"))
+    _check(failed_sync_load("MambaSpec"))
 
 
 def test_control_failed_sync_load_on_full_attention_resumes_at_its_first_failed_block() -> None:
-    _check(_failed_sync_load("FullAttentionSpec"))
+    _check(failed_sync_load("FullAttentionSpec"))
 
 
 def test_the_failure_is_the_registered_known_bug() -> None:
     with pytest.raises(InvariantViolation) as caught:
-        _check(_failed_sync_load("MambaSpec"))
+        _check(failed_sync_load("MambaSpec"))
     (bug,) = [b for b in KNOWN_BUGS if b.shows_in_every(caught.value)]
     assert bug.id == "mamba-failed-load-rollback"
 
@@ -106,8 +92,7 @@ def _failed_sync_load_rolled_back_to_its_start() -> list[StepObservation]:
     Met by a 400 s machine campaign on unmodified vLLM 0.33.0 (2026-12-04),
     shrunk to this one request."""
     layout = LayoutDraw((SpecDraw("MambaSpec", 2),), hash_block_size=2, num_blocks=7)
-    harness = SchedulerHarness(SchedulerDraw(layout=layout, max_num_batched_tokens=4, max_num_seqs=1,
-                                             kv_load_failure_policy="recompute"))
+    harness = harness_of(layout, batch=4, seqs=1, kv_load_failure_policy="recompute")
     harness.add_request((0, 7, 14, 3128, 3129, 3130, 3131), max_tokens=1, reply=ExternalReply("store", store_len=2))
     harness.fail_next_sync_loads()
     return harness.drain(context="MambaSpec: sync load of [0, 2) fails, rolled back to 0")
@@ -140,9 +125,7 @@ def _failed_sync_load_on_a_window() -> list[StepObservation]:
     """18 tokens, one sliding-window group (block 2, window 8), 4 tokens a
     step; the connector answers 17 from 0 and that load fails block by block."""
     layout = LayoutDraw((SpecDraw("SlidingWindowSpec", 2, (("sliding_window", 8),)),), hash_block_size=2, num_blocks=32)
-    harness = SchedulerHarness(
-        SchedulerDraw(layout=layout, max_num_batched_tokens=4, max_num_seqs=2, kv_load_failure_policy="recompute")
-    )
+    harness = harness_of(layout, batch=4, seqs=2, kv_load_failure_policy="recompute")
     harness.add_request(tuple(range(100, 118)), max_tokens=1, reply=ExternalReply("store", store_len=17))
     harness.fail_next_sync_loads()
     return harness.drain(context="SlidingWindowSpec: sync load of [0, 17) fails")
@@ -176,9 +159,7 @@ def _failed_sync_load_under_an_async_load() -> list[StepObservation]:
     seed 7), shrunk to these two requests."""
     layout = LayoutDraw((SpecDraw("SlidingWindowMLASpec", 4, (("sliding_window", 8),)),), hash_block_size=4,
                         num_blocks=13)
-    harness = SchedulerHarness(
-        SchedulerDraw(layout=layout, max_num_batched_tokens=4, max_num_seqs=2, kv_load_failure_policy="recompute")
-    )
+    harness = harness_of(layout, batch=4, seqs=2, kv_load_failure_policy="recompute")
     shared = [0, 7, 14, 21, 28, 35, 42, 49]
     harness.add_request(shared + [4064], max_tokens=1, reply=ExternalReply("store", store_len=9))
     harness.add_request(shared + [3128, 3129, 3130], max_tokens=1,
@@ -225,10 +206,7 @@ def _failed_sync_load_under_a_running_hit() -> list[StepObservation]:
     these two requests."""
     layout = LayoutDraw((SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 4),)),), hash_block_size=4,
                         num_blocks=13)
-    harness = SchedulerHarness(
-        SchedulerDraw(layout=layout, max_num_batched_tokens=4, max_num_seqs=2, kv_load_failure_policy="recompute",
-                      model_runner="v2")
-    )
+    harness = harness_of(layout, batch=4, seqs=2, kv_load_failure_policy="recompute", model_runner="v2")
     shared = list(range(0, 84, 7))
     r0 = harness.add_request(shared + [84], max_tokens=1, reply=ExternalReply("store", store_len=13))
     harness.add_request(shared + [3064], max_tokens=1, reply=ExternalReply("store", store_len=13))

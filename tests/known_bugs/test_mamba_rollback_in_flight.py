@@ -42,11 +42,12 @@ import pytest
 
 from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import known_bug
-from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.contents import check_reads_written
 from invariants.ownership import check_read_blocks_held
 from tests.known_bugs._pin import known_vllm_bug, shown_as
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -56,8 +57,7 @@ def _failed_load_then_recompute(async_scheduling: bool, check=check_read_blocks_
     request whose 1-token synchronous load fails, recomputed to its end.
     The claim is checked on every step itself (no known bug set aside)."""
     layout = LayoutDraw((SpecDraw("MambaSpec", 4),), hash_block_size=4, num_blocks=7)
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=8, max_num_seqs=1,
-                                             kv_load_failure_policy="recompute", async_scheduling=async_scheduling))
+    harness = harness_of(layout, batch=8, seqs=1, kv_load_failure_policy="recompute", async_scheduling=async_scheduling)
     rid = harness.add_request(range(13), max_tokens=1, reply=ExternalReply("store", store_len=1))
     harness.fail_next_sync_loads()
     for _ in range(8):

@@ -55,60 +55,13 @@ import dataclasses
 import pytest
 
 from fuzz import known_bugs
-from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SpecDraw
 from fuzz.runners.scheduler import run_single_shot
 from invariants.ownership import check_no_same_step_hazard, check_read_blocks_held
-from fuzz.model import PromptDraw, SingleShotScenario
+from fuzz.model import SingleShotScenario
 from tests.known_bugs._pin import known_vllm_bug
-
-_ZERO = ExternalReply(kind="zero", store_len=0, undecided=0, extra=0, load_async=False)
-
-# Shrunk by hand from the fuzzer's first example on vLLM 0.33.0.
-SYNC_LOAD_THEN_SAME_STEP_PARTIAL_HIT = SingleShotScenario(
-    config=SchedulerDraw(
-        layout=LayoutDraw(
-            groups=(SpecDraw("MambaSpec", 6), SpecDraw("FullAttentionSpec", 6)), hash_block_size=1, num_blocks=29
-        ),
-        max_num_batched_tokens=30,
-        max_num_seqs=2,
-        long_prefill_token_threshold=0,
-        divergent_hits=True,
-        kv_load_failure_policy="recompute",
-        model_runner="v1",
-    ),
-    shared_len=48,
-    token_seed=574,
-    fills=(PromptDraw(15, 0, 3, _ZERO), PromptDraw(20, 0, 2, _ZERO), PromptDraw(26, 0, 3, _ZERO)),
-    concurrent=False,
-    evict_from=None,
-    replay=PromptDraw(28, 0, 3, ExternalReply(kind="store", store_len=28, undecided=0, extra=0, load_async=False)),
-    flavour="tail",
-    probe=PromptDraw(25, 0, 2, _ZERO),
-    replay_copies=2,
-)
-
-FULL_PROMPT_ASYNC_LOAD = SingleShotScenario(
-    config=SchedulerDraw(
-        layout=LayoutDraw(
-            groups=(SpecDraw("MambaSpec", 4), SpecDraw("FullAttentionSpec", 4)), hash_block_size=1, num_blocks=20
-        ),
-        max_num_batched_tokens=18,
-        max_num_seqs=1,
-        long_prefill_token_threshold=18,
-        divergent_hits=True,
-        kv_load_failure_policy="recompute",
-        model_runner="v1",
-    ),
-    shared_len=32,
-    token_seed=175,
-    fills=(PromptDraw(6, 0, 2, _ZERO), PromptDraw(10, 0, 2, _ZERO)),
-    concurrent=False,
-    evict_from=None,
-    replay=PromptDraw(12, 0, 2, ExternalReply(kind="undecided", store_len=12, undecided=1, extra=0, load_async=False)),
-    flavour="tail",
-    probe=PromptDraw(9, 0, 1, ExternalReply(kind="undecided", store_len=9, undecided=1, extra=0, load_async=True)),
-)
-
+from tests.known_bugs.runs import FULL_PROMPT_ASYNC_LOAD, SYNC_LOAD_THEN_SAME_STEP_PARTIAL_HIT
+from tests.support.harnesses import harness_of
 
 def _no_known_bug(failure: object, version: str) -> None:
     """The runners set known bugs aside; a pin must see its own."""
@@ -187,7 +140,7 @@ def test_a_one_token_prompt_recomputed_after_its_whole_load_is_the_same_bug() ->
 
     layout = LayoutDraw((SpecDraw("ChunkedLocalAttentionSpec", 1, (("attention_chunk_size", 1),)),),
                         hash_block_size=1, num_blocks=5)
-    harness = adapter.SchedulerHarness(SchedulerDraw(layout=layout, max_num_batched_tokens=4, max_num_seqs=1))
+    harness = harness_of(layout, batch=4, seqs=1)
     harness.add_request((0,), max_tokens=1, reply=ExternalReply("store", store_len=1, load_async=True))
     found = [v for s in harness.drain() for v in check_read_blocks_held.violations(s)]
     assert found, "the recompute of token 0 read only held blocks"

@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.adapter import SchedulerHarness
-from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import LayoutDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.promises import check_events_chain
 from tests.known_bugs._pin import known_vllm_bug, shown_as
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -50,7 +50,7 @@ def _one_prompt(groups: tuple[SpecDraw, ...], length: int) -> None:
     ``length`` tokens run to its end, the claim checked after every step
     (on the step itself: no known bug is set aside here)."""
     layout = LayoutDraw(groups, hash_block_size=4, num_blocks=33)
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=64, max_num_seqs=2, kv_events=True))
+    harness = harness_of(layout, batch=64, seqs=2, kv_events=True)
     harness.add_request(range(length), max_tokens=3)
     for _ in range(16):
         if harness.is_idle():

@@ -47,10 +47,11 @@ from __future__ import annotations
 import pytest
 
 from fuzz.adapter import SchedulerHarness
-from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import LayoutDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.scheduler import check_no_exception_escapes
 from tests.known_bugs._pin import known_vllm_bug, shown_as
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -61,8 +62,7 @@ def _reset_while_decoding(kv_role: str) -> SchedulerHarness:
     with reset_running_requests; then it runs to its end. Every step is
     checked (on the step itself: no known bug is set aside here)."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17)
-    harness = SchedulerHarness(SchedulerDraw(layout, max_num_batched_tokens=32, max_num_seqs=2,
-                                             async_scheduling=True, kv_role=kv_role))
+    harness = harness_of(layout, batch=32, seqs=2, async_scheduling=True, kv_role=kv_role)
     harness.add_request(range(13), max_tokens=6)
     for _ in range(2):
         check_no_exception_escapes(harness.step(context="decoding"))

@@ -47,12 +47,12 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import KNOWN_BUGS
-from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
+from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SpecDraw, StepObservation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.scheduler import check_no_exception_escapes
 from tests.known_bugs._pin import known_vllm_bug
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -72,10 +72,8 @@ def _readmitted_after_a_failed_load(divergent_hits: bool) -> StepObservation:
         hash_block_size=1,
         num_blocks=35,
     )
-    harness = SchedulerHarness(
-        SchedulerDraw(layout=layout, max_num_batched_tokens=32, max_num_seqs=1, kv_load_failure_policy="recompute",
-                      model_runner="v2", async_scheduling=True, divergent_hits=divergent_hits)
-    )
+    harness = harness_of(layout, batch=32, seqs=1, kv_load_failure_policy="recompute", model_runner="v2",
+                         async_scheduling=True, divergent_hits=divergent_hits)
     harness.add_request(PROMPT, max_tokens=1, reply=ExternalReply())
     for _ in range(5):
         harness.step()

@@ -30,12 +30,12 @@ from __future__ import annotations
 import pytest
 
 from fuzz import adapter
-from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import KNOWN_BUGS, known_bug
-from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.scheduler import check_skipping_request_reads_no_cache
 from tests.known_bugs._pin import known_vllm_bug
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -49,7 +49,7 @@ def _skipping_admission():  # type: ignore[no-untyped-def]
     store holds all 20 tokens of a request that asks to skip the prefix
     cache."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=20)
-    harness = SchedulerHarness(SchedulerDraw(layout=layout, max_num_batched_tokens=32, max_num_seqs=2))
+    harness = harness_of(layout, batch=32, seqs=2)
     rid = harness.add_request(PROMPT, max_tokens=1, reply=ExternalReply("store", store_len=20),
                               skip_reading_prefix_cache=True)
     step = harness.step()

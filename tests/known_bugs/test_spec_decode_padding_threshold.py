@@ -41,11 +41,11 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.adapter import SchedulerHarness
-from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+from fuzz.model import LayoutDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.scheduler import check_no_exception_escapes
 from tests.known_bugs._pin import known_vllm_bug, shown_as
+from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -57,17 +57,8 @@ def _second_admission(method: str, threshold: int):
     PROMPT; then r1 (PROMPT again: 8 tokens cached, 1 left) and r2 wait
     together, so the threshold applies when r1 is padded to 1 + k."""
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17)
-    harness = SchedulerHarness(
-        SchedulerDraw(
-            layout=layout,
-            max_num_batched_tokens=16,
-            max_num_seqs=2,
-            long_prefill_token_threshold=threshold,
-            speculative_method=method,
-            num_speculative_tokens=2,
-            draft_acceptance=(0,),
-        )
-    )
+    harness = harness_of(layout, batch=16, seqs=2, long_prefill_token_threshold=threshold, speculative_method=method,
+                         num_speculative_tokens=2, draft_acceptance=(0,))
     harness.add_request(PROMPT, max_tokens=1)
     harness.drain()
     harness.add_request(PROMPT, max_tokens=2)

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from fuzz.adapter import SchedulerHarness, missing_capabilities
+from fuzz.adapter import missing_capabilities
 from fuzz.adapter import _engine_plan
 from fuzz.adapter._engine_plan import InvalidLayout, plan_engine, planned_layout
 from fuzz.model import ENGINE_REACHABLE, SCHEDULER_API, SchedulerDraw
@@ -40,6 +40,7 @@ pytestmark = pytest.mark.skipif(
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "strategies"))
 from _engine_reference import MAX_MODEL_LEN, NUM_BLOCKS, summary  # noqa: E402
+from tests.support.harnesses import harness_of
 
 # The named configurations whose real layers build on the meta device here
 # (Qwen3-Next's GDN layer asks the platform for a device; GPT-OSS's sink
@@ -104,7 +105,7 @@ def test_every_named_configuration_plans_and_builds(name: str) -> None:
     too) plans, and the harness's scheduler holds exactly the plan."""
     engine = named_engine_models()[name]
     layout = dataclasses.replace(planned_layout(engine), num_blocks=NUM_BLOCKS, max_model_len=MAX_MODEL_LEN)
-    harness = SchedulerHarness(SchedulerDraw(layout=layout, engine=engine))
+    harness = harness_of(layout, engine=engine)
     plan = plan_engine(engine, num_blocks=NUM_BLOCKS, max_model_len=MAX_MODEL_LEN)
     assert [g.kv_cache_spec for g in harness.kv_cache_config.kv_cache_groups] == [
         g.kv_cache_spec for g in plan.kv_config.kv_cache_groups
@@ -184,7 +185,7 @@ _NEMOTRON_TWO_FA = dict(
 
 def _harness(engine):  # type: ignore[no-untyped-def]
     layout = dataclasses.replace(planned_layout(engine), num_blocks=NUM_BLOCKS, max_model_len=MAX_MODEL_LEN)
-    return SchedulerHarness(SchedulerDraw(layout=layout, engine=engine))
+    return harness_of(layout, engine=engine)
 
 
 def test_engine_full_attention_groups_are_looked_up_together() -> None:

@@ -33,6 +33,7 @@ from hypothesis import settings
 from fuzz.hunting import without_module_constants
 from fuzz.runners import scheduler as runner
 from fuzz.targets import target_scheduler
+from tests.support.harnesses import harness_of
 
 MIN_TRUNCATION = 0.30
 MIN_FALLBACK = 0.10
@@ -206,12 +207,10 @@ def test_a_prefill_cadence_holds_prefills_back_and_is_labelled() -> None:
     prompt prefills on one executed step in three (chunks of 7 then 5, with
     two decode-only steps between), and those steps carry the reach label
     (the machine draws a cadence for one configuration in four)."""
-    from fuzz.adapter import SchedulerHarness
-    from fuzz.model import LayoutDraw, SchedulerDraw, SpecDraw
+    from fuzz.model import LayoutDraw, SpecDraw
 
     layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=64)
-    harness = SchedulerHarness(SchedulerDraw(layout=layout, max_num_batched_tokens=8, max_num_seqs=4,
-                                             prefill_schedule_interval=3))
+    harness = harness_of(layout, batch=8, seqs=4, prefill_schedule_interval=3)
     harness.add_request(tuple(range(6)), max_tokens=20)
     for _ in range(3):
         harness.step()

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from hypothesis import HealthCheck, Phase, find, settings
 
 from fuzz import adapter
-from fuzz.model import SchedulerDraw
 from fuzz.repro.truncation import _spec_code
 from fuzz.spec_guard import guard_findings
 from fuzz.model import CLASSIFIED, Behaviour, Classification, Param, Span, behaviour_of
+from tests.support.harnesses import harness_of
 from strategies.specs import drawable_kinds, kv_cache_layouts
 
 ROW = Classification(
@@ -62,7 +62,7 @@ def test_one_row_makes_a_new_spec_type_drawn_built_and_classified() -> None:
         assert type(spec) is cls and spec.sliding_window == window
         harness = adapter.ManagerHarness(layout)
         assert [g.spec_class for g in harness.groups].count(qualname) == 1
-        sched = adapter.SchedulerHarness(SchedulerDraw(layout))
+        sched = harness_of(layout)
         assert ("sliding_window", window) in sched.spans
 
         # Printed for a repro with the same arguments.

@@ -72,11 +72,11 @@ def test_with_suppression_off_the_scheduler_tier_reports_a_known_bug(monkeypatch
     switch off (what the bench relies on to time the scheduler-tier bugs)."""
     from fuzz import adapter
     from fuzz.runners.scheduler import triage
-    from tests.known_bugs.test_known_vllm_bugs_scheduler import _shared_partial_hit_step
+    from tests.known_bugs.runs import shared_partial_hit_step
 
     if not known_bugs.known_bug("same-step-cow-chain").affects(adapter.VLLM_VERSION):
         pytest.skip(f"vLLM {adapter.VLLM_VERSION} has no same-step copy-on-write chain")
-    step = _shared_partial_hit_step(2)
+    step = shared_partial_hit_step(2)
     assert triage(step) == ([], ["same-step-cow-chain"])
     monkeypatch.setenv(known_bugs.SUPPRESS_ENV, "report")
     unknown, known = triage(step)

@@ -174,12 +174,12 @@ def test_replay_answers_bad_input_with_one_line_and_exit_2(tmp_path: Path, capsy
 
 
 def _recorded_scheduler_finding(tmp_path: Path, bug: str):  # type: ignore[no-untyped-def]
-    """A planted bug's fixed run (tests/invariants/test_scheduler_planted.py),
+    """A planted bug's fixed run (tests/invariants/planted_cases.py),
     its violation recorded as a campaign worker records it: the violation and
     the sidecar returned."""
     from fuzz.campaign.findings import Findings
     from fuzz.model import InvariantViolation
-    from tests.invariants.test_scheduler_planted import FIXED_CASES
+    from tests.invariants.planted_cases import FIXED_CASES
 
     check, run = next((c, r) for c, _, b, r, _ in FIXED_CASES if b == bug)
     with adapter.planted_scheduler_bug(bug):
