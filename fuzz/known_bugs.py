@@ -191,7 +191,8 @@ class KnownBug:
     bench_note: str = ""
     # A planted bug (fuzz/adapter/_planted.py) breaking one of its signatures'
     # claims in another group, state or call: a campaign with it planted must
-    # report it as new and still set this bug aside (tests/findings/test_known_bug_siblings.py).
+    # report it as new and still set this bug aside (one case per entry:
+    # tests/findings/test_siblings_beside_real_bugs.py).
     sibling: str = ""
 
     def affects(self, version: str) -> bool:

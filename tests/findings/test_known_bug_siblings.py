@@ -26,8 +26,7 @@ from invariants.stranded import (
     STRANDED_BEHIND_PLACEHOLDERS_AFTER_FAILED_LOAD,
     STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD,
 )
-from tests.known_bugs.runs import FULL_PROMPT_ASYNC_LOAD
-from tests.support.harnesses import harness_of
+from tests.known_bugs.runs import FULL_PROMPT_ASYNC_LOAD, reset_running, rolled_back_over_a_step_in_flight
 
 VERSION = adapter.VLLM_VERSION
 WHOLE_LOAD = "full-prompt-async-load-replays-outside-window"
@@ -178,27 +177,6 @@ def test_copy_source_ready_sets_aside_only_the_full_attention_chain_across_reque
         assert known == ["same-step-cow-chain"] and rest is not None and rest.instances == (other,), rest
 
 
-def _rolled_back_over_a_step_in_flight(kind: str) -> list[StepObservation]:
-    """Async scheduling, a lone ``kind`` group of 4-token blocks, 8-token
-    chunks, policy "recompute": a 13-token request whose 1-token synchronous
-    load fails is rolled back over the step in flight and recomputed to its
-    end (the pin of mamba-rollback-over-in-flight-step, on any group)."""
-    from fuzz.model import ExternalReply, LayoutDraw, SpecDraw
-
-    layout = LayoutDraw((SpecDraw(kind, 4),), hash_block_size=4, num_blocks=7)
-    harness = harness_of(layout, batch=8, seqs=1, kv_load_failure_policy="recompute", async_scheduling=True)
-    rid = harness.add_request(range(13), max_tokens=1, reply=ExternalReply("store", store_len=1))
-    harness.fail_next_sync_loads()
-    steps = []
-    for _ in range(8):
-        steps.append(harness.step(context="a failed 1-token load, rolled back over the step in flight"))
-        # A planted free breaks the pool for later steps: stop at its error.
-        if steps[-1].error is not None or (rid not in harness.live_request_ids and harness.is_idle()):
-            break
-    assert harness.invalid_blocks_reported, "the load did not fail"
-    return steps
-
-
 def _triaged(steps: list[StepObservation], check: object) -> tuple[list[InvariantViolation], list[str]]:
     unknown: list[InvariantViolation] = []
     known: list[str] = []
@@ -219,44 +197,20 @@ def test_a_failed_block_freed_by_the_rollback_is_new_beside_the_rollback_over_a_
     to the full-attention instance."""
     from invariants.ownership import WHERE_ROLLED_BACK, check_read_blocks_held
 
-    assert _triaged(_rolled_back_over_a_step_in_flight("FullAttentionSpec"), check_read_blocks_held) == ([], [])
+    assert _triaged(rolled_back_over_a_step_in_flight("FullAttentionSpec"), check_read_blocks_held) == ([], [])
     real_bug = "mamba-rollback-over-in-flight-step"
-    assert _triaged(_rolled_back_over_a_step_in_flight("MambaSpec"), check_read_blocks_held) == ([], [real_bug])
+    assert _triaged(rolled_back_over_a_step_in_flight("MambaSpec"), check_read_blocks_held) == ([], [real_bug])
     with planted_scheduler_bug("rollback_frees_failed_block"):
-        unknown, known = _triaged(_rolled_back_over_a_step_in_flight("FullAttentionSpec"), check_read_blocks_held)
+        unknown, known = _triaged(rolled_back_over_a_step_in_flight("FullAttentionSpec"), check_read_blocks_held)
         assert known == [], known
         assert [(v.invariant, v.where, [(i.group_kind, i.state) for i in v.instances]) for v in unknown[:1]] == [
             ("read-blocks-held", WHERE_ROLLED_BACK, [("FullAttentionSpec", own.READ_NOT_HELD)])], unknown
-        assert _triaged(_rolled_back_over_a_step_in_flight("MambaSpec"), check_read_blocks_held) == ([], [real_bug])
+        assert _triaged(rolled_back_over_a_step_in_flight("MambaSpec"), check_read_blocks_held) == ([], [real_bug])
     (sibling,) = unknown[0].instances
     real = Instance(own.ROLLED_BACK_IN_FLIGHT, "MambaSpec", 0, ("r1",), ())
     both = InvariantViolation("read-blocks-held", "both", where=WHERE_ROLLED_BACK, instances=(real, sibling))
     known, rest = sort_out(both, VERSION)
     assert known == [real_bug] and rest is not None and rest.instances == (sibling,), rest
-
-
-def _reset_running(*, async_scheduling: bool, async_load: bool) -> StepObservation:
-    """One full-attention group, the scripted connector in its kv_both role:
-    either (async scheduling) a request decoding with a step in flight, or
-    (synchronous) a request whose async load is in flight; the prefix cache
-    is then reset with reset_running_requests. The step the reset precedes."""
-    from fuzz.model import ExternalReply, LayoutDraw, SpecDraw
-
-    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17)
-    harness = harness_of(layout, batch=32, seqs=2, async_scheduling=async_scheduling, kv_role="kv_both")
-    if async_load:
-        harness.add_request(range(13), max_tokens=2, reply=ExternalReply("store", store_len=8, load_async=True))
-        steps = 1
-    else:
-        harness.add_request(range(13), max_tokens=6)
-        steps = 2
-    for _ in range(steps):
-        step = harness.step(context="before the reset")
-        assert step.error is None, step.error
-    harness.reset_prefix_cache(reset_running=True)
-    step = harness.step(context="the reset")
-    assert step.error is not None, "the reset raised nothing"
-    return step
 
 
 def test_another_raise_in_the_running_reset_is_new_beside_the_deferred_frees() -> None:
@@ -268,12 +222,12 @@ def test_another_raise_in_the_running_reset_is_new_beside_the_deferred_frees() -
     from invariants.scheduler import check_no_exception_escapes
 
     real_bug = "reset-running-fails-on-deferred-frees"
-    assert triage(_reset_running(async_scheduling=True, async_load=False), (check_no_exception_escapes,)) == (
+    assert triage(reset_running(async_scheduling=True, async_load=False), (check_no_exception_escapes,)) == (
         [], [real_bug])
     with planted_scheduler_bug("reset_preempts_loading_requests"):
-        assert triage(_reset_running(async_scheduling=True, async_load=False), (check_no_exception_escapes,)) == (
+        assert triage(reset_running(async_scheduling=True, async_load=False), (check_no_exception_escapes,)) == (
             [], [real_bug])
-        unknown, known = triage(_reset_running(async_scheduling=False, async_load=True), (check_no_exception_escapes,))
+        unknown, known = triage(reset_running(async_scheduling=False, async_load=True), (check_no_exception_escapes,))
     assert known == [], known
     assert [(v.invariant, v.where, v.exception, v.frames[0].rsplit(":", 1)[-1]) for v in unknown] == [
         ("no-exception", "Scheduler.reset_prefix_cache", "AssertionError", "Scheduler._preempt_request")], unknown

@@ -14,27 +14,14 @@ from __future__ import annotations
 import pytest
 
 from fuzz.adapter import planted_scheduler_bug
-from fuzz.model import LayoutDraw, SpecDraw
 from fuzz.runners.scheduler import triage
 from invariants.scheduler import check_no_exception_escapes
-from tests.support.harnesses import harness_of
-
-
-def _three_decoding_requests() -> list:
-    """Three 2-token prompts, ngram k=3 with every draft accepted: from the
-    second step all three decode with 1 + 3 tokens each against a budget of
-    6, so the second request's drafts are cut to one."""
-    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=40)
-    harness = harness_of(layout, batch=6, seqs=3, speculative_method="ngram", num_speculative_tokens=3,
-                         draft_acceptance=(3,))
-    for i in range(3):
-        harness.add_request(tuple(range(10 * i, 10 * i + 2)), max_tokens=8)
-    return harness.drain()
+from tests.known_bugs.runs import three_decoding_requests
 
 
 def test_a_new_assert_in_schedule_is_reported_as_new() -> None:
     with planted_scheduler_bug("drafts_never_cut"):
-        steps = _three_decoding_requests()
+        steps = three_decoding_requests()
     failing = [s for s in steps if s.error]
     assert failing, "the planted assert never fired"
     unknown, known = triage(failing[0], (check_no_exception_escapes,))
@@ -45,7 +32,7 @@ def test_a_new_assert_in_schedule_is_reported_as_new() -> None:
 
 
 def test_control_the_same_run_passes_on_unmodified_vllm() -> None:
-    steps = _three_decoding_requests()
+    steps = three_decoding_requests()
     for step in steps:
         check_no_exception_escapes(step)
 

@@ -42,47 +42,24 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import KNOWN_BUGS
-from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SpecDraw, StepObservation
+from fuzz.model import InvariantViolation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.connector import check_failed_load_not_cached
 from tests.known_bugs._pin import known_vllm_bug
-from tests.support.harnesses import harness_of
+from tests.known_bugs.runs import ABORTED_LOAD_PROMPT, failing_sync_load
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
-
-PROMPT = tuple(range(12))
-
-
-def _harness() -> SchedulerHarness:
-    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=1, num_blocks=19)
-    return harness_of(layout, batch=16, seqs=2, kv_load_failure_policy="fail")
-
-
-def _failed_load(*, aborted: bool) -> tuple[SchedulerHarness, StepObservation]:
-    """12 tokens, one FullAttention group of block 4; the connector answers 8
-    from 0 (a synchronous load of [0, 8)), the load fails block by block, and
-    with ``aborted`` the client aborts while the model runs that step."""
-    harness = _harness()
-    harness.add_request(PROMPT, max_tokens=2, reply=ExternalReply("store", store_len=8))
-    if aborted:
-        harness.abort("r0", during_step=True)
-    harness.fail_next_sync_loads()
-    step = harness.step(context="sync load of [0, 8) fails" + (", r0 aborted during the step" if aborted else ""))
-    (load,) = step.failed_loads
-    assert load.how == "invalid_block_ids" and load.failed_block_ids != ((),), load
-    return harness, step
 
 
 @known_vllm_bug("vLLM: invalid blocks of a request aborted during its failing sync load stay in the prefix cache")
 def test_invalid_blocks_of_an_aborted_request_leave_the_cache() -> None:
-    _, step = _failed_load(aborted=True)
+    _, step = failing_sync_load(aborted=True)
     check_failed_load_not_cached(step)
 
 
 def test_control_without_the_abort_the_invalid_blocks_are_evicted() -> None:
-    _, step = _failed_load(aborted=False)
+    _, step = failing_sync_load(aborted=False)
     check_failed_load_not_cached(step)
     (load,) = step.failed_loads
     assert load.status_after == "FINISHED_ERROR", load
@@ -91,9 +68,9 @@ def test_control_without_the_abort_the_invalid_blocks_are_evicted() -> None:
 def test_the_next_request_on_the_prefix_adopts_the_unloaded_blocks() -> None:
     """The consequence: the same prompt again, with no external answer, is
     admitted with a local hit on exactly the blocks whose load failed."""
-    harness, step = _failed_load(aborted=True)
+    harness, step = failing_sync_load(aborted=True)
     (load,) = step.failed_loads
-    harness.add_request(PROMPT, max_tokens=1, request_id="r1")
+    harness.add_request(ABORTED_LOAD_PROMPT, max_tokens=1, request_id="r1")
     (admission,) = [a for s in harness.drain(context="same prompt again") for a in s.admissions if a.request_id == "r1"]
     assert admission.local_hit >= 4 and admission.num_computed_tokens == admission.local_hit, admission.describe()
     adopted = set(admission.local_blocks[0])
@@ -101,7 +78,7 @@ def test_the_next_request_on_the_prefix_adopts_the_unloaded_blocks() -> None:
 
 
 def test_the_failure_is_the_registered_known_bug() -> None:
-    _, step = _failed_load(aborted=True)
+    _, step = failing_sync_load(aborted=True)
     with pytest.raises(InvariantViolation) as caught:
         check_failed_load_not_cached(step)
     (bug,) = [b for b in KNOWN_BUGS if b.shows_in_every(caught.value)]

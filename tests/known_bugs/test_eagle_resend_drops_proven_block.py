@@ -54,37 +54,23 @@ from fuzz.model import LayoutDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.hits import check_hit_matches_index
 from tests.known_bugs._pin import known_vllm_bug, shown_as
+from tests.known_bugs.runs import eagle_resend
 from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
 
-def _resend(*specs: SpecDraw):
-    """A 12-token prompt sent twice, one after the other, on ``specs``
-    (4-token blocks) under an async EAGLE drafter (k = 2); returns the
-    second lookup's admission."""
-    layout = LayoutDraw(specs, hash_block_size=4, num_blocks=65)
-    harness = harness_of(layout, batch=32, seqs=2, model_runner="v1", async_scheduling=True,
-                         speculative_method="eagle", num_speculative_tokens=2, draft_acceptance=(1,))
-    seen = []
-    for _ in range(2):
-        rid = harness.add_request(range(12), max_tokens=2)
-        seen += [a for a in harness.step().admissions if a.request_id == rid]
-        harness.drain()
-    return seen[-1]
-
-
 def test_the_hybrid_coordinator_keeps_the_block_the_next_one_proves() -> None:
     """The control: full attention beside a sliding window (the hybrid
     coordinator) holds all three blocks in both groups and hits 8."""
-    adm = _resend(SpecDraw("FullAttentionSpec", 4), SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 8),)))
+    adm = eagle_resend(SpecDraw("FullAttentionSpec", 4), SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 8),)))
     check_hit_matches_index(adm)
     assert adm.index_hold == ((4, 8, 12), (4, 8, 12)) and adm.local_hit == 8, adm.describe()
 
 
 @known_vllm_bug("vLLM bug eagle-resend-drops-proven-block (fuzz/known_bugs.py)")
 def test_a_single_group_keeps_the_block_the_next_one_proves() -> None:
-    adm = _resend(SpecDraw("FullAttentionSpec", 4))
+    adm = eagle_resend(SpecDraw("FullAttentionSpec", 4))
     assert adm.index_hold == ((4, 8, 12),) and adm.hit_drops == (4,), adm.describe()
     with shown_as("eagle-resend-drops-proven-block"):
         check_hit_matches_index(adm)

@@ -49,35 +49,18 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.adapter import ManagerHarness
-from fuzz.model import AdmissionObservation, EagleDraw, LayoutDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.hits import check_hit_matches_index
 from tests.known_bugs._pin import known_vllm_bug, shown_as
+from tests.known_bugs.runs import lookup_after_a_shrink
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
-
-GROUPS = (SpecDraw("FullAttentionSpec", 4), SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 8),)),
-          SpecDraw("MambaSpec", 4))
-
-
-def _lookup(draft_groups: tuple[int, ...]) -> AdmissionObservation:
-    """Cache an 8-token prompt, then a 24-token one over it (Mamba states at
-    8 and 24), evict the window group's entry at 12, and look a 30-token
-    request over the 24 up; the lookup, as the hit-length claim sees it."""
-    harness = ManagerHarness(LayoutDraw(GROUPS, hash_block_size=4, num_blocks=97), EagleDraw(draft_groups))
-    prefix = list(range(24))
-    harness.prefill(prefix[:8])
-    harness.prefill(prefix)
-    tokens = [*prefix, *range(900, 906)]
-    harness.evict_entry(tokens, 12, group=1)
-    return harness.admission(tokens)
 
 
 def test_with_the_draft_groups_annotated_the_hit_is_proven() -> None:
     """The control: Mamba does not drop, its shrink clears the window's
     verification, and the window's second lookup drops again: 0."""
-    adm = _lookup((0, 1))
+    adm = lookup_after_a_shrink((0, 1))
     assert adm.index_hold == ((4, 8, 12, 16, 20, 24), (4, 8, 16, 20, 24), (8, 24)), adm.describe()
     check_hit_matches_index(adm)
     assert adm.local_hit == 0, adm.describe()
@@ -85,7 +68,7 @@ def test_with_the_draft_groups_annotated_the_hit_is_proven() -> None:
 
 @known_vllm_bug("vLLM bug eagle-verification-survives-shrink (fuzz/known_bugs.py)")
 def test_a_window_group_proves_the_hit_it_keeps() -> None:
-    adm = _lookup(())
+    adm = lookup_after_a_shrink(())
     assert adm.index_hold == ((4, 8, 12, 16, 20, 24), (4, 8, 16, 20, 24), (8, 24)), adm.describe()
     assert adm.hit_drops == (4, 4, 0), adm.describe()
     with shown_as("eagle-verification-survives-shrink"):

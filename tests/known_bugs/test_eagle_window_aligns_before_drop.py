@@ -41,45 +41,25 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.model import LayoutDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.hits import check_hit_matches_index
 from tests.known_bugs._pin import known_vllm_bug, shown_as
-from tests.support.harnesses import harness_of
+from tests.known_bugs.runs import eagle_window_second_lookup
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
-
-
-def _second_lookup(window: int):
-    """r0 (17 tokens) then r1 (r0's and 4 more), one after the other, on
-    full attention (8-token blocks) beside a ``window``-token sliding window
-    (4-token blocks) under an async EAGLE drafter (k = 2); r1's admission."""
-    layout = LayoutDraw(
-        (SpecDraw("FullAttentionSpec", 8), SpecDraw("SlidingWindowSpec", 4, (("sliding_window", window),))),
-        hash_block_size=4,
-        num_blocks=65,
-    )
-    harness = harness_of(layout, batch=32, seqs=2, model_runner="v1", async_scheduling=True,
-                         speculative_method="eagle", num_speculative_tokens=2, draft_acceptance=(1,))
-    seen = []
-    for prompt in (range(17), range(21)):
-        rid = harness.add_request(prompt, max_tokens=2)
-        seen += [a for a in harness.step().admissions if a.request_id == rid]
-        harness.drain()
-    return seen[-1]
 
 
 def test_a_window_whose_search_finds_its_run_serves_the_hit() -> None:
     """The control: an 8-token window needs three blocks with the EAGLE
     block, the search finds them, and r1 hits 8."""
-    adm = _second_lookup(8)
+    adm = eagle_window_second_lookup(8)
     check_hit_matches_index(adm)
     assert adm.local_hit == 8, adm.describe()
 
 
 @known_vllm_bug("vLLM bug eagle-window-aligns-before-drop (fuzz/known_bugs.py)")
 def test_a_window_longer_than_the_prefix_serves_the_hit() -> None:
-    adm = _second_lookup(64)
+    adm = eagle_window_second_lookup(64)
     assert adm.index_hold == ((8, 16), (4, 8, 12)) and adm.hit_drops == (8, 4), adm.describe()
     with shown_as("eagle-window-aligns-before-drop"):
         check_hit_matches_index(adm)

@@ -53,13 +53,10 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import SUPPRESS_ENV
-from fuzz.model import ExternalReply, LayoutDraw, SpecDraw
-from fuzz.runners.scheduler import ALL_CHECKS, Stepper
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from tests.known_bugs._pin import known_vllm_bug, shown_as
-from tests.support.harnesses import harness_of
+from tests.known_bugs.runs import failed_async_load, rolled_back_below_an_image
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
@@ -70,33 +67,10 @@ def _report_known_bugs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SUPPRESS_ENV, "report")
 
 
-def _harness(num_blocks: int) -> SchedulerHarness:
-    """Full attention of 4-token blocks, one request at a time, 4 tokens a
-    step, a connector whose failed loads are recomputed."""
-    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=num_blocks)
-    return harness_of(layout, batch=4, seqs=1, kv_load_failure_policy="recompute", connector=True)
-
-
-def _failed_async_load(num_blocks: int) -> None:
-    """A 13-token prompt is computed and cached; then a 25-token prompt
-    sharing its first 12 tokens loads the rest asynchronously, and the load
-    is reported failed. Every step is checked with every claim (nothing
-    set aside)."""
-    harness = _harness(num_blocks)
-    stepper = Stepper(harness, ALL_CHECKS)
-    harness.add_request([*range(12), 900], max_tokens=1, reply=ExternalReply("store", store_len=12))
-    stepper.drain()
-    harness.fail_next_async_loads()
-    harness.add_request([*range(17), *range(500, 508)], max_tokens=1,
-                        reply=ExternalReply("store", store_len=25, load_async=True))
-    stepper.drain()
-    assert not harness.live_request_ids
-
-
 def test_a_failed_async_load_on_a_roomy_pool_is_recomputed() -> None:
     """The control: with 24 free blocks the stale reservation (7) still
     leaves room for the request's own 7, and it runs to its end."""
-    _failed_async_load(25)
+    failed_async_load(25)
 
 
 @known_vllm_bug("vLLM 0.33.0: a request whose async load failed keeps its reservation in _inflight_prefills "
@@ -105,24 +79,13 @@ def test_a_failed_async_load_is_recomputed_on_a_pool_that_holds_it() -> None:
     """12 free blocks hold the request's 7, but not 7 more for its own
     stale reservation."""
     with shown_as("failed-async-load-keeps-own-reservation"):
-        _failed_async_load(13)
-
-
-def _rolled_back_below_an_image(images: tuple[tuple[str, int, int], ...]) -> None:
-    """A 7-token prompt whose synchronous load of the whole prompt is
-    reported failed (recompute): the request is rolled back to token 0."""
-    harness = _harness(13)
-    stepper = Stepper(harness, ALL_CHECKS)
-    harness.fail_next_sync_loads()
-    harness.add_request(range(7), max_tokens=1, reply=ExternalReply("store", store_len=7), mm=images)
-    stepper.drain()
-    assert not harness.live_request_ids
+        failed_async_load(13)
 
 
 def test_a_rollback_below_one_image_is_recomputed() -> None:
     """The control: one image (positions 4-6) fits the encoder cache beside
     nothing else, and the request runs to its end."""
-    _rolled_back_below_an_image((("image-b", 4, 3),))
+    rolled_back_below_an_image((("image-b", 4, 3),))
 
 
 @known_vllm_bug("vLLM 0.33.0: a failed-load rollback below an image keeps the later image's encoder output, "
@@ -132,4 +95,4 @@ def test_a_rollback_below_two_images_is_recomputed() -> None:
     loaded the prompt computed image b for position 6; rolled back to 0, the
     request needs image a, which has no room beside image b."""
     with shown_as("encoder-output-held-past-failed-load-rollback"):
-        _rolled_back_below_an_image((("image-a", 1, 3), ("image-b", 4, 3)))
+        rolled_back_below_an_image((("image-a", 1, 3), ("image-b", 4, 3)))

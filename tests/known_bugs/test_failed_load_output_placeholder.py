@@ -52,63 +52,44 @@ fuzz/known_bugs.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 import pytest
 
 from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import KNOWN_BUGS
-from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SpecDraw, StepObservation
+from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.contents import check_index_names_its_prefix, check_reads_written
-from invariants.scheduler import check_kv_matches_tokens, check_running_requests_progress
+from invariants.scheduler import check_kv_matches_tokens
 from tests.known_bugs._pin import known_vllm_bug
+from tests.known_bugs.runs import serve_failed_sync_load
 from tests.support.harnesses import harness_of
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
 
-def _serve(
-    *, async_scheduling: bool, max_tokens: int, check: Callable[[StepObservation], None] = check_running_requests_progress
-) -> SchedulerHarness:
-    """One FullAttention group (block 4), recompute policy, V1 runner: a
-    16-token prompt the store holds, loaded synchronously (15 tokens), the
-    load failing block by block; stepped until it finishes, ``check`` run
-    on every step (the liveness check raises once the request is stranded)."""
-    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=16)
-    harness = harness_of(layout, batch=8, seqs=1, kv_load_failure_policy="recompute", model_runner="v1",
-                         async_scheduling=async_scheduling)
-    harness.add_request(list(range(16)), max_tokens=max_tokens, reply=ExternalReply("store", store_len=16))
-    harness.fail_next_sync_loads()
-    for _ in range(12):
-        check(harness.step(context=f"sync load of 15 tokens fails, recompute, max_tokens={max_tokens}"))
-        if harness.is_idle():
-            return harness
-    raise AssertionError("neither finished nor stranded in 12 steps")
-
-
 @known_vllm_bug("vLLM: a failed sync load's output placeholder survives the recompute (issue 45138)")
 def test_a_recomputed_request_is_scheduled_until_it_finishes() -> None:
-    _serve(async_scheduling=True, max_tokens=1)
+    serve_failed_sync_load(async_scheduling=True, max_tokens=1)
 
 
 @pytest.mark.parametrize(("async_scheduling", "max_tokens"), [(False, 1), (True, 2)])
 def test_controls_finish(async_scheduling: bool, max_tokens: int) -> None:
-    assert _serve(async_scheduling=async_scheduling, max_tokens=max_tokens).is_idle()
+    assert serve_failed_sync_load(async_scheduling=async_scheduling, max_tokens=max_tokens).is_idle()
 
 
 def test_the_stranded_request_is_the_registered_known_bug() -> None:
     with pytest.raises(InvariantViolation) as caught:
-        _serve(async_scheduling=True, max_tokens=1)
+        serve_failed_sync_load(async_scheduling=True, max_tokens=1)
     assert caught.value.where == "AsyncScheduler._update_after_schedule", caught.value.where
     (bug,) = [b for b in KNOWN_BUGS if b.shows_in_every(caught.value)]
     assert bug.id == "failed-sync-load-recompute-keeps-output-placeholder"
 
 
 def _serve_checking_contents(*, async_scheduling: bool) -> SchedulerHarness:
-    """:func:`_serve` with ``max_tokens=3`` (the request finishes), every
+    """:func:`serve_failed_sync_load` with ``max_tokens=3`` (the request finishes), every
     step checked by ``kv-matches-tokens``."""
-    return _serve(async_scheduling=async_scheduling, max_tokens=3, check=check_kv_matches_tokens)
+    return serve_failed_sync_load(async_scheduling=async_scheduling, max_tokens=3, check=check_kv_matches_tokens)
 
 
 @known_vllm_bug(
@@ -177,12 +158,12 @@ def test_the_sharers_other_token_is_the_registered_known_bug() -> None:
 
 
 def _serve_checking_the_index(*, async_scheduling: bool) -> SchedulerHarness:
-    """:func:`_serve` with ``max_tokens=6``: the request runs past position
+    """:func:`serve_failed_sync_load` with ``max_tokens=6``: the request runs past position
     19, so the block holding positions 16-19 (position 16 computed from the
     token vLLM discarded) fills and enters the prefix-cache index, under the
     key of the tokens vLLM records. Every step is checked by
     ``index-names-its-prefix``."""
-    return _serve(async_scheduling=async_scheduling, max_tokens=6, check=check_index_names_its_prefix)
+    return serve_failed_sync_load(async_scheduling=async_scheduling, max_tokens=6, check=check_index_names_its_prefix)
 
 
 @known_vllm_bug(

@@ -38,47 +38,24 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.model import ExternalReply, LayoutDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.hits import check_hit_matches_index
 from tests.known_bugs._pin import known_vllm_bug, shown_as
-from tests.support.harnesses import harness_of
+from tests.known_bugs.runs import third_admission_past_hybrid_hit
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
-
-SHARED = tuple(7 * i for i in range(96))  # r0 shares the first 84 with r2, r1 all 96
-
-
-def _third_admission(second_block: int):
-    """The shrunk program, with the second full-attention group's block size
-    ``second_block``; returns r2's admission."""
-    layout = LayoutDraw(
-        (SpecDraw("FullAttentionSpec", 8), SpecDraw("MambaSpec", 4), SpecDraw("FullAttentionSpec", second_block)),
-        hash_block_size=1,
-        num_blocks=163,
-    )
-    harness = harness_of(layout, batch=48, seqs=2, divergent_hits=False, kv_load_failure_policy="fail",
-                         model_runner="v2", async_scheduling=True)
-    harness.add_request(SHARED[:84] + (3064, 3065), max_tokens=1, reply=ExternalReply("store", store_len=86))
-    harness.step()
-    harness.add_request(SHARED + (3128, 3129), max_tokens=1)
-    r2 = harness.add_request(SHARED + (3128, 3129, 4128), max_tokens=1, reply=ExternalReply("store", store_len=99))
-    harness.step()
-    (adm,) = [a for a in harness.step(context=f"second full-attention group of block {second_block}").admissions
-              if a.request_id == r2]
-    return adm
 
 
 def test_a_second_group_whose_blocks_end_at_the_hit_serves_it() -> None:
     """The control: with 16-token blocks the second group holds a whole block
     ending at 80, and r2 hits 80."""
-    adm = _third_admission(16)
+    adm = third_admission_past_hybrid_hit(16)
     check_hit_matches_index(adm)
     assert adm.local_hit == 80, adm.describe()
 
 
 @known_vllm_bug("vLLM bug full-block-past-hybrid-hit-unused (fuzz/known_bugs.py)")
 def test_a_cached_full_block_serves_a_hit_inside_it() -> None:
-    adm = _third_admission(12)
+    adm = third_admission_past_hybrid_hit(12)
     with shown_as("full-block-past-hybrid-hit-unused"):
         check_hit_matches_index(adm)

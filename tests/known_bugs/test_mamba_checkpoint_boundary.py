@@ -27,59 +27,32 @@ the registry entry in fuzz/known_bugs.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 import pytest
 
-from fuzz.adapter import SchedulerHarness
 from fuzz.known_bugs import KNOWN_BUGS
-from fuzz.model import InvariantViolation, LayoutDraw, SpecDraw, StepObservation
+from fuzz.model import InvariantViolation
 from fuzz.targets.target_scheduler import UNSUPPORTED
-from invariants.contents import check_index_written, check_reads_written
+from invariants.contents import check_reads_written
 from tests.known_bugs._pin import known_vllm_bug
-from tests.support.harnesses import harness_of
+from tests.known_bugs.runs import checkpointed_prompts
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
-
-_SECOND = [*range(0, 1000, 7), 1, 8, 15, 22, 29, 36]  # 149 tokens; its first 96 are the first prompt
-
-
-def _serve(*, checkpoints: bool, checks: tuple[Callable[[StepObservation], None], ...] = (
-        check_index_written, check_reads_written)) -> SchedulerHarness:
-    """Full attention and Mamba of 48-token blocks, 4-token hashes (sub-block
-    hits), one sequence at a time, 96-token budget: a 96-token prompt (its
-    partial-tail state at 92 cached), then a 149-token prompt that hits 92
-    tokens and prefills [92, 149) in one chunk, then a prompt sharing its
-    first 100 tokens. Every step is checked by ``checks`` (default
-    ``index-written`` and ``reads-written``)."""
-    extra = (("num_prefill_checkpoint_blocks", 1), ("prefill_checkpoint_alignment", 1)) if checkpoints else ()
-    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 48), SpecDraw("MambaSpec", 48, extra)), hash_block_size=4,
-                        num_blocks=15, max_model_len=150)
-    harness = harness_of(layout, batch=96, seqs=1)
-    for prompt in (list(range(0, 672, 7)), _SECOND, [*_SECOND[:100], *range(5000, 5008)]):
-        harness.add_request(prompt, max_tokens=1)
-        for _ in range(8):
-            step = harness.step(context=f"prefix caching across three prompts, checkpoints={checkpoints}")
-            for check in checks:
-                check(step)
-            if harness.is_idle():
-                break
-    return harness
 
 
 @known_vllm_bug("vLLM: a Mamba2 chunk resuming mid-block runs past the block's end, and the block is cached "
                 "as the state at that end (PR 54076's review, PR 53479)")
 def test_a_cached_mamba_block_holds_the_state_at_its_end() -> None:
-    _serve(checkpoints=True)
+    checkpointed_prompts(checkpoints=True)
 
 
 def test_without_checkpoints_every_cached_state_is_where_its_key_says() -> None:
-    assert _serve(checkpoints=False).is_idle()
+    assert checkpointed_prompts(checkpoints=False).is_idle()
 
 
 def test_the_misplaced_state_is_the_registered_known_bug() -> None:
     with pytest.raises(InvariantViolation) as caught:
-        _serve(checkpoints=True)
+        checkpointed_prompts(checkpoints=True)
     assert caught.value.invariant == "index-written", str(caught.value)
     assert "the first 96 tokens names block" in str(caught.value) and "(92, " in str(caught.value), str(caught.value)
     (bug,) = [b for b in KNOWN_BUGS if b.shows_in_every(caught.value)]
@@ -90,7 +63,7 @@ def test_the_state_read_back_is_the_registered_known_bug() -> None:
     """Checked by reads-written alone: the third request resumes at 96 from
     the block holding the state at 92."""
     with pytest.raises(InvariantViolation) as caught:
-        _serve(checkpoints=True, checks=(check_reads_written,))
+        checkpointed_prompts(checkpoints=True, checks=(check_reads_written,))
     assert "computing from position 96" in str(caught.value), str(caught.value)
     (bug,) = [b for b in KNOWN_BUGS if b.shows_in_every(caught.value)]
     assert bug.id == "mamba-checkpoint-chunk-skips-boundary-state"

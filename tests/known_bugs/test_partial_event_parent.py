@@ -36,31 +36,12 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.model import LayoutDraw, SpecDraw
+from fuzz.model import SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
-from invariants.promises import check_events_chain
 from tests.known_bugs._pin import known_vllm_bug, shown_as
-from tests.support.harnesses import harness_of
+from tests.known_bugs.runs import EVENTS_HYBRID, one_prompt_with_events
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
-
-
-def _one_prompt(groups: tuple[SpecDraw, ...], length: int) -> None:
-    """KV events on, a 4-token hash unit, 16-token blocks: one prompt of
-    ``length`` tokens run to its end, the claim checked after every step
-    (on the step itself: no known bug is set aside here)."""
-    layout = LayoutDraw(groups, hash_block_size=4, num_blocks=33)
-    harness = harness_of(layout, batch=64, seqs=2, kv_events=True)
-    harness.add_request(range(length), max_tokens=3)
-    for _ in range(16):
-        if harness.is_idle():
-            break
-        check_events_chain(harness.step(context=f"one {length}-token prompt"))
-    assert harness.is_idle()
-    assert harness.observer.events is not None and harness.observer.events.events_seen["BlockStored"] >= 1
-
-
-HYBRID = (SpecDraw("FullAttentionSpec", 16), SpecDraw("MambaSpec", 16))
 
 
 @pytest.mark.parametrize("length", [17, 21])
@@ -68,13 +49,13 @@ def test_a_partial_entry_at_a_block_boundary_plus_one_unit_is_chained(length: in
     """The control: a prompt whose last cacheable boundary is a block's (17
     tokens: 16) or one hash unit past it (21 tokens: the partial entry at
     20, its parent the full block's key at 16) publishes every parent first."""
-    _one_prompt(HYBRID, length)
+    one_prompt_with_events(EVENTS_HYBRID, length)
 
 
 def test_full_attention_alone_caches_no_partial_entry() -> None:
     """The control: without fine-grained hits (one full-attention group) the
     same 30-token prompt caches its full block only, its event chained."""
-    _one_prompt((SpecDraw("FullAttentionSpec", 16),), 30)
+    one_prompt_with_events((SpecDraw("FullAttentionSpec", 16),), 30)
 
 
 @known_vllm_bug("vLLM bug partial-event-names-unannounced-parent (fuzz/known_bugs.py)")
@@ -82,4 +63,4 @@ def test_a_partial_entrys_event_hangs_under_an_announced_parent() -> None:
     """30 tokens: the partial entry at 28 names as parent the key at 24,
     which nothing announced."""
     with shown_as("partial-event-names-unannounced-parent"):
-        _one_prompt(HYBRID, 30)
+        one_prompt_with_events(EVENTS_HYBRID, 30)

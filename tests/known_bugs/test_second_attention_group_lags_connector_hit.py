@@ -48,59 +48,27 @@ from __future__ import annotations
 import pytest
 
 from fuzz.known_bugs import KNOWN_BUGS
-from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SpecDraw, StepObservation
+from fuzz.model import InvariantViolation
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.scheduler import check_no_exception_escapes
 from tests.known_bugs._pin import known_vllm_bug
-from tests.support.harnesses import harness_of
+from tests.known_bugs.runs import readmitted_after_a_failed_load
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
-
-PROMPT = list(range(0, 448, 7))  # 64 tokens
-
-
-def _readmitted_after_a_failed_load(divergent_hits: bool) -> StepObservation:
-    """FA(4) + Mamba(4) + FA(16), hash unit 1, a 35-block pool, 32 tokens a
-    step, async scheduling. r0 computes PROMPT; r1 (PROMPT's first 52 tokens
-    and 17 of its own) runs two steps and is aborted, its allocations
-    evicting the block-16 group's cached blocks of PROMPT; r2 (PROMPT again)
-    async-loads what the connector saved of r0, the load fails (recompute),
-    and r2 is admitted again: a local hit of 52 on group 0 only, and 15
-    external tokens from 48."""
-    layout = LayoutDraw(
-        (SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4), SpecDraw("FullAttentionSpec", 16)),
-        hash_block_size=1,
-        num_blocks=35,
-    )
-    harness = harness_of(layout, batch=32, seqs=1, kv_load_failure_policy="recompute", model_runner="v2",
-                         async_scheduling=True, divergent_hits=divergent_hits)
-    harness.add_request(PROMPT, max_tokens=1, reply=ExternalReply())
-    for _ in range(5):
-        harness.step()
-    r1 = harness.add_request(PROMPT[:52] + list(range(3128, 3145)), max_tokens=1, reply=ExternalReply())
-    for _ in range(2):
-        harness.step()
-    harness.abort(r1)
-    r2 = harness.add_request(PROMPT, max_tokens=1, reply=ExternalReply("saved", load_async=True))
-    for _ in range(2):
-        harness.step()
-    harness.fail_async_load(r2)
-    harness.step()
-    return harness.step()
 
 
 @known_vllm_bug("vLLM 0.33.0: a lagging second full-attention group reaches truncate_computed_blocks short of the hit")
 def test_a_lagging_second_attention_group_is_readmitted_without_a_crash() -> None:
-    check_no_exception_escapes(_readmitted_after_a_failed_load(divergent_hits=True))
+    check_no_exception_escapes(readmitted_after_a_failed_load(divergent_hits=True))
 
 
 def test_control_a_connector_without_divergent_hits_reconciles_every_group() -> None:
-    step = _readmitted_after_a_failed_load(divergent_hits=False)
+    step = readmitted_after_a_failed_load(divergent_hits=False)
     check_no_exception_escapes(step)
 
 
 def test_the_crash_is_the_registered_known_bug() -> None:
-    step = _readmitted_after_a_failed_load(divergent_hits=True)
+    step = readmitted_after_a_failed_load(divergent_hits=True)
     with pytest.raises(InvariantViolation) as caught:
         check_no_exception_escapes(step)
     assert caught.value.frames[0].endswith(":KVCacheManager.truncate_computed_blocks"), caught.value.frames

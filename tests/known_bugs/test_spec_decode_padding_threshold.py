@@ -41,39 +41,22 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.model import LayoutDraw, SpecDraw
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from invariants.scheduler import check_no_exception_escapes
 from tests.known_bugs._pin import known_vllm_bug, shown_as
-from tests.support.harnesses import harness_of
+from tests.known_bugs.runs import padded_second_admission
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
-
-PROMPT = tuple(range(9))  # 2 blocks of 4 and 1 token: a hit of 8 = num_tokens - 1
-
-
-def _second_admission(method: str, threshold: int):
-    """One FullAttention group of block 4, no connector hit. r0 computes
-    PROMPT; then r1 (PROMPT again: 8 tokens cached, 1 left) and r2 wait
-    together, so the threshold applies when r1 is padded to 1 + k."""
-    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17)
-    harness = harness_of(layout, batch=16, seqs=2, long_prefill_token_threshold=threshold, speculative_method=method,
-                         num_speculative_tokens=2, draft_acceptance=(0,))
-    harness.add_request(PROMPT, max_tokens=1)
-    harness.drain()
-    harness.add_request(PROMPT, max_tokens=2)
-    harness.add_request(tuple(range(100, 104)), max_tokens=2)
-    return harness.step(context=f"{method}, k=2, long_prefill_token_threshold={threshold}: r1 hits 8 of 9")
 
 
 @pytest.mark.parametrize("method", ["ngram", "eagle"])
 def test_threshold_above_the_padding_is_fine(method: str) -> None:
     """The control: a threshold of 1 + k leaves the padded step whole."""
-    check_no_exception_escapes(_second_admission(method, threshold=3))
+    check_no_exception_escapes(padded_second_admission(method, threshold=3))
 
 
 @known_vllm_bug("vLLM bug spec-decode-padding-cut-by-long-prefill-threshold (fuzz/known_bugs.py)")
 def test_padded_spec_decode_admission_survives_the_threshold() -> None:
-    step = _second_admission("ngram", threshold=2)
+    step = padded_second_admission("ngram", threshold=2)
     with shown_as("spec-decode-padding-cut-by-long-prefill-threshold", step.describe):
         check_no_exception_escapes(step)
