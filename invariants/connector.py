@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from fuzz.model import AdmissionObservation, FailedLoad, GroupInfo, Instance, InvariantViolation, StepObservation
+from fuzz.model import AdmissionObservation, Fact, FailedLoad, GroupInfo, Instance, InvariantViolation, StepObservation
 from fuzz.model import answer_acted_on
 from fuzz.model import cdiv as _cdiv
 from fuzz.model import group_behaviour as _behaviour
@@ -83,20 +83,21 @@ def _fail_admission(
 
 def _fail_step(
     invariant: str, step: StepObservation, message: str, where: str = SCHEDULE, group: GroupInfo | None = None,
-    state: str = "", request: str | None = None,
+    state: str = "", request: str | None = None, facts: tuple[Fact, ...] = (),
 ) -> None:
-    raise _step_violation(invariant, step, message, where, group, state, request)
+    raise _step_violation(invariant, step, message, where, group, state, request, facts)
 
 
 def _step_violation(
     invariant: str, step: StepObservation, message: str, where: str = SCHEDULE, group: GroupInfo | None = None,
-    state: str = "", request: str | None = None,
+    state: str = "", request: str | None = None, facts: tuple[Fact, ...] = (),
 ) -> InvariantViolation:
     """One instance: ``request`` in ``group`` (None: the claim names none)."""
     text = f"{message}\n{step.describe()}"
     kind = None if group is None else group_kind(group)
     instance = Instance(state, kind, None if group is None else group.index, () if request is None else (request,))
-    return InvariantViolation(invariant, text, where=where, group_kind=kind, state=state, instances=(instance,))
+    return InvariantViolation(invariant, text, where=where, group_kind=kind, state=state, instances=(instance,),
+                              facts=facts)
 
 
 def _loads(adm: AdmissionObservation) -> bool:
@@ -282,6 +283,7 @@ def check_meta_built_once(step: StepObservation) -> None:
             step,
             f"schedule() returned after calling build_connector_meta {len(step.connector_metas)} times "
             f"(expected once; {sum(n for _, n in step.num_scheduled.items())} tokens scheduled)",
+            facts=(Fact("connector-meta", (), False, True, after="schedule"),) if not step.connector_metas else (),
         )
 
 
@@ -308,7 +310,9 @@ def check_meta_names_scheduled(step: StepObservation) -> None:
             if meta.already_finished:
                 parts.append(f"names {list(meta.already_finished)}, already reported finished to the connector")
             _fail_step(
-                "meta-names-scheduled", step, "the scheduler output handed to build_connector_meta " + "; ".join(parts)
+                "meta-names-scheduled", step, "the scheduler output handed to build_connector_meta " + "; ".join(parts),
+                facts=tuple(Fact("scheduled", (r, "the output names it neither as a new nor as a cached request"),
+                                 True, False, after="schedule") for r in unnamed),
             )
 
 
@@ -342,6 +346,8 @@ def check_sync_load_announced(step: StepObservation) -> None:
                         if a.request_id not in meta.named or a.request_id not in scheduled
                         else "says has_sync_kv_loads=False"
                     ),
+                    facts=(Fact("sync-loads-flag", (a.request_id, a.num_external_tokens), False, True,
+                                after="schedule"),) if flag_missing else (),
                 )
 
 
@@ -371,6 +377,8 @@ def check_async_load_lands_first(step: StepObservation) -> None:
                 f"{r}: {'allocated this step' if r in started else 'not yet reported finished'}" for r in early
             )
             + ")",
+            facts=tuple(Fact("scheduled", (r, "its async load is in flight"), True, False, after="schedule")
+                        for r in early),
         )
 
 
@@ -392,6 +400,7 @@ def check_finished_once(step: StepObservation) -> None:
                 f"{f.method}({f.request_id}) was called "
                 + (f"again (call #{f.nth} for it)" if f.nth != 1 else f"while the request was {f.status}"),
                 where="Scheduler._free_request",
+                facts=(Fact("finished-calls", (f.request_id, f.method), f.nth, 1),) if f.nth != 1 else (),
             )
     untold = [r for r, told in step.left_scheduler if told == 0]
     if untold:
@@ -400,6 +409,7 @@ def check_finished_once(step: StepObservation) -> None:
             step,
             f"requests {untold} left the scheduler without the connector being told they finished",
             where="Scheduler._free_request",
+            facts=tuple(Fact("finished-calls", (r, "request_finished"), 0, 1) for r in untold),
         )
 
 
@@ -452,6 +462,8 @@ def _recomputed_violations(step: StepObservation) -> Iterator[InvariantViolation
                 where="Scheduler.update_from_output",
                 state=LOAD_FAILURE_NOT_FAILED,
                 request=f.request_id,
+                facts=(Fact("status", (f.request_id, "its load failed under kv_load_failure_policy='fail'"),
+                            f.status_after, "FINISHED_ERROR"),),
             )
         if f.policy == "recompute" and (f.status_after == "FINISHED_ERROR" or f.computed_after > bound):
             why = (
@@ -471,6 +483,9 @@ def _recomputed_violations(step: StepObservation) -> Iterator[InvariantViolation
                 else RESUMED_PAST_FAILED_TOKEN if f.computed_after > f.first_failed_token
                 else RESUMED_INSIDE_LOAD_WITHOUT_STATE,
                 request=f.request_id,
+                facts=(Fact("computed-tokens", (f.request_id, f"its load failed from token {f.first_failed_token} under "
+                                                "kv_load_failure_policy='recompute': " + why), f.computed_after, bound,
+                            "<="),),
             )
 
 
@@ -521,6 +536,9 @@ def _not_cached_violations(step: StepObservation) -> Iterator[InvariantViolation
                 + ("after the report" if f.stage == "reported" else "after the request left WAITING_FOR_REMOTE_KVS"),
                 where=_failed_load_where(f),
                 request=f.request_id,
+                # Each block the failed load was written into carries no hash after the step.
+                facts=tuple(Fact("block-hash", (b, f.request_id, f.how, f.policy), True, False)
+                            for g in f.cached_after for b in g),
             )
 
 

@@ -236,6 +236,9 @@ def _read_fact(step: StepObservation, read: Any) -> Fact | None:
     if own is None or read.group >= len(own.groups) or not read.missing:
         return None
     index = read.missing[0][0] // own.groups[read.group].block_size
+    held = own.table_of(read.request_id)
+    if held is not None and read.block_id in held.tables[read.group]:  # a state group's block: where it sits
+        index = list(held.tables[read.group]).index(read.block_id)
     return Fact("table-block", (read.request_id, read.group, index, read.start, tuple(p for p, _ in read.missing)),
                 read.block_id, read.block_id, "!=", after="schedule")
 
@@ -264,7 +267,18 @@ def _entry_cause(entry: Any) -> tuple[str, str]:
 
 
 def _entries_violations(step: StepObservation) -> Iterator[InvariantViolation]:
-    return _by_cause("index-written", step, step.unbacked_entries, _entry_cause, kinds=True)
+    return _by_cause("index-written", step, step.unbacked_entries, _entry_cause, kinds=True, fact=_unbacked_fact)
+
+
+def _unbacked_fact(entry: Any) -> Fact | None:
+    """The blocks the index files under the entry's key after the step:
+    not the block the harness saw lacking what the key covers."""
+    if not entry.request_id:
+        return None
+    why = (f"block {entry.block_id} does not hold the KV of positions {[p for p, _ in entry.missing]}"
+           + (" (a Mamba block: it must hold the state at the key's end)" if entry.whole_state else ""))
+    return Fact("cached-blocks", (entry.request_id, entry.num_tokens, entry.group, why), (entry.block_id,),
+                (entry.block_id,), "!=")
 
 
 check_index_written.violations = _entries_violations  # type: ignore[attr-defined]
@@ -292,7 +306,17 @@ def _misnamed_violations(step: StepObservation) -> Iterator[InvariantViolation]:
     position from the token vLLM then discarded."""
     return _by_cause("index-names-its-prefix", step, step.misnamed_entries,
                      lambda e: (MISNAMED_AFTER_FAILED_LOAD, _PLACEHOLDERS) if e.recomputed_failed_load
-                     else (MISNAMED_ENTRY, "BlockPool"), kinds=True)
+                     else (MISNAMED_ENTRY, "BlockPool"), kinds=True, fact=_misnamed_fact)
+
+
+def _misnamed_fact(entry: Any) -> Fact:
+    """The blocks the index files under the entry's key after the step:
+    not the block the harness saw written with other KV there."""
+    position, token, (held, written, computed_from) = entry.wrong[0]
+    why = (f"position {position} of block {entry.block_id} holds the KV computed at step {written} from token "
+           f"{computed_from} at position {held}, not from {entry.request_id}'s token {token}")
+    return Fact("cached-blocks", (entry.request_id, entry.num_tokens, entry.group, why), (entry.block_id,),
+                (entry.block_id,), "!=")
 
 
 check_index_names_its_prefix.violations = _misnamed_violations  # type: ignore[attr-defined]

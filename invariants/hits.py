@@ -253,7 +253,28 @@ def check_eviction_order(step: StepObservation) -> None:
         + f"\n{step.describe()}",
         where=EVICTION_WHERE,
         state=EVICTED_OUT_OF_ORDER,
+        facts=_eviction_facts(step, found),
     )
+
+
+def _eviction_facts(step: StepObservation, found: list) -> tuple[Fact, ...]:
+    """Per out-of-order eviction, one block the order puts ahead of it that
+    the step left cached: right after its ``schedule()``, the evicted
+    block's entry must still be there, or that block's gone too. Each as
+    (request, tokens) of the entries (a request's free tells both)."""
+    own = step.ownership
+    taken = {ev.freed.block for ev in step.evictions}
+    facts = []
+    for ev, ahead in found:
+        b = ev.freed
+        kept = [(c, why) for c, why in ahead if c.block not in taken and c.request is not None
+                and c.group == b.group and c.index is not None]
+        if own is None or b.request is None or b.index is None or b.group is None or not kept:
+            continue
+        (c, why), size = kept[0], own.groups[b.group].block_size
+        facts.append(Fact("evicted-before", (b.request, (b.index + 1) * size, c.request, (c.index + 1) * size, b.group,
+                                             b.block, c.block, why), False, True, after="schedule"))
+    return tuple(facts)
 
 
 HIT_CHECKS: tuple[Callable[..., None], ...] = (check_hit_matches_index,)

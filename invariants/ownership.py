@@ -39,8 +39,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Any
 
-from fuzz.model import Instance, InvariantViolation, OwnershipObservation, StepObservation
+from fuzz.model import Fact, Instance, InvariantViolation, OwnershipObservation, StepObservation
 from fuzz.model import cdiv, group_kind, group_name
 
 __all__ = [
@@ -179,6 +180,7 @@ def _held_violations(step: StepObservation) -> Iterator[InvariantViolation]:
             elif not wanted:
                 continue
             problems = []
+            nulls: list[int] = []  # the indices it reads that hold the null block
             unheld: list[int] = []  # the real blocks among them (not null, not past the table)
             for i in wanted:
                 bid = table[i] if i < len(table) else None
@@ -188,6 +190,7 @@ def _held_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                     problems.append(f"index {i} is past the table's {len(table)} blocks")
                 elif bid == null:
                     problems.append(f"index {i} is the null block")
+                    nulls.append(i)
                 elif own.ref_cnt.get(bid, 0) <= 0:
                     problems.append(f"block {bid} (index {i}) has ref_cnt {own.ref_cnt.get(bid, 0)}")
                 elif bid in own.in_free_queue:
@@ -234,8 +237,15 @@ def _held_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                     group_kind=group_kind(g),
                     state=state,
                     instances=(Instance(state, group_kind(g), g.index, (t.request_id,), tuple(unheld)),),
+                    # Right after the schedule(), a real block at each index it reads as the null one.
+                    facts=tuple(Fact("table-block", (t.request_id, g.index, i, start, tuple(
+                        range(i * g.block_size, min((i + 1) * g.block_size, end))), NULL_READ), null, null, "!=",
+                        after="schedule") for i in nulls),
                 )
     yield from _sending_violations(own, step)
+
+
+NULL_READ = "the null block: it holds no KV, the step reads garbage"
 
 
 def _sending_violations(own: OwnershipObservation, step: StepObservation) -> Iterator[InvariantViolation]:
@@ -384,7 +394,20 @@ def _hazard_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                     group_kind=group_kind(g),
                     state=HAZARD_STATE_ADOPTED,
                     instances=(Instance(HAZARD_STATE_ADOPTED, group_kind(g), g.index, (adm.request_id, writer), (bid,)),),
+                    # The state it resumes from, right after the schedule(): not that block.
+                    facts=_adopted_state_facts(adm, g, list(adopted).index(bid), bid, writer),
                 )
+
+
+def _adopted_state_facts(adm: Any, g: Any, index: int, bid: int, writer: str) -> tuple[Fact, ...]:
+    """The block at the adopted state's place in the request's table: not
+    the one ``writer`` writes in the same step."""
+    start = adm.alloc_local_tokens
+    if not start:
+        return ()
+    return (Fact("table-block", (adm.request_id, g.index, index, start, (start - 1,),
+                                 f"the state request {writer} writes in this same step: it does not exist yet"),
+                 bid, bid, "!=", after="schedule"),)
 
 
 def check_no_same_step_hazard(step: StepObservation) -> None:

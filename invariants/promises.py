@@ -90,6 +90,34 @@ def _event_facts(found: Sequence[EventPayload]) -> tuple[Fact, ...]:
                  for p in found)
 
 
+def _hit_bounds(step: StepObservation, bounds: Sequence[tuple[str, int, str]]) -> tuple[Fact, ...]:
+    """The hit each admitting ``schedule()`` counted computed for a request
+    (where its table says it computes from), against the most the harness's
+    record lets it adopt: below the first position ``bounds`` (request,
+    position, why) names for it."""
+    own = step.ownership  # (a standalone repro's watch may keep none: then no facts)
+    if not bounds or own is None:
+        return ()
+    first: dict[str, tuple[int, str]] = {}
+    for rid, position, why in bounds:
+        if rid not in first or position < first[rid][0]:
+            first[rid] = (position, why)
+    return tuple(Fact("hit-tokens", (rid, why), held.computed_before, position, "<=", after="schedule")
+                 for rid, (position, why) in first.items() if (held := own.table_of(rid)) is not None)
+
+
+def _foreign_bounds(step: StepObservation) -> list[tuple[str, int, str]]:
+    """Each foreign block's first position in its request's hit (where its
+    table holds it), and what it holds."""
+    own, out = step.ownership, []
+    for hit in step.foreign_hits if own is not None else ():
+        held = own.table_of(hit.request_id)
+        if held is not None and hit.block_id in held.tables[hit.group]:
+            index = list(held.tables[hit.group]).index(hit.block_id)
+            out.append((hit.request_id, index * own.groups[hit.group].block_size, hit.describe()))
+    return out
+
+
 def _event_instances(step: StepObservation, found: Sequence[EventPayload], state: str) -> tuple[Instance, ...]:
     """One instance per wrong announcement: the request whose key it is, in its group."""
     return tuple(Instance(state, _kind(step, p.group), p.group, (p.request_id,)) for p in found)
@@ -104,7 +132,10 @@ def check_lookahead_allocated(step: StepObservation) -> None:
     _report("lookahead-allocated", step.missing_lookahead, step, where="KVCacheManager.allocate_slots", state=LOOKAHEAD_UNALLOCATED)
 
 
-def _in_flight_reads_freed(step: StepObservation) -> list[str]:
+def _in_flight_reads_freed(step: StepObservation, facts: list[Fact] | None = None) -> list[tuple[str, str]]:
+    """(the vLLM call that freed, what) per request whose step in flight
+    reads blocks this ``schedule()`` let go; each block found free as a
+    fact in ``facts``, where given."""
     own = step.ownership
     if own is None or own.in_flight is None or (step.error is not None and step.error_where == "schedule"):
         return []
@@ -123,7 +154,7 @@ def _in_flight_reads_freed(step: StepObservation) -> list[str]:
             # with a table of new blocks.
             continue
         start, end = t.computed_before, t.computed_before + t.num_scheduled
-        for g, rule, table in zip(previous.groups, previous.read_rules, t.tables):
+        for group, (g, rule, table) in enumerate(zip(previous.groups, previous.read_rules, t.tables)):
             wanted = read_indices(rule, g.block_size, start, end, t.num_prompt_tokens, len(table))
             problems = []
             for i in wanted:
@@ -134,6 +165,9 @@ def _in_flight_reads_freed(step: StepObservation) -> list[str]:
                     problems.append(f"block {bid} (index {i}) handed to {popped[bid]} as a fresh block")
                 elif bid in own.in_free_queue or own.ref_cnt.get(bid, 0) <= 0:
                     problems.append(f"block {bid} (index {i}) is free (ref_cnt {own.ref_cnt.get(bid, 0)})")
+                    if facts is not None:  # the reference the read in flight needs
+                        facts.append(Fact("block-held", (bid, t.request_id, group, i, previous.step, start),
+                                          own.ref_cnt.get(bid, 0), 1, ">=", after="schedule"))
             if problems:
                 now = own.table_of(t.request_id)
                 found.append((
@@ -160,7 +194,8 @@ def check_in_flight_reads_held(step: StepObservation) -> None:
     again at once or not) keeps its blocks until that step's output.
     A block freed early may be reused by a load that is not ordered with the
     step still reading it."""
-    found = _in_flight_reads_freed(step)
+    facts: list[Fact] = []
+    found = _in_flight_reads_freed(step, facts)
     if found:
         raise InvariantViolation(
             "in-flight-reads-held",
@@ -168,6 +203,7 @@ def check_in_flight_reads_held(step: StepObservation) -> None:
             + (f"\n  scenario: {step.context}" if step.context else ""),
             where=found[0][0],
             state=IN_FLIGHT_READ_FREED,
+            facts=tuple(facts),
         )
 
 
@@ -179,7 +215,8 @@ def check_hits_within_namespace(step: StepObservation) -> None:
     images placed in the adopted prefix. vLLM folds them into the block
     hashes, and every later hash chains on them, so no lookup may cross
     namespaces."""
-    _report("hits-within-namespace", step.foreign_hits, step, where="KVCacheManager.get_computed_blocks", state=CROSS_NAMESPACE_HIT)
+    _report("hits-within-namespace", step.foreign_hits, step, where="KVCacheManager.get_computed_blocks", state=CROSS_NAMESPACE_HIT,
+            facts=_hit_bounds(step, _foreign_bounds(step)))
 
 
 def check_hits_after_reset(step: StepObservation) -> None:
@@ -189,7 +226,8 @@ def check_hits_after_reset(step: StepObservation) -> None:
     flows call it after a weight update), so such a hit serves KV of the old
     weights."""
     _report("hits-after-reset", step.hits_across_reset, step, where="BlockPool.reset_prefix_cache",
-            state=HIT_ACROSS_RESET)
+            state=HIT_ACROSS_RESET,
+            facts=_hit_bounds(step, [(h.request_id, min(h.positions), h.describe()) for h in step.hits_across_reset]))
 
 
 def check_events_replay_index(step: StepObservation) -> None:
@@ -283,15 +321,28 @@ class _NotReset:
         return f"{self.request.describe()}; not reset: " + ", ".join(self.wrong)
 
 
-def _not_reset(p: PreemptedRequest) -> tuple[str, ...]:
-    expected = {
+def _restart_state(p: PreemptedRequest) -> dict[str, tuple[object, object]]:
+    """What vLLM left of ``p`` against what a restart resumes from:
+    field -> (found, expected)."""
+    return {
         "status": (p.status, "PREEMPTED"),
         "num_computed_tokens": (p.num_computed_tokens, 0),
         "num_output_placeholders": (p.num_output_placeholders, 0),
         "spec_token_ids": (p.num_spec_tokens, 0),
         "blocks held": (sum(p.blocks_held), 0),
     }
-    return tuple(f"{what} {found} (expected {want})" for what, (found, want) in expected.items() if found != want)
+
+
+def _not_reset(p: PreemptedRequest) -> tuple[str, ...]:
+    return tuple(f"{what} {found} (expected {want})" for what, (found, want) in _restart_state(p).items()
+                 if found != want)
+
+
+def _restart_facts(found: Sequence[_NotReset]) -> tuple[Fact, ...]:
+    """Each field a preempted request was not reset in, right after the
+    ``schedule()`` that preempted it."""
+    return tuple(Fact("preempted-request", (n.request.request_id, what), got, want, after="schedule")
+                 for n in found for what, (got, want) in _restart_state(n.request).items() if got != want)
 
 
 def check_preempted_resumable(step: StepObservation) -> None:
@@ -304,7 +355,8 @@ def check_preempted_resumable(step: StepObservation) -> None:
     lookup and connector give it (a request the same ``schedule()``
     admitted again is judged by the admission checks)."""
     found = [_NotReset(p, w) for p in step.preemptions if not p.rescheduled and (w := _not_reset(p))]
-    _report("preempted-resumable", found, step, where="Scheduler._preempt_request", state=PREEMPTED_NOT_RESET)
+    _report("preempted-resumable", found, step, where="Scheduler._preempt_request", state=PREEMPTED_NOT_RESET,
+            facts=_restart_facts(found))
 
 
 PROMISE_CHECKS: tuple[Callable[[StepObservation], None], ...] = (

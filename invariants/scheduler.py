@@ -33,11 +33,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from fuzz.model import AdmissionObservation, GroupInfo, Instance, InvariantViolation, PoolObservation, StepObservation
+from fuzz.model import AdmissionObservation, Fact, GroupInfo, Instance, InvariantViolation, PoolObservation, StepObservation
 from fuzz.model import StrandedRequest
 from invariants.stranded import (  # noqa: F401 - the liveness claim's states, matched by known-bug signatures
     STRANDED, STRANDED_ENCODER_AFTER_FAILED_LOAD, STRANDED_PLACEHOLDERS, STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD,
-    stranded_states, stranded_where,
+    stranded_states, stranded_where, stranded_why,
 )
 from fuzz.model import answer_acted_on
 from fuzz.model import Behaviour, cdiv, first_needed_token, group_kind, group_name
@@ -65,12 +65,13 @@ __all__ = [
 ]
 
 
-def _fail(invariant: str, adm: AdmissionObservation, message: str, context: str = "", group: GroupInfo | None = None) -> None:
+def _fail(invariant: str, adm: AdmissionObservation, message: str, context: str = "", group: GroupInfo | None = None,
+          facts: tuple[Fact, ...] = ()) -> None:
     text = f"{message}\n{adm.describe()}"
     if context:
         text += f"\n  scenario: {context}"
     raise InvariantViolation(
-        invariant, text, where=WHERE, group_kind=None if group is None else group_kind(group)
+        invariant, text, where=WHERE, group_kind=None if group is None else group_kind(group), facts=facts
     )
 
 
@@ -335,6 +336,9 @@ def check_diverged_hit_falls_back(adm: AdmissionObservation, context: str = "") 
         )
 
 
+SKIPS_CACHE = "it was built with skip_reading_prefix_cache=True: it reads no cached tokens, local or external"
+
+
 def check_skipping_request_reads_no_cache(adm: AdmissionObservation, context: str = "") -> None:
     """A request built with ``SamplingParams(skip_reading_prefix_cache=True)``
     reads no cached tokens, local or external: its lookup finds nothing,
@@ -378,6 +382,9 @@ def check_skipping_request_reads_no_cache(adm: AdmissionObservation, context: st
             f"lookup finds per-group hits {list(adm.per_group_hits)} for its prompt); but "
             + "; ".join(problems),
             context,
+            # What the admitting schedule() counted computed for it: nothing.
+            facts=(Fact("hit-tokens", (adm.request_id, SKIPS_CACHE), (adm.alloc_local_tokens or 0)
+                        + (adm.alloc_external_tokens or 0), 0, "<=", step=adm.step, after="schedule"),),
         )
 
 
@@ -462,10 +469,14 @@ def _stranded_violations(step: StepObservation) -> Iterator[InvariantViolation]:
             "\n".join(r.describe() for r, _ in found) + f"\n{step.describe()}"
             + (f"\n  scenario: {step.context}" if step.context else ""),
             where=where, state=found[0][1], instances=tuple(Instance(s, requests=(r.request_id,)) for r, s in found),
+            # The first quiet step's schedule() left it out: it saw all any later one sees.
+            facts=tuple(Fact("scheduled", (r.request_id, stranded_why(r)), False, True,
+                             step=step.step - r.quiet_steps + 1, after="schedule") for r, _ in found),
         )
 
 
 check_running_requests_progress.violations = _stranded_violations  # type: ignore[attr-defined]
+
 
 
 # The connector-protocol checks (invariants/connector.py) run with the others.

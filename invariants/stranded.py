@@ -17,6 +17,7 @@ __all__ = [
     "STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD",
     "stranded_states",
     "stranded_where",
+    "stranded_why",
 ]
 
 STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD = "output placeholders after a failed-load recompute"
@@ -62,3 +63,10 @@ def stranded_states(stranded: Sequence[StrandedRequest]) -> list[str]:
 def stranded_where(state: str, default: str) -> str:
     """The vLLM call a stranded state blames (``default``: the scheduler's)."""
     return _WHERE.get(state, default)
+
+
+def stranded_why(r: StrandedRequest) -> str:
+    """Why the first quiet step's ``schedule()`` had to schedule ``r``: it saw
+    all that any later one sees."""
+    return (f"it is RUNNING with {r.num_computed_tokens} of its {r.num_tokens} tokens computed, nothing in flight "
+            "and nothing arriving: no later schedule() sees anything new")

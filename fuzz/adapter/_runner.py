@@ -291,8 +291,10 @@ class ScriptedRunner:
             own = block.block_hash == key
             entries.append((group, block.block_id, block_hash, getattr(block, "block_hash_num_tokens", None) if own else None))
         primary = sorted((g, b, n) for g, b, _, n in entries if n is not None and (g, n) not in right.get(b, ()))
+        hashes = {(g, b, n): h for g, b, h, n in entries if n is not None}
         unbacked = tuple(
-            UnbackedEntry(group, block_id, n, tuple(missing), self.contents.whole_state[group])
+            UnbackedEntry(group, block_id, n, tuple(missing), self.contents.whole_state[group],
+                          self.keys.prefix.get(hashes.get((group, block_id, n)), ("",))[0])
             for group, block_id, n, missing in self.contents.unbacked_entries(primary)
         )
         bad = {(u.group, u.block_id, u.num_tokens) for u in unbacked}

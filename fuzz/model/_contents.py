@@ -134,6 +134,7 @@ class UnbackedEntry:
     num_tokens: int  # the prefix its key covers (block_hash_num_tokens)
     missing: tuple[tuple[int, tuple[int, int, int | None] | None], ...]
     whole_state: bool = False  # a Mamba group's entry: it names the state at num_tokens
+    request_id: str = ""  # a request whose prefix the key is (the first met carrying it; "": none known)
 
     @property
     def copy_cause(self) -> str:

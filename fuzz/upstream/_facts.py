@@ -10,13 +10,15 @@ the expression only reads what vLLM did.
 
 Subjects (their ``args``):
 
-* ``cached-blocks`` (request, tokens, group): the blocks the prefix-cache
-  index holds under the request's key for its first ``tokens`` tokens;
-* ``hit-tokens`` (request): the tokens the admitting ``schedule()`` found
-  computed for the request (its hit), before the tokens it scheduled;
+* ``cached-blocks`` (request, tokens, group[, why]): the blocks the
+  prefix-cache index holds under the request's key for its first
+  ``tokens`` tokens (``!=``: ``why`` says what the block holds instead);
+* ``hit-tokens`` (request[, why]): the tokens the admitting ``schedule()``
+  found computed for the request (its hit), before the tokens it scheduled
+  (``<=``: ``why`` says what the first position past the bound holds);
 * ``places`` (request): the places the scheduler keeps the request in
   (``running``, ``waiting``, ``kv_holding_waiting``);
-* ``status`` (request): the request's ``RequestStatus`` name;
+* ``status`` (request[, why]): the request's ``RequestStatus`` name;
 * ``handed-blocks`` (request, group): the block ids ``request_finished_all_groups``
   handed the connector for the group;
 * ``encoder-freed`` (mm hash, request, placeholder): the step's
@@ -28,9 +30,29 @@ Subjects (their ``args``):
   ``tokens`` tokens (``token_ids``: that block's slice);
 * ``same-key`` (request a, tokens a, request b, tokens b): the request
   hasher gave b's first ``tokens b`` tokens the key of a's first ``tokens a``;
-* ``table-block`` (request, group, index, start, positions): the block at
-  ``index`` of the request's table in the group, where its step computing
-  from ``start`` reads ``positions``.
+* ``table-block`` (request, group, index, start, positions[, why]): the
+  block at ``index`` of the request's table in the group (as a list of at
+  most one), where its step computing from ``start`` reads ``positions``;
+* ``preempted-request`` (request, field): what the request resumes from
+  (``status``, ``num_computed_tokens``, ``num_output_placeholders``,
+  ``spec_token_ids``: their number, ``blocks held``: in all groups);
+* ``evicted-before`` (request b, tokens b, request c, tokens c, group,
+  block b, block c, why): the index still holds b's entry, or no longer
+  c's (an allocation took block b while block c, which the free order
+  reuses first, stayed cached);
+* ``block-held`` (block, request, group, index, step, start): the block's
+  ``ref_cnt``, which the request's step in flight (computing from
+  ``start``) reads at ``index`` of its table in the group;
+* ``scheduled`` (request, why): the step's ``schedule()`` schedules the
+  request (``why``: what says it must, or must not);
+* ``block-hash`` (block, request, how, policy): the block carries a
+  prefix-cache hash (after the request's load into it failed);
+* ``computed-tokens`` (request, why): the request's ``num_computed_tokens``;
+* ``finished-calls`` (request, method): how many times the connector (the
+  file's recording one) heard the request finished;
+* ``connector-meta`` (): the step's output carries connector metadata;
+* ``sync-loads-flag`` (request, tokens): the step's output says
+  ``has_sync_kv_loads``.
 """
 
 from __future__ import annotations
@@ -57,10 +79,13 @@ class Context:
 
     def key_index(self, tokens: int, group: int | None = None) -> int | None:
         """The index in ``request.block_hashes`` of the key over the first
-        ``tokens`` tokens (None where the group's keys are not the hasher's)."""
+        ``tokens`` tokens (None where the group's keys are not the hasher's).
+        A group of larger blocks keys each by the hash at its last hash-block
+        boundary (``BlockHashListWithBlockSize``), a partial entry by the hash
+        at its own end: the hasher's key either way."""
         if tokens % self.hash_block_size or tokens <= 0:
             return None
-        if group is not None and self.block_sizes[group] != self.hash_block_size:
+        if group is not None and self.block_sizes[group] % self.hash_block_size:
             return None
         return tokens // self.hash_block_size - 1
 
@@ -92,32 +117,39 @@ def _assert(expression: str, fact: Fact, message: str) -> list[str]:
 
 
 def _cached_blocks(fact: Fact, ctx: Context) -> list[str] | None:
-    rid, tokens, group = fact.args
+    rid, tokens, group, *why = fact.args
     k = ctx.key_index(tokens, group)
     if k is None:
         return None
     fact = dataclasses.replace(fact, expected=list(fact.expected))  # type: ignore[arg-type]
+    blocks = ", ".join(map(str, fact.expected))  # type: ignore[call-overload]
+    text = (f"the prefix cache dropped {rid}'s first {tokens} tokens (group {group}, block {blocks}): a free keeps "
+            "a block's key; only reusing the block, evict_blocks or a reset drops it")
+    if fact.relation == "!=":  # the block must not stand for the prefix: why not
+        text = f"the prefix cache files block {blocks} under {rid}'s first {tokens} tokens (group {group}): {why[0]}"
     return [f"    cached = block_pool.get_cached_block({ctx.names[rid]}.block_hashes[{k}], [{group}])"] + _assert(
-        "[block.block_id for block in cached or []]", fact, (
-        f"step {ctx.step}: the prefix cache dropped {rid}'s first {tokens} tokens (group {group}, block "
-        f"{', '.join(map(str, fact.expected))}): a free keeps a block's key; only reusing the block, "  # type: ignore[arg-type]
-        "evict_blocks or a reset drops it"))
+        "[block.block_id for block in cached or []]", fact, f"step {ctx.step}: {text}")
 
 
 def _hit_tokens(fact: Fact, ctx: Context) -> list[str] | None:
-    (rid,) = fact.args
+    rid, *why = fact.args
     name = ctx.names[rid]
     allows = "holds at least" if fact.relation == ">=" else "allows exactly"
+    text = f"the cache {allows} {fact.expected} of its prefix"
+    if fact.relation == "<=":  # the first position it may not adopt, and why
+        text = f"it may adopt at most {fact.expected}: {why[0]}"
     return _assert(f'{name}.num_computed_tokens - {ctx.output}.num_scheduled_tokens["{rid}"]', fact, (
-        f"step {ctx.step}: {rid}'s prefix-cache lookup served {fact.observed} tokens; the cache {allows} "
-        f"{fact.expected} of its prefix"))
+        f"step {ctx.step}: {rid}'s prefix-cache lookup served {fact.observed} tokens; {text}"))
 
 
 def _table_block(fact: Fact, ctx: Context) -> list[str] | None:
-    rid, group, index, start, positions = fact.args
-    return _assert(f'scheduler.kv_cache_manager.get_block_ids("{rid}")[{group}][{index}]', fact, (
+    rid, group, index, start, positions, *why = fact.args
+    # A slice: where vLLM holds the request back, its table is shorter.
+    held = dataclasses.replace(fact, expected=[fact.expected])
+    return _assert(f'scheduler.kv_cache_manager.get_block_ids("{rid}")[{group}][{index}:{index + 1}]', held, (
         f"step {ctx.step}: {rid} computes from position {start} and reads positions {list(positions)} in block "
-        f"{fact.observed} (group {group}), which no step filled with their KV under {rid}'s prefix"))
+        f"{fact.observed} (group {group}), " + (why[0] if why else f"which no step filled with their KV under "
+                                                                    f"{rid}'s prefix")))
 
 
 def _places(fact: Fact, ctx: Context) -> list[str] | None:
@@ -136,7 +168,7 @@ def _places(fact: Fact, ctx: Context) -> list[str] | None:
 
 
 def _status(fact: Fact, ctx: Context) -> list[str] | None:
-    (rid,) = fact.args
+    rid, *why = fact.args
     expected = fact.expected if fact.relation == "in" else (fact.expected,)
     wanted = " or ".join(expected)  # type: ignore[arg-type]
     if fact.relation not in ("in", "=="):
@@ -144,7 +176,9 @@ def _status(fact: Fact, ctx: Context) -> list[str] | None:
     statuses = [f"RequestStatus.{s}" for s in expected]  # type: ignore[union-attr]
     test = (f"{ctx.names[rid]}.status in ({', '.join(statuses)})" if len(statuses) > 1
             else f"{ctx.names[rid]}.status == {statuses[0]}")
-    return [f"    assert {test}, (", *_message(_status_text(rid, ctx.step, fact.observed, wanted)), "    )"]
+    text = (f"step {ctx.step}: {rid} is {fact.observed} after the step, though {why[0]}: it must be {wanted}"
+            if why else _status_text(rid, ctx.step, fact.observed, wanted))
+    return [f"    assert {test}, (", *_message(text), "    )"]
 
 
 def _status_text(rid: str, step: int, observed: object, wanted: str) -> str:
@@ -208,6 +242,90 @@ def _same_key(fact: Fact, ctx: Context) -> list[str] | None:
         f"{b} would read {a}'s KV"))
 
 
+# What a preempted request resumes from, as vLLM's objects show it.
+_RESTART_FIELDS = {
+    "status": "{name}.status.name",
+    "num_computed_tokens": "{name}.num_computed_tokens",
+    "num_output_placeholders": "{name}.num_output_placeholders",
+    "spec_token_ids": "len({name}.spec_token_ids)",
+    "blocks held": 'sum(map(len, scheduler.kv_cache_manager.get_block_ids("{rid}")))',
+}
+
+
+def _preempted_request(fact: Fact, ctx: Context) -> list[str] | None:
+    rid, field = fact.args
+    if field not in _RESTART_FIELDS:
+        return None
+    return _assert(_RESTART_FIELDS[field].format(name=ctx.names[rid], rid=rid), fact, (
+        f"step {ctx.step}: schedule() preempted {rid} (freeing every block it held) and left its {field} at "
+        f"{fact.observed}: a preempted request restarts from {fact.expected}"))
+
+
+def _evicted_before(fact: Fact, ctx: Context) -> list[str] | None:
+    rid_b, tokens_b, rid_c, tokens_c, group, block_b, block_c, why = fact.args
+    kb, kc = ctx.key_index(tokens_b, group), ctx.key_index(tokens_c, group)
+    if kb is None or kc is None or fact.expected is not True:
+        return None
+    return [f"    evicted = block_pool.get_cached_block({ctx.names[rid_b]}.block_hashes[{kb}], [{group}])",
+            f"    ahead = block_pool.get_cached_block({ctx.names[rid_c]}.block_hashes[{kc}], [{group}])"] + _assert(
+        "evicted or not ahead", fact, (
+        f"step {ctx.step}: allocating evicted block {block_b} ({rid_b}'s first {tokens_b} tokens) while block "
+        f"{block_c} ({rid_c}'s first {tokens_c} tokens) stays cached, though vLLM's free order reuses it first: "
+        f"{why}"))
+
+
+def _block_held(fact: Fact, ctx: Context) -> list[str] | None:
+    block, rid, group, index, step, start = fact.args
+    return _assert(f"scheduler.kv_cache_manager.block_pool.blocks[{block}].ref_cnt", fact, (
+        f"step {ctx.step}: schedule() freed block {block} (index {index} of {rid}'s table, group {group}) while "
+        f"step {step}, still in flight, computes {rid} from position {start} and reads it"))
+
+
+def _scheduled(fact: Fact, ctx: Context) -> list[str] | None:
+    rid, why = fact.args
+    if fact.expected not in (True, False):
+        return None
+    test = f'"{rid}" {"in" if fact.expected else "not in"} {ctx.output}.num_scheduled_tokens'
+    what = f"leaves {rid} unscheduled" if fact.expected else f"schedules {rid}"
+    return _assert(test, dataclasses.replace(fact, expected=True), f"step {ctx.step}: schedule() {what}, though {why}")
+
+
+def _connector_meta(fact: Fact, ctx: Context) -> list[str] | None:
+    return _assert(f"{ctx.output}.kv_connector_metadata is not None", fact, (
+        f"step {ctx.step}: schedule() returned without build_connector_meta: every schedule() with a connector "
+        "builds its metadata once (an async load admitted in an empty step starts from it)"))
+
+
+def _sync_loads_flag(fact: Fact, ctx: Context) -> list[str] | None:
+    rid, tokens = fact.args
+    return _assert(f"{ctx.output}.has_sync_kv_loads", fact, (
+        f"step {ctx.step}: {rid} was told to load {tokens} external tokens synchronously in this step, but "
+        "the output says has_sync_kv_loads=False"))
+
+
+def _block_hash(fact: Fact, ctx: Context) -> list[str] | None:
+    block, rid, how, policy = fact.args
+    if fact.expected is not False:
+        return None
+    return _assert(f"scheduler.kv_cache_manager.block_pool.blocks[{block}].block_hash is None",
+                   dataclasses.replace(fact, expected=True), (
+        f"step {ctx.step}: block {block} still carries a prefix-cache hash after {rid}'s load into it failed "
+        f"({how}, kv_load_failure_policy={policy!r}): another request can adopt its garbage as a hit"))
+
+
+def _computed_tokens(fact: Fact, ctx: Context) -> list[str] | None:
+    rid, why = fact.args
+    return _assert(f"{ctx.names[rid]}.num_computed_tokens", fact, (
+        f"step {ctx.step}: {rid} has num_computed_tokens={fact.observed} after the step, though {why}"))
+
+
+def _finished_calls(fact: Fact, ctx: Context) -> list[str] | None:
+    rid, method = fact.args
+    return _assert(f'scheduler.connector.finished.count("{rid}")', fact, (
+        f"step {ctx.step}: the connector heard {method}({rid}) {fact.observed} time(s): it must hear it exactly "
+        f"once, when the request finishes"))
+
+
 SUBJECTS = {
     "cached-blocks": _cached_blocks,
     "hit-tokens": _hit_tokens,
@@ -219,6 +337,15 @@ SUBJECTS = {
     "stored-event": _stored_event,
     "same-key": _same_key,
     "table-block": _table_block,
+    "preempted-request": _preempted_request,
+    "evicted-before": _evicted_before,
+    "block-held": _block_held,
+    "scheduled": _scheduled,
+    "block-hash": _block_hash,
+    "computed-tokens": _computed_tokens,
+    "finished-calls": _finished_calls,
+    "connector-meta": _connector_meta,
+    "sync-loads-flag": _sync_loads_flag,
 }
 
 
@@ -226,6 +353,7 @@ SUBJECTS = {
 # (the lines, the imports they need as (module, name)).
 PRELUDES: dict[str, tuple[list[str], tuple[tuple[str, str], ...]]] = {
     "cached-blocks": (["    block_pool = scheduler.kv_cache_manager.block_pool"], ()),
+    "evicted-before": (["    block_pool = scheduler.kv_cache_manager.block_pool"], ()),
     "status": ([], (("vllm.v1.request", "RequestStatus"),)),
     # Each announced key's BlockStored event and place in it (vLLM publishes them after the step).
     "stored-event": ([

@@ -28,7 +28,9 @@ Generated Python is built as plain statements here (style rule 17).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import re
 import textwrap
 
 from fuzz.adapter import VLLM_VERSION
@@ -44,6 +46,7 @@ from fuzz.model import (
     ResetPrefixCache,
     Step,
 )
+from fuzz.upstream._claims import CLAIMS
 from fuzz.upstream._facts import PRELUDES, Context, fact_lines
 from invariants.table import INVARIANTS
 
@@ -87,37 +90,6 @@ def _name(request_id: str) -> str:
     return name if name[:1].isalpha() else f"req_{name}"
 
 
-# The general claims, in vLLM's words, of the checks whose facts a file
-# asserts (others: the check's docstring, which speaks of the harness).
-CLAIMS = {
-    "cache-keeps-entries": "Freeing a request keeps its full blocks' prefix-cache entries: only reusing a block, "
-                           "evict_blocks or a reset drops an entry, so the same prompt sent again hits them.",
-    "hit-reaches-model": "A lookup serves every full block of the request's prefix that the prefix cache still "
-                         "holds, up to the hit limit.",
-    "request-in-one-place": "After every step, a request that has neither finished nor been aborted is in exactly "
-                            "one of the scheduler's places: running, waiting or kv_holding_waiting.",
-    "unblocked-request-admitted": "A waiting request is admitted (or its KV load started) by the first schedule() "
-                                  "that finds nothing blocking it: nothing running, the pool free, its connector "
-                                  "answer decided.",
-    "events-carry-tokens": "Every block a BlockStored event announces carries, in its block_size slice of "
-                           "token_ids, the tokens of the block its key stands for.",
-    "events-carry-namespace": "Every block a BlockStored event announces names the LoRA adapter its request was "
-                              "computed under (lora_name, lora_id), as its key does.",
-    "hand-off-names-computed-blocks": "request_finished hands the KV connector exactly the blocks that hold the "
-                                      "request's computed KV: per attention group, the first "
-                                      "cdiv(num_computed_tokens, block_size) blocks of its table.",
-    "encoder-outputs-held": "The scheduler frees an encoder output (free_encoder_mm_hashes) only once no request "
-                            "still reads it.",
-    "keys-name-one-prefix": "A prefix-cache key names one prefix: two requests get one block hash only for the "
-                            "same tokens up to there, in the same namespace (cache salt, LoRA adapter, images).",
-    "hit-matches-index": "A prefix-cache lookup serves exactly the longest hit the cached blocks allow: the full "
-                         "blocks of the prefix every group holds within its attention span, cut to the hit "
-                         "alignment and the lookup's limit.",
-    "reads-written": "Below where a request's step computes from, it reads only blocks that hold its own prefix's "
-                     "KV: a hit adopts a block only when it was filled from the same tokens under the same prefix.",
-}
-
-
 def _claim(invariant: str) -> str:
     """The general claim ``invariant`` states."""
     if invariant in CLAIMS:
@@ -143,6 +115,10 @@ def _spec(f: _File, kind: str, block_size: int, params: dict[str, int]) -> str:
         f.need("torch")
         return (f"ChunkedLocalAttentionSpec(block_size={block_size}, num_kv_heads=1, head_size=1, "
                 f"dtype=torch.float32, attention_chunk_size={params['attention_chunk_size']})")
+    if kind == "MambaSpec" and set(params) <= {"num_speculative_blocks"}:
+        f.need(_CORE, "new_mamba_spec")
+        return (f"new_mamba_spec(block_size={block_size}, shapes=((1,), (1,)), "
+                f"num_speculative_blocks={params.get('num_speculative_blocks', 0)}, mamba_cache_mode=\"align\")")
     raise _Unwritable(f"a {kind} group")
 
 
@@ -175,6 +151,7 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
     if draw.speculative_method or any(r.embeds for r in log.requests) or draw.prefill_schedule_interval != 1:
         raise _Unwritable("speculation, prompt embeddings or a prefill interval")
     plain = len(groups) == 1 and groups[0].kind == "FullAttentionSpec" and not groups[0].params
+    mamba = any(g.kind == "MambaSpec" for g in groups)
     # The helpers' own spec is one full-attention group: others are stated.
     specs = [] if plain else [_spec(f, g.kind, g.block_size, dict(g.params)) for g in groups]
     limits = (f"block_size={cfg.scheduler_block_size}, max_num_seqs={draw.max_num_seqs}, "
@@ -185,7 +162,8 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
         # The mock lacks the hybrid allocator's hand-off (more than one group
         # needs it) and keeps nothing it is handed: a small subclass has both.
         keeps = any(fact.subject == "handed-blocks" for fact in facts)
-        handed = len(groups) > 1 or keeps
+        counts = any(fact.subject == "finished-calls" for fact in facts)
+        handed = len(groups) > 1 or keeps or counts
         extra = _connector_config(log)
         if draw.divergent_hits and len(groups) > 1:
             extra["supports_divergent_local_hybrid_hits"] = True
@@ -197,7 +175,7 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
               "        kv_connector_extra_config={" + ", ".join(f'"{k}": {v!r}' for k, v in extra.items()) + "},",
               "    )"]
         if handed:
-            _recorder(f, draw.kv_role == "kv_producer", keeps)
+            _recorder(f, draw.kv_role == "kv_producer", keeps, counts)
         config = "vllm_config"
     else:
         f.need(_CORE, "create_scheduler")
@@ -212,6 +190,8 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
         if draw.max_loras and any(r.lora for r in log.requests):
             f.need("vllm.config", "LoRAConfig")
             b.append(f"    vllm_config.lora_config = LoRAConfig(max_loras={draw.max_loras})")
+        if mamba:  # prefix caching with a Mamba group needs align mode
+            b.append('    vllm_config.cache_config.mamba_cache_mode = "align"')
         if specs:  # the helper's own group is full attention with the config's block size
             b += _kv_cache_config(f, log, specs)
         b.append(f"    scheduler = create_scheduler(vllm_config, num_blocks={draw.layout.num_blocks}"
@@ -219,7 +199,7 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
     else:
         args = ["enable_prefix_caching=True", limits, f"num_blocks={draw.layout.num_blocks}"]
         args += [f"{k}={v!r}" for k, v in more]
-        if len(groups) == 1 and specs:
+        if len(groups) == 1 and specs and not mamba:
             args.append(f"kv_cache_spec={specs[0]}")
         if draw.max_loras and any(r.lora for r in log.requests):
             f.need("vllm.config", "LoRAConfig")
@@ -228,8 +208,11 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
             args.append(f"use_v2_model_runner={draw.model_runner == 'v2'}")
         b += ["    scheduler = create_scheduler("] + [
             f"        {line}" for line in textwrap.wrap(", ".join(args) + ",", 100)] + ["    )"]
-        if len(groups) > 1:
-            b.append("    # The helper builds one KV-cache group: the same scheduler on this run's groups.")
+        if len(groups) > 1 or mamba:
+            b.append("    # The helper builds one KV-cache group" + (", no Mamba align mode" if mamba else "")
+                     + ": the same scheduler on this run's groups.")
+            if mamba:
+                b.append(f'    {config}.cache_config.mamba_cache_mode = "align"')
             b += _kv_cache_config(f, log, specs)
             f.need("vllm.v1.structured_output", "StructuredOutputManager")
             b += ["    scheduler = type(scheduler)(",
@@ -265,22 +248,26 @@ def _kv_cache_config(f: _File, log: OpLog, specs: list[str]) -> list[str]:
             + ["        ],", "    )"])
 
 
-def _recorder(f: _File, producer: bool, keeps: bool) -> None:
+def _recorder(f: _File, producer: bool, keeps: bool, counts: bool = False) -> None:
     """A ``MockKVConnector`` that supports the hybrid allocator's hand-off
-    (``SupportsHMA``), keeping the block ids it is handed where a fact reads them."""
+    (``SupportsHMA``), keeping the block ids it is handed, or the requests
+    it hears finished, where a fact reads them."""
     f.need(_UNIT, "MockKVConnector")
     f.need("vllm.distributed.kv_transfer.kv_connector.v1.base", "SupportsHMA")
     f.top += [
         "class HandOffRecorder(MockKVConnector, SupportsHMA):",
         '    """The mock connector with the hybrid allocator\'s hand-off'
-        + (', keeping the block ids each finished request is handed."""' if keeps else '."""'),
+        + (', keeping the block ids each finished request is handed."""' if keeps
+           else ', recording each request it hears finished."""' if counts else '."""'),
         "",
         *(["    def __init__(self, *args, **kwargs):",
            "        super().__init__(*args, **kwargs)",
-           "        self.handed = {}",
-           ""] if keeps else []),
+           *(["        self.handed = {}"] if keeps else []),
+           *(["        self.finished = []"] if counts else []),
+           ""] if keeps or counts else []),
         "    def request_finished_all_groups(self, request, block_ids):",
         *(["        self.handed[request.request_id] = block_ids"] if keeps else []),
+        *(["        self.finished.append(request.request_id)"] if counts else []),
         "        return " + ("True, None  # a producer holds the blocks until their send is reported done"
                            if producer else "False, None"),
     ]
@@ -449,6 +436,28 @@ class _Program(OpVisitor[bool]):
         return op.index != stop
 
 
+def _cut_at_schedule(log: OpLog, facts: tuple[Fact, ...]) -> OpLog:
+    """``log`` whose last step's ``update_from_output()`` raised, where every
+    fact due there follows its ``schedule()``: the file stops before the
+    update, so the step is written as one that fed nothing."""
+    last = log.steps[-1]
+    due = [f for f in facts if (f.step or last.index) == last.index]
+    if last.error_where != "update_from_output" or not due or any(f.after != "schedule" for f in due):
+        return log
+    cut = dataclasses.replace(last, fed=None, error=None, error_where=None)
+    return dataclasses.replace(log, ops=[cut if op is last else op for op in log.ops])
+
+
+def _drop_unread_outputs(body: list[str]) -> None:
+    """Under async scheduling a step's output is fed a step late: where the
+    test stops before feeding it, its ``schedule()`` is a bare call."""
+    for i, line in enumerate(body):
+        name, _, call = line.strip().partition(" = ")
+        if call == "scheduler.schedule()" and name.startswith("output_") and not any(
+                name in re.findall(r"\w+", other) for other in body[i + 1:]):
+            body[i] = "    scheduler.schedule()"
+
+
 def upstream_path(log: OpLog) -> str:
     """Where the file belongs in vLLM's tests tree: the connector unit tests
     where the case has a KV connector, else the core tests."""
@@ -462,6 +471,7 @@ def upstream_repro(oplog: OpLog, violation: InvariantViolation, *, vllm_version:
     facts = tuple(violation.facts)
     if not facts or not oplog.steps:
         return None
+    oplog = _cut_at_schedule(oplog, facts[:MAX_FACTS])
     shown, left = facts[:MAX_FACTS], len(facts) - MAX_FACTS
     f = _File()
     f.need("vllm.utils.hashing", "sha256")
@@ -476,6 +486,7 @@ def upstream_repro(oplog: OpLog, violation: InvariantViolation, *, vllm_version:
         _program(f, oplog, shown)
     except _Unwritable:
         return None
+    _drop_unread_outputs(f.body)
     if left > 0:
         f.body.append(f"    # ... and {left} more like these.")
     version = vllm_version or VLLM_VERSION

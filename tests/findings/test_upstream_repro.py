@@ -1,7 +1,8 @@
 """Upstream-form repros (:func:`fuzz.upstream.upstream_repro`) of the
-planted bugs of the claims whose checks attach facts (issue 47's, and the
-older hit and contents claims): each plant's fixed
-run (:data:`fuzz.adapter.FIXED_RUNS`), planted, shrunk with its claim's
+planted bugs of the claims whose checks attach facts (issue 47's and 48's,
+and the older hit and contents claims): each plant's fixed
+run (:data:`fuzz.adapter.FIXED_RUNS`; else the connector protocol's
+scenario, or the self-tests' search), planted, shrunk with its claim's
 check alone and replayed for the violation's facts, is written as a test
 for vLLM's tests tree. Here, without vLLM's tree: each file is short, lints
 clean and carries nothing of the suite. In the tree
@@ -21,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.adapter import FIXED_RUNS, planted_scheduler_bug
-from fuzz.model import InvariantViolation
-from fuzz.runners.scheduler import run_fixed
+from fuzz.adapter import FIXED_RUNS, SchedulerHarness, planted_scheduler_bug
+from fuzz.model import InvariantViolation, StepObservation
+from fuzz.runners.scheduler import run_fixed, step_violations
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from fuzz.upstream import (
     SKIP_REASON,
@@ -33,10 +34,15 @@ from fuzz.upstream import (
     upstream_repro,
 )
 from invariants.table import invariant
+from tests.findings.repro_checks import SEARCH, planted_search_strategy
+from tests.invariants.planted_cases import CONNECTOR_CASES
+from tests.invariants.planted_runs import failed_load_run
+from tests.invariants.test_connector_protocol import CONFIG, SCENARIOS
+from tests.support.search import planted_failure
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
-# (planted bug, the claim its run is written for): issue 47's claims.
+# (planted bug, the claim its run is written for): issue 47's claims first.
 CASES = (
     ("hash_ignores_parent", "keys-name-one-prefix"),
     ("free_forgets_keys", "cache-keeps-entries"),
@@ -52,7 +58,37 @@ CASES = (
     ("hit_stops_a_block_early", "hit-matches-index"),
     ("window_hit_needs_a_block_more", "hit-matches-index"),
     ("chunk_hit_stops_a_block_early", "hit-matches-index"),
+    # Issue 48's: the isolation, reset, preemption, eviction and index claims.
+    ("cache_salt_not_hashed", "hits-within-namespace"),
+    ("lora_not_hashed", "hits-within-namespace"),
+    ("mm_not_hashed", "hits-within-namespace"),
+    ("reset_keeps_index", "hits-after-reset"),
+    ("preempt_keeps_computed_tokens", "preempted-resumable"),
+    ("free_evicts_head_first", "eviction-order"),
+    ("evicted_key_stays_indexed", "index-names-its-prefix"),
+    ("window_frees_in_flight", "in-flight-reads-held"),
+    ("mamba_adopts_same_step_state", "reads-written"),
+    ("mamba_adopts_same_step_state", "same-step-hazard"),
+    ("max_tokens_skip_unguarded", "running-request-progresses"),
+    ("mamba_tail_state_overwritten", "index-written"),
+    # The connector protocol's cases (no fixed run: its scenarios, and
+    # tests/invariants/planted_runs.py's failed_load_run).
+    ("evicts_invalid_blocks_on_recompute", "failed-load-not-cached"),
+    ("failed_async_load_kept", "failed-load-not-cached"),
+    ("resumes_past_invalid_block", "failed-load-recomputed"),
+    ("failed_async_load_kept", "failed-load-recomputed"),
+    ("connector_finished_twice", "finished-once"),
+    ("skips_meta_on_empty_step", "meta-built-once"),
+    ("async_load_counted_scheduled", "meta-names-scheduled"),
+    ("no_sync_load_flag", "sync-load-announced"),
+    ("async_load_computes_at_once", "async-load-lands-first"),
+    # Plants the single-shot search shows caught (tests/support/search.py).
+    ("skipping_request_reads_local_cache", "skip-reads-no-cache"),
+    ("caches_async_load_early", "index-written"),
+    ("mamba_frees_resume_state", "read-blocks-held"),
 )
+# (planted bug, claim) -> the connector protocol's scenario that shows it.
+CONNECTOR_RUNS = {(bug, claim): scenario for _, claim, bug, scenario in CONNECTOR_CASES}
 # The issue's aim for a 4-step, 2-request case, and its bound for any finding.
 AIM_LINES, MAX_LINES = 80, 150
 # What a file may import: vLLM, vLLM's tests package, pytest, torch.
@@ -61,17 +97,44 @@ ALLOWED_ROOTS = {"vllm", "tests", "pytest", "torch"}
 
 @functools.cache
 def written(bug: str, claim: str) -> tuple[str, str, InvariantViolation]:
-    """``bug``'s fixed run, planted, in upstream form
+    """``bug``'s fixed run (or connector scenario, or searched failure),
+    planted, in upstream form
     (:func:`fuzz.upstream.upstream_form`): (its path in vLLM's tests tree,
     its source, the violation whose facts it asserts)."""
+    check = invariant(claim).check
+    searched = bug not in FIXED_RUNS and (bug, claim) not in CONNECTOR_RUNS
+    if searched:  # the self-tests' search, with the claim's check alone
+        found, _ = planted_failure(bug, planted_search_strategy(), settings=SEARCH, checks=(check,),
+                                   module_constants=False)
     with planted_scheduler_bug(bug):
-        with pytest.raises(InvariantViolation) as caught:
-            run_fixed(FIXED_RUNS[bug], (invariant(claim).check,))
-        form = upstream_form(caught.value.oplog, claim)  # type: ignore[arg-type]
+        if searched:
+            log = found.oplog  # type: ignore[assignment]
+        elif (bug, claim) in CONNECTOR_RUNS:
+            harness, steps = _connector_run(CONNECTOR_RUNS[bug, claim])
+            assert any(step_violations(step, (check,)) for step in steps), (bug, claim)
+            log = harness.oplog
+        else:
+            with pytest.raises(InvariantViolation) as caught:
+                run_fixed(FIXED_RUNS[bug], (check,))
+            log = caught.value.oplog  # type: ignore[assignment]
+        form = upstream_form(log, claim)  # type: ignore[arg-type]
     assert form is not None, f"{bug}: no upstream file for {claim}"
     rel, source, violation = form
     assert violation.facts and rel.endswith(f"/test_{claim.replace('-', '_')}.py"), (rel, violation.facts)
     return rel.replace("/test_", f"/test_{bug}_"), source, violation
+
+
+def _connector_run(scenario: str) -> tuple[SchedulerHarness, list[StepObservation]]:
+    """The connector protocol's ``scenario`` played to its end: the harness
+    (its operation log) and every step."""
+    if "-load-fails-" in scenario:
+        kind, *_, policy = scenario.split("-")
+        return failed_load_run(kind == "async", policy)
+    harness, steps = SchedulerHarness(CONFIG), []
+    for tokens, max_tokens, reply in SCENARIOS[scenario]:
+        harness.add_request(tokens, max_tokens=max_tokens, reply=reply)
+        steps += harness.drain(context=scenario)
+    return harness, steps
 
 
 @pytest.mark.parametrize(("bug", "claim"), CASES)
