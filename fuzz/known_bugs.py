@@ -830,7 +830,10 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "first positions are the prefix's and a sub-block hit (a copy, as vLLM's partial hits "
             "make) could serve them. Performance only: nothing is read that is not written. Shown "
             "on full attention of 8- and 12-token blocks beside Mamba (4), one-token hash unit; "
-            "scheduler-API only as shown."
+            "scheduler-API only as shown. Under an EAGLE-style drafter the same happens one drop past "
+            "the candidate: a group proves a length by the entry one hash unit past it, which lies "
+            "inside its cached full block, so it drops below the candidate (the state machine met it "
+            "on 4- and 8-token full attention, a sliding window and Mamba: 9 tokens served, 16 allowed)."
         ),
     ),
     KnownBug(

@@ -116,7 +116,9 @@ HIT_LONGER = "a hit longer than the index holds"
 HIT_LONGER_WITHOUT_EAGLE_PROOF = "a hit longer than the index allows that only a dropping group's EAGLE proof refuses"
 HIT_SHORTER = "a missed hit"
 # ... where a full-attention group holds a full block past the hit but no
-# entry at the hit's length inside it (a block size that does not divide it).
+# entry at the hit's length inside it (a block size that does not divide it),
+# or, under an EAGLE drop, none at the length one drop past the hit that
+# proves it.
 HIT_SHORTER_INSIDE_A_FULL_BLOCK = "a missed hit inside a cached full block of a full-attention group"
 # ... where a lone EAGLE-dropping group's proof of the hit is an entry past
 # the caller's limit, and the lookup served what the index allows without it
@@ -229,9 +231,16 @@ def _shortfall(adm: AdmissionObservation, hit: int, reaches: tuple[int, ...]) ->
             k * g.block_size in held for k in range(1, run + 1)
         ):
             return HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO
-    for g, held, reach, window, chunk in zip(adm.groups, adm.index_hold, reaches, windows, chunks):
+    for g, held, reach, window, chunk, drop in zip(adm.groups, adm.index_hold, reaches, windows, chunks, drops):
         full = group_kind(g) != "MambaSpec" and not window and not chunk
         if full and hit % g.block_size and hit not in held and reach > hit:
+            return HIT_SHORTER_INSIDE_A_FULL_BLOCK
+        # The same with an EAGLE drop: the group proves the hit by an entry one
+        # drop past it, and the length that proves it lies inside a cached full block.
+        proof = hit + drop
+        if full and drop and proof % g.block_size and proof not in held and any(
+            n - g.block_size < proof < n for n in held
+        ):
             return HIT_SHORTER_INSIDE_A_FULL_BLOCK
     return HIT_SHORTER
 

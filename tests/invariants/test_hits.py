@@ -9,7 +9,7 @@ import pytest
 
 from fuzz.model import AdmissionObservation, GroupInfo, InvariantViolation, MissedHit, group_behaviour
 from invariants.hits import (
-    HIT_LONGER, HIT_LONGER_WITHOUT_EAGLE_PROOF, HIT_SHORTER, HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT,
+    HIT_LONGER, HIT_LONGER_WITHOUT_EAGLE_PROOF, HIT_SHORTER, HIT_SHORTER_EAGLE_PROOF_PAST_LIMIT, HIT_SHORTER_INSIDE_A_FULL_BLOCK,
     HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO, check_hit_matches_index, predicted_hit,
 )
 
@@ -204,6 +204,16 @@ def test_longer_is_a_violation_shorter_a_missed_hit_equal_passes() -> None:
          HIT_SHORTER_EAGLE_WINDOW_FROM_ZERO),
         # ... a window the run covers: another missed hit.
         ([(FULL, 8), (WINDOW, 4)], (0, 8), (8, 4), [(8, 16), (4, 8, 12)], 8, 20, 0, HIT_SHORTER),
+        # One-token hash unit beside Mamba: the 8-token group proves 16 only at 17,
+        # inside its cached full block 16-24 with no entry there; vLLM's search,
+        # which reads no full block past 17, drops to 15 and the Mamba group to 9
+        # (met by the state machine): the full-block bug, one drop past the hit.
+        ([(FULL, 4), (FULL, 8), (MAMBA, 4)], (), (1, 1, 0), [(4, 8, 12, 16, 20), (8, 16, 24), (8, 9, 16)], 1, 26, 9,
+         HIT_SHORTER_INSIDE_A_FULL_BLOCK),
+        # ... entries at 17 (partial ones) in both full-attention groups: the proof is
+        # there, another missed hit.
+        ([(FULL, 4), (FULL, 8), (MAMBA, 4)], (), (1, 1, 0), [(4, 8, 12, 16, 17, 20), (8, 16, 17, 24), (8, 9, 16)], 1,
+         26, 9, HIT_SHORTER),
     ],
 )
 def test_each_eagle_shortfall_is_told_apart(groups, windows, drops, held, align, limit, hit, state) -> None:
