@@ -37,7 +37,7 @@ from invariants.table import invariant
 from tests.findings.repro_checks import SEARCH, planted_search_strategy
 from tests.invariants.planted_cases import CONNECTOR_CASES
 from tests.invariants.planted_runs import failed_load_run
-from tests.invariants.test_connector_protocol import CONFIG, SCENARIOS
+from tests.invariants.planted_runs import CONFIG, SCENARIOS
 from tests.support.search import planted_failure
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")

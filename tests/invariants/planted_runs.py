@@ -19,7 +19,7 @@ import functools
 from collections.abc import Callable
 
 from fuzz.adapter import FIXED_RUNS, SPECULATING, SchedulerHarness
-from fuzz.model import ExternalReply, LayoutDraw, SpecDraw, StepObservation
+from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
 from fuzz.runners.scheduler import Stepper, run_fixed
 from invariants.table import INVARIANTS, Invariant
 from tests.support.harnesses import harness_of
@@ -76,3 +76,28 @@ def failed_load_run(async_load: bool, policy: str) -> tuple[SchedulerHarness, li
         harness.add_request(tuple(range(100, 116)), max_tokens=1, reply=ExternalReply("store", store_len=12))
         harness.fail_next_sync_loads()
     return harness, harness.drain(context=f"{'async' if async_load else 'sync'} load fails, policy {policy}")
+
+
+# The connector protocol's scenarios (tests/invariants/test_connector_protocol.py;
+# the upstream-form repros of its claims run them too).
+CONFIG = SchedulerDraw(
+    layout=LayoutDraw(
+        (SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4)), hash_block_size=1, num_blocks=32
+    ),
+    max_num_batched_tokens=32,
+)
+TOKENS = tuple(range(100, 130))
+NONE = ExternalReply("zero")
+
+# name: requests run one after another (tokens, max_tokens, reply).
+SCENARIOS: dict[str, tuple[tuple[tuple[int, ...], int, ExternalReply], ...]] = {
+    "sync-load-truncates-tail": (
+        (TOKENS[:10], 1, NONE),
+        (TOKENS[:16], 1, ExternalReply("store", store_len=16)),
+    ),
+    "tail-kept-answer-dropped": (
+        (TOKENS[:10], 1, NONE),
+        (TOKENS[:16], 1, ExternalReply("store", store_len=9)),
+    ),
+    "async-load-partial": ((TOKENS[:20], 2, ExternalReply("store", store_len=15, load_async=True)),),
+}

@@ -30,33 +30,11 @@ from fuzz.model import ExternalReply, InvariantViolation, LayoutDraw, SchedulerD
 from invariants import connector as conn
 from invariants.scheduler import step_violations
 from tests.invariants.planted_cases import CONNECTOR_CASES as CASES
-from tests.invariants.planted_runs import failed_load_run
+from tests.invariants.planted_runs import CONFIG, NONE, SCENARIOS, TOKENS, failed_load_run
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
-CONFIG = SchedulerDraw(
-    layout=LayoutDraw(
-        (SpecDraw("FullAttentionSpec", 4), SpecDraw("MambaSpec", 4)), hash_block_size=1, num_blocks=32
-    ),
-    max_num_batched_tokens=32,
-)
-TOKENS = tuple(range(100, 130))
-NONE = ExternalReply("zero")
-
-# name: requests run one after another (tokens, max_tokens, reply).
-SCENARIOS: dict[str, tuple[tuple[tuple[int, ...], int, ExternalReply], ...]] = {
-    "sync-load-truncates-tail": (
-        (TOKENS[:10], 1, NONE),
-        (TOKENS[:16], 1, ExternalReply("store", store_len=16)),
-    ),
-    "tail-kept-answer-dropped": (
-        (TOKENS[:10], 1, NONE),
-        (TOKENS[:16], 1, ExternalReply("store", store_len=9)),
-    ),
-    "async-load-partial": ((TOKENS[:20], 2, ExternalReply("store", store_len=15, load_async=True)),),
-}
-
-
+# The connector scenarios (CONFIG, SCENARIOS): tests/invariants/planted_runs.py.
 # Failed loads: tests/invariants/planted_runs.py's failed_load_run.
 def _failed_load(async_load: bool, policy: str) -> list[StepObservation]:
     return failed_load_run(async_load, policy)[1]
