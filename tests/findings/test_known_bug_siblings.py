@@ -52,6 +52,21 @@ def test_a_violation_is_set_aside_only_when_every_instance_is_known() -> None:
     assert sort_out(_held((other_group,)), VERSION)[0] == []
 
 
+def test_a_violation_is_matched_once() -> None:
+    """What sort_out leaves (the runner's triage) is no known bug's, and the
+    findings writer's match_violation does not match it again; a violation
+    nothing sorted out (the truncation tier, a run reporting known bugs) is
+    matched there."""
+    real = Instance(own.READ_DROPPED_AFTER_WHOLE_LOAD, "MambaSpec", 0, ("r1",), ())
+    freed = Instance(own.READ_NOT_HELD, "FullAttentionSpec", 1, ("r1",), (7,))
+    untriaged = _held((real,))
+    assert not untriaged.sorted_out and match_violation(untriaged, VERSION) is known_bug(WHOLE_LOAD)
+    _, rest = sort_out(_held((real, freed)), VERSION)
+    assert rest is not None and rest.sorted_out and match_violation(rest, VERSION) is None
+    _, unknown = sort_out(_held((freed,)), VERSION)
+    assert unknown is not None and unknown.sorted_out
+
+
 def _step(**fields: object) -> StepObservation:
     return StepObservation(
         step=9, admissions=(), error=None, error_type=None, error_where=None, dishonest_replies=(),
