@@ -306,14 +306,20 @@ def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw])
     # (The long-prefill threshold stays within it: vLLM refuses less.)
     fits = _longest_request(layout, num_blocks - 1, config.num_speculative_tokens or 0)
     limit = max(min(limit, fits), config.long_prefill_token_threshold, 2)
-    # Half the configurations publish KV events (--kv-events-config), which
-    # the harness replays as a router would; drawn last, shrinks to off.
-    kv_events = draw(st.booleans(), label="kv events")
+    # Three serving options, each on in half the configurations, from one
+    # draw (drawn last, shrinks to all off): KV events published
+    # (--kv-events-config; the harness replays them as a router would), the
+    # engine's metrics (log_stats, as `vllm serve` runs; SchedulerDraw.metrics),
+    # and finished-id sets (a data-parallel engine core).
+    options = draw(st.integers(0, 7), label="kv events | engine metrics | finished-id sets")
+    kv_events, metrics, finished_sets = bool(options & 1), bool(options & 2), bool(options & 4)
     return dataclasses.replace(
         config,
         layout=dataclasses.replace(layout, num_blocks=num_blocks, max_model_len=limit),
         prefill_schedule_interval=interval,
         kv_events=kv_events,
+        metrics=metrics,
+        finished_sets=finished_sets,
         max_loras=MACHINE_MAX_LORAS,  # LoRA on: a quarter of the requests run under an adapter (namespaces)
     )
 
@@ -329,9 +335,9 @@ def machine_configs(
     family, the core case first) with a pool sized from one ~6-block
     request up to three times that, in three configurations in eight a
     prefill cadence (``prefill_schedule_interval`` 2-4), in one in four a
-    context (``max_model_len``) of 2-8 scheduler blocks, and in half KV
-    events on. Shrinks towards the smallest pool, no cadence, a roomy context
-    and no events."""
+    context (``max_model_len``) of 2-8 scheduler blocks, and in half each KV
+    events, the engine's metrics and finished-id sets on. Shrinks towards the
+    smallest pool, no cadence, a roomy context, no events and no metrics."""
     if configs is None:
         configs = scheduler_draws(
             layouts=scheduler_layouts(weights=_LAYOUT_WEIGHTS), asynchronous=True, producers=True, speculative=True

@@ -68,7 +68,10 @@ def build_scheduler(draw: SchedulerDraw) -> BuiltScheduler:
                 structured_output_manager=StructuredOutputManager(plan.vllm_config),
                 block_size=plan.scheduler_block_size,
                 hash_block_size=plan.hash_block_size,
-                log_stats=False,
+                # What the engine core hands it: stats unless --disable-log-stats,
+                # finished-id sets behind the DP coordinator.
+                log_stats=draw.metrics,
+                include_finished_set=draw.finished_sets,
             )
     except Exception as exc:  # noqa: BLE001 - vLLM's verdict, or the suite's misfit
         raise refused(exc) from exc

@@ -406,6 +406,23 @@ def kv_events_kw(enabled: bool) -> dict[str, Any]:
     return {"kv_events_config": KVEventsConfig(enable_kv_cache_events=True, publisher="null")}
 
 
+def observability_kw(metrics: bool, speculative: bool) -> dict[str, Any]:
+    """``VllmConfig`` keywords of the metrics a serving deployment asks for:
+    ``--kv-cache-metrics`` with every block sampled (the block pool reports
+    allocations, hits and evictions to the collector) and, with speculative
+    decoding (vLLM refuses them without) and where the release has them,
+    per-request speculative-decoding metrics."""
+    if not metrics:
+        return {}
+    from vllm.config import ObservabilityConfig
+
+    wanted: dict[str, Any] = {"kv_cache_metrics": True, "kv_cache_metrics_sample": 1.0}
+    if speculative:
+        wanted["per_request_spec_decode_metrics"] = "detailed"
+    known = {f.name for f in dataclasses.fields(ObservabilityConfig)}
+    return {"observability_config": ObservabilityConfig(**{k: v for k, v in wanted.items() if k in known})}
+
+
 def declared_defaults(qualified_names: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Per vLLM dataclass named (``"vllm.config.CacheConfig"``), keyed by its
     class name, the default each field declares (a pydantic ``Field``'s own

@@ -191,6 +191,7 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
         draw.kv_events,
         draw.max_loras,
         draw.connector,
+        draw.metrics,
     )
     config = _VLLM_CONFIGS.get(key)
     if config is None:
@@ -244,6 +245,7 @@ def _new_vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: in
         device_config=DeviceConfig(device="cpu"),
         **_compat.kv_events_kw(draw.kv_events),
         **_compat.lora_kw(draw.max_loras),
+        **_compat.observability_kw(draw.metrics, draw.speculative_method is not None),
     )
 
 

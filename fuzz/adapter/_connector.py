@@ -256,14 +256,16 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         # does (nixl/pull_scheduler.py request_finished: delay_free_blocks
         # for FINISHED_LENGTH_CAPPED / FINISHED_STOPPED with any block;
         # an aborted or failed request is freed at once). kv_both never holds.
-        if (
-            self.producer
-            and request.status.name in ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED")
-            and any(len(g) > 0 for g in block_ids)
-        ):
+        # It answers with the parameters the decode instance pulls by
+        # (do_remote_prefill and the blocks to read), as NIXL's P side does.
+        if self.producer and request.status.name in ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED"):
+            params = {"do_remote_prefill": True, "do_remote_decode": False,
+                      "remote_block_ids": [list(g) for g in block_ids], "remote_request_id": rid}
+            if not any(len(g) > 0 for g in block_ids):
+                return False, params
             self.script.sends_in_flight.add(rid)
             self.script.send_blocks[rid] = tuple(tuple(g) for g in block_ids)
-            return True, None
+            return True, params
         return False, None
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:

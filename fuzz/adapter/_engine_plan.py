@@ -297,6 +297,7 @@ def _vllm_config(engine: EngineDraw, draw: SchedulerDraw | None, max_model_len: 
         ),
         device_config=DeviceConfig(device="cpu"),
         **_compat.kv_events_kw(draw.kv_events),
+        **_compat.observability_kw(draw.metrics, draw.speculative_method is not None),
     )
     # The lean CPU install has no vLLM platform, so VllmConfig turns the
     # hybrid KV-cache manager off; the GPU deployments modelled run with it.

@@ -15,6 +15,7 @@ from vllm.config import (
     CacheConfig,
     DeviceConfig,
     KVEventsConfig,
+    ObservabilityConfig,
     KVTransferConfig,
     LoRAConfig,
     ModelConfig,
@@ -40,6 +41,8 @@ from fuzz.kit._params import (
     CACHE_SALTS,
     CONNECTOR,
     DRAFT_MODEL_CONFIG,
+    ENGINE_METRICS,
+    FINISHED_SETS,
     HASH_BLOCK_SIZE,
     KV_CONFIG_FIELDS,
     KV_EVENTS,
@@ -158,13 +161,21 @@ def _make_scheduler(tmp_path):
         # --kv-events-config: the block pool queues KV events and
         # update_from_output() hands each step's batch to the publisher.
         vllm_config.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+    if ENGINE_METRICS:
+        # --kv-cache-metrics (every block sampled); per-request spec-decode
+        # metrics only with a speculative config (vLLM refuses them without).
+        metrics = {"per_request_spec_decode_metrics": "detailed"} if SPECULATIVE_METHOD is not None else {}
+        vllm_config.observability_config = ObservabilityConfig(
+            kv_cache_metrics=True, kv_cache_metrics_sample=1.0, **metrics
+        )
     scheduler = vllm_config.scheduler_config.get_scheduler_cls()(  # as EngineCore: AsyncScheduler if async
         vllm_config=vllm_config,
         kv_cache_config=_make_kv_cache_config(),
         structured_output_manager=StructuredOutputManager(vllm_config),
         block_size=SCHEDULER_BLOCK_SIZE,
         hash_block_size=HASH_BLOCK_SIZE,
-        log_stats=False,
+        log_stats=ENGINE_METRICS,  # True: stats returned as the engine without --disable-log-stats
+        include_finished_set=FINISHED_SETS,
     )
     if MULTIMODAL:
         # A multimodal model's encoder budget and cache (a text model's

@@ -109,11 +109,14 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
         if KV_ROLE == "kv_producer":
             # As NIXL's P side: a request that finished normally is sent, its
             # blocks held until finished_sending; an aborted one is freed at once.
-            if request.status.name in ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED") and any(
-                len(g) > 0 for g in block_ids
-            ):
+            # It answers with what the decode instance pulls by.
+            if request.status.name in ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED"):
+                params = {"do_remote_prefill": True, "do_remote_decode": False,
+                          "remote_block_ids": [list(g) for g in block_ids], "remote_request_id": rid}
+                if not any(len(g) > 0 for g in block_ids):
+                    return False, params
                 self.sends_in_flight.add(rid)
-                return True, None
+                return True, params
         return False, None
 
     def request_finished_all_groups(self, request, block_ids):

@@ -54,6 +54,11 @@ DIVERGENT_HITS = False
 KV_EVENTS = False
 # --enable-lora --max-loras N (0: LoRA off); a request's adapter is _make_request's lora.
 MAX_LORAS = 0
+# The engine's metrics (log_stats, as `vllm serve` runs; --kv-cache-metrics;
+# per-request spec-decode metrics when speculating), and finished-id sets
+# (include_finished_set: a DP engine core behind the coordinator).
+ENGINE_METRICS = False
+FINISHED_SETS = False
 # Whether some request carries a cache_salt, sends prompt embeddings, or
 # skips reading the prefix cache (_make_request's options).
 CACHE_SALTS = False

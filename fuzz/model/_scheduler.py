@@ -106,6 +106,18 @@ class SchedulerDraw:
     # requests of at most N adapters (a request's adapter is in AddRequest.lora).
     max_loras: int = 0
     connector: bool = True  # --kv-transfer-config; False only where a repro's shrinking drops it
+    # The engine's metrics, as ``vllm serve`` runs by default (no
+    # ``--disable-log-stats``): the scheduler is built with ``log_stats=True``
+    # and returns SchedulerStats (prefix-cache and connector hit counts)
+    # after each step; with it ``--kv-cache-metrics`` (every block sampled)
+    # and per-request speculative-decoding metrics ("detailed"). Off: the
+    # offline ``LLM`` default. None of it changes what is scheduled.
+    metrics: bool = False
+    # A data-parallel engine core behind the DP coordinator (internal load
+    # balancing): the scheduler is built with ``include_finished_set=True``
+    # and returns the ids of requests finished since its last output, per
+    # front-end client.
+    finished_sets: bool = False
 
     def __post_init__(self) -> None:
         if self.kv_role not in KV_ROLES:
@@ -160,6 +172,8 @@ class SchedulerDraw:
             f"{', async_scheduling=True' if self.async_scheduling else ''}"
             f"{'' if self.prefill_schedule_interval == 1 else f', prefill_schedule_interval={self.prefill_schedule_interval}'}"
             f"{'' if self.kv_role == 'kv_both' else f', kv_role={self.kv_role!r}'}"
+            f"{', log_stats=True' if self.metrics else ''}"
+            f"{', include_finished_set=True' if self.finished_sets else ''}"
             f"{'' if self.speculative_method is None else f', speculative_config={{method={self.speculative_method!r}, num_speculative_tokens={self.num_speculative_tokens}}}, draft_acceptance={self.draft_acceptance}'}"
             f"{'' if self.engine is None else f', engine={self.engine!r}'})"
         )

@@ -482,6 +482,8 @@ def _constants(log: OpLog, invariant: str, requests: list[AddRequest]) -> dict[s
             f"DIVERGENT_HITS = {draw.divergent_hits!r}",
         ]),
         "KV_EVENTS": (draw.kv_events, [f"KV_EVENTS = {draw.kv_events!r}"]),
+        "ENGINE_METRICS": (draw.metrics, [f"ENGINE_METRICS = {draw.metrics!r}"]),
+        "FINISHED_SETS": (draw.finished_sets, [f"FINISHED_SETS = {draw.finished_sets!r}"]),
         # --enable-lora, stated only where a request runs under an adapter.
         "MAX_LORAS": (loras := draw.max_loras if any(r.lora for r in requests) else 0, [f"MAX_LORAS = {loras!r}"]),
         # What _make_request builds only where some request asks for it.

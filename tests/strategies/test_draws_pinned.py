@@ -55,9 +55,10 @@ PINNED = {
     "single_shot_any_layout": "c7babd2e71c4208fac82def85697c85688a86fefa1d0aff53f9eca4684ec30c2",
     # Moved when machine_configs began drawing kv_role (async configs), speculative decoding,
     # prefill_schedule_interval, and KV events (last); moved again with the sixth layout family
-    # (full attention beside a sliding window, and a third group of either kind).
-    "machine_configs": "da433416fc3e7244e762cd663d43ce0acc050461edea0fe685e7740fc699853f",
-    "failing_load_configs": "24625c599295dad0658f2b7acf705bbf2da527c6302f56cb6a3a7e8dad769c4f",
+    # (full attention beside a sliding window, and a third group of either kind); both moved
+    # when the machine began drawing KV events, the engine's metrics and finished-id sets in one draw (last).
+    "machine_configs": "5d9131f1d029e34892651890ebbb145c6dcf10587757709fd256c6e8640c9747",
+    "failing_load_configs": "5efd16241c68432baa3a536ce01262976067f48d92b3c0660b89181461b4b0c9",
 }
 
 
