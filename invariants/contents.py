@@ -123,7 +123,10 @@ def _kv_violations(step: StepObservation) -> Iterator[InvariantViolation]:
     """One violation per cause, one instance per request and position."""
     return _by_cause("kv-matches-tokens", step, step.kv_from_other_tokens,
                      lambda w: (OTHER_TOKENS_AFTER_FAILED_LOAD, _PLACEHOLDERS) if w.recomputed_failed_load
-                     else (OTHER_TOKENS, WHERE))
+                     else (OTHER_TOKENS, WHERE),
+                     # The token the runner computed the position from (the worker's record).
+                     fact=lambda w: Fact("recorded-token", (w.request_id, w.position, w.written_at), w.recorded,
+                                         w.computed_from))
 
 
 check_kv_matches_tokens.violations = _kv_violations  # type: ignore[attr-defined]

@@ -129,7 +129,9 @@ def check_lookahead_allocated(step: StepObservation) -> None:
     attention group's table the runner gets for that step already covers
     them (up to max_model_len), or the drafter writes into blocks the
     request does not own."""
-    _report("lookahead-allocated", step.missing_lookahead, step, where="KVCacheManager.allocate_slots", state=LOOKAHEAD_UNALLOCATED)
+    _report("lookahead-allocated", step.missing_lookahead, step, where="KVCacheManager.allocate_slots", state=LOOKAHEAD_UNALLOCATED,
+            facts=tuple(Fact("table-covers", (m.request_id, m.group, m.start, m.num_scheduled, m.lookahead), m.covered,
+                             m.needed, ">=", after="schedule") for m in step.missing_lookahead))
 
 
 def _in_flight_reads_freed(step: StepObservation, facts: list[Fact] | None = None) -> list[tuple[str, str]]:

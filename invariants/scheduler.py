@@ -438,6 +438,9 @@ def check_rejected_drafts_rolled_back(step: StepObservation) -> None:
                 f"(down by {v.computed_before - v.computed_after})\n{step.describe()}"
                 + (f"\n  scenario: {step.context}" if step.context else ""),
                 where="Scheduler.update_from_output",
+                # The drop the runner's verdict asks for: its rejections, counted by the model runner.
+                facts=(Fact("rolled-back", (v.request_id, v.num_drafts, v.num_accepted),
+                            v.computed_before - v.computed_after, v.num_rejected),),
             )
 
 

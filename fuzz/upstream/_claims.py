@@ -55,4 +55,13 @@ CLAIMS = {
                         "no Mamba group adopts as a cache hit the state another request writes in the same step.",
     "running-request-progresses": "A RUNNING request is scheduled again or finishes: once a schedule() with "
                                   "nothing in flight and nothing arriving leaves it out, every later one does.",
+    # Speculative decoding's.
+    "lookahead-allocated": "A drafter with its own forward pass (EAGLE) writes KV num_lookahead_tokens positions "
+                           "past each step it drafts from: the schedule() of that step allocates them, so every "
+                           "attention group's table covers them (up to max_model_len).",
+    "rejected-drafts-rolled-back": "update_from_output() takes a request's num_computed_tokens down by exactly the "
+                                   "drafts the model runner rejected: their positions hold KV of tokens the request "
+                                   "does not have, and the next step computes them again.",
+    "kv-matches-tokens": "The tokens vLLM records for a request (all_token_ids) are the ones the model runner "
+                         "computed its KV from: with accepted drafts, every token sampled, in order.",
 }

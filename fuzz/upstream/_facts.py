@@ -53,16 +53,30 @@ Subjects (their ``args``):
 * ``connector-meta`` (): the step's output carries connector metadata;
 * ``sync-loads-flag`` (request, tokens): the step's output says
   ``has_sync_kv_loads``.
+
+Speculative decoding's:
+
+* ``table-covers`` (request, group, start, scheduled, lookahead): the
+  positions the request's table in the group covers (its blocks times the
+  group's block size) when its step computes ``scheduled`` tokens from
+  ``start`` and the drafter writes ``lookahead`` positions past them;
+* ``rolled-back`` (request, drafts, accepted): how far the
+  ``update_from_output()`` that verified the request's drafts took its
+  ``num_computed_tokens`` down (read before it: :data:`BEFORE_UPDATE`);
+* ``recorded-token`` (request, position, step): the token vLLM records at
+  the position (``all_token_ids``), whose KV the runner computed in the
+  step from the token the fact expects.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import textwrap
+from collections.abc import Callable
 
 from fuzz.model import Fact
 
-__all__ = ["PRELUDES", "SUBJECTS", "Context", "fact_lines"]
+__all__ = ["BEFORE_UPDATE", "PRELUDES", "SUBJECTS", "Context", "fact_lines"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,6 +340,35 @@ def _finished_calls(fact: Fact, ctx: Context) -> list[str] | None:
         f"once, when the request finishes"))
 
 
+# Speculative decoding's subjects.
+def _table_covers(fact: Fact, ctx: Context) -> list[str] | None:
+    rid, group, start, scheduled, lookahead = fact.args
+    if group >= len(ctx.block_sizes):
+        return None
+    size = ctx.block_sizes[group]
+    return _assert(f'len(scheduler.kv_cache_manager.get_block_ids("{rid}")[{group}]) * {size}', fact, (
+        f"step {ctx.step}: {rid} computes positions [{start}, {start + scheduled}) and its drafter writes "
+        f"{lookahead} position(s) past them: group {group}'s table (blocks of {size}) covers {fact.observed} "
+        f"positions, {fact.expected} needed"))
+
+
+def _rolled_back(fact: Fact, ctx: Context) -> list[str] | None:
+    rid, drafts, accepted = fact.args
+    name = ctx.names[rid]
+    return _assert(f"{name}_computed - {name}.num_computed_tokens", fact, (
+        f"step {ctx.step}: update_from_output() verified {drafts} drafts of {rid} and the runner accepted "
+        f"{accepted}: num_computed_tokens must go down by the {fact.expected} rejected; it went down by "
+        f"{fact.observed}"))
+
+
+def _recorded_token(fact: Fact, ctx: Context) -> list[str] | None:
+    rid, position, written = fact.args
+    return _assert(f"{ctx.names[rid]}.all_token_ids[{position}]", fact, (
+        f"step {ctx.step}: the runner computed position {position} of {rid} (step {written}) from token "
+        f"{fact.expected}, but vLLM records token {fact.observed} there: its next tokens are sampled from another "
+        "sequence"))
+
+
 SUBJECTS = {
     "cached-blocks": _cached_blocks,
     "hit-tokens": _hit_tokens,
@@ -346,6 +389,22 @@ SUBJECTS = {
     "finished-calls": _finished_calls,
     "connector-meta": _connector_meta,
     "sync-loads-flag": _sync_loads_flag,
+    # Speculative decoding's.
+    "table-covers": _table_covers,
+    "rolled-back": _rolled_back,
+    "recorded-token": _recorded_token,
+}
+
+
+def _computed_before_update(fact: Fact, ctx: Context) -> list[str]:
+    name = ctx.names.get(fact.args[0])  # none: the fact itself is not stated
+    return [f"    {name}_computed = {name}.num_computed_tokens  # the drafts included"] if name else []
+
+
+# What a subject's fact due after an ``update_from_output()`` reads right
+# before that call (the lines, given the fact and its context).
+BEFORE_UPDATE: dict[str, Callable[[Fact, Context], list[str]]] = {
+    "rolled-back": _computed_before_update,
 }
 
 

@@ -11,7 +11,8 @@ where a KV connector is part of the case).
   ``create_scheduler`` of ``tests/v1/kv_connector/unit/utils.py`` and its
   ``MockKVConnector``); what they cannot give (a second KV-cache group, KV
   events, an encoder budget, a connector that keeps what it is handed) is
-  built in a few explicit lines;
+  built in a few explicit lines; a drafter as :mod:`fuzz.upstream._speculation`
+  states it;
 * each request is a ``Request`` with the run's tokens;
 * the run is concrete steps: add, ``schedule()``, feed a
   ``ModelRunnerOutput`` (``create_model_runner_output`` where one token per
@@ -47,7 +48,13 @@ from fuzz.model import (
     Step,
 )
 from fuzz.upstream._claims import CLAIMS
-from fuzz.upstream._facts import PRELUDES, Context, fact_lines
+from fuzz.upstream._facts import BEFORE_UPDATE, PRELUDES, Context, fact_lines
+from fuzz.upstream._speculation import (
+    connector_stands_in,
+    draft_lines,
+    speculation_args,
+    unstated,
+)
 from invariants.table import INVARIANTS
 
 __all__ = ["upstream_form", "upstream_path", "upstream_repro", "upstream_repro_of_failure"]
@@ -148,8 +155,11 @@ def _connector_config(log: OpLog) -> dict[str, object]:
 def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
     cfg, draw = log.config, log.config.draw
     groups = draw.layout.groups
-    if draw.speculative_method or any(r.embeds for r in log.requests) or draw.prefill_schedule_interval != 1:
-        raise _Unwritable("speculation, prompt embeddings or a prefill interval")
+    if any(r.embeds for r in log.requests) or draw.prefill_schedule_interval != 1:
+        raise _Unwritable("prompt embeddings or a prefill interval")
+    if unstated(log):
+        raise _Unwritable(unstated(log))
+    connector = _has_connector(log)
     plain = len(groups) == 1 and groups[0].kind == "FullAttentionSpec" and not groups[0].params
     mamba = any(g.kind == "MambaSpec" for g in groups)
     # The helpers' own spec is one full-attention group: others are stated.
@@ -157,7 +167,7 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
     limits = (f"block_size={cfg.scheduler_block_size}, max_num_seqs={draw.max_num_seqs}, "
               f"max_num_batched_tokens={draw.max_num_batched_tokens}, max_model_len={cfg.max_model_len}")
     b = f.body
-    if draw.connector:
+    if connector:
         f.need(_UNIT, "create_scheduler", "create_vllm_config")
         # The mock lacks the hybrid allocator's hand-off (more than one group
         # needs it) and keeps nothing it is handed: a small subclass has both.
@@ -185,7 +195,7 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
         more.append(("long_prefill_token_threshold", draw.long_prefill_token_threshold))
     if draw.async_scheduling:
         more.append(("async_scheduling", True))
-    if draw.connector:
+    if connector:
         b += [f"    vllm_config.scheduler_config.{k} = {v!r}" for k, v in more]
         if draw.max_loras and any(r.lora for r in log.requests):
             f.need("vllm.config", "LoRAConfig")
@@ -199,6 +209,7 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
     else:
         args = ["enable_prefix_caching=True", limits, f"num_blocks={draw.layout.num_blocks}"]
         args += [f"{k}={v!r}" for k, v in more]
+        args += speculation_args(f, log)
         if len(groups) == 1 and specs and not mamba:
             args.append(f"kv_cache_spec={specs[0]}")
         if draw.max_loras and any(r.lora for r in log.requests):
@@ -220,7 +231,7 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
                   f"        hash_block_size={cfg.hash_block_size}, log_stats=True,",
                   f"        structured_output_manager=StructuredOutputManager({config}),",
                   "    )"]
-    if draw.connector and draw.model_runner is not None:
+    if connector and draw.model_runner is not None:
         b.append(f"    scheduler.use_v2_model_runner = {draw.model_runner == 'v2'}")
     if draw.kv_events:
         b.append("    # --kv-events-config: the block pool queues BlockStored / BlockRemoved events.")
@@ -308,9 +319,12 @@ def _request(f: _File, add: AddRequest, hash_block_size: int) -> list[str]:
 
 
 def _feed(f: _File, fed: FedOutput, output: str) -> list[str]:
-    """``update_from_output`` with the output the harness fed back."""
-    if fed.drafts:
-        raise _Unwritable("draft tokens")
+    """``update_from_output`` with the output the harness fed back (then,
+    speculating synchronously, the drafter's proposals)."""
+    return _update(f, fed, output) + draft_lines(f, fed)
+
+
+def _update(f: _File, fed: FedOutput, output: str) -> list[str]:
     names = "[" + ", ".join(_name(r) for r in fed.req_ids) + "]"
     sampled = [list(t) for t in fed.sampled_token_ids]
     kv = {k: set(v) for k, v in (("finished_sending", fed.finished_sending), ("finished_recving", fed.finished_recving),
@@ -431,6 +445,8 @@ class _Program(OpVisitor[bool]):
             b += [f'    scheduler.finish_requests("{r}", RequestStatus.FINISHED_ABORTED)  # while the model runs'
                   for r in self.during]
             self.during = []
+            b += [line for fact in at.get((op.index, "update"), []) if fact.subject in BEFORE_UPDATE
+                  for line in BEFORE_UPDATE[fact.subject](fact, ctx)]
             b += _feed(f, op.fed, f"output_{op.fed_step}" if async_ and op.fed_step else output)
         b += _facts_at(f, at.get((op.index, "update"), []), ctx)
         return op.index != stop
@@ -461,7 +477,13 @@ def _drop_unread_outputs(body: list[str]) -> None:
 def upstream_path(log: OpLog) -> str:
     """Where the file belongs in vLLM's tests tree: the connector unit tests
     where the case has a KV connector, else the core tests."""
-    return "v1/kv_connector/unit" if log.config.draw.connector else "v1/core"
+    return "v1/kv_connector/unit" if _has_connector(log) else "v1/core"
+
+
+def _has_connector(log: OpLog) -> bool:
+    """Whether the file builds the run's KV connector (an EAGLE run's idle
+    one it states as what it changed: :func:`connector_stands_in`)."""
+    return log.config.draw.connector and not connector_stands_in(log)
 
 
 def upstream_repro(oplog: OpLog, violation: InvariantViolation, *, vllm_version: str | None = None) -> str | None:

@@ -2,7 +2,7 @@
 planted bugs of the claims whose checks attach facts (issue 47's and 48's,
 and the older hit and contents claims): each plant's fixed
 run (:data:`fuzz.adapter.FIXED_RUNS`; else the connector protocol's
-scenario, or the self-tests' search), planted, shrunk with its claim's
+scenario, the speculating run, or the self-tests' search), planted, shrunk with its claim's
 check alone and replayed for the violation's facts, is written as a test
 for vLLM's tests tree. Here, without vLLM's tree: each file is short, lints
 clean and carries nothing of the suite. In the tree
@@ -38,6 +38,7 @@ from tests.findings.repro_checks import SEARCH, planted_search_strategy
 from tests.invariants.planted_cases import CONNECTOR_CASES
 from tests.invariants.planted_runs import failed_load_run
 from tests.invariants.planted_runs import CONFIG, SCENARIOS
+from tests.invariants.planted_runs import speculating_harness
 from tests.support.search import planted_failure
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
@@ -86,7 +87,19 @@ CASES = (
     ("skipping_request_reads_local_cache", "skip-reads-no-cache"),
     ("caches_async_load_early", "index-written"),
     ("mamba_frees_resume_state", "read-blocks-held"),
+    # Speculative decoding (ngram and EAGLE drafts): the drafts a preemption
+    # keeps, the EAGLE last-block drop, the lookahead slots, the rejected
+    # drafts (SPECULATING_RUNS), the tokens recorded for accepted ones.
+    ("preempt_keeps_drafts", "preempted-resumable"),
+    ("eagle_drop_forgotten", "hit-matches-index"),
+    ("eagle_drop_reapplied", "hit-matches-index"),
+    ("lookahead_not_allocated", "lookahead-allocated"),
+    ("rejected_drafts_stay_computed", "rejected-drafts-rolled-back"),
+    ("records_first_sampled_token", "kv-matches-tokens"),
 )
+# Planted bug -> the speculating run it is written from (tests/invariants/planted_runs.py's
+# speculating_harness: False, ngram drafts under sync scheduling).
+SPECULATING_RUNS = {"rejected_drafts_stay_computed": False, "records_first_sampled_token": False}
 # (planted bug, claim) -> the connector protocol's scenario that shows it.
 CONNECTOR_RUNS = {(bug, claim): scenario for _, claim, bug, scenario in CONNECTOR_CASES}
 # The issue's aim for a 4-step, 2-request case, and its bound for any finding.
@@ -102,13 +115,17 @@ def written(bug: str, claim: str) -> tuple[str, str, InvariantViolation]:
     (:func:`fuzz.upstream.upstream_form`): (its path in vLLM's tests tree,
     its source, the violation whose facts it asserts)."""
     check = invariant(claim).check
-    searched = bug not in FIXED_RUNS and (bug, claim) not in CONNECTOR_RUNS
+    searched = bug not in FIXED_RUNS and (bug, claim) not in CONNECTOR_RUNS and bug not in SPECULATING_RUNS
     if searched:  # the self-tests' search, with the claim's check alone
         found, _ = planted_failure(bug, planted_search_strategy(), settings=SEARCH, checks=(check,),
                                    module_constants=False)
     with planted_scheduler_bug(bug):
         if searched:
             log = found.oplog  # type: ignore[assignment]
+        elif bug in SPECULATING_RUNS:
+            harness = speculating_harness(SPECULATING_RUNS[bug])
+            assert any(step_violations(step, (check,)) for step in harness.drain(context="speculating")), (bug, claim)
+            log = harness.oplog
         elif (bug, claim) in CONNECTOR_RUNS:
             harness, steps = _connector_run(CONNECTOR_RUNS[bug, claim])
             assert any(step_violations(step, (check,)) for step in steps), (bug, claim)
