@@ -71,13 +71,14 @@ SCHEDULE = "Scheduler.schedule"
 
 
 def _fail_admission(
-    invariant: str, adm: AdmissionObservation, message: str, context: str = "", group: GroupInfo | None = None
+    invariant: str, adm: AdmissionObservation, message: str, context: str = "", group: GroupInfo | None = None,
+    facts: tuple[Fact, ...] = (),
 ) -> None:
     text = f"{message}\n{adm.describe()}"
     if context:
         text += f"\n  scenario: {context}"
     raise InvariantViolation(
-        invariant, text, where=SCHEDULE, group_kind=None if group is None else group_kind(group)
+        invariant, text, where=SCHEDULE, group_kind=None if group is None else group_kind(group), facts=facts
     )
 
 
@@ -98,6 +99,11 @@ def _step_violation(
     instance = Instance(state, kind, None if group is None else group.index, () if request is None else (request,))
     return InvariantViolation(invariant, text, where=where, group_kind=kind, state=state, instances=(instance,),
                               facts=facts)
+
+
+def _told(adm: AdmissionObservation, subject: str, observed: int, expected: int, why: str, rel: str = "==") -> Fact:
+    """What the admitting ``schedule()`` passed the connector (``connector-asked``, ``connector-told``)."""
+    return Fact(subject, (adm.request_id, why), observed, expected, rel, step=adm.step, after="schedule")
 
 
 def _loads(adm: AdmissionObservation) -> bool:
@@ -129,7 +135,7 @@ def check_external_range_contiguous(adm: AdmissionObservation, context: str = ""
         return
     ext = adm.connector_external_tokens or 0
     local = adm.alloc_local_tokens
-    problems = []
+    problems, facts = [], []
     if adm.asked_with is None:
         problems.append("the connector was never asked about this request in the step")
     elif local != adm.asked_with:
@@ -138,12 +144,17 @@ def check_external_range_contiguous(adm: AdmissionObservation, context: str = ""
             f"asked the connector from {adm.asked_with}: the load [{local}, {local + ext}) does not "
             f"start where the connector's answer starts ({adm.asked_with})"
         )
+        facts.append(_told(adm, "connector-asked", adm.asked_with, local,
+                           f"the scheduler kept {local} local tokens and loads {ext} external ones after them"))
     if adm.reply is not None and ext != adm.reply:
         problems.append(f"the connector answered {adm.reply} tokens but was told to load {ext}")
+        facts.append(_told(adm, "connector-told", ext, adm.reply, f"the connector answered {adm.reply}"))
     if local + ext > adm.num_tokens:
         problems.append(f"the load ends at {local + ext}, past the prompt (num_tokens={adm.num_tokens})")
+        facts.append(_told(adm, "connector-told", ext, adm.num_tokens - local, f"{local} tokens are local and the "
+                           f"prompt has {adm.num_tokens}", "<="))
     if problems:
-        _fail_admission("external-contiguous", adm, "; ".join(problems), context)
+        _fail_admission("external-contiguous", adm, "; ".join(problems), context, facts=tuple(facts))
 
 
 def check_load_blocks_cover_range(adm: AdmissionObservation, context: str = "") -> None:
@@ -193,6 +204,10 @@ def check_load_blocks_cover_range(adm: AdmissionObservation, context: str = "") 
                 f"(id {adm.null_block_id})",
                 context,
                 group=g,
+                facts=(Fact("connector-load-blocks", (adm.request_id, g.index, needed[0], needed[-1] + 1,
+                                                      adm.null_block_id, f"{what} after {local} local tokens"),
+                            list(ids[needed[0]:needed[-1] + 1]), len(needed), "len", step=adm.step,
+                            after="schedule"),),
             )
 
 
@@ -223,6 +238,10 @@ def check_dropped_answer_loads_nothing(adm: AdmissionObservation, context: str =
             f"{adm.connector_external_tokens} and allocate_slots num_external_computed_tokens="
             f"{adm.alloc_external_tokens}",
             context,
+            facts=(_told(adm, "connector-told", adm.connector_external_tokens, 0, (
+                f"its local hit of {adm.local_hit} tokens ends in a sub-block tail of {adm.partial_tail} that the "
+                f"connector's answer of {answer} does not exceed, so the scheduler keeps the tail and loads "
+                "nothing")),) if adm.connector_external_tokens else (),
         )
 
 
@@ -245,6 +264,7 @@ def check_told_external_accounted(step: StepObservation) -> None:
     ... second when any additional blocks are allocated")."""
     for a in step.connector_allocs:
         if a.alloc_external_tokens is None or a.num_external_tokens != a.alloc_external_tokens:
+            why = f"allocate_slots got num_external_computed_tokens={a.alloc_external_tokens}"
             _fail_step(
                 "told-external-accounted",
                 step,
@@ -256,6 +276,9 @@ def check_told_external_accounted(step: StepObservation) -> None:
                     else f"accounted num_external_computed_tokens={a.alloc_external_tokens} "
                     f"(num_new_computed_tokens={a.alloc_local_tokens})"
                 ),
+                facts=() if a.alloc_external_tokens is None else (
+                    Fact("connector-told", (a.request_id, why), a.num_external_tokens, a.alloc_external_tokens,
+                         step=step.step, after="schedule"),),
             )
 
 

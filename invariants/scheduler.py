@@ -132,6 +132,7 @@ def check_computed_below_num_tokens(step: StepObservation) -> None:
                 + (admission.describe() if admission is not None else step.describe())
                 + (f"\n  scenario: {step.context}" if step.context else ""),
                 where=WHERE,
+                facts=(Fact("started-from", (request_id,), num_computed, num_tokens, "<", after="schedule"),),
             )
 
 
@@ -382,9 +383,11 @@ def check_skipping_request_reads_no_cache(adm: AdmissionObservation, context: st
             f"lookup finds per-group hits {list(adm.per_group_hits)} for its prompt); but "
             + "; ".join(problems),
             context,
-            # What the admitting schedule() counted computed for it: nothing.
-            facts=(Fact("hit-tokens", (adm.request_id, SKIPS_CACHE), (adm.alloc_local_tokens or 0)
-                        + (adm.alloc_external_tokens or 0), 0, "<=", step=adm.step, after="schedule"),),
+            # What the admitting schedule() told the connector to load, and counted computed for it: nothing.
+            facts=(*[Fact("connector-told", (adm.request_id, SKIPS_CACHE), adm.connector_external_tokens, 0,
+                          step=adm.step, after="schedule")] * bool(adm.connector_external_tokens),
+                   Fact("hit-tokens", (adm.request_id, SKIPS_CACHE), (adm.alloc_local_tokens or 0)
+                        + (adm.alloc_external_tokens or 0), 0, "<=", step=adm.step, after="schedule")),
         )
 
 

@@ -143,6 +143,16 @@ def _without_connector(log: OpLog) -> OpLog:
     return OpLog(config, ops)
 
 
+def _decided(log: OpLog, request_id: str) -> OpLog:
+    """``log`` whose connector answers ``request_id`` at once: its store's
+    answer without the 'not yet' answers before it (a plant may change what
+    the scheduler does with those, and so the steps before the failure)."""
+    ops = [dataclasses.replace(op, reply=dataclasses.replace(op.reply, kind="store", undecided=0))
+           if isinstance(op, AddRequest) and op.request_id == request_id and op.reply is not None else op
+           for op in log.ops]
+    return OpLog(log.config, ops)
+
+
 def _may_drop_connector(log: OpLog, invariant: str) -> bool:
     """Whether a replay without the connector can show ``invariant``'s
     failure: not a claim about the connector itself (with none, its records
@@ -167,8 +177,9 @@ def _without_group(log: OpLog, index: int) -> OpLog:
 def shrink_oplog(
     log: OpLog, invariant: str, *, budget: int = 60, checks: tuple[Callable[..., None], ...] | None = None
 ) -> OpLog:
-    """Drop the KV-cache groups, then the requests, the prefix-cache resets,
-    then the steps, then the KV connector that ``invariant``'s failure does
+    """Drop the KV-cache groups, then the requests, the connector's 'not
+    yet' answers (each request's once), the prefix-cache resets, then the
+    steps, then the KV connector that ``invariant``'s failure does
     not need (greedy, one at a time, each candidate replayed with every
     check; after each drop the passes start over; the connector is tried
     once before the requests too), and cut the log at the step that breaks.
@@ -194,6 +205,7 @@ def shrink_oplog(
         return smaller
 
     early = True
+    undecided_kept: set[str] = set()
     while changed and tries < budget:
         changed = False
         # An engine-planned configuration keeps its groups: the engine decides them.
@@ -219,6 +231,18 @@ def shrink_oplog(
                 break
             tries += 1
             smaller = _replay_checked(_without_request(current, req.request_id), invariant, checks)
+            if smaller is not None:
+                current, changed = smaller, True
+                break
+        if changed:
+            continue
+        for req in [r for r in current.requests if r.reply is not None and r.reply.kind == "undecided"
+                    and r.request_id not in undecided_kept]:
+            if tries >= budget:
+                break
+            tries += 1
+            undecided_kept.add(req.request_id)  # tried once: a request whose answer must wait keeps it
+            smaller = _replay_checked(_decided(current, req.request_id), invariant, checks)
             if smaller is not None:
                 current, changed = smaller, True
                 break

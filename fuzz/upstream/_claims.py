@@ -64,4 +64,19 @@ CLAIMS = {
                                    "does not have, and the next step computes them again.",
     "kv-matches-tokens": "The tokens vLLM records for a request (all_token_ids) are the ones the model runner "
                          "computed its KV from: with accepted drafts, every token sampled, in order.",
+    # What the scheduler tells the connector, and the model runner.
+    "external-contiguous": "The connector loads the range its answer counts from: the scheduler asks "
+                           "get_num_new_matched_tokens from the local part it keeps, and update_state_after_alloc "
+                           "gets exactly the tokens the connector answered, within the prompt.",
+    "told-external-accounted": "update_state_after_alloc gets the num_external_computed_tokens the scheduler "
+                               "gave allocate_slots (0 once an async load has landed).",
+    "load-blocks-cover": "The blocks update_state_after_alloc hands the connector hold the external range it loads: "
+                         "a real block (not the null block) at each index the load writes, and a Mamba group's "
+                         "state block at the resume boundary.",
+    "dropped-answer-loads-nothing": "A connector answer the scheduler drops is never loaded: where the local hit "
+                                    "ends in a sub-block tail the answer does not exceed, the scheduler keeps the "
+                                    "tail and update_state_after_alloc gets 0 external tokens.",
+    "computed-below-num-tokens": "Every request schedule() hands the model runner new or resumed leaves at least "
+                                 "one token to compute: num_computed_tokens < num_tokens, the last token's logits "
+                                 "sample the next one.",
 }

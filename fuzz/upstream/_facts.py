@@ -66,6 +66,19 @@ Speculative decoding's:
 * ``recorded-token`` (request, position, step): the token vLLM records at
   the position (``all_token_ids``), whose KV the runner computed in the
   step from the token the fact expects.
+What the scheduler told the connector (the file's recording one), in the
+``schedule()`` that admitted the request:
+
+* ``connector-asked`` (request, why): the ``num_computed_tokens`` that
+  ``get_num_new_matched_tokens`` got;
+* ``connector-told`` (request, why): the ``num_external_tokens`` that
+  ``update_state_after_alloc`` got;
+* ``connector-load-blocks`` (request, group, first, end, null block, what):
+  the block ids ``update_state_after_alloc`` handed for the group at
+  indices ``[first, end)``, the null block left out (``len``: one real
+  block at each index);
+* ``started-from`` (request): the ``num_computed_tokens`` the step's output
+  gives the model runner for a request it schedules new or resumed.
 """
 
 from __future__ import annotations
@@ -367,6 +380,43 @@ def _recorded_token(fact: Fact, ctx: Context) -> list[str] | None:
         f"step {ctx.step}: the runner computed position {position} of {rid} (step {written}) from token "
         f"{fact.expected}, but vLLM records token {fact.observed} there: its next tokens are sampled from another "
         "sequence"))
+# What the scheduler told the connector, and the model runner.
+
+
+def _connector_asked(fact: Fact, ctx: Context) -> list[str] | None:
+    rid, why = fact.args
+    return _assert(f'scheduler.connector.asked["{rid}"]', fact, (
+        f"step {ctx.step}: get_num_new_matched_tokens asked about {rid} from num_computed_tokens={fact.observed}, "
+        f"though {why}: the connector's answer must start where the local part ends ({fact.expected})"))
+
+
+def _connector_told(fact: Fact, ctx: Context) -> list[str] | None:
+    rid, why = fact.args
+    bound = "at most " if fact.relation == "<=" else ""
+    return _assert(f'scheduler.connector.told["{rid}"]', fact, (
+        f"step {ctx.step}: update_state_after_alloc told the connector to load {fact.observed} external "
+        f"token{'s' * (fact.observed != 1)} "
+        f"of {rid}, though {why}: it must load {bound}{fact.expected}"))
+
+
+def _connector_load_blocks(fact: Fact, ctx: Context) -> list[str] | None:
+    rid, group, first, end, null, what = fact.args
+    handed = f'scheduler.connector.blocks["{rid}"][{group}][{first}:{end}]'
+    return _assert(f"[block for block in {handed} if block != {null}]", fact, (
+        f"step {ctx.step}: update_state_after_alloc handed {rid}'s load blocks {fact.observed} at indices "
+        f"[{first}, {end}) of group {group}: it loads {what} and needs a real block (not the null block "
+        f"{null}) at each of them"))
+
+
+def _started_from(fact: Fact, ctx: Context) -> list[str] | None:
+    (rid,) = fact.args
+    return [f"    started = {{new.req_id: new.num_computed_tokens for new in {ctx.output}.scheduled_new_reqs}}",
+            f"    cached = {ctx.output}.scheduled_cached_reqs",
+            "    started.update(zip(cached.req_ids, cached.num_computed_tokens))"] + _assert(
+        f'started["{rid}"]', fact, (
+            f"step {ctx.step}: schedule() hands the model runner {rid} from num_computed_tokens={fact.observed}, "
+            f"with num_tokens={fact.expected}: a request it schedules leaves at least one token to compute "
+            "(the last one's logits sample its next token)"))
 
 
 SUBJECTS = {
@@ -393,6 +443,11 @@ SUBJECTS = {
     "table-covers": _table_covers,
     "rolled-back": _rolled_back,
     "recorded-token": _recorded_token,
+    # What the scheduler told the connector, and the model runner.
+    "connector-asked": _connector_asked,
+    "connector-told": _connector_told,
+    "connector-load-blocks": _connector_load_blocks,
+    "started-from": _started_from,
 }
 
 

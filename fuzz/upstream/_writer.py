@@ -129,27 +129,41 @@ def _spec(f: _File, kind: str, block_size: int, params: dict[str, int]) -> str:
     raise _Unwritable(f"a {kind} group")
 
 
-def _connector_config(log: OpLog) -> dict[str, object]:
+def _answer_plan(log: OpLog) -> tuple[dict[str, object], dict[str, dict[str, object]]]:
     """``MockKVConnector``'s extra config that answers as the run's
-    connector did: one answer for every request, after as many 'not yet'
-    answers each."""
-    defers, values = set(), set()
+    connector first did (one answer for each request, after as many 'not
+    yet' answers each), and the requests before whose ``add_request`` its
+    answers change (request id -> the new ``MockKVConfig`` fields)."""
+    plan: list[tuple[str, dict[str, object]]] = []  # (first request, answers) per stretch
     for add in log.requests:
         answers = log.answers_for(add.request_id)
         undecided = next((i for i, a in enumerate(answers) if a.answer is not None), len(answers))
-        defers.add(undecided)
-        values.update((a.answer, a.load_async) for a in answers[undecided:])
+        values = {(a.answer, a.load_async) for a in answers[undecided:]}
         if add.reply is not None and add.reply.kind not in ("zero", "store", "undecided"):
             raise _Unwritable(f"a {add.reply.kind!r} store reply")
         if add.reply is not None and not answers[undecided:] and add.reply.store_len:
             raise _Unwritable("a store answer the run never gave")
-    if len(defers) > 1 or len(values) > 1:
-        raise _Unwritable("connector answers that differ between requests or calls")
-    matched, is_async = next(iter(values), (0, False))
-    config: dict[str, object] = {"matched_tokens": matched, "is_async": is_async}
-    if next(iter(defers), 0):
-        config["num_defers_before_matching"] = next(iter(defers))
-    return config
+        if len(values) > 1:
+            raise _Unwritable("connector answers that differ between calls")
+        wants: dict[str, object] = {"num_defers_before_matching": undecided} if answers else {}
+        if values:
+            wants["matched_tokens"], wants["is_async"] = next(iter(values))
+        if not plan or any(plan[-1][1].get(k, v) != v for k, v in wants.items()):
+            plan.append((add.request_id, {}))
+        plan[-1][1].update(wants)
+    stretches = [{"matched_tokens": 0, "is_async": False, "num_defers_before_matching": 0, **answers}
+                 for _, answers in plan] or [{"matched_tokens": 0, "is_async": False}]
+    # The mock reads its config when asked: a later stretch's requests are
+    # added once every earlier request's last answer is given.
+    position = {op.request_id: i for i, op in enumerate(log.ops) if isinstance(op, AddRequest)}
+    for rid, _ in plan[1:]:
+        if any(position[a.request_id] < position[rid] for op in log.ops[position[rid]:]
+               if isinstance(op, Step) for a in op.answers):
+            raise _Unwritable("connector answers that differ between requests asked together")
+    first = dict(stretches[0])
+    if not first.get("num_defers_before_matching"):
+        first.pop("num_defers_before_matching", None)
+    return first, {rid: answers for (rid, _), answers in zip(plan[1:], stretches[1:])}
 
 
 def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
@@ -173,19 +187,23 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
         # needs it) and keeps nothing it is handed: a small subclass has both.
         keeps = any(fact.subject == "handed-blocks" for fact in facts)
         counts = any(fact.subject == "finished-calls" for fact in facts)
-        handed = len(groups) > 1 or keeps or counts
-        extra = _connector_config(log)
+        # What the scheduler told the connector, where a fact reads it.
+        records = tuple(r for r in _RECORDS if any(fact.subject == _RECORDS[r][0] for fact in facts))
+        hand_off = len(groups) > 1 or keeps or counts
+        recorder = "HandOffRecorder" if hand_off else "CallRecorder"
+        handed = hand_off or bool(records)
+        extra = _answer_plan(log)[0]
         if draw.divergent_hits and len(groups) > 1:
             extra["supports_divergent_local_hybrid_hits"] = True
         b += ["    vllm_config = create_vllm_config(",
               f"        {limits},",
-              f'        kv_connector="{"HandOffRecorder" if handed else "MockKVConnector"}",'
+              f'        kv_connector="{recorder if handed else "MockKVConnector"}",'
               + (" kv_connector_module_path=__name__," if handed else ""),
               f'        kv_role="{draw.kv_role}", kv_load_failure_policy="{draw.kv_load_failure_policy}",',
               "        kv_connector_extra_config={" + ", ".join(f'"{k}": {v!r}' for k, v in extra.items()) + "},",
               "    )"]
         if handed:
-            _recorder(f, draw.kv_role == "kv_producer", keeps, counts)
+            _recorder(f, draw.kv_role == "kv_producer", keeps, counts, records, hand_off)
         config = "vllm_config"
     else:
         f.need(_CORE, "create_scheduler")
@@ -259,29 +277,59 @@ def _kv_cache_config(f: _File, log: OpLog, specs: list[str]) -> list[str]:
             + ["        ],", "    )"])
 
 
-def _recorder(f: _File, producer: bool, keeps: bool, counts: bool = False) -> None:
+# What the recording connector keeps of the scheduler's calls: its attribute ->
+# (the fact subject that reads it, the method, its arguments, the value kept
+# per request, its name in the class docstring).
+_ALLOC = ("update_state_after_alloc", "request, blocks, num_external_tokens")
+_RECORDS = {
+    "asked": ("connector-asked", "get_num_new_matched_tokens", "request, num_computed_tokens",
+              "num_computed_tokens", "num_computed_tokens"),
+    "told": ("connector-told", *_ALLOC, "num_external_tokens", "num_external_tokens"),
+    "blocks": ("connector-load-blocks", *_ALLOC, "blocks.get_block_ids()", "block ids"),
+}
+
+
+def _recorder(f: _File, producer: bool, keeps: bool, counts: bool = False, records: tuple[str, ...] = (),
+              hand_off: bool = True) -> None:
     """A ``MockKVConnector`` that supports the hybrid allocator's hand-off
     (``SupportsHMA``), keeping the block ids it is handed, or the requests
-    it hears finished, where a fact reads them."""
+    it hears finished, where a fact reads them; and that records, per
+    request, what the scheduler last passed it (``records``: keys of
+    :data:`_RECORDS`)."""
     f.need(_UNIT, "MockKVConnector")
-    f.need("vllm.distributed.kv_transfer.kv_connector.v1.base", "SupportsHMA")
-    f.top += [
-        "class HandOffRecorder(MockKVConnector, SupportsHMA):",
-        '    """The mock connector with the hybrid allocator\'s hand-off'
-        + (', keeping the block ids each finished request is handed."""' if keeps
-           else ', recording each request it hears finished."""' if counts else '."""'),
-        "",
-        *(["    def __init__(self, *args, **kwargs):",
-           "        super().__init__(*args, **kwargs)",
-           *(["        self.handed = {}"] if keeps else []),
-           *(["        self.finished = []"] if counts else []),
-           ""] if keeps or counts else []),
-        "    def request_finished_all_groups(self, request, block_ids):",
-        *(["        self.handed[request.request_id] = block_ids"] if keeps else []),
-        *(["        self.finished.append(request.request_id)"] if counts else []),
-        "        return " + ("True, None  # a producer holds the blocks until their send is reported done"
-                           if producer else "False, None"),
-    ]
+    told = f"the {' and '.join(_RECORDS[r][4] for r in records)} it is passed per request"
+    if hand_off:
+        f.need("vllm.distributed.kv_transfer.kv_connector.v1.base", "SupportsHMA")
+        doc = ("The mock connector with the hybrid allocator's hand-off"
+               + (", keeping the block ids each finished request is handed" if keeps
+                  else ", recording each request it hears finished" if counts else "")
+               + (f"; recording {told}." if records else "."))
+    else:
+        doc = f"The mock connector, recording {told}."
+    lines = [f"class {'HandOffRecorder' if hand_off else 'CallRecorder'}(MockKVConnector"
+             + (", SupportsHMA):" if hand_off else "):"),
+             *(f"    {line}" for line in (textwrap.wrap(f'"""{doc}"""', 92) if records else [f'"""{doc}"""'])), ""]
+    fields = [*(["handed"] if keeps else []), *records]
+    if fields or counts:
+        lines += ["    def __init__(self, *args, **kwargs):",
+                  "        super().__init__(*args, **kwargs)",
+                  *(["        self." + ", self.".join(fields) + " = " + ", ".join("{}" for _ in fields)]
+                    if fields else []),
+                  *(["        self.finished = []"] if counts else []),
+                  ""]
+    for method, arguments in dict.fromkeys(_RECORDS[r][1:3] for r in records):
+        lines.append(f"    def {method}(self, {arguments}):")
+        lines += [f"        self.{r}[request.request_id] = {_RECORDS[r][3]}" for r in records if method in _RECORDS[r]]
+        lines += [f"        return super().{method}({arguments})", ""]
+    if hand_off:
+        lines += [
+            "    def request_finished_all_groups(self, request, block_ids):",
+            *(["        self.handed[request.request_id] = block_ids"] if keeps else []),
+            *(["        self.finished.append(request.request_id)"] if counts else []),
+            "        return " + ("True, None  # a producer holds the blocks until their send is reported done"
+                               if producer else "False, None"),
+        ]
+    f.top += lines if lines[-1] else lines[:-1]
 
 
 def _request(f: _File, add: AddRequest, hash_block_size: int) -> list[str]:
@@ -398,11 +446,23 @@ class _Program(OpVisitor[bool]):
         self.names = {r.request_id: _name(r.request_id) for r in log.requests}
         self.block_sizes = tuple(g.block_size for g in self.cfg.draw.layout.groups)
         self.during: list[str] = []
+        self.answers = _answer_plan(log)[1] if self.cfg.draw.connector else {}
 
     def on_add_request(self, op: AddRequest) -> bool:
         b = self.f.body
         if b[-1].startswith("    scheduler.update_from_output("):
             b.append("")
+        if op.request_id in self.answers:
+            answers = {k: v for k, v in self.answers[op.request_id].items() if v or k == "matched_tokens"}
+            if self.cfg.draw.divergent_hits and len(self.block_sizes) > 1:
+                answers["supports_divergent_local_hybrid_hits"] = True
+            self.f.need(_UNIT, "MockKVConnector", "MockKVConfig")
+            b += [""] if b[-1] else []
+            n = answers["matched_tokens"]
+            b.append(f"    # The connector answers {op.request_id} with {n} external token{'s' * (n != 1)}"
+                     + (", loaded async" if answers.get("is_async") else "") + ".")
+            b.append("    scheduler.connector.config = MockKVConfig("
+                     + ", ".join(f"{k}={v!r}" for k, v in answers.items()) + ")")
         b += _request(self.f, op, self.cfg.hash_block_size)
         b.append(f"    scheduler.add_request({self.names[op.request_id]})")
         return True

@@ -96,12 +96,27 @@ CASES = (
     ("lookahead_not_allocated", "lookahead-allocated"),
     ("rejected_drafts_stay_computed", "rejected-drafts-rolled-back"),
     ("records_first_sampled_token", "kv-matches-tokens"),
+    # What the scheduler told the connector (get_num_new_matched_tokens,
+    # update_state_after_alloc), read back from the file's recording
+    # connector; and what it hands the model runner. The first four run the
+    # connector protocol's scenarios, the last two the search.
+    ("asks_connector_unaligned", "external-contiguous"),
+    ("tells_connector_total", "told-external-accounted"),
+    ("hands_connector_cached_blocks", "load-blocks-cover"),
+    ("keeps_tail_and_loads", "dropped-answer-loads-nothing"),
+    ("reports_external_twice", "computed-below-num-tokens"),
+    ("skipping_request_loads_external", "skip-reads-no-cache"),
 )
 # Planted bug -> the speculating run it is written from (tests/invariants/planted_runs.py's
 # speculating_harness: False, ngram drafts under sync scheduling).
 SPECULATING_RUNS = {"rejected_drafts_stay_computed": False, "records_first_sampled_token": False}
 # (planted bug, claim) -> the connector protocol's scenario that shows it.
 CONNECTOR_RUNS = {(bug, claim): scenario for _, claim, bug, scenario in CONNECTOR_CASES}
+# Where another scenario shows the plant in fewer lines: told the whole count
+# at a sync load, the file needs a second request (the local hit) and the
+# mock's answer switched for it (88 lines, one group: past the aim); the
+# re-admission after an async load tells the same count on one request.
+CONNECTOR_RUNS["tells_connector_total", "told-external-accounted"] = "async-load-partial"
 # The aim for a 4-step, 2-request case, and its bound for any finding.
 AIM_LINES, MAX_LINES = 80, 150
 # What a file may import: vLLM, vLLM's tests package, pytest, torch.
@@ -174,7 +189,7 @@ def test_a_planted_bug_is_written_short_in_vllm_s_idiom(bug: str, claim: str, tm
     functions = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
     assert functions == [f"test_{claim.replace('-', '_')}"], functions
     assert not any(isinstance(n, (ast.For, ast.While)) for n in ast.walk(tree.body[-1])), source
-    assert all(n.name == "HandOffRecorder" for n in tree.body if isinstance(n, ast.ClassDef)), source
+    assert all(n.name in ("HandOffRecorder", "CallRecorder") for n in tree.body if isinstance(n, ast.ClassDef)), source
     # Each fact becomes an assertion whose message names the step.
     asserts = [n for n in ast.walk(tree) if isinstance(n, ast.Assert) and n.msg is not None]
     assert len(asserts) == min(len(violation.facts), 3), source
