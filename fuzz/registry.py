@@ -21,7 +21,8 @@ __all__ = ["TARGETS", "Target", "default_targets", "get_target"]
 TRUNCATION_TIER = ("truncate", "connector-lookup", "per-group-lookup")
 SCHEDULER_TIER = ("truncate", "local-prefix-hit")
 # Scheduler targets write their repro from the run's operation log.
-SCHEDULER_REPRO = "fuzz.repro.scheduler:scheduler_repro_of_failure"
+SCHEDULER_REPRO = "fuzz.upstream:scheduler_repro_of_failure"
+TRUNCATION_REPRO = "fuzz.upstream:truncation_repro_of_failure"
 # The reach labels (fuzz.model.ENGINE_REACHABLE / SCHEDULER_API), spelled out
 # here so listing targets never imports the suite's model.
 _API = "scheduler-API"
@@ -40,7 +41,9 @@ class Target:
     strategy: str | None = None  # zero-argument factory returning the strategy
     check: str | None = None  # function(example) raising on a violation
     machine: str | None = None  # RuleBasedStateMachine class (stateful targets)
-    repro: str | None = None  # "module:function" writing a standalone repro
+    # "module:function" writing a failure's repro: function(failure, invariant,
+    # sidecar=name) -> (its place in vLLM's tests tree, its source) or None.
+    repro: str | None = None
     default: bool = True
     # The vLLM capabilities it cannot run without (fuzz.adapter.CAPABILITIES),
     # checked before fuzzing: a target this vLLM cannot host is skipped.
@@ -64,7 +67,7 @@ class Target:
         machine = getattr(mod, self.machine) if self.machine else None
         return strategy, check, machine
 
-    def repro_writer(self) -> Callable[..., str] | None:
+    def repro_writer(self) -> Callable[..., tuple[str, str] | None] | None:
         if not self.repro:
             return None
         module, func = self.repro.split(":")
@@ -81,7 +84,7 @@ TARGETS: dict[str, Target] = {
             "fuzz_truncate_hybrid",
             strategy="hybrid_scenarios",
             check="check_truncation_scenario",
-            repro="fuzz.repro.truncation:truncation_repro_of_failure",
+            repro=TRUNCATION_REPRO,
             needs=TRUNCATION_TIER,
         ),
         Target(
@@ -91,7 +94,7 @@ TARGETS: dict[str, Target] = {
             "fuzz_truncate_any_layout",
             strategy="any_layout_scenarios",
             check="check_truncation_scenario",
-            repro="fuzz.repro.truncation:truncation_repro_of_failure",
+            repro=TRUNCATION_REPRO,
             needs=TRUNCATION_TIER,
         ),
         Target(

@@ -51,8 +51,7 @@ no prediction):
   ``get_computed_blocks_for_connector``); with more full-attention groups
   no prediction.
 
-(The rule is :func:`fuzz.model.allowed_hit`, standard library only: a
-standalone repro carries it and states the claim on vLLM's own objects.)
+(The rule is :func:`fuzz.model.allowed_hit`, standard library only.)
 
 A served hit longer than that reads blocks the index does not hold for the
 request (a safety violation); a shorter one recomputes tokens that were

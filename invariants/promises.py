@@ -95,7 +95,7 @@ def _hit_bounds(step: StepObservation, bounds: Sequence[tuple[str, int, str]]) -
     (where its table says it computes from), against the most the harness's
     record lets it adopt: below the first position ``bounds`` (request,
     position, why) names for it."""
-    own = step.ownership  # (a standalone repro's watch may keep none: then no facts)
+    own = step.ownership  # (none observed: then no facts)
     if not bounds or own is None:
         return ()
     first: dict[str, tuple[int, str]] = {}

@@ -1,5 +1,5 @@
 """Every invariant in one table: its name, its check, the planted bugs that
-show it failing, and whether a standalone repro can state it.
+show it failing.
 
 The check tuples the runners use (:data:`invariants.scheduler.STEP_CHECKS`,
 :data:`~invariants.scheduler.ADMISSION_CHECKS`,
@@ -43,23 +43,16 @@ class Invariant:
       catching;
     * ``real_bug``: for a claim unmodified vLLM already fails, the open entry
       of :data:`fuzz.known_bugs.KNOWN_BUGS` that shows it failing instead;
-    * ``repro``: a standalone repro can state it (the scheduler writer's
-      :data:`fuzz.repro.scheduler.WRITABLE`; the truncation writer asserts the
-      call's failure or its per-group lengths and prefix view). A scheduler
-      file states it with ``check`` itself where the kit keeps the records
-      it reads (its module is one of :data:`fuzz.kit.SUITE_CHECK_MODULES`,
-      and the kit has no restatement), else with the kit's function of the
-      check's own name, an underscore before it (``check_x`` ->
-      ``fuzz.kit``'s ``_check_x``);
-    * ``watches``: what a scheduler repro file must watch for it beyond what
-      every claim needs (the writer turns on the kit's ``WATCH_*`` constants
-      and tables by these names): ``"pool"`` (blocks taken inside
-      ``schedule()``), ``"tables"`` (block tables right after it),
-      ``"reads"`` (``READ_RULES``), ``"contents"`` (the model of block
-      contents), ``"unwritten"``, ``"tokens"``, ``"namespaces"``,
-      ``"lookahead"``, ``"events"``, ``"preempted"``, ``"in-flight"``,
-      ``"index"``, ``"hits"``, ``"evictions"``, and ``"even-if-it-raises"``
-      (the check runs even when ``schedule()`` raises).
+    * ``repro``: the standalone repro that retired with issue 48 could state
+      it; a scheduler replay without checks of its own
+      (:func:`fuzz.repro.shrink.replay_violation`) still checks these rows;
+    * ``watches``: what that repro had to watch for it beyond what every
+      claim needs (kept as data on the claim): ``"pool"`` (blocks taken
+      inside ``schedule()``), ``"tables"`` (block tables right after it),
+      ``"reads"``, ``"contents"``, ``"unwritten"``, ``"tokens"``,
+      ``"namespaces"``, ``"lookahead"``, ``"events"``, ``"preempted"``,
+      ``"in-flight"``, ``"index"``, ``"hits"``, ``"evictions"``, and
+      ``"even-if-it-raises"`` (the check runs even when ``schedule()`` raises).
     """
 
     name: str

@@ -6,7 +6,7 @@
 * ``harness/``: the adapter driving and observing vLLM (its reports, the
   operation log, the block-contents model, a vLLM it was not written for);
 * ``findings/``: what becomes of a failure (outcome classes, deduplication,
-  triage against known bugs, standalone repros);
+  triage against known bugs, repros in vLLM's idiom);
 * ``engine/``: the engine tier's oracle, store and strategies;
 * ``tooling/``: ``python -m fuzz`` and its campaigns, databases, shards,
   coverage, bench, matrix, and the repository's docs and set-up files;

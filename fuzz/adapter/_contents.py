@@ -40,7 +40,7 @@ to the runner: vLLM registers a block in its prefix cache in the
 runs after it on the device. An async load has no such order: only its
 reported landing writes its positions.
 
-Standard library only: standalone repro files carry this module's source.
+Standard library only.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ prompt computed twice before either was cached), and each block that takes
 a key is announced once and each that loses it is withdrawn once, so the
 replay counts announcements per (group, key).
 
-Standard library only: a standalone repro carries this file's source.
+Standard library only.
 Events are read by their class name and fields, as a consumer decoding the
 published batch would.
 """

@@ -29,9 +29,8 @@ plus those freed since, less those handed out or adopted. It never reads
 the pool's free queue. With prefix caching off (no key, so no eviction) or
 an index it cannot read, it watches nothing.
 
-vLLM's objects and the standard library only: standalone repro files carry
-this module's source (and ``fuzz/model/_evictions.py``'s); where a vLLM
-release keeps the prefix-cache map, and a key's group, the caller says.
+vLLM's objects and the standard library only; where a vLLM release keeps
+the prefix-cache map, and a key's group, the caller says.
 """
 
 from __future__ import annotations

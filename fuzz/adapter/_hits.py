@@ -18,9 +18,8 @@ group serves with its own proof (with three or more the coordinator reaches
 it by a fixed point that verifies each group's drop once per candidate
 length; vLLM issues 32802 and 51771 are about that loop).
 
-vLLM and the standard library only: standalone repro files carry this
-module's source (what differs between vLLM releases, where the index lives
-and whether sub-block hits are on, the caller reads).
+vLLM and the standard library only (what differs between vLLM releases,
+where the index lives and whether sub-block hits are on, the caller reads).
 """
 
 from __future__ import annotations

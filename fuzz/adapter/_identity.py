@@ -12,7 +12,7 @@ A digest is Python's ``hash`` of the digest before it, the token and the
 items placed there: equal contexts give equal digests within one process,
 which is all the contents model compares (it never leaves the process).
 
-Standard library only: standalone repro files carry this module's source.
+Standard library only.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a worker does with a failure: one key per distinct failure, a
-standalone repro and a JSON sidecar for each key, and the failing example's
+repro in vLLM's test idiom and a JSON sidecar for each key, and the failing example's
 choices for the shared database.
 
 A failure's key is its crash state, in the ClusterFuzz sense, read from vLLM's
@@ -98,15 +98,6 @@ def failure_key(target: str, exc: BaseException) -> str:
     return crash_state(exc)
 
 
-def _upstream_repro(exc: BaseException, invariant: str) -> tuple[str, str] | None:
-    """The upstream form of a violation that carries facts (None: none)."""
-    if not getattr(exc, "facts", ()):
-        return None
-    from fuzz.upstream import upstream_repro_of_failure
-
-    return upstream_repro_of_failure(exc, invariant)
-
-
 def _sidecar_oplog(exc: BaseException) -> dict[str, Any] | None:
     """The sidecar's ``oplog``: the shrunk log the repro file was written
     from, else the failing run's whole log (fuzz.model.encode_oplog); None
@@ -197,20 +188,15 @@ class Findings:
         stem = f"{invariant}-{digest}".replace("/", "_")
         self.repro_dir.mkdir(parents=True, exist_ok=True)
         message = str(exc)
-        repro_file = None
+        # One file: the test a vLLM contributor pastes into vLLM's tests
+        # (fuzz.upstream), and its place there; the sidecar keeps the run.
+        repro_file, upstream = None, None
         writer = get_target(target_name).repro_writer()
         if writer is not None:
-            source = writer(target=target_name, seed=seed, invariant=invariant, violation=message, failure=exc)
-            if source:
+            upstream = writer(exc, invariant, sidecar=f"{stem}.json")
+            if upstream is not None:
                 repro_file = self.repro_dir / f"test_{stem.replace('-', '_')}.py"
-                repro_file.write_text(source)
-        # Beside it, the form a vLLM contributor pastes into vLLM's tests
-        # (fuzz.upstream), where the violation carries facts to assert.
-        upstream = _upstream_repro(exc, invariant)
-        upstream_file = None
-        if upstream is not None:
-            upstream_file = self.repro_dir / f"test_{stem.replace('-', '_')}_upstream.py"
-            upstream_file.write_text(upstream[1])
+                repro_file.write_text(upstream[1])
         bug = None
         if isinstance(exc, InvariantViolation):
             bug = known_bugs.match_violation(exc, self.vllm_version)
@@ -242,8 +228,7 @@ class Findings:
             "violation": message[:4000],
             "vllm_version": self.vllm_version,
             "repro": None if repro_file is None else repro_file.name,
-            # The upstream form, and where it belongs in vLLM's tests tree.
-            "upstream_repro": None if upstream_file is None else upstream_file.name,
+            # Where the repro belongs in vLLM's tests tree.
             "upstream_path": None if upstream is None else upstream[0],
             "found_after_s": round(time.time() - self.start, 3),
             "found_at": round(time.time(), 3),

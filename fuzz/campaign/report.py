@@ -150,7 +150,7 @@ def write_reports(
             header.append("None.")
         for f in found.values():
             repro = f.get("repro")
-            link = f"[{repro}]({Path(repro_dir, repro).resolve().as_uri()})" if repro else "(no standalone repro for this target)"
+            link = f"[{repro}]({Path(repro_dir, repro).resolve().as_uri()})" if repro else "(no repro file: the sidecar keeps the run)"
             first = f["violation"].splitlines()[0] if f["violation"] else ""
             known = f" (known vLLM bug `{f['known_bug']}`, fuzz/known_bugs.py)" if f.get("known_bug") else ""
             targets = ", ".join(f"`{t}`" for t in f.get("targets") or [f["target"]])

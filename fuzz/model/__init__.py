@@ -18,7 +18,7 @@ rest of the suite survive vLLM's moving internal API.
   :class:`Span`);
 * ``_outputs``: what a fed-back output did to its requests
   (:class:`StaleOutput`, :class:`DraftVerification`), and the helpers that
-  build them for the harness and the repro kit alike;
+  build them for the harness;
 * ``_scheduler``: a scheduler configuration (:class:`SchedulerDraw`), the
   connector's scripted answers (:class:`ExternalReply`) and the protocol
   calls it saw (:class:`ConnectorAlloc`, :class:`ConnectorMeta`,

@@ -4,9 +4,8 @@ entries ahead of their blocks' contents, KV computed from other tokens,
 drafter lookahead past the blocks allocated, hits across cache salts, KV
 events that disagree with the index, and a preempted request as it was left.
 
-Standard library only: a standalone repro carries these records, built by
-the same helpers (``*_of``) as the harness builds them, and the suite's
-checks read them there as here (``fuzz.kit.SUITE_CHECK_MODULES``)."""
+Standard library only: records built by small helpers (``*_of``) from
+what the harness saw, that the suite's checks read."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ claim holds them to is derived from these records alone: the partial
 order's rules (:func:`reused_before`, stated in ``invariants/hits.py``'s
 docstring) and the evictions that break it (:func:`evicted_out_of_order`).
 
-Standard library only: standalone repro files carry this module's source.
+Standard library only.
 """
 
 from __future__ import annotations

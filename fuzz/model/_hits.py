@@ -1,7 +1,6 @@
 """How long a prefix-cache hit the index allows one lookup: the rule of the
 hit-length claim (``invariants/hits.py`` states it on the harness's
-observations; standalone repro files carry this module's source and state
-it on vLLM's own objects).
+observations).
 
 From the prefix lengths of the request that the index holds an entry for,
 per group (``fuzz/adapter/_hits.py`` reads them at the instant of the
@@ -9,7 +8,7 @@ lookup), the groups' block sizes, kinds, sliding windows and attention chunks, t
 caller's limit: the longest hit every group serves, with each group's
 reach. The rules are ``invariants/hits.py``'s docstring.
 
-Standard library only: standalone repro files carry this module's source.
+Standard library only.
 """
 
 from __future__ import annotations

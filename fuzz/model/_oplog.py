@@ -13,8 +13,9 @@ returned (:class:`ScheduledOutput`), every connector answer it asked for
 ``update_from_output()`` (:class:`FedOutput`), with finished async loads,
 failed ones and invalid blocks.
 
-The log is the source of truth of a standalone repro (:mod:`fuzz.repro.scheduler`),
-and replaying it (:func:`fuzz.adapter.replay_oplog`) gives the same
+The log is the source of truth of a scheduler finding: its repro
+(:mod:`fuzz.upstream`) is written from it, its sidecar keeps it for
+``python -m fuzz replay``, and replaying it (:func:`fuzz.adapter.replay_oplog`) gives the same
 ``SchedulerOutput`` s.
 """
 

@@ -1,7 +1,7 @@
 """What a fed-back output did to the requests it carried: a preempted
 request's stale share of it, and the drafts it verified. Records of a
-step (:class:`fuzz.model.StepObservation`) that a repro file carries as
-they are, built from what it watches (fuzz.kit's driver)."""
+step (:class:`fuzz.model.StepObservation`), built from what the harness
+watches."""
 
 from __future__ import annotations
 

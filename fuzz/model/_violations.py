@@ -85,9 +85,9 @@ class InvariantViolation(AssertionError):
         # What an upstream-form repro asserts on vLLM's state (may be empty).
         self.facts = facts
         # The failing run's operation log (fuzz.model.OpLog), set by the
-        # runner that raised it: the standalone repro is written from it.
+        # runner that raised it: the repro is written from it.
         self.oplog: object | None = None
-        # The shrunk log the standalone repro was written from, set by its
+        # The shrunk log the repro was written from, set by its
         # writer: the campaign's sidecar keeps it for ``python -m fuzz replay``.
         self.repro_oplog: object | None = None
         # A truncation run's (TruncationScenario, TruncationObservation), set

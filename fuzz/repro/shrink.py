@@ -6,7 +6,9 @@ groups, requests (with their twins, fills and probes), steps and the KV
 connector one at a time, replaying each candidate through a fresh harness with
 the suite's checks on, and keeps a candidate when the same invariant still
 breaks.
-:mod:`fuzz.repro.scheduler` writes the file from what is left.
+:mod:`fuzz.upstream` writes the repro file from what is left; the
+campaign's sidecar keeps it, and ``python -m fuzz replay`` replays it with
+:func:`first_violation`.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ __all__ = ["first_violation", "replay_violation", "shrink_oplog"]
 
 def _replay_checked(log: OpLog, invariant: str, checks: tuple[Callable[..., None], ...] | None = None) -> OpLog | None:
     """Run ``log``'s operations through a fresh harness with ``checks`` on
-    (default: every check a file can state: one that none can would end the
-    replay first without bearing on the file's claim); the new log (up to
-    the step that broke) when ``invariant`` still breaks."""
+    (default: the checks of the rows marked ``repro`` in
+    :data:`invariants.table.INVARIANTS`, the set the replay has always
+    shrunk with); the new log (up to the step that broke) when
+    ``invariant`` still breaks."""
     violation = replay_violation(log, invariant, checks)
     return None if violation is None else violation.oplog  # type: ignore[return-value]
 

@@ -403,6 +403,8 @@ def _update(f: _File, fed: FedOutput, output: str) -> list[str]:
 
 
 def _scheduled(step: Step) -> str:
+    if step.error and step.error_where == "schedule":
+        return f"schedule() raises {step.error.split(':')[0]}"
     if step.output is None or not step.output.num_scheduled:
         return "schedules nothing"
     return "schedules " + ", ".join(f"{n} token{'s' * (n != 1)} of {r}" for r, n in step.output.num_scheduled) + (
@@ -442,7 +444,8 @@ class _Program(OpVisitor[bool]):
 
     def __init__(self, f: _File, log: OpLog, at: dict[tuple[int, str], list[Fact]]) -> None:
         self.f, self.at, self.cfg = f, at, log.config
-        self.stop = max(at)[0]
+        # No facts (a steps-only file, fuzz.upstream._steps): every step of the log.
+        self.stop = max(at)[0] if at else log.steps[-1].index
         self.names = {r.request_id: _name(r.request_id) for r in log.requests}
         self.block_sizes = tuple(g.block_size for g in self.cfg.draw.layout.groups)
         self.during: list[str] = []
@@ -487,15 +490,15 @@ class _Program(OpVisitor[bool]):
         f, b, at, stop = self.f, self.f.body, self.at, self.stop
         if op.index > stop:
             return False
-        if op.output is None or op.error:
-            raise _Unwritable("a step that raised")
+        if (op.output is None or op.error) and (at or op.index != stop):
+            raise _Unwritable("a step that raised")  # a steps-only file ends on it: vLLM raises there
         async_ = self.cfg.draw.async_scheduling
         output = f"output_{op.index}" if async_ else "output"
         b += ["", f"    # Step {op.index}: {_scheduled(op)}.", f"    {output} = scheduler.schedule()"]
         scheduled_at = len(b) - 1
         ctx = Context(self.names, output, op.index, self.cfg.hash_block_size, self.block_sizes)
         b += _facts_at(f, at.get((op.index, "schedule"), []), ctx)
-        if op.index == stop and (stop, "update") not in at:
+        if at and op.index == stop and (stop, "update") not in at:
             if not any(output in line for line in b[scheduled_at + 1:]):
                 b[scheduled_at] = "    scheduler.schedule()"
             return False
@@ -571,10 +574,15 @@ def upstream_repro(oplog: OpLog, violation: InvariantViolation, *, vllm_version:
     _drop_unread_outputs(f.body)
     if left > 0:
         f.body.append(f"    # ... and {left} more like these.")
+    return _source(f, violation, vllm_version)
+
+
+def _source(f: _File, violation: InvariantViolation, vllm_version: str | None) -> str:
+    """The file: its docstring, imports, the connector's class and the test."""
     version = vllm_version or VLLM_VERSION
     head = [
         "# SPDX-License-Identifier: Apache-2.0",
-        f'"""vLLM {version} breaks \'{invariant}\' in {violation.where or "the scheduler"} (kvtrunc-fuzz).',
+        f'"""vLLM {version} breaks \'{violation.invariant}\' in {violation.where or "the scheduler"} (kvtrunc-fuzz).',
         "",
         'The campaign\'s JSON sidecar keeps the whole run for `python -m fuzz replay`."""',
         "",

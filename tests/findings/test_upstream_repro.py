@@ -236,10 +236,10 @@ def test_every_file_fails_on_its_assertion_under_its_plant(files: dict[str, tupl
         assert "step " in outcome.message or "prefix" in outcome.message, (bug, node, outcome.message)
 
 
-def test_the_campaign_writes_the_upstream_form_beside_the_repro(tmp_path: Path) -> None:
-    """A finding whose violation carries facts gets its upstream form in the
-    repro directory, named in its sidecar with its place in vLLM's tree; the
-    old writer's file (none for this claim) is untouched."""
+def test_the_campaign_writes_the_upstream_form_as_the_repro(tmp_path: Path) -> None:
+    """A finding whose violation carries facts gets its upstream form as its
+    one repro file in the repro directory, named in its sidecar with its
+    place in vLLM's tree."""
     from fuzz.adapter import VLLM_VERSION
     from fuzz.campaign.findings import Findings
 
@@ -249,6 +249,7 @@ def test_the_campaign_writes_the_upstream_form_beside_the_repro(tmp_path: Path) 
             run_fixed(FIXED_RUNS[bug], (invariant(claim).check,))
         findings = Findings(repro_dir=tmp_path, start=0.0, campaign_seed=None, worker="w0", vllm_version=VLLM_VERSION)
         meta = findings.record("scheduler-machine", 0, caught.value)
-    assert meta is not None and meta["repro"] is None
+    assert meta is not None and meta["repro"] == f"test_{meta['stem'].replace('-', '_')}.py", meta
     assert meta["upstream_path"] == "v1/core/test_cache_keeps_entries.py", meta
-    assert (tmp_path / meta["upstream_repro"]).read_text() == written(bug, claim)[1]
+    assert sorted(p.name for p in tmp_path.glob("*.py")) == [meta["repro"]]
+    assert (tmp_path / meta["repro"]).read_text() == written(bug, claim)[1]

@@ -85,8 +85,7 @@ CAUGHT_REAL_BUG: dict[Callable[..., None], str] = {
 # Examples each ownership search may draw, and the seed it draws them from:
 # the one it drew from when the search was written out in
 # test_ownership_planted.py (Hypothesis's digest of that function), so the
-# self-test and the repro test (tests/findings/test_scheduler_repro.py)
-# meet the examples their limits were measured on.
+# self-test meets the examples its limits were measured on.
 OWNERSHIP_BUDGET = 300
 OWNERSHIP_SEED = int("d691f47e6d5ce7b17386cc6aca02f4425398b34c4b7bc4ba07584b6d4e7120a7ac4c5f5418a6fd886e3fe7a32088396f", 16)
 # (check, invariant name, planted bug, strategy factory)

@@ -5,7 +5,7 @@ The runs are data beside the plants (:data:`fuzz.adapter.FIXED_RUNS`,
 played by :func:`fuzz.runners.scheduler.run_fixed`); the check a run is
 shown with is the one whose row in :data:`invariants.table.INVARIANTS`
 names the plant. The self-tests (``tests/invariants/test_scheduler_planted.py``)
-and repro tests (``tests/findings/test_scheduler_repro_runs.py``) derive
+and the upstream-form repro tests (``tests/findings/test_upstream_repro.py``) derive
 their cases from :func:`shown_on_runs` (through
 ``tests/invariants/planted_cases.py``): a new plant shown on a fixed run
 touches no file here. Beside them, the hand-made runs the self-tests and

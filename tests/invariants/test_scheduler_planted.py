@@ -20,7 +20,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from fuzz.adapter import FIXED_RUNS, PLANTED_OWNERSHIP_BUGS, PLANTED_SCHEDULER_BUGS, SIBLING_PLANTS, planted_scheduler_bug
 from fuzz.hunting import without_module_constants as _no_local_constants
-from fuzz.repro.scheduler import _replay_checked
+from fuzz.repro.shrink import replay_violation
 from fuzz.known_bugs import KNOWN_BUGS
 from fuzz.targets import target_scheduler
 from fuzz.model import ExternalReply, LayoutDraw, SpecDraw
@@ -208,7 +208,7 @@ def test_state_machine_catches_planted_bug(bug: str, invariants: set[str]) -> No
     # The planted edit is what breaks it: the same operations on unmodified
     # vLLM keep the claim.
     log = caught.value.oplog  # the shrunk run's, carried by its violation
-    assert log is not None and _replay_checked(log, caught.value.invariant) is None, str(caught.value)
+    assert log is not None and replay_violation(log, caught.value.invariant) is None, str(caught.value)
 
 
 def test_the_machine_reports_the_first_violation_of_a_run(monkeypatch: pytest.MonkeyPatch) -> None:

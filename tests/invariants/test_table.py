@@ -8,7 +8,6 @@ from collections import Counter
 
 from fuzz.adapter import PLANTED_SCHEDULER_BUGS, PLANTED_TRUNCATE_BUGS, SIBLING_PLANTS
 from fuzz.known_bugs import KNOWN_BUGS
-from fuzz.repro.scheduler import WRITABLE
 from invariants import scheduler as sched
 from invariants.table import INVARIANTS, invariant
 from invariants.truncation import TRUNCATION_CHECKS
@@ -46,10 +45,6 @@ def test_every_row_is_shown_failing() -> None:
     for row in INVARIANTS:
         assert row.planted or row.real_bug, f"{row.name}: no planted bug and no real one shows it failing"
         assert row.real_bug is None or row.real_bug in open_bugs, row
-
-
-def test_a_scheduler_row_is_writable_as_the_writer_says() -> None:
-    assert {row.name for row in SCHEDULER if row.repro} == set(WRITABLE)
 
 
 def test_the_self_tests_planted_cases_are_the_tables() -> None:

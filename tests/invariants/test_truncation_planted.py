@@ -16,7 +16,7 @@ import functools
 from fuzz.targets.target_truncate import check_truncation_scenario
 from invariants.truncation import TRUNCATION_CHECKS
 from strategies.scenarios import truncation_scenarios
-from tests.invariants.planted_cases import HYBRID, SPECULATING
+from tests.invariants.planted_cases import HYBRID
 from tests.invariants.planted_cases import TRUNCATION_CASES as PLANTED
 
 
@@ -77,8 +77,8 @@ def test_the_failing_run_travels_with_the_violation() -> None:
     import dataclasses
 
     from fuzz.model import InvariantViolation
-    from fuzz.repro.truncation import truncation_repro_of_failure
     from fuzz.targets.target_truncate import SEED_PR_51468
+    from fuzz.upstream import truncation_repro_of_failure
 
     with adapter.planted_truncate_bug("pre_fix_assert_all"):
         with pytest.raises(InvariantViolation) as caught:
@@ -86,48 +86,58 @@ def test_the_failing_run_travels_with_the_violation() -> None:
     failure = caught.value
     check_truncation_scenario(dataclasses.replace(SEED_PR_51468, prefill_chunk=32))  # another run, after it
     assert failure.truncation_run is not None and failure.truncation_run[0] is SEED_PR_51468
-    source = truncation_repro_of_failure(target="t", seed=0, invariant=failure.invariant, violation=str(failure),
-                                         failure=failure)
-    assert source is not None and "PREFILL_CHUNK = 16" in source, source
-    assert truncation_repro_of_failure(target="t", seed=0, invariant=failure.invariant, violation="",
-                                       failure=InvariantViolation(failure.invariant, "no run")) is None
+    written = truncation_repro_of_failure(failure, failure.invariant)
+    assert written is not None and "chunk=16" in written[1], written
+    assert written[0] == "v1/core/test_truncate_computed_blocks_no_unexpected_failure.py", written[0]
+    assert truncation_repro_of_failure(InvariantViolation(failure.invariant, "no run"), failure.invariant) is None
 
 
-def test_the_eagle_plant_becomes_a_repro_that_builds_the_drafter(tmp_path) -> None:
-    """Shrunk, the EAGLE plant's repro builds the manager with ``use_eagle``
-    and flags the draft groups; it fails while the bug is planted and passes
-    on unmodified vLLM."""
-    from fuzz.repro.truncation import truncation_repro_of_failure
+def _fails_planted_passes_unplanted(source: str, bug: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``source`` fails while ``bug`` is planted and passes on unmodified
+    vLLM; it imports vLLM, pytest and torch only."""
+    import ast
 
-    only_must_cover = functools.partial(check_truncation_scenario, only="must-cover")
-    with adapter.planted_truncate_bug("eagle_drops_again"):
-        result = hunt(only_must_cover, SPECULATING, max_examples=1500, seed=0, shrink=True)
-    assert result.found
-    source = truncation_repro_of_failure(
-        target="truncate-hybrid", seed=0, invariant="must-cover", violation=str(result.violation),
-        failure=result.violation,
-    )
-    assert source is not None
-    assert "USE_EAGLE = True" in source and "use_eagle=USE_EAGLE" in source, source
-    assert "group.is_eagle_group = i in DRAFT_GROUPS" in source, source
-    assert "import fuzz" not in source and "from fuzz" not in source
-    repro = tmp_path / "test_repro_eagle.py"
+    roots = {(n.module or "").split(".")[0] for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)}
+    roots |= {a.name.split(".")[0] for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import) for a in n.names}
+    assert roots <= {"vllm", "pytest", "torch"}, roots
+    repro = tmp_path / f"test_{bug}.py"
     repro.write_text(source)
     args = ["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-c", "/dev/null", str(repro)]
-    with adapter.planted_truncate_bug("eagle_drops_again"):
+    with adapter.planted_truncate_bug(bug):
         assert pytest.main(args) == 1, source
     assert pytest.main(args) == 0, source
+
+
+@pytest.mark.parametrize(("bug", "invariant", "scenarios"), PLANTED, ids=[p[0] for p in PLANTED])
+def test_each_planted_bug_s_repro_fails_planted_and_passes_unplanted(bug: str, invariant: str, scenarios,
+                                                                       tmp_path) -> None:
+    """Shrunk, each plant's finding is written as a short test in vLLM's
+    idiom (the manager built with vLLM's classes, the concrete hit, one
+    truncate_computed_blocks call): it fails on the plant, passes unplanted."""
+    from fuzz.upstream import truncation_repro_of_failure
+
+    only_this_check = functools.partial(check_truncation_scenario, only=invariant)
+    with adapter.planted_truncate_bug(bug):
+        result = hunt(only_this_check, scenarios, max_examples=1500, seed=0, shrink=True)
+    assert result.found
+    written = truncation_repro_of_failure(result.violation, invariant)
+    assert written is not None
+    source = written[1]
+    assert "truncate_computed_blocks(hit, " in source and len(source.splitlines()) <= 80, source
+    if bug == "eagle_drops_again":  # the manager is built as the scheduler builds it for a drafter
+        assert "use_eagle=True" in source, source
+    _fails_planted_passes_unplanted(source, bug, tmp_path)
 
 
 def test_a_repro_without_a_drafter_does_not_mention_eagle() -> None:
     """Scenarios without speculative decoding keep their repro as it was."""
     from fuzz.model import TruncationObservation
-    from fuzz.repro.truncation import truncation_repro
     from fuzz.targets.target_truncate import SEED_PR_51468
+    from fuzz.upstream import truncation_repro
 
     obs = TruncationObservation(
         endpoint=0, groups=(), error=None, tuple_obj_id_before=0, tuple_obj_id_after=0,
         free_blocks_before=0, free_blocks_after=0, vllm_version=adapter.VLLM_VERSION,
     )
-    source = truncation_repro(SEED_PR_51468, obs, target="t", seed=0, invariant="must-cover", violation="")
+    source = truncation_repro(SEED_PR_51468, obs, invariant="must-cover")
     assert "eagle" not in source.lower(), source

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from hypothesis import HealthCheck, Phase, find, settings
 
 from fuzz import adapter
-from fuzz.repro.truncation import _spec_code
+from fuzz.upstream._truncation import spec_code
 from fuzz.spec_guard import guard_findings
 from fuzz.model import CLASSIFIED, Behaviour, Classification, Param, Span, behaviour_of
 from tests.support.harnesses import harness_of
@@ -66,8 +66,8 @@ def test_one_row_makes_a_new_spec_type_drawn_built_and_classified() -> None:
         assert ("sliding_window", window) in sched.spans
 
         # Printed for a repro with the same arguments.
-        assert _spec_code(group).startswith("ContributedWindowSpec(block_size=")
-        assert f"sliding_window={window}" in _spec_code(group)
+        assert spec_code(group).startswith("ContributedWindowSpec(block_size=")
+        assert f"sliding_window={window}" in spec_code(group)
     assert "ContributedWindowSpec" not in drawable_kinds()
 
 

@@ -90,7 +90,7 @@ def test_list_names_every_target(capsys) -> None:
 
 def test_planted_bug_campaign_writes_a_repro_that_fails_then_passes(tmp_path: Path) -> None:
     """End to end: a planted pre-fix bug is found, shrunk and written as a
-    standalone repro that fails on the buggy vLLM and passes on the fixed one."""
+    test in vLLM's idiom that fails on the buggy vLLM and passes on the fixed one."""
     repros, report, junit = tmp_path / "repros", tmp_path / "report", tmp_path / "junit.xml"
     proc = _fuzz(
         "run", "--budget", "8s", "--target", "truncate-hybrid", "--seed", "3",
@@ -104,7 +104,8 @@ def test_planted_bug_campaign_writes_a_repro_that_fails_then_passes(tmp_path: Pa
     repro = repros / metas[0]["repro"]
     source = repro.read_text()
     assert "kvtrunc" in source and "import fuzz" not in source and "from fuzz" not in source
-    assert f"vLLM version: {adapter.VLLM_VERSION}" in source
+    assert f"vLLM {adapter.VLLM_VERSION} breaks 'no-unexpected-failure'" in source
+    assert metas[0]["upstream_path"] == "v1/core/test_truncate_computed_blocks_no_unexpected_failure.py", metas
     assert "failures" in junit.read_text()
     assert "<svg" in (report / "report.html").read_text()
     assert "no-unexpected-failure" in (report / "report.md").read_text()
