@@ -52,11 +52,15 @@ Subjects (their ``args``):
   file's recording one) heard the request finished;
 * ``connector-meta`` (): the step's output carries connector metadata;
 * ``sync-loads-flag`` (request, tokens): the step's output says
-  ``has_sync_kv_loads``.
+  ``has_sync_kv_loads``;
+* ``raises`` (exception type, requests): what the step's ``schedule()``
+  raised (``is None``), while admitting the requests; its lines make the
+  call themselves.
 """
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import textwrap
 
@@ -138,6 +142,8 @@ def _hit_tokens(fact: Fact, ctx: Context) -> list[str] | None:
     text = f"the cache {allows} {fact.expected} of its prefix"
     if fact.relation == "<=":  # the first position it may not adopt, and why
         text = f"it may adopt at most {fact.expected}: {why[0]}"
+    elif why:  # where it must start, and why
+        text = f"it must start from {fact.expected}: {why[0]}"
     return _assert(f'{name}.num_computed_tokens - {ctx.output}.num_scheduled_tokens["{rid}"]', fact, (
         f"step {ctx.step}: {rid}'s prefix-cache lookup served {fact.observed} tokens; {text}"))
 
@@ -326,6 +332,18 @@ def _finished_calls(fact: Fact, ctx: Context) -> list[str] | None:
         f"once, when the request finishes"))
 
 
+def _raises(fact: Fact, ctx: Context) -> list[str] | None:
+    kind, requests = fact.args
+    if fact.expected is not None or not isinstance(getattr(builtins, kind, None), type):
+        return None  # only a builtin exception is caught by its name
+    who = f" while admitting {', '.join(requests)}" if requests else ""
+    detail = str(fact.observed).removeprefix(f"{kind}:").strip()
+    return ["    try:", "        scheduler.schedule()", "        raised = None", f"    except {kind} as error:",
+            "        raised = error"] + _assert("raised", fact, (
+        f"step {ctx.step}: schedule() raised {kind}{f' ({detail})' if detail else ''}{who}: no exception may "
+        "escape schedule() for a configuration vLLM accepted"))
+
+
 SUBJECTS = {
     "cached-blocks": _cached_blocks,
     "hit-tokens": _hit_tokens,
@@ -346,6 +364,7 @@ SUBJECTS = {
     "finished-calls": _finished_calls,
     "connector-meta": _connector_meta,
     "sync-loads-flag": _sync_loads_flag,
+    "raises": _raises,
 }
 
 

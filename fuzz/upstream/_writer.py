@@ -46,6 +46,7 @@ from fuzz.model import (
     ResetPrefixCache,
     Step,
 )
+from fuzz.upstream._answers import connector_answers
 from fuzz.upstream._claims import CLAIMS
 from fuzz.upstream._facts import PRELUDES, Context, fact_lines
 from invariants.table import INVARIANTS
@@ -122,34 +123,33 @@ def _spec(f: _File, kind: str, block_size: int, params: dict[str, int]) -> str:
     raise _Unwritable(f"a {kind} group")
 
 
-def _connector_config(log: OpLog) -> dict[str, object]:
+def _connector_config(log: OpLog, config: tuple[int, bool, int] | None = None) -> dict[str, object]:
     """``MockKVConnector``'s extra config that answers as the run's
-    connector did: one answer for every request, after as many 'not yet'
-    answers each."""
-    defers, values = set(), set()
+    connector did at first (or as ``config`` says: matched tokens, async,
+    'not yet' answers; a step may change it: :func:`connector_answers`)."""
+    answers = connector_answers(log)
+    if answers is None:
+        raise _Unwritable("connector answers no config states")
     for add in log.requests:
-        answers = log.answers_for(add.request_id)
-        undecided = next((i for i, a in enumerate(answers) if a.answer is not None), len(answers))
-        defers.add(undecided)
-        values.update((a.answer, a.load_async) for a in answers[undecided:])
+        decided = [a for a in log.answers_for(add.request_id) if a.answer is not None]
         if add.reply is not None and add.reply.kind not in ("zero", "store", "undecided"):
             raise _Unwritable(f"a {add.reply.kind!r} store reply")
-        if add.reply is not None and not answers[undecided:] and add.reply.store_len:
+        if add.reply is not None and not decided and add.reply.store_len:
             raise _Unwritable("a store answer the run never gave")
-    if len(defers) > 1 or len(values) > 1:
-        raise _Unwritable("connector answers that differ between requests or calls")
-    matched, is_async = next(iter(values), (0, False))
-    config: dict[str, object] = {"matched_tokens": matched, "is_async": is_async}
-    if next(iter(defers), 0):
-        config["num_defers_before_matching"] = next(iter(defers))
-    return config
+    matched, is_async, defers = config or next(iter(answers.configs.values()), (0, False, 0))
+    extra: dict[str, object] = {"matched_tokens": matched, "is_async": is_async}
+    if defers:
+        extra["num_defers_before_matching"] = defers
+    if log.config.draw.divergent_hits and len(log.config.draw.layout.groups) > 1:
+        extra["supports_divergent_local_hybrid_hits"] = True
+    return extra
 
 
 def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
     cfg, draw = log.config, log.config.draw
     groups = draw.layout.groups
-    if draw.speculative_method or any(r.embeds for r in log.requests) or draw.prefill_schedule_interval != 1:
-        raise _Unwritable("speculation, prompt embeddings or a prefill interval")
+    if draw.speculative_method or draw.prefill_schedule_interval != 1:
+        raise _Unwritable("speculation or a prefill interval")
     plain = len(groups) == 1 and groups[0].kind == "FullAttentionSpec" and not groups[0].params
     mamba = any(g.kind == "MambaSpec" for g in groups)
     # The helpers' own spec is one full-attention group: others are stated.
@@ -163,10 +163,10 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
         # needs it) and keeps nothing it is handed: a small subclass has both.
         keeps = any(fact.subject == "handed-blocks" for fact in facts)
         counts = any(fact.subject == "finished-calls" for fact in facts)
-        handed = len(groups) > 1 or keeps or counts
+        answers = connector_answers(log)
+        store = answers is not None and answers.store
+        handed = len(groups) > 1 or keeps or counts or store
         extra = _connector_config(log)
-        if draw.divergent_hits and len(groups) > 1:
-            extra["supports_divergent_local_hybrid_hits"] = True
         b += ["    vllm_config = create_vllm_config(",
               f"        {limits},",
               f'        kv_connector="{"HandOffRecorder" if handed else "MockKVConnector"}",'
@@ -175,7 +175,7 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
               "        kv_connector_extra_config={" + ", ".join(f'"{k}": {v!r}' for k, v in extra.items()) + "},",
               "    )"]
         if handed:
-            _recorder(f, draw.kv_role == "kv_producer", keeps, counts)
+            _recorder(f, draw.kv_role == "kv_producer", keeps, counts, store)
         config = "vllm_config"
     else:
         f.need(_CORE, "create_scheduler")
@@ -248,10 +248,11 @@ def _kv_cache_config(f: _File, log: OpLog, specs: list[str]) -> list[str]:
             + ["        ],", "    )"])
 
 
-def _recorder(f: _File, producer: bool, keeps: bool, counts: bool = False) -> None:
+def _recorder(f: _File, producer: bool, keeps: bool, counts: bool = False, store: bool = False) -> None:
     """A ``MockKVConnector`` that supports the hybrid allocator's hand-off
     (``SupportsHMA``), keeping the block ids it is handed, or the requests
-    it hears finished, where a fact reads them."""
+    it hears finished, where a fact reads them; answering as a store of
+    ``matched_tokens`` prompt tokens where the run's answers need one."""
     f.need(_UNIT, "MockKVConnector")
     f.need("vllm.distributed.kv_transfer.kv_connector.v1.base", "SupportsHMA")
     f.top += [
@@ -265,6 +266,13 @@ def _recorder(f: _File, producer: bool, keeps: bool, counts: bool = False) -> No
            *(["        self.handed = {}"] if keeps else []),
            *(["        self.finished = []"] if counts else []),
            ""] if keeps or counts else []),
+        *(["    def get_num_new_matched_tokens(self, request, num_computed_tokens):",
+           "        # An external store holding the first matched_tokens tokens of each prompt.",
+           "        stored, is_async = super().get_num_new_matched_tokens(request, num_computed_tokens)",
+           "        if stored is None:",
+           "            return None, is_async",
+           "        return max(0, min(stored, request.num_tokens - 1) - num_computed_tokens), is_async",
+           ""] if store else []),
         "    def request_finished_all_groups(self, request, block_ids):",
         *(["        self.handed[request.request_id] = block_ids"] if keeps else []),
         *(["        self.finished.append(request.request_id)"] if counts else []),
@@ -273,7 +281,7 @@ def _recorder(f: _File, producer: bool, keeps: bool, counts: bool = False) -> No
     ]
 
 
-def _request(f: _File, add: AddRequest, hash_block_size: int) -> list[str]:
+def _request(f: _File, add: AddRequest, hash_block_size: int, embeds: tuple[str, ...] = ()) -> list[str]:
     f.need("vllm.v1.request", "Request")
     f.need("vllm.sampling_params", "SamplingParams")
     f.need("vllm.v1.core.kv_cache_utils", "get_request_block_hasher")
@@ -283,9 +291,14 @@ def _request(f: _File, add: AddRequest, hash_block_size: int) -> list[str]:
         prompt = f"list(range({tokens[0]}, {tokens[0] + len(tokens)}))" if tokens[0] else f"list(range({len(tokens)}))"
     else:
         prompt = repr(tokens)
+    if add.embeds is not None:  # prompt embeddings instead of tokens (vLLM records zeros)
+        prompt = "None"
     keywords = [f'request_id="{add.request_id}"', f"prompt_token_ids={prompt}",
                 f"sampling_params=SamplingParams(max_tokens={add.max_tokens}, ignore_eos={add.ignore_eos})",
                 "pooling_params=None", f"block_hasher=get_request_block_hasher({hash_block_size}, sha256)"]
+    if add.embeds is not None:  # vLLM hashes each block's rows: one value per tag tells the tags apart
+        f.need("torch")
+        keywords.append(f"prompt_embeds=torch.full(({len(tokens)}, 4), {embeds.index(add.embeds) + 1}.0)")
     if add.cache_salt:
         keywords.append(f"cache_salt={add.cache_salt!r}")
     if add.lora:
@@ -382,14 +395,21 @@ class _Program(OpVisitor[bool]):
         self.f, self.at, self.cfg = f, at, log.config
         self.stop = max(at)[0]
         self.names = {r.request_id: _name(r.request_id) for r in log.requests}
+        self.embeds = tuple(dict.fromkeys(r.embeds for r in log.requests if r.embeds is not None))
+        # The connector's config as each step changes it (the first is the file's).
+        answers = connector_answers(log) if self.cfg.draw.connector else None
+        self.answers = dict(list(answers.configs.items())[1:]) if answers is not None else {}
+        self.store = answers is not None and answers.store
+        self.log = log
+        self.added = False
         self.block_sizes = tuple(g.block_size for g in self.cfg.draw.layout.groups)
         self.during: list[str] = []
 
     def on_add_request(self, op: AddRequest) -> bool:
-        b = self.f.body
+        b, self.added = self.f.body, True
         if b[-1].startswith("    scheduler.update_from_output("):
             b.append("")
-        b += _request(self.f, op, self.cfg.hash_block_size)
+        b += _request(self.f, op, self.cfg.hash_block_size, self.embeds)
         b.append(f"    scheduler.add_request({self.names[op.request_id]})")
         return True
 
@@ -413,13 +433,29 @@ class _Program(OpVisitor[bool]):
         f, b, at, stop = self.f, self.f.body, self.at, self.stop
         if op.index > stop:
             return False
-        if op.output is None or op.error:
-            raise _Unwritable("a step that raised")
         async_ = self.cfg.draw.async_scheduling
+        asserted = any((op.index, after) in at for after in ("schedule", "update"))
+        if not self.added and not async_ and not asserted and op.output is not None and not op.output.num_scheduled:
+            return True  # a schedule() before any request does nothing (and no fact is due there)
         output = f"output_{op.index}" if async_ else "output"
-        b += ["", f"    # Step {op.index}: {_scheduled(op)}.", f"    {output} = scheduler.schedule()"]
-        scheduled_at = len(b) - 1
         ctx = Context(self.names, output, op.index, self.cfg.hash_block_size, self.block_sizes)
+        b.append("")
+        if op.index in self.answers:
+            f.need(_UNIT, "MockKVConfig")
+            fields = ", ".join(f"{k}={v!r}" for k, v in _connector_config(self.log, self.answers[op.index]).items())
+            matched, _, defers = self.answers[op.index]
+            b += [f"    # From step {op.index} on, the connector "
+                  + (f"holds the first {matched} tokens of each prompt" if self.store else f"matches {matched} tokens")
+                  + (f", after {defers} 'not yet' answers." if defers else "."),
+                  f"    scheduler.connector.config = MockKVConfig({fields})"]
+        if op.output is None or op.error:
+            due = at.get((op.index, "schedule"), [])
+            if op.error_where != "schedule" or not any(fact.subject == "raises" for fact in due):
+                raise _Unwritable("a step that raised")
+            b += [f"    # Step {op.index}: schedule() raises."] + _facts_at(f, due, ctx)
+            return False
+        b += [f"    # Step {op.index}: {_scheduled(op)}.", f"    {output} = scheduler.schedule()"]
+        scheduled_at = len(b) - 1
         b += _facts_at(f, at.get((op.index, "schedule"), []), ctx)
         if op.index == stop and (stop, "update") not in at:
             if not any(output in line for line in b[scheduled_at + 1:]):

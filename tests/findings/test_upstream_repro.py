@@ -86,6 +86,16 @@ CASES = (
     ("skipping_request_reads_local_cache", "skip-reads-no-cache"),
     ("caches_async_load_early", "index-written"),
     ("mamba_frees_resume_state", "read-blocks-held"),
+    # Hits, truncation and the hybrid fallback: prompt embeddings, a partial
+    # hit's copy-on-write, the external-hit branch's truncation, a crash.
+    ("embeds_not_hashed", "hits-within-namespace"),
+    ("partial_hit_shares_its_block", "reads-written"),
+    ("truncation_one_block_short", "local-part-covered"),
+    ("skip_truncation", "computed-adds-up"),
+    ("skip_truncation", "truncated-view"),
+    ("pre_fix_assert_all", "no-exception"),
+    ("fallback_discards_hit", "diverged-falls-back"),
+    ("no_divergent_fallback", "mamba-state-at-boundary"),
 )
 # (planted bug, claim) -> the connector protocol's scenario that shows it.
 CONNECTOR_RUNS = {(bug, claim): scenario for _, claim, bug, scenario in CONNECTOR_CASES}
