@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from fuzz.model import Fact, Instance, InvariantViolation, StepObservation, group_kind
+from fuzz.model import Fact, Instance, InvariantViolation, OwnershipObservation, StepObservation, group_kind
 
 __all__ = [
     "COPY_OF_OTHER_REQUESTS_COPY",
@@ -238,12 +238,36 @@ def _read_fact(step: StepObservation, read: Any) -> Fact | None:
     own = step.ownership
     if own is None or read.group >= len(own.groups) or not read.missing:
         return None
+    writer = _sharing_writer(step, own, read)
+    if writer is not None:  # the block is fine where the reader has it: the writer's copy is missing
+        return writer
     index = read.missing[0][0] // own.groups[read.group].block_size
     held = own.table_of(read.request_id)
     if held is not None and read.block_id in held.tables[read.group]:  # a state group's block: where it sits
         index = list(held.tables[read.group]).index(read.block_id)
     return Fact("table-block", (read.request_id, read.group, index, read.start, tuple(p for p, _ in read.missing)),
                 read.block_id, read.block_id, "!=", after="schedule")
+
+
+def _sharing_writer(step: StepObservation, own: OwnershipObservation, read: Any) -> Fact | None:
+    """Where this step's write over what the reader reads comes from a
+    request that adopted the reader's block as (part of) its hit and writes
+    into it, the block at that place of the writer's table: it must be the
+    writer's own copy (a partial hit is copied on write)."""
+    size = own.groups[read.group].block_size
+    written = [p for p, held in read.missing if held is not None and held[1] == step.step]
+    for t in own.tables if written else ():
+        table = t.tables[read.group] if read.group < len(t.tables) else ()
+        if t.request_id == read.request_id or read.block_id not in table:
+            continue
+        index = list(table).index(read.block_id)
+        end = t.computed_before + t.num_scheduled
+        if index * size < t.computed_before and all(t.computed_before <= p < end for p in written):
+            return Fact("table-block", (t.request_id, read.group, index, t.computed_before, tuple(
+                range(index * size, t.computed_before)), f"{read.request_id}'s block, into which {t.request_id} "
+                f"writes positions {written} while {read.request_id} reads them"), read.block_id, read.block_id, "!=",
+                after="schedule")
+    return None
 
 
 check_reads_written.violations = _reads_violations  # type: ignore[attr-defined]

@@ -88,11 +88,12 @@ the harness's watch of the frees, ``fuzz/adapter/_evictions.py``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from fuzz.model import (
     AdmissionObservation,
     Fact,
+    GroupInfo,
     InvariantViolation,
     MissedHit,
     StepObservation,
@@ -105,7 +106,8 @@ from fuzz.model import (
 
 __all__ = [
     "EVICTED_OUT_OF_ORDER", "HIT_CHECKS", "HIT_LONGER", "HIT_LONGER_WITHOUT_EAGLE_PROOF", "HIT_SHORTER",
-    "HIT_STEP_CHECKS", "check_eviction_order", "check_hit_matches_index", "predicted_hit", "reused_before",
+    "HIT_STEP_CHECKS", "adopted_fact", "check_eviction_order", "check_hit_matches_index", "first_difference",
+    "predicted_hit", "reused_before", "served_fact", "state_bound",
 ]
 
 # The failing conditions (deduplication and known-bug matching name them).
@@ -184,6 +186,39 @@ def _hit_facts(adm: AdmissionObservation, hit: int) -> tuple[Fact, ...]:
     if not adm.admitted or adm.reply or adm.connector_external_tokens or adm.truncated_at is not None:
         return ()
     return (Fact("hit-tokens", (adm.request_id,), adm.local_hit, hit, step=adm.step, after="schedule"),)
+
+
+# The facts of the admission claims of invariants/scheduler.py: what the
+# admitting schedule() left in the request, as an upstream repro asserts it.
+def served_fact(adm: AdmissionObservation, bound: int, relation: str, why: str) -> tuple[Fact, ...]:
+    """The tokens the admitting ``schedule()`` counted computed for the
+    request (local and external), against ``bound``: ``why``."""
+    return (Fact("hit-tokens", (adm.request_id, why), adm.num_computed_tokens, bound, relation, step=adm.step,
+                 after="schedule"),)
+
+
+def adopted_fact(adm: AdmissionObservation, group: int, index: int, why: str) -> tuple[Fact, ...]:
+    """The block at ``index`` of the request's table in ``group`` right
+    after the admitting ``schedule()``, which may not be there: ``why``
+    (none where the table is shorter)."""
+    table = adm.block_table[group] if group < len(adm.block_table) else ()
+    if index >= len(table) or adm.num_computed_tokens is None:
+        return ()
+    size, start = adm.groups[group].block_size, adm.num_computed_tokens
+    positions = tuple(range(index * size, min((index + 1) * size, start)))
+    return (Fact("table-block", (adm.request_id, group, index, start, positions, why), table[index], table[index], "!=",
+                 step=adm.step, after="schedule"),)
+
+
+def state_bound(adm: AdmissionObservation, group: GroupInfo, adopted: Sequence[int]) -> int:
+    """Where the last state among a whole-state group's ``adopted`` blocks
+    ends (0: none): the furthest a request may resume without external tokens."""
+    return max([(j + 1) * group.block_size for j, b in enumerate(adopted) if b != adm.null_block_id], default=0)
+
+
+def first_difference(found: Sequence[int], wanted: Sequence[int]) -> int:
+    """The first index where two block lists differ (one ends first: its length)."""
+    return next((i for i, (a, b) in enumerate(zip(found, wanted)) if a != b), min(len(found), len(wanted)))
 
 
 def _excess(adm: AdmissionObservation) -> str:

@@ -34,20 +34,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from fuzz.model import AdmissionObservation, Fact, GroupInfo, Instance, InvariantViolation, PoolObservation, StepObservation
-from fuzz.model import StrandedRequest
 from invariants.stranded import (  # noqa: F401 - the liveness claim's states, matched by known-bug signatures
     STRANDED, STRANDED_ENCODER_AFTER_FAILED_LOAD, STRANDED_PLACEHOLDERS, STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD,
     stranded_states, stranded_where, stranded_why,
 )
-from fuzz.model import answer_acted_on
-from fuzz.model import Behaviour, cdiv, first_needed_token, group_kind, group_name
+from fuzz.model import Behaviour, StrandedRequest, answer_acted_on, cdiv, first_needed_token, group_kind, group_name
 from invariants.connector import CONNECTOR_ADMISSION_CHECKS, CONNECTOR_STEP_CHECKS
 from invariants.contents import (  # WHERE: the vLLM call every check here judges too
     WHERE, chained_copies, check_copy_sources_ready, check_index_names_its_prefix, check_index_written,
     check_keys_name_one_prefix, check_kv_matches_tokens, check_reads_written,
 )
 from invariants.cache import CACHE_CHECKS  # what the prefix cache must still serve (the harness's model)
-from invariants.hits import HIT_CHECKS, HIT_STEP_CHECKS  # how long a hit each lookup serves; evictions
+from invariants.hits import HIT_CHECKS, HIT_STEP_CHECKS, adopted_fact, first_difference, served_fact, state_bound
 from invariants.fate import FATE_CHECKS  # where each request is; waiting requests admitted
 from invariants.ownership import OWNERSHIP_CHECKS
 from invariants.promises import PROMISE_CHECKS
@@ -59,9 +57,8 @@ __all__ = [
     "check_computed_below_num_tokens", "check_computed_tokens_add_up", "check_copy_sources_ready",
     "check_diverged_hit_falls_back", "check_kv_matches_tokens", "check_local_part_covered",
     "check_mamba_state_at_resume_boundary", "check_no_exception_escapes", "check_no_leaked_blocks",
-    "check_rejected_drafts_rolled_back", "check_running_requests_progress",
-    "check_skipping_request_reads_no_cache", "check_stale_output_dropped", "check_step", "check_truncated_view",
-    "expects_truncation", "step_violations",
+    "check_rejected_drafts_rolled_back", "check_running_requests_progress", "check_skipping_request_reads_no_cache",
+    "check_stale_output_dropped", "check_step", "check_truncated_view", "expects_truncation", "step_violations",
 ]
 
 
@@ -112,9 +109,9 @@ def check_no_exception_escapes(step: StepObservation) -> None:
         f"{step.error_where}() raised {step.error}\n{step.describe()}",
         # A reset between steps is a call of its own (the engine core's utility call).
         where="Scheduler.reset_prefix_cache" if step.error_where == "reset_prefix_cache" else WHERE,
-        exception=step.error_type,
-        frames=step.error_frames,
-        statement=step.error_statement,
+        exception=step.error_type, frames=step.error_frames, statement=step.error_statement,
+        facts=() if step.error_where != "schedule" else (Fact("raises", (step.error_type, tuple(
+            a.request_id for a in step.admissions if not a.admitted)), step.error, None, "is", step.step, "schedule"),),
     )
 
 
@@ -170,6 +167,7 @@ def check_computed_tokens_add_up(adm: AdmissionObservation, context: str = "") -
                 f"= ceil({local} / {g.block_size}) may be adopted",
                 context,
                 group=g,
+                facts=adopted_fact(adm, g.index, limit, f"a cached block past its {local} local tokens"),
             )
 
 
@@ -221,6 +219,7 @@ def check_local_part_covered(adm: AdmissionObservation, context: str = "") -> No
                 ),
                 context,
                 group=g,
+                facts=adopted_fact(adm, g.index, missing[0], f"a fresh block in the local part [{first}, {local})"),
             )
 
 
@@ -256,6 +255,7 @@ def check_truncated_view(adm: AdmissionObservation, context: str = "") -> None:
             f"got {local} (num_computed_tokens={adm.num_computed_tokens} - external "
             f"{adm.connector_external_tokens})",
             context,
+            facts=served_fact(adm, adm.num_computed_tokens - local + aligned, "==", f"{aligned} local tokens, aligned"),
         )
     views = [_truncated_view(g, behaviour, looked_up, aligned)
              for g, behaviour, looked_up in zip(adm.groups, adm.behaviours, adm.local_blocks)]
@@ -269,6 +269,7 @@ def check_truncated_view(adm: AdmissionObservation, context: str = "") -> None:
                     f"{aligned} of its lookup {list(looked_up)}: expected {list(expected)}",
                     context,
                     group=g,
+                    facts=adopted_fact(adm, g.index, first_difference(adopted, expected), f"outside its truncated view {list(expected)}"),
                 )
     # A full cached block of the view may itself be another request's
     # copy-on-write destination this step (that request's forward fills it
@@ -311,6 +312,7 @@ def check_mamba_state_at_resume_boundary(adm: AdmissionObservation, context: str
                 f"{'missing' if state is None else 'the null block'})",
                 context,
                 group=g,
+                facts=served_fact(adm, state_bound(adm, g, adopted[:idx]), "<=", f"group {g.index} holds no state at {local}"),
             )
 
 
@@ -334,6 +336,7 @@ def check_diverged_hit_falls_back(adm: AdmissionObservation, context: str = "") 
             f"the scheduler must fall back to {adm.joint_hit} with blocks "
             f"{[list(g) for g in adm.joint_blocks]}; it kept {local} local tokens",
             context,
+            facts=served_fact(adm, adm.joint_hit, "==", "the joint hit, nothing backs more") if local != adm.joint_hit else (),
         )
 
 
@@ -482,7 +485,6 @@ def _stranded_violations(step: StepObservation) -> Iterator[InvariantViolation]:
 
 
 check_running_requests_progress.violations = _stranded_violations  # type: ignore[attr-defined]
-
 
 
 # The connector-protocol checks (invariants/connector.py) run with the others.

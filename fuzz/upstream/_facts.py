@@ -52,7 +52,10 @@ Subjects (their ``args``):
   file's recording one) heard the request finished;
 * ``connector-meta`` (): the step's output carries connector metadata;
 * ``sync-loads-flag`` (request, tokens): the step's output says
-  ``has_sync_kv_loads``.
+  ``has_sync_kv_loads``;
+* ``raises`` (exception type, requests): what the step's ``schedule()``
+  raised (``is None``), while admitting the requests; its lines make the
+  call themselves.
 
 Speculative decoding's:
 
@@ -83,6 +86,7 @@ What the scheduler told the connector (the file's recording one), in the
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import textwrap
 from collections.abc import Callable
@@ -165,6 +169,8 @@ def _hit_tokens(fact: Fact, ctx: Context) -> list[str] | None:
     text = f"the cache {allows} {fact.expected} of its prefix"
     if fact.relation == "<=":  # the first position it may not adopt, and why
         text = f"it may adopt at most {fact.expected}: {why[0]}"
+    elif why:  # where it must start, and why
+        text = f"it must start from {fact.expected}: {why[0]}"
     return _assert(f'{name}.num_computed_tokens - {ctx.output}.num_scheduled_tokens["{rid}"]', fact, (
         f"step {ctx.step}: {rid}'s prefix-cache lookup served {fact.observed} tokens; {text}"))
 
@@ -417,6 +423,16 @@ def _started_from(fact: Fact, ctx: Context) -> list[str] | None:
             f"step {ctx.step}: schedule() hands the model runner {rid} from num_computed_tokens={fact.observed}, "
             f"with num_tokens={fact.expected}: a request it schedules leaves at least one token to compute "
             "(the last one's logits sample its next token)"))
+def _raises(fact: Fact, ctx: Context) -> list[str] | None:
+    kind, requests = fact.args
+    if fact.expected is not None or not isinstance(getattr(builtins, kind, None), type):
+        return None  # only a builtin exception is caught by its name
+    who = f" while admitting {', '.join(requests)}" if requests else ""
+    detail = str(fact.observed).removeprefix(f"{kind}:").strip()
+    return ["    try:", "        scheduler.schedule()", "        raised = None", f"    except {kind} as error:",
+            "        raised = error"] + _assert("raised", fact, (
+        f"step {ctx.step}: schedule() raised {kind}{f' ({detail})' if detail else ''}{who}: no exception may "
+        "escape schedule() for a configuration vLLM accepted"))
 
 
 SUBJECTS = {
@@ -439,6 +455,7 @@ SUBJECTS = {
     "finished-calls": _finished_calls,
     "connector-meta": _connector_meta,
     "sync-loads-flag": _sync_loads_flag,
+    "raises": _raises,
     # Speculative decoding's.
     "table-covers": _table_covers,
     "rolled-back": _rolled_back,

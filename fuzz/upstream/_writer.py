@@ -47,6 +47,7 @@ from fuzz.model import (
     ResetPrefixCache,
     Step,
 )
+from fuzz.upstream._answers import connector_answers
 from fuzz.upstream._claims import CLAIMS
 from fuzz.upstream._facts import BEFORE_UPDATE, PRELUDES, Context, fact_lines
 from fuzz.upstream._speculation import (
@@ -129,48 +130,33 @@ def _spec(f: _File, kind: str, block_size: int, params: dict[str, int]) -> str:
     raise _Unwritable(f"a {kind} group")
 
 
-def _answer_plan(log: OpLog) -> tuple[dict[str, object], dict[str, dict[str, object]]]:
+def _connector_config(log: OpLog, config: tuple[int, bool, int] | None = None) -> dict[str, object]:
     """``MockKVConnector``'s extra config that answers as the run's
-    connector first did (one answer for each request, after as many 'not
-    yet' answers each), and the requests before whose ``add_request`` its
-    answers change (request id -> the new ``MockKVConfig`` fields)."""
-    plan: list[tuple[str, dict[str, object]]] = []  # (first request, answers) per stretch
+    connector did at first (or as ``config`` says: matched tokens, async,
+    'not yet' answers; a step may change it: :func:`connector_answers`)."""
+    answers = connector_answers(log)
+    if answers is None:
+        raise _Unwritable("connector answers no config states")
     for add in log.requests:
-        answers = log.answers_for(add.request_id)
-        undecided = next((i for i, a in enumerate(answers) if a.answer is not None), len(answers))
-        values = {(a.answer, a.load_async) for a in answers[undecided:]}
+        decided = [a for a in log.answers_for(add.request_id) if a.answer is not None]
         if add.reply is not None and add.reply.kind not in ("zero", "store", "undecided"):
             raise _Unwritable(f"a {add.reply.kind!r} store reply")
-        if add.reply is not None and not answers[undecided:] and add.reply.store_len:
+        if add.reply is not None and not decided and add.reply.store_len:
             raise _Unwritable("a store answer the run never gave")
-        if len(values) > 1:
-            raise _Unwritable("connector answers that differ between calls")
-        wants: dict[str, object] = {"num_defers_before_matching": undecided} if answers else {}
-        if values:
-            wants["matched_tokens"], wants["is_async"] = next(iter(values))
-        if not plan or any(plan[-1][1].get(k, v) != v for k, v in wants.items()):
-            plan.append((add.request_id, {}))
-        plan[-1][1].update(wants)
-    stretches = [{"matched_tokens": 0, "is_async": False, "num_defers_before_matching": 0, **answers}
-                 for _, answers in plan] or [{"matched_tokens": 0, "is_async": False}]
-    # The mock reads its config when asked: a later stretch's requests are
-    # added once every earlier request's last answer is given.
-    position = {op.request_id: i for i, op in enumerate(log.ops) if isinstance(op, AddRequest)}
-    for rid, _ in plan[1:]:
-        if any(position[a.request_id] < position[rid] for op in log.ops[position[rid]:]
-               if isinstance(op, Step) for a in op.answers):
-            raise _Unwritable("connector answers that differ between requests asked together")
-    first = dict(stretches[0])
-    if not first.get("num_defers_before_matching"):
-        first.pop("num_defers_before_matching", None)
-    return first, {rid: answers for (rid, _), answers in zip(plan[1:], stretches[1:])}
+    matched, is_async, defers = config or next(iter(answers.configs.values()), (0, False, 0))
+    extra: dict[str, object] = {"matched_tokens": matched, "is_async": is_async}
+    if defers:
+        extra["num_defers_before_matching"] = defers
+    if log.config.draw.divergent_hits and len(log.config.draw.layout.groups) > 1:
+        extra["supports_divergent_local_hybrid_hits"] = True
+    return extra
 
 
 def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
     cfg, draw = log.config, log.config.draw
     groups = draw.layout.groups
-    if any(r.embeds for r in log.requests) or draw.prefill_schedule_interval != 1:
-        raise _Unwritable("prompt embeddings or a prefill interval")
+    if draw.prefill_schedule_interval != 1:
+        raise _Unwritable("a prefill interval")
     if unstated(log):
         raise _Unwritable(unstated(log))
     connector = _has_connector(log)
@@ -189,12 +175,12 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
         counts = any(fact.subject == "finished-calls" for fact in facts)
         # What the scheduler told the connector, where a fact reads it.
         records = tuple(r for r in _RECORDS if any(fact.subject == _RECORDS[r][0] for fact in facts))
+        answers = connector_answers(log)
+        store = answers is not None and answers.store
         hand_off = len(groups) > 1 or keeps or counts
         recorder = "HandOffRecorder" if hand_off else "CallRecorder"
-        handed = hand_off or bool(records)
-        extra = _answer_plan(log)[0]
-        if draw.divergent_hits and len(groups) > 1:
-            extra["supports_divergent_local_hybrid_hits"] = True
+        handed = hand_off or bool(records) or store
+        extra = _connector_config(log)
         b += ["    vllm_config = create_vllm_config(",
               f"        {limits},",
               f'        kv_connector="{recorder if handed else "MockKVConnector"}",'
@@ -203,7 +189,7 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
               "        kv_connector_extra_config={" + ", ".join(f'"{k}": {v!r}' for k, v in extra.items()) + "},",
               "    )"]
         if handed:
-            _recorder(f, draw.kv_role == "kv_producer", keeps, counts, records, hand_off)
+            _recorder(f, draw.kv_role == "kv_producer", keeps, counts, records, hand_off, store)
         config = "vllm_config"
     else:
         f.need(_CORE, "create_scheduler")
@@ -290,25 +276,28 @@ _RECORDS = {
 
 
 def _recorder(f: _File, producer: bool, keeps: bool, counts: bool = False, records: tuple[str, ...] = (),
-              hand_off: bool = True) -> None:
+              hand_off: bool = True, store: bool = False) -> None:
     """A ``MockKVConnector`` that supports the hybrid allocator's hand-off
     (``SupportsHMA``), keeping the block ids it is handed, or the requests
-    it hears finished, where a fact reads them; and that records, per
-    request, what the scheduler last passed it (``records``: keys of
-    :data:`_RECORDS`)."""
+    it hears finished, where a fact reads them; that records, per request,
+    what the scheduler last passed it (``records``: keys of
+    :data:`_RECORDS`); answering as a store of ``matched_tokens`` prompt
+    tokens where the run's answers need one (``store``)."""
+    if store and "asked" in records:
+        raise _Unwritable("a store answer beside the recorded question")
     f.need(_UNIT, "MockKVConnector")
     told = f"the {' and '.join(_RECORDS[r][4] for r in records)} it is passed per request"
+    doc = "The mock connector"
     if hand_off:
         f.need("vllm.distributed.kv_transfer.kv_connector.v1.base", "SupportsHMA")
-        doc = ("The mock connector with the hybrid allocator's hand-off"
-               + (", keeping the block ids each finished request is handed" if keeps
-                  else ", recording each request it hears finished" if counts else "")
-               + (f"; recording {told}." if records else "."))
-    else:
-        doc = f"The mock connector, recording {told}."
+        doc += (" with the hybrid allocator's hand-off"
+                + (", keeping the block ids each finished request is handed" if keeps
+                   else ", recording each request it hears finished" if counts else ""))
+    doc += (f"{';' if hand_off else ','} recording {told}" if records else "") + (
+        "; answering as a store of the first matched_tokens tokens of each prompt" if store else "") + "."
     lines = [f"class {'HandOffRecorder' if hand_off else 'CallRecorder'}(MockKVConnector"
              + (", SupportsHMA):" if hand_off else "):"),
-             *(f"    {line}" for line in (textwrap.wrap(f'"""{doc}"""', 92) if records else [f'"""{doc}"""'])), ""]
+             *(f"    {line}" for line in textwrap.wrap(f'"""{doc}"""', 92)), ""]
     fields = [*(["handed"] if keeps else []), *records]
     if fields or counts:
         lines += ["    def __init__(self, *args, **kwargs):",
@@ -316,6 +305,14 @@ def _recorder(f: _File, producer: bool, keeps: bool, counts: bool = False, recor
                   *(["        self." + ", self.".join(fields) + " = " + ", ".join("{}" for _ in fields)]
                     if fields else []),
                   *(["        self.finished = []"] if counts else []),
+                  ""]
+    if store:
+        lines += ["    def get_num_new_matched_tokens(self, request, num_computed_tokens):",
+                  "        # An external store holding the first matched_tokens tokens of each prompt.",
+                  "        stored, is_async = super().get_num_new_matched_tokens(request, num_computed_tokens)",
+                  "        if stored is None:",
+                  "            return None, is_async",
+                  "        return max(0, min(stored, request.num_tokens - 1) - num_computed_tokens), is_async",
                   ""]
     for method, arguments in dict.fromkeys(_RECORDS[r][1:3] for r in records):
         lines.append(f"    def {method}(self, {arguments}):")
@@ -332,7 +329,7 @@ def _recorder(f: _File, producer: bool, keeps: bool, counts: bool = False, recor
     f.top += lines if lines[-1] else lines[:-1]
 
 
-def _request(f: _File, add: AddRequest, hash_block_size: int) -> list[str]:
+def _request(f: _File, add: AddRequest, hash_block_size: int, embeds: tuple[str, ...] = ()) -> list[str]:
     f.need("vllm.v1.request", "Request")
     f.need("vllm.sampling_params", "SamplingParams")
     f.need("vllm.v1.core.kv_cache_utils", "get_request_block_hasher")
@@ -342,9 +339,14 @@ def _request(f: _File, add: AddRequest, hash_block_size: int) -> list[str]:
         prompt = f"list(range({tokens[0]}, {tokens[0] + len(tokens)}))" if tokens[0] else f"list(range({len(tokens)}))"
     else:
         prompt = repr(tokens)
+    if add.embeds is not None:  # prompt embeddings instead of tokens (vLLM records zeros)
+        prompt = "None"
     keywords = [f'request_id="{add.request_id}"', f"prompt_token_ids={prompt}",
                 f"sampling_params=SamplingParams(max_tokens={add.max_tokens}, ignore_eos={add.ignore_eos})",
                 "pooling_params=None", f"block_hasher=get_request_block_hasher({hash_block_size}, sha256)"]
+    if add.embeds is not None:  # vLLM hashes each block's rows: one value per tag tells the tags apart
+        f.need("torch")
+        keywords.append(f"prompt_embeds=torch.full(({len(tokens)}, 4), {embeds.index(add.embeds) + 1}.0)")
     if add.cache_salt:
         keywords.append(f"cache_salt={add.cache_salt!r}")
     if add.lora:
@@ -447,26 +449,21 @@ class _Program(OpVisitor[bool]):
         # No facts (a steps-only file, fuzz.upstream._steps): every step of the log.
         self.stop = max(at)[0] if at else log.steps[-1].index
         self.names = {r.request_id: _name(r.request_id) for r in log.requests}
+        self.embeds = tuple(dict.fromkeys(r.embeds for r in log.requests if r.embeds is not None))
+        # The connector's config as each step changes it (the first is the file's).
+        answers = connector_answers(log) if self.cfg.draw.connector else None
+        self.answers = dict(list(answers.configs.items())[1:]) if answers is not None else {}
+        self.store = answers is not None and answers.store
+        self.log = log
+        self.added = False
         self.block_sizes = tuple(g.block_size for g in self.cfg.draw.layout.groups)
         self.during: list[str] = []
-        self.answers = _answer_plan(log)[1] if self.cfg.draw.connector else {}
 
     def on_add_request(self, op: AddRequest) -> bool:
-        b = self.f.body
+        b, self.added = self.f.body, True
         if b[-1].startswith("    scheduler.update_from_output("):
             b.append("")
-        if op.request_id in self.answers:
-            answers = {k: v for k, v in self.answers[op.request_id].items() if v or k == "matched_tokens"}
-            if self.cfg.draw.divergent_hits and len(self.block_sizes) > 1:
-                answers["supports_divergent_local_hybrid_hits"] = True
-            self.f.need(_UNIT, "MockKVConnector", "MockKVConfig")
-            b += [""] if b[-1] else []
-            n = answers["matched_tokens"]
-            b.append(f"    # The connector answers {op.request_id} with {n} external token{'s' * (n != 1)}"
-                     + (", loaded async" if answers.get("is_async") else "") + ".")
-            b.append("    scheduler.connector.config = MockKVConfig("
-                     + ", ".join(f"{k}={v!r}" for k, v in answers.items()) + ")")
-        b += _request(self.f, op, self.cfg.hash_block_size)
+        b += _request(self.f, op, self.cfg.hash_block_size, self.embeds)
         b.append(f"    scheduler.add_request({self.names[op.request_id]})")
         return True
 
@@ -490,13 +487,30 @@ class _Program(OpVisitor[bool]):
         f, b, at, stop = self.f, self.f.body, self.at, self.stop
         if op.index > stop:
             return False
-        if (op.output is None or op.error) and (at or op.index != stop):
-            raise _Unwritable("a step that raised")  # a steps-only file ends on it: vLLM raises there
         async_ = self.cfg.draw.async_scheduling
+        asserted = any((op.index, after) in at for after in ("schedule", "update"))
+        if not self.added and not async_ and not asserted and op.output is not None and not op.output.num_scheduled:
+            return True  # a schedule() before any request does nothing (and no fact is due there)
         output = f"output_{op.index}" if async_ else "output"
-        b += ["", f"    # Step {op.index}: {_scheduled(op)}.", f"    {output} = scheduler.schedule()"]
-        scheduled_at = len(b) - 1
         ctx = Context(self.names, output, op.index, self.cfg.hash_block_size, self.block_sizes)
+        b.append("")
+        if op.index in self.answers:
+            f.need(_UNIT, "MockKVConfig")
+            fields = ", ".join(f"{k}={v!r}" for k, v in _connector_config(self.log, self.answers[op.index]).items())
+            matched, _, defers = self.answers[op.index]
+            b += [f"    # From step {op.index} on, the connector "
+                  + (f"holds the first {matched} tokens of each prompt" if self.store else f"matches {matched} tokens")
+                  + (f", after {defers} 'not yet' answers." if defers else "."),
+                  f"    scheduler.connector.config = MockKVConfig({fields})"]
+        if (op.output is None or op.error) and (at or op.index != stop):
+            # A steps-only file (fuzz.upstream._steps) ends on it: vLLM raises there.
+            due = at.get((op.index, "schedule"), [])
+            if op.error_where != "schedule" or not any(fact.subject == "raises" for fact in due):
+                raise _Unwritable("a step that raised")
+            b += [f"    # Step {op.index}: schedule() raises."] + _facts_at(f, due, ctx)
+            return False
+        b += [f"    # Step {op.index}: {_scheduled(op)}.", f"    {output} = scheduler.schedule()"]
+        scheduled_at = len(b) - 1
         b += _facts_at(f, at.get((op.index, "schedule"), []), ctx)
         if at and op.index == stop and (stop, "update") not in at:
             if not any(output in line for line in b[scheduled_at + 1:]):

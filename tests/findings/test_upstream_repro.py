@@ -106,6 +106,16 @@ CASES = (
     ("keeps_tail_and_loads", "dropped-answer-loads-nothing"),
     ("reports_external_twice", "computed-below-num-tokens"),
     ("skipping_request_loads_external", "skip-reads-no-cache"),
+    # Hits, truncation and the hybrid fallback: prompt embeddings, a partial
+    # hit's copy-on-write, the external-hit branch's truncation, a crash.
+    ("embeds_not_hashed", "hits-within-namespace"),
+    ("partial_hit_shares_its_block", "reads-written"),
+    ("truncation_one_block_short", "local-part-covered"),
+    ("skip_truncation", "computed-adds-up"),
+    ("skip_truncation", "truncated-view"),
+    ("pre_fix_assert_all", "no-exception"),
+    ("fallback_discards_hit", "diverged-falls-back"),
+    ("no_divergent_fallback", "mamba-state-at-boundary"),
 )
 # Planted bug -> the speculating run it is written from (tests/invariants/planted_runs.py's
 # speculating_harness: False, ngram drafts under sync scheduling).
