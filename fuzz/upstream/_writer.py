@@ -297,7 +297,7 @@ def _recorder(f: _File, producer: bool, keeps: bool, counts: bool = False, recor
         "; answering as a store of the first matched_tokens tokens of each prompt" if store else "") + "."
     lines = [f"class {'HandOffRecorder' if hand_off else 'CallRecorder'}(MockKVConnector"
              + (", SupportsHMA):" if hand_off else "):"),
-             *(f"    {line}" for line in textwrap.wrap(f'"""{doc}"""', 92)), ""]
+             *(f"    {line}" for line in (textwrap.wrap(f'"""{doc}"""', 92) if records or store else [f'"""{doc}"""'])), ""]
     fields = [*(["handed"] if keeps else []), *records]
     if fields or counts:
         lines += ["    def __init__(self, *args, **kwargs):",
