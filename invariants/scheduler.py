@@ -34,13 +34,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from fuzz.model import AdmissionObservation, Fact, GroupInfo, Instance, InvariantViolation, PoolObservation, StepObservation
-from fuzz.model import StrandedRequest
 from invariants.stranded import (  # noqa: F401 - the liveness claim's states, matched by known-bug signatures
     STRANDED, STRANDED_ENCODER_AFTER_FAILED_LOAD, STRANDED_PLACEHOLDERS, STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD,
     stranded_states, stranded_where, stranded_why,
 )
-from fuzz.model import answer_acted_on
-from fuzz.model import Behaviour, cdiv, first_needed_token, group_kind, group_name
+from fuzz.model import Behaviour, StrandedRequest, answer_acted_on, cdiv, first_needed_token, group_kind, group_name
 from invariants.connector import CONNECTOR_ADMISSION_CHECKS, CONNECTOR_STEP_CHECKS
 from invariants.contents import (  # WHERE: the vLLM call every check here judges too
     WHERE, chained_copies, check_copy_sources_ready, check_index_names_its_prefix, check_index_written,
@@ -409,6 +407,9 @@ def check_stale_output_dropped(step: StepObservation) -> None:
                 f"(requires_kv_delivery)\n{step.describe()}"
                 + (f"\n  scenario: {step.context}" if step.context else ""),
                 where="Scheduler.update_from_output",
+                facts=(Fact("num-tokens", (stale.request_id, f"schedule() preempted it at step {stale.preempted_at}, after "
+                            f"step {stale.fed_step} sampled {list(stale.sampled)} for it: the scheduler drops that stale "
+                            "output (requires_kv_delivery)"), stale.num_tokens_after, stale.num_tokens_before),),
             )
 
 
@@ -594,4 +595,6 @@ def check_no_leaked_blocks(pool: PoolObservation) -> None:
             f"referenced (block_id, ref_cnt): {list(pool.referenced)[:20]}"
             + (f"\n  scenario: {pool.context}" if pool.context else ""),
             where="KVCacheManager.free",
+            facts=(*((Fact("free-blocks", (), pool.num_free, pool.num_blocks - 1),) if pool.num_free != pool.num_blocks - 1
+                     else ()), *(Fact("ref-cnt", (block,), ref, 0) for block, ref in pool.referenced[:2])),
         )

@@ -52,7 +52,9 @@ Subjects (their ``args``):
   file's recording one) heard the request finished;
 * ``connector-meta`` (): the step's output carries connector metadata;
 * ``sync-loads-flag`` (request, tokens): the step's output says
-  ``has_sync_kv_loads``.
+  ``has_sync_kv_loads``;
+* those of block ownership, KV events, stale outputs and leaks:
+  :mod:`fuzz.upstream._pool_facts`.
 """
 
 from __future__ import annotations
@@ -365,6 +367,14 @@ PRELUDES: dict[str, tuple[list[str], tuple[tuple[str, str], ...]]] = {
         "    }",
     ], (("vllm.distributed.kv_events", "BlockStored"), ("vllm.v1.core.kv_cache_utils", "maybe_convert_block_hash"))),
 }
+
+
+# Block ownership, KV events, stale outputs and leaks (their own module,
+# which reads this one's helpers: imported once they exist).
+from fuzz.upstream._pool_facts import POOL_PRELUDES, POOL_SUBJECTS  # noqa: E402
+
+SUBJECTS.update(POOL_SUBJECTS)
+PRELUDES.update(POOL_PRELUDES)
 
 
 def fact_lines(fact: Fact, ctx: Context) -> list[str] | None:

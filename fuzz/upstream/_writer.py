@@ -10,14 +10,16 @@ where a KV connector is part of the case).
   ``tests/v1/core/utils.py``; with a connector, ``create_vllm_config`` and
   ``create_scheduler`` of ``tests/v1/kv_connector/unit/utils.py`` and its
   ``MockKVConnector``); what they cannot give (a second KV-cache group, KV
-  events, an encoder budget, a connector that keeps what it is handed) is
-  built in a few explicit lines;
+  events, an encoder budget, a connector that keeps what it is handed, a
+  mock answering one request otherwise than the rest, the count
+  ``get_num_blocks_to_allocate`` gives) is built in a few explicit lines;
 * each request is a ``Request`` with the run's tokens;
 * the run is concrete steps: add, ``schedule()``, feed a
   ``ModelRunnerOutput`` (``create_model_runner_output`` where one token per
   request does), abort, evict, reset; no driver loop, no recording class;
 * it stops at the last fact, each asserted where the check saw it (right
-  after the step's ``schedule()`` or its ``update_from_output()``), with a
+  after the step's ``schedule()`` or its ``update_from_output()``, or right
+  before a ``schedule()`` that raises on what the fact shows), with a
   message naming the request, blocks and step, the general claim (the
   check's docstring) in the test's docstring.
 
@@ -48,6 +50,7 @@ from fuzz.model import (
 )
 from fuzz.upstream._claims import CLAIMS
 from fuzz.upstream._facts import PRELUDES, Context, fact_lines
+from fuzz.upstream._pool_facts import POOL_SETUPS
 from invariants.table import INVARIANTS
 
 __all__ = ["upstream_form", "upstream_path", "upstream_repro", "upstream_repro_of_failure"]
@@ -110,6 +113,11 @@ def _spec(f: _File, kind: str, block_size: int, params: dict[str, int]) -> str:
         f.need(_CORE, "new_sliding_window_spec")
         return (f"new_sliding_window_spec(block_size={block_size}, num_kv_heads=1, head_size=1, "
                 f"sliding_window={params['sliding_window']})")
+    if kind == "SlidingWindowMLASpec" and set(params) == {"sliding_window"}:
+        f.need("vllm.v1.kv_cache_interface", "SlidingWindowMLASpec")
+        f.need("torch")
+        return (f"SlidingWindowMLASpec(block_size={block_size}, num_kv_heads=1, head_size=1, dtype=torch.float32, "
+                f"sliding_window={params['sliding_window']})")
     if kind == "ChunkedLocalAttentionSpec" and set(params) == {"attention_chunk_size"}:
         f.need("vllm.v1.kv_cache_interface", "ChunkedLocalAttentionSpec")
         f.need("torch")
@@ -122,23 +130,36 @@ def _spec(f: _File, kind: str, block_size: int, params: dict[str, int]) -> str:
     raise _Unwritable(f"a {kind} group")
 
 
+def _connector_answers(log: OpLog) -> dict[str, tuple[int, bool]]:
+    """Each request's one decided answer, (matched tokens, async), in the
+    order the connector was first asked for them."""
+    per_request: dict[str, set[tuple[int, bool]]] = {}
+    for step in log.steps:
+        for a in step.answers:
+            if a.answer is not None:
+                per_request.setdefault(a.request_id, set()).add((a.answer, a.load_async))
+    if any(len(values) > 1 for values in per_request.values()):
+        raise _Unwritable("connector answers that differ between calls")
+    return {rid: next(iter(values)) for rid, values in per_request.items()}
+
+
 def _connector_config(log: OpLog) -> dict[str, object]:
     """``MockKVConnector``'s extra config that answers as the run's
-    connector did: one answer for every request, after as many 'not yet'
-    answers each."""
-    defers, values = set(), set()
+    connector did: the first request's answer (a request answered otherwise
+    sets the mock's config before the step that asks it: _Program), after
+    as many 'not yet' answers each."""
+    defers = set()
     for add in log.requests:
         answers = log.answers_for(add.request_id)
         undecided = next((i for i, a in enumerate(answers) if a.answer is not None), len(answers))
         defers.add(undecided)
-        values.update((a.answer, a.load_async) for a in answers[undecided:])
         if add.reply is not None and add.reply.kind not in ("zero", "store", "undecided"):
             raise _Unwritable(f"a {add.reply.kind!r} store reply")
         if add.reply is not None and not answers[undecided:] and add.reply.store_len:
             raise _Unwritable("a store answer the run never gave")
-    if len(defers) > 1 or len(values) > 1:
+    if len(defers) > 1:
         raise _Unwritable("connector answers that differ between requests or calls")
-    matched, is_async = next(iter(values), (0, False))
+    matched, is_async = next(iter(_connector_answers(log).values()), (0, False))
     config: dict[str, object] = {"matched_tokens": matched, "is_async": is_async}
     if next(iter(defers), 0):
         config["num_defers_before_matching"] = next(iter(defers))
@@ -213,6 +234,8 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
                      + ": the same scheduler on this run's groups.")
             if mamba:
                 b.append(f'    {config}.cache_config.mamba_cache_mode = "align"')
+            if cfg.block_size != cfg.scheduler_block_size:  # the block a Mamba chunk split aligns to
+                b.append(f"    {config}.cache_config.block_size = {cfg.block_size}  # the smallest cacheable group's")
             b += _kv_cache_config(f, log, specs)
             f.need("vllm.v1.structured_output", "StructuredOutputManager")
             b += ["    scheduler = type(scheduler)(",
@@ -384,6 +407,11 @@ class _Program(OpVisitor[bool]):
         self.names = {r.request_id: _name(r.request_id) for r in log.requests}
         self.block_sizes = tuple(g.block_size for g in self.cfg.draw.layout.groups)
         self.during: list[str] = []
+        # The mock connector's config, and each request's answer where it differs.
+        self.connector = _connector_config(log) if self.cfg.draw.connector else {}
+        if self.connector and self.cfg.draw.divergent_hits and len(self.block_sizes) > 1:
+            self.connector["supports_divergent_local_hybrid_hits"] = True
+        self.answers = _connector_answers(log) if self.connector else {}
 
     def on_add_request(self, op: AddRequest) -> bool:
         b = self.f.body
@@ -413,13 +441,17 @@ class _Program(OpVisitor[bool]):
         f, b, at, stop = self.f, self.f.body, self.at, self.stop
         if op.index > stop:
             return False
-        if op.output is None or op.error:
-            raise _Unwritable("a step that raised")
         async_ = self.cfg.draw.async_scheduling
         output = f"output_{op.index}" if async_ else "output"
-        b += ["", f"    # Step {op.index}: {_scheduled(op)}.", f"    {output} = scheduler.schedule()"]
-        scheduled_at = len(b) - 1
         ctx = Context(self.names, output, op.index, self.cfg.hash_block_size, self.block_sizes)
+        if (op.index, "before") in at:  # stated before the step's schedule(), where the test stops
+            b += ["", f"    # Step {op.index}: before its schedule()."] + _facts_at(f, at[op.index, "before"], ctx)
+            return False
+        if op.output is None or op.error:
+            raise _Unwritable("a step that raised")
+        b += ["", f"    # Step {op.index}: {_scheduled(op)}."] + self._answer(op)
+        b.append(f"    {output} = scheduler.schedule()")
+        scheduled_at = len(b) - 1
         b += _facts_at(f, at.get((op.index, "schedule"), []), ctx)
         if op.index == stop and (stop, "update") not in at:
             if not any(output in line for line in b[scheduled_at + 1:]):
@@ -434,6 +466,21 @@ class _Program(OpVisitor[bool]):
             b += _feed(f, op.fed, f"output_{op.fed_step}" if async_ and op.fed_step else output)
         b += _facts_at(f, at.get((op.index, "update"), []), ctx)
         return op.index != stop
+
+    def _answer(self, op: Step) -> list[str]:
+        """The mock connector's config set to the answer of the requests the
+        step asks, where it differs from the answer it gives now."""
+        asked = {self.answers[a.request_id] for a in op.answers if a.request_id in self.answers}
+        if len(asked) > 1:
+            raise _Unwritable("connector answers that differ within a step")
+        if not asked or next(iter(asked)) == (self.connector["matched_tokens"], self.connector["is_async"]):
+            return []
+        self.connector["matched_tokens"], self.connector["is_async"] = next(iter(asked))
+        self.f.need(_UNIT, "MockKVConfig")
+        rids = ", ".join(dict.fromkeys(a.request_id for a in op.answers if a.request_id in self.answers))
+        return [f"    # The connector answers {rids} with {self.connector['matched_tokens']} matched tokens.",
+                "    scheduler.connector.config = MockKVConfig("
+                + ", ".join(f"{k}={v!r}" for k, v in self.connector.items()) + ")"]
 
 
 def _cut_at_schedule(log: OpLog, facts: tuple[Fact, ...]) -> OpLog:
@@ -482,6 +529,8 @@ def upstream_repro(oplog: OpLog, violation: InvariantViolation, *, vllm_version:
                "    init_none_hash(sha256)"]
     try:
         _scheduler(f, oplog, shown)
+        for subject in dict.fromkeys(fact.subject for fact in shown if fact.subject in POOL_SETUPS):
+            f.body += ["", *POOL_SETUPS[subject]]
         f.body.append("")
         _program(f, oplog, shown)
     except _Unwritable:
