@@ -454,6 +454,7 @@ def _reservation_violations(step: StepObservation) -> Iterator[InvariantViolatio
                 f"hides blocks another group takes",
                 where=WHERE_ROLLED_BACK if rec.request_id in step.rolled_back else "KVCacheManager.allocate_slots",
                 instances=(Instance(requests=(rec.request_id,)),),
+                facts=_count_facts(rec),
             )
         for g, counted, taken, takers in zip(own.groups, rec.counted, rec.taken, rec.takers):
             if taken <= max(counted or 0, 0):
@@ -472,7 +473,20 @@ def _reservation_violations(step: StepObservation) -> Iterator[InvariantViolatio
                 group_kind=group_kind(g),
                 frames=tuple(_CORE + name for name in takers),
                 instances=(Instance("", group_kind(g), g.index, (rec.request_id,)),),
+                facts=_count_facts(rec),
             )
+
+
+def _count_facts(rec: Any) -> tuple[Fact, ...]:
+    """What the coordinator's ``get_num_blocks_to_allocate`` counted for the
+    request's ``allocate_slots`` (the sum over groups the free-block check
+    compares with the pool), right after the ``schedule()``: at least the
+    blocks the allocation then took from the pool (the harness saw them
+    taken)."""
+    if rec.raised or None in rec.counted:
+        return ()
+    return (Fact("counted-blocks", (rec.request_id, tuple(rec.counted), tuple(rec.taken)), sum(rec.counted),
+                 sum(rec.taken), ">=", after="schedule"),)
 
 
 def check_reservation_covers_allocation(step: StepObservation) -> None:
@@ -512,6 +526,9 @@ def _lookup_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                 f"{rec.call}(block_hashes, {rec.limit}) returned {what}, past the limit {rec.limit}",
                 where=f"KVCacheCoordinator.{rec.call}",
                 group_kind=None if rec.call == "find_longest_cache_hit" else group_kind(own.groups[over[0][0]]),
+                # The request's hit as a lookup finds it right before the step's schedule().
+                facts=(Fact("cache-hit", (rec.request_id,), max(rec.hits), rec.limit, "<=", after="before"),)
+                if rec.request_id and rec.call == "find_longest_cache_hit" else (),
             )
     for adm in step.admissions:
         if adm.local_hit > adm.num_tokens - 1:

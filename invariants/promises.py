@@ -241,8 +241,35 @@ def check_events_replay_index(step: StepObservation) -> None:
     that recomputes), none a lookup hits that the router never heard of (a
     hit it never routes to), and none withdrawn twice."""
     _report("events-replay-index", step.event_gaps, step, where=EVENTS_WHERE, state=EVENTS_DISAGREE,
+            facts=_withdrawal_facts(step),
             instances=tuple(Instance(EVENTS_DISAGREE, _kind(step, g.group), g.group, (), g.block_ids)
                             for g in step.event_gaps))
+
+
+def _withdrawal_facts(step: StepObservation) -> tuple[Fact, ...]:
+    """What the step's queued events lack, right after its ``schedule()``:
+    an ``AllBlocksCleared`` where a reset came since the last publish and the
+    replay counts more than the index holds; else a ``BlockRemoved`` of each
+    key the replay counts and the index no longer files (what the key stands
+    for: the harness's record)."""
+    over = [g for g in step.event_gaps if g.announced > len(g.block_ids)]
+    if any(g.after_reset for g in over):
+        return (Fact("cleared-event", (), False, True, after="schedule"),)
+    return tuple(sorted((Fact("removed-event", (*g.prefix, g.group, _evicted(step, *g.prefix, g.group)), False, True,
+                              after="schedule")
+                         for g in over if g.prefix is not None and not g.block_ids), key=lambda f: f.args[:3]))
+
+
+def _evicted(step: StepObservation, request_id: str, tokens: int, group: int | None) -> int | None:
+    """The block the step's allocations evicted that had come back with the
+    request's free, from the table index holding its first ``tokens``
+    tokens' last block (None: no such eviction this step)."""
+    own = step.ownership
+    if own is None or group is None:
+        return None
+    index = tokens // own.groups[group].block_size - 1
+    return next((e.freed.block for e in step.evictions
+                 if (e.freed.request, e.freed.group, e.freed.index) == (request_id, group, index)), None)
 
 
 def _chain_violations(step: StepObservation) -> list[InvariantViolation]:
@@ -258,8 +285,19 @@ def _chain_violations(step: StepObservation) -> list[InvariantViolation]:
                 + (f"\n  scenario: {step.context}" if step.context else ""),
                 where="BlockPool.cache_partial_block" if partial else "BlockPool.cache_full_blocks",
                 state=EVENTS_ORPHANED_PARTIAL if partial else EVENTS_ORPHANED,
+                facts=() if partial else _parent_facts(orphans),
             ))
     return found
+
+
+def _parent_facts(orphans: Sequence[Any]) -> tuple[Fact, ...]:
+    """The parent each orphaned event of full blocks should name, right after
+    the ``schedule()`` that queued it: the key of its first block's prefix
+    one block shorter (the harness's record of what the key stands for).
+    What it names instead: its own prefix (the event names itself), or None."""
+    return tuple(Fact("stored-parent", o.prefix, o.prefix[1] if o.parent == o.first_key else None,
+                      o.prefix[1] - o.block_size, after="schedule")
+                 for o in orphans if o.prefix is not None and o.prefix[1] > o.block_size)
 
 
 def check_events_chain(step: StepObservation) -> None:

@@ -415,6 +415,9 @@ def check_stale_output_dropped(step: StepObservation) -> None:
                 f"(requires_kv_delivery)\n{step.describe()}"
                 + (f"\n  scenario: {step.context}" if step.context else ""),
                 where="Scheduler.update_from_output",
+                facts=(Fact("num-tokens", (stale.request_id, f"schedule() preempted it at step {stale.preempted_at}, after "
+                            f"step {stale.fed_step} sampled {list(stale.sampled)} for it: the scheduler drops that stale "
+                            "output (requires_kv_delivery)"), stale.num_tokens_after, stale.num_tokens_before),),
             )
 
 
@@ -602,4 +605,6 @@ def check_no_leaked_blocks(pool: PoolObservation) -> None:
             f"referenced (block_id, ref_cnt): {list(pool.referenced)[:20]}"
             + (f"\n  scenario: {pool.context}" if pool.context else ""),
             where="KVCacheManager.free",
+            facts=(*((Fact("free-blocks", (), pool.num_free, pool.num_blocks - 1),) if pool.num_free != pool.num_blocks - 1
+                     else ()), *(Fact("ref-cnt", (block,), ref, 0) for block, ref in pool.referenced[:2])),
         )

@@ -12,6 +12,7 @@ block pool. It decides nothing about what the harness feeds vLLM.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -105,17 +106,27 @@ class Observer:
             self.events = PayloadLog()
             self.tally = IndexTally(_compat.event_key)
             scheduler.kv_event_publisher = self.events
+        self._resets_published = 0  # how many of the harness's resets came before the events last published
+        # Event key -> (request, tokens) (_external_prefixes), of which KeyPrefixes, read how far.
+        self._prefixes: dict[Any, tuple[str, int]] = {}
+        self._prefixes_of: Any = None
+        self._prefixes_read = 0
 
-    def event_gaps(self) -> tuple[EventGap, ...]:
+    def event_gaps(self, keys: Any = None, resets: Sequence[tuple[int, bool]] = ()) -> tuple[EventGap, ...]:
         """Right after update_from_output() published the step's events (the
         block pool's queue is empty then): each key where the replay of every
-        batch so far disagrees with the prefix-cache index."""
+        batch so far disagrees with the prefix-cache index, with what it
+        stands for (``keys``: KeyPrefixes) and whether one of ``resets``
+        (every reset so far: (step, succeeded)) came since the last publish."""
         cached = _compat.prefix_cache_map(self.manager.block_pool) if self.events is not None else None
         if cached is None:
             return ()
         holder = getattr(self.manager.block_pool, "cached_block_hash_to_block", None)
         found = self.tally.gaps(self.events.counts, self.events.take_touched(), holder, cached)
-        return tuple(EventGap(*gap) for gap in found)
+        cleared = any(ok for _, ok in resets[self._resets_published:])
+        self._resets_published = len(resets)
+        prefixes = self._external_prefixes(keys) if found else {}
+        return tuple(EventGap(*gap, prefixes.get(gap[1]), cleared) for gap in found)
 
     def event_payloads(self, read_rules: tuple[tuple[str, int], ...], keys: Any, ops: Sequence[Any]
                        ) -> tuple[EventPayload, ...]:
@@ -132,14 +143,31 @@ class Observer:
                 getattr(self.manager.block_pool, "num_hash_lookahead_tokens", 0) or 0, _compat.external_hash)
         return self._payload_judge.payloads(self.events.take_stored(), keys, ops)
 
-    def event_orphans(self, read_rules: tuple[tuple[str, int], ...]) -> tuple[EventOrphan, ...]:
+    def event_orphans(self, read_rules: tuple[tuple[str, int], ...], keys: Any = None) -> tuple[EventOrphan, ...]:
         """The BlockStored events replayed since the last call whose parent no
         event before them announced in their group; ``read_rules``: per group,
         what a step reads (a group that reads all of its prefix caches every
-        block, the others only some)."""
+        block, the others only some); ``keys`` (KeyPrefixes): what each
+        event's first key stands for."""
         if self.events is None:
             return ()
-        return event_orphans_of(self.events.take_orphans(), [g.block_size for g in self.groups], read_rules)
+        found = event_orphans_of(self.events.take_orphans(), [g.block_size for g in self.groups], read_rules)
+        prefixes = self._external_prefixes(keys) if found else {}
+        return tuple(dataclasses.replace(o, prefix=prefixes.get(o.first_key)) for o in found)
+
+    def _external_prefixes(self, keys: Any) -> dict[Any, tuple[str, int]]:
+        """What each key of ``keys`` (KeyPrefixes; None: none learnt yet)
+        stands for, by the key as KV events spell it: (request, tokens
+        covered). Kept up to date with the keys learnt since the last call
+        (KeyPrefixes only adds)."""
+        if keys is None:
+            return self._prefixes
+        if keys is not self._prefixes_of:
+            self._prefixes, self._prefixes_of, self._prefixes_read = {}, keys, 0
+        for key, (rid, tokens) in itertools.islice(keys.prefix.items(), self._prefixes_read, None):
+            self._prefixes.setdefault(_compat.external_hash(key), (rid, len(tokens)))
+        self._prefixes_read = len(keys.prefix)
+        return self._prefixes
 
     def _new_admission(self, request: Request, **lookup: Any) -> AdmissionObservation:
         """A waiting request's observation as its local lookup returns."""
@@ -408,4 +436,3 @@ class Observer:
             live_requests=tuple(self.scheduler.requests),
             context=context,
         )
-

@@ -172,7 +172,8 @@ class OwnershipSpy:
 
         def find_longest_cache_hit(block_hashes: Any, max_cache_hit_length: int, *args: Any, **kwargs: Any) -> Any:
             result = real_lookup(block_hashes, max_cache_hit_length, *args, **kwargs)
-            spy._lookups.append(LookupRecord("find_longest_cache_hit", max_cache_hit_length, (result[1],)))
+            spy._lookups.append(LookupRecord("find_longest_cache_hit", max_cache_hit_length, (result[1],),
+                                             spy._owner(block_hashes, result[0]) if result[1] > max_cache_hit_length else ""))
             return result
 
         coord.find_longest_cache_hit = find_longest_cache_hit
@@ -182,12 +183,21 @@ class OwnershipSpy:
 
             def per_group(block_hashes: Any, max_cache_hit_length: int, *args: Any, **kwargs: Any) -> Any:
                 result = real_per_group(block_hashes, max_cache_hit_length, *args, **kwargs)
-                spy._lookups.append(
-                    LookupRecord("find_longest_cache_hit_per_group", max_cache_hit_length, tuple(result[1]))
-                )
+                spy._lookups.append(LookupRecord(
+                    "find_longest_cache_hit_per_group", max_cache_hit_length, tuple(result[1]),
+                    spy._owner(block_hashes, result[0]) if any(h > max_cache_hit_length for h in result[1]) else ""))
                 return result
 
             coord.find_longest_cache_hit_per_group = per_group
+
+    def _owner(self, block_hashes: Any, hit: Any) -> str:
+        """The live request whose ``block_hashes`` these are; "" where none
+        is, or where a block of the ``hit`` (per group) was taken from the
+        pool in this same ``schedule()`` (no lookup before it sees the hit)."""
+        fresh = {block_id for block_id, *_ in self._fresh}
+        if any(block.block_id in fresh for blocks in hit for block in blocks):
+            return ""
+        return next((r.request_id for r in self.scheduler.requests.values() if r.block_hashes is block_hashes), "")
 
     def _wrap_manager(self, index: int, stm: Any) -> None:
         spy = self

@@ -420,8 +420,8 @@ class SchedulerHarness:
             try:
                 self.faults.process_aborts()
                 finished = self._feed_back(fed)
-                events["event_gaps"] = self.observer.event_gaps()
-                events["event_orphans"] = self.observer.event_orphans(self.read_rules)
+                events["event_gaps"] = self.observer.event_gaps(self.runner.keys, self.resets)
+                events["event_orphans"] = self.observer.event_orphans(self.read_rules, self.runner.keys)
             except Exception as exc:  # noqa: BLE001
                 failure = Failure(*step_failure(exc, "update_from_output"))
         if failure is None:  # nothing fed back: the input queue aborts them after the step

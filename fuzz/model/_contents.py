@@ -294,6 +294,12 @@ class EventGap:
     key: object  # the key as events spell it (vLLM's external block hash)
     announced: int
     block_ids: tuple[int, ...]
+    # What the key stands for in the harness's record: (a request that
+    # carried it, the tokens of its prefix it covers); None: unknown.
+    prefix: tuple[str, int] | None = None
+    # A prefix-cache reset succeeded since the events last published: the
+    # replay is due an AllBlocksCleared.
+    after_reset: bool = False
 
     def describe(self) -> str:
         held = f"blocks {list(self.block_ids)}" if self.block_ids else "no block"
@@ -320,6 +326,9 @@ class EventOrphan:
     # chunk drops old ones, a Mamba group keeps states at some boundaries):
     # its events' parent may be a block it never cached.
     sparse: bool = False
+    # What the first key stands for in the harness's record: (a request
+    # that carried it, the tokens of its prefix it covers); None: unknown.
+    prefix: tuple[str, int] | None = None
 
     def describe(self) -> str:
         what = "a partial entry" if self.partial else "full blocks"

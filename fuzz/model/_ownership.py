@@ -59,6 +59,9 @@ class LookupRecord:
     call: str
     limit: int
     hits: tuple[int, ...]
+    # The request whose block hashes were looked up, where a hit passed the
+    # limit on blocks cached before this schedule() ("" otherwise).
+    request_id: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

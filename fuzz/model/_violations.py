@@ -30,8 +30,9 @@ class Fact:
     ``expected``, compared by ``relation`` (``==``, ``!=``, ``>=``, ``in``:
     one of ``expected``; ``len``: ``len(subject) == expected``). ``step`` is the
     step it is stated at (None: the failing one), ``after`` the call it
-    follows there: ``"update"`` (the step's ``update_from_output``) or
-    ``"schedule"`` (its ``schedule()``, before the output is fed back)."""
+    follows there: ``"update"`` (the step's ``update_from_output``),
+    ``"schedule"`` (its ``schedule()``, before the output is fed back) or
+    ``"before"`` (the step before its ``schedule()``: the test stops there)."""
 
     subject: str
     args: tuple = ()

@@ -79,4 +79,19 @@ CLAIMS = {
     "computed-below-num-tokens": "Every request schedule() hands the model runner new or resumed leaves at least "
                                  "one token to compute: num_computed_tokens < num_tokens, the last token's logits "
                                  "sample the next one.",
+    # Block ownership, KV events, stale outputs and leaks.
+    "events-replay-index": "Replaying the KV events (BlockStored, BlockRemoved, AllBlocksCleared) rebuilds the "
+                           "prefix-cache index: an entry the index drops, by eviction or a reset, is withdrawn by "
+                           "an event, so a KV-aware router never routes to a hit that is gone.",
+    "events-chain": "Every BlockStored event names as parent_block_hash the key of the block before its first, "
+                    "which an earlier event announced: a router that keeps the cache as a tree of prefixes hangs "
+                    "each announced block under its parent.",
+    "stale-output-dropped": "A request preempted while a step that scheduled it still runs gets none of that "
+                            "step's sampled tokens where the scheduler drops stale output (requires_kv_delivery): "
+                            "its num_tokens is unchanged by that update_from_output.",
+    "no-leaked-blocks": "Once every request has finished, every block but the null block is back in the free "
+                        "pool and no block keeps a reference (ref_cnt 0).",
+    "lookup-within-limit": "A prefix-cache lookup never hits past the limit its caller passes: a waiting "
+                           "request's hit stops before its last prompt token (num_tokens - 1), so that its step "
+                           "computes at least one token.",
 }

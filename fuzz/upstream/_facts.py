@@ -56,6 +56,8 @@ Subjects (their ``args``):
 * ``raises`` (exception type, requests): what the step's ``schedule()``
   raised (``is None``), while admitting the requests; its lines make the
   call themselves.
+* those of block ownership, KV events, stale outputs and leaks:
+  :mod:`fuzz.upstream._pool_facts`.
 
 Speculative decoding's:
 
@@ -69,6 +71,7 @@ Speculative decoding's:
 * ``recorded-token`` (request, position, step): the token vLLM records at
   the position (``all_token_ids``), whose KV the runner computed in the
   step from the token the fact expects.
+
 What the scheduler told the connector (the file's recording one), in the
 ``schedule()`` that admitted the request:
 
@@ -496,6 +499,14 @@ PRELUDES: dict[str, tuple[list[str], tuple[tuple[str, str], ...]]] = {
         "    }",
     ], (("vllm.distributed.kv_events", "BlockStored"), ("vllm.v1.core.kv_cache_utils", "maybe_convert_block_hash"))),
 }
+
+
+# Block ownership, KV events, stale outputs and leaks (their own module,
+# which reads this one's helpers: imported once they exist).
+from fuzz.upstream._pool_facts import POOL_PRELUDES, POOL_SUBJECTS  # noqa: E402
+
+SUBJECTS.update(POOL_SUBJECTS)
+PRELUDES.update(POOL_PRELUDES)
 
 
 def fact_lines(fact: Fact, ctx: Context) -> list[str] | None:

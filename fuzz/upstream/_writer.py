@@ -10,15 +10,17 @@ where a KV connector is part of the case).
   ``tests/v1/core/utils.py``; with a connector, ``create_vllm_config`` and
   ``create_scheduler`` of ``tests/v1/kv_connector/unit/utils.py`` and its
   ``MockKVConnector``); what they cannot give (a second KV-cache group, KV
-  events, an encoder budget, a connector that keeps what it is handed) is
-  built in a few explicit lines; a drafter as :mod:`fuzz.upstream._speculation`
-  states it;
+  events, an encoder budget, a connector that keeps what it is handed, the
+  mock's answers where they change, the count ``get_num_blocks_to_allocate``
+  gives) is built in a few explicit lines; a drafter as
+  :mod:`fuzz.upstream._speculation` states it;
 * each request is a ``Request`` with the run's tokens;
 * the run is concrete steps: add, ``schedule()``, feed a
   ``ModelRunnerOutput`` (``create_model_runner_output`` where one token per
   request does), abort, evict, reset; no driver loop, no recording class;
 * it stops at the last fact, each asserted where the check saw it (right
-  after the step's ``schedule()`` or its ``update_from_output()``), with a
+  after the step's ``schedule()`` or its ``update_from_output()``, or right
+  before a ``schedule()`` that raises on what the fact shows), with a
   message naming the request, blocks and step, the general claim (the
   check's docstring) in the test's docstring.
 
@@ -56,6 +58,7 @@ from fuzz.upstream._speculation import (
     speculation_args,
     unstated,
 )
+from fuzz.upstream._pool_facts import POOL_SETUPS
 from invariants.table import INVARIANTS
 
 __all__ = ["upstream_form", "upstream_path", "upstream_repro", "upstream_repro_of_failure"]
@@ -117,6 +120,11 @@ def _spec(f: _File, kind: str, block_size: int, params: dict[str, int]) -> str:
     if kind == "SlidingWindowSpec" and set(params) == {"sliding_window"}:
         f.need(_CORE, "new_sliding_window_spec")
         return (f"new_sliding_window_spec(block_size={block_size}, num_kv_heads=1, head_size=1, "
+                f"sliding_window={params['sliding_window']})")
+    if kind == "SlidingWindowMLASpec" and set(params) == {"sliding_window"}:
+        f.need("vllm.v1.kv_cache_interface", "SlidingWindowMLASpec")
+        f.need("torch")
+        return (f"SlidingWindowMLASpec(block_size={block_size}, num_kv_heads=1, head_size=1, dtype=torch.float32, "
                 f"sliding_window={params['sliding_window']})")
     if kind == "ChunkedLocalAttentionSpec" and set(params) == {"attention_chunk_size"}:
         f.need("vllm.v1.kv_cache_interface", "ChunkedLocalAttentionSpec")
@@ -228,6 +236,8 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
                      + ": the same scheduler on this run's groups.")
             if mamba:
                 b.append(f'    {config}.cache_config.mamba_cache_mode = "align"')
+            if cfg.block_size != cfg.scheduler_block_size:  # the block a Mamba chunk split aligns to
+                b.append(f"    {config}.cache_config.block_size = {cfg.block_size}  # the smallest cacheable group's")
             b += _kv_cache_config(f, log, specs)
             f.need("vllm.v1.structured_output", "StructuredOutputManager")
             b += ["    scheduler = type(scheduler)(",
@@ -493,6 +503,9 @@ class _Program(OpVisitor[bool]):
             return True  # a schedule() before any request does nothing (and no fact is due there)
         output = f"output_{op.index}" if async_ else "output"
         ctx = Context(self.names, output, op.index, self.cfg.hash_block_size, self.block_sizes)
+        if (op.index, "before") in at:  # stated before the step's schedule(), where the test stops
+            b += ["", f"    # Step {op.index}: before its schedule()."] + _facts_at(f, at[op.index, "before"], ctx)
+            return False
         b.append("")
         if op.index in self.answers:
             f.need(_UNIT, "MockKVConfig")
@@ -581,6 +594,8 @@ def upstream_repro(oplog: OpLog, violation: InvariantViolation, *, vllm_version:
                "    init_none_hash(sha256)"]
     try:
         _scheduler(f, oplog, shown)
+        for subject in dict.fromkeys(fact.subject for fact in shown if fact.subject in POOL_SETUPS):
+            f.body += ["", *POOL_SETUPS[subject]]
         f.body.append("")
         _program(f, oplog, shown)
     except _Unwritable:

@@ -23,7 +23,9 @@ from invariants.table import invariant
 
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=UNSUPPORTED or "")
 
-# A plant whose claim's check attaches no facts, on its fixed run.
+# A plant on its fixed run. Every planted claim's check now attaches facts;
+# a branch that attaches none (a claim no assertion states yet) is this
+# violation with its facts dropped.
 BUG, CLAIM = "stored_event_names_itself_parent", "events-chain"
 
 
@@ -35,6 +37,8 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, Inva
     with planted_scheduler_bug(BUG):
         with pytest.raises(InvariantViolation) as caught:
             run_fixed(FIXED_RUNS[BUG], (invariant(CLAIM).check,))
+        assert caught.value.facts, "the check no longer attaches facts: drop this stand-in"
+        caught.value.facts = ()
         meta = Findings(repro_dir=where, start=0.0, campaign_seed=None, worker="w0",
                         vllm_version=VLLM_VERSION).record("scheduler-machine", 0, caught.value)
     assert meta is not None
@@ -52,7 +56,7 @@ def test_a_finding_without_facts_gets_one_steps_only_file(recorded) -> None:  # 
     assert test.name == "test_events_chain"
     doc = " ".join((ast.get_docstring(test) or "").split())
     # The claim, the step it broke at, and the command that checks it.
-    assert doc.startswith("In a group that caches every block"), doc
+    assert doc.startswith("Every BlockStored event names as parent_block_hash"), doc
     steps = decode_oplog(json.loads((where / f"{meta['stem']}.json").read_text())["oplog"]).steps
     assert f"breaks it at step {steps[-1].index}" in doc, doc
     assert f"`python -m fuzz replay {meta['stem']}.json`" in doc, doc

@@ -2,7 +2,8 @@
 planted bugs of the claims whose checks attach facts (issue 47's and 48's,
 and the older hit and contents claims): each plant's fixed
 run (:data:`fuzz.adapter.FIXED_RUNS`; else the connector protocol's
-scenario, the speculating run, or the self-tests' search), planted, shrunk with its claim's
+scenario, the speculating run, a hand-made run, or the self-tests' search: the
+block-ownership search for its plants), planted, shrunk with its claim's
 check alone and replayed for the violation's facts, is written as a test
 for vLLM's tests tree. Here, without vLLM's tree: each file is short, lints
 clean and carries nothing of the suite. In the tree
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from fuzz.adapter import FIXED_RUNS, SchedulerHarness, planted_scheduler_bug
 from fuzz.model import InvariantViolation, StepObservation
@@ -35,9 +37,9 @@ from fuzz.upstream import (
 )
 from invariants.table import invariant
 from tests.findings.repro_checks import SEARCH, planted_search_strategy
-from tests.invariants.planted_cases import CONNECTOR_CASES
+from tests.invariants.planted_cases import CONNECTOR_CASES, OWNERSHIP_BUDGET, OWNERSHIP_CASES, OWNERSHIP_SEED
 from tests.invariants.planted_runs import failed_load_run
-from tests.invariants.planted_runs import CONFIG, SCENARIOS
+from tests.invariants.planted_runs import CONFIG, LOOKUP_AFTER_ANOTHER, SCENARIOS
 from tests.invariants.planted_runs import speculating_harness
 from tests.support.search import planted_failure
 
@@ -116,6 +118,15 @@ CASES = (
     ("pre_fix_assert_all", "no-exception"),
     ("fallback_discards_hit", "diverged-falls-back"),
     ("no_divergent_fallback", "mamba-state-at-boundary"),
+    # Block ownership, KV events, stale outputs and leaks.
+    ("delivers_stale_output", "stale-output-dropped"),
+    ("eviction_announces_nothing", "events-replay-index"),
+    ("reset_announces_nothing", "events-replay-index"),
+    ("stored_event_names_itself_parent", "events-chain"),
+    ("truncate_touches_refcounts", "no-leaked-blocks"),
+    ("lookup_rounds_limit_up", "lookup-within-limit"),
+    ("cow_block_not_reserved", "reservation-covers-allocation"),
+    ("mamba_count_goes_negative", "reservation-covers-allocation"),
 )
 # Planted bug -> the speculating run it is written from (tests/invariants/planted_runs.py's
 # speculating_harness: False, ngram drafts under sync scheduling).
@@ -127,6 +138,9 @@ CONNECTOR_RUNS = {(bug, claim): scenario for _, claim, bug, scenario in CONNECTO
 # mock's answer switched for it (88 lines, one group: past the aim); the
 # re-admission after an async load tells the same count on one request.
 CONNECTOR_RUNS["tells_connector_total", "told-external-accounted"] = "async-load-partial"
+# Planted bug -> the hand-made run written for it where the self-tests'
+# search meets it in a run no test can state (tests/invariants/planted_runs.py).
+HAND_RUNS = {"lookup_rounds_limit_up": LOOKUP_AFTER_ANOTHER}
 # The issue's aim for a 4-step, 2-request case, and its bound for any finding.
 AIM_LINES, MAX_LINES = 80, 150
 # What a file may import: vLLM, vLLM's tests package, pytest, torch.
@@ -140,8 +154,13 @@ def written(bug: str, claim: str) -> tuple[str, str, InvariantViolation]:
     (:func:`fuzz.upstream.upstream_form`): (its path in vLLM's tests tree,
     its source, the violation whose facts it asserts)."""
     check = invariant(claim).check
-    searched = bug not in FIXED_RUNS and (bug, claim) not in CONNECTOR_RUNS and bug not in SPECULATING_RUNS
-    if searched:  # the self-tests' search, with the claim's check alone
+    run = FIXED_RUNS.get(bug) or HAND_RUNS.get(bug)
+    searched = run is None and (bug, claim) not in CONNECTOR_RUNS and bug not in SPECULATING_RUNS
+    ownership = [strategy for _, name, planted, strategy in OWNERSHIP_CASES if (planted, name) == (bug, claim)]
+    if searched and ownership:  # as the block-ownership self-tests search (their strategy, budget and seed)
+        found, _ = planted_failure(bug, ownership[0](), settings=settings(SEARCH, max_examples=OWNERSHIP_BUDGET),
+                                   checks=(check,), module_constants=False, seed=OWNERSHIP_SEED)
+    elif searched:  # the self-tests' search, with the claim's check alone
         found, _ = planted_failure(bug, planted_search_strategy(), settings=SEARCH, checks=(check,),
                                    module_constants=False)
     with planted_scheduler_bug(bug):
@@ -157,7 +176,7 @@ def written(bug: str, claim: str) -> tuple[str, str, InvariantViolation]:
             log = harness.oplog
         else:
             with pytest.raises(InvariantViolation) as caught:
-                run_fixed(FIXED_RUNS[bug], (check,))
+                run_fixed(run, (check,))  # type: ignore[arg-type]
             log = caught.value.oplog  # type: ignore[assignment]
         form = upstream_form(log, claim)  # type: ignore[arg-type]
     assert form is not None, f"{bug}: no upstream file for {claim}"

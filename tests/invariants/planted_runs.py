@@ -10,7 +10,8 @@ their cases from :func:`shown_on_runs` (through
 ``tests/invariants/planted_cases.py``): a new plant shown on a fixed run
 touches no file here. Beside them, the hand-made runs the self-tests and
 the repro tests both play: the speculating run and the failed loads of the
-connector protocol.
+connector protocol; and a run only the upstream-form repro plays, where the
+search's run of its plant cannot be stated as a test (a lookup past its limit).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import functools
 from collections.abc import Callable
 
 from fuzz.adapter import FIXED_RUNS, SPECULATING, SchedulerHarness
-from fuzz.model import ExternalReply, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
+from fuzz.model import ExternalReply, FixedPrompt, FixedRun, LayoutDraw, SchedulerDraw, SpecDraw, StepObservation
 from fuzz.runners.scheduler import Stepper, run_fixed
 from invariants.table import INVARIANTS, Invariant
 from tests.support.harnesses import harness_of
@@ -101,3 +102,15 @@ SCENARIOS: dict[str, tuple[tuple[tuple[int, ...], int, ExternalReply], ...]] = {
     ),
     "async-load-partial": ((TOKENS[:20], 2, ExternalReply("store", store_len=15, load_async=True)),),
 }
+
+
+# A lookup past its limit, where a test can see it: one 16-token prompt (four
+# full 4-token blocks) sent twice, one after the other. The resend's limit is
+# 15 (num_tokens - 1), so its hit is 12; a lookup that rounds the limit up to
+# a whole block hits all 16, and the schedule() that admits it raises. (The
+# ownership search meets the plant where both requests arrive together, and
+# the hit is on blocks cached inside that same raising schedule().)
+LOOKUP_AFTER_ANOTHER = FixedRun(
+    SchedulerDraw(LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=17),
+                  max_num_batched_tokens=32, max_num_seqs=2, connector=False, divergent_hits=False),
+    (FixedPrompt(tuple(range(16)), 2),) * 2, one_after_another=True, hits=(0, 12))
