@@ -4,11 +4,11 @@ from fuzz.upstream._tree import SKIP_REASON, TreeOutcome, run_in_tree, tests_tre
 
 __all__ = ["SKIP_REASON", "TreeOutcome", "run_in_tree", "scheduler_repro_of_failure", "steps_only_repro",
            "tests_tree", "truncation_repro", "truncation_repro_of_failure", "upstream_form", "upstream_path",
-           "upstream_repro", "upstream_repro_of_failure"]
+           "upstream_repro"]
 
 # Name -> the private module defining it.
 _LAZY = {"upstream_form": "_writer", "upstream_path": "_writer", "upstream_repro": "_writer",
-         "upstream_repro_of_failure": "_writer", "scheduler_repro_of_failure": "_steps",
+         "scheduler_repro_of_failure": "_steps",
          "steps_only_repro": "_steps", "truncation_repro": "_truncation", "truncation_repro_of_failure": "_truncation"}
 
 

@@ -91,63 +91,13 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-import textwrap
 from collections.abc import Callable
 
 from fuzz.model import Fact
+from fuzz.upstream._file import Context, assert_lines, message_lines
+from fuzz.upstream._pool_facts import POOL_PRELUDES, POOL_SUBJECTS, STORED_EVENTS
 
 __all__ = ["BEFORE_UPDATE", "PRELUDES", "SUBJECTS", "Context", "fact_lines"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Context:
-    """What a fact's lines refer to in the test: the variable of each
-    request, the step's ``SchedulerOutput`` variable, the hash block size
-    and each group's block size."""
-
-    names: dict[str, str]
-    output: str
-    step: int
-    hash_block_size: int
-    block_sizes: tuple[int, ...]
-
-    def key_index(self, tokens: int, group: int | None = None) -> int | None:
-        """The index in ``request.block_hashes`` of the key over the first
-        ``tokens`` tokens (None where the group's keys are not the hasher's).
-        A group of larger blocks keys each by the hash at its last hash-block
-        boundary (``BlockHashListWithBlockSize``), a partial entry by the hash
-        at its own end: the hasher's key either way."""
-        if tokens % self.hash_block_size or tokens <= 0:
-            return None
-        if group is not None and self.block_sizes[group] % self.hash_block_size:
-            return None
-        return tokens // self.hash_block_size - 1
-
-
-def _message(text: str) -> list[str]:
-    """``text`` as string literals of at most 80 characters, one a line."""
-    return ["        " + _quoted(part) for part in textwrap.wrap(text, 80, drop_whitespace=False)]
-
-
-def _quoted(text: str) -> str:
-    """``text`` as a double-quoted literal (vLLM's style)."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _assert(expression: str, fact: Fact, message: str) -> list[str]:
-    """``assert`` ``expression`` against the fact's expected value."""
-    expected = fact.expected
-    if fact.relation == "len":
-        test = f"len({expression}) == {expected!r}"
-    elif fact.relation == "in":
-        test = f"{expression} in {tuple(expected)!r}"  # type: ignore[arg-type]
-    elif expected is True:
-        test = expression
-    elif expected is False:
-        test = f"not {expression}" if " " not in expression else f"not ({expression})"
-    else:
-        test = f"{expression} {fact.relation} {expected!r}"
-    return [f"    assert {test}, (", *_message(message), "    )"]
 
 
 def _cached_blocks(fact: Fact, ctx: Context) -> list[str] | None:
@@ -161,7 +111,7 @@ def _cached_blocks(fact: Fact, ctx: Context) -> list[str] | None:
             "a block's key; only reusing the block, evict_blocks or a reset drops it")
     if fact.relation == "!=":  # the block must not stand for the prefix: why not
         text = f"the prefix cache files block {blocks} under {rid}'s first {tokens} tokens (group {group}): {why[0]}"
-    return [f"    cached = block_pool.get_cached_block({ctx.names[rid]}.block_hashes[{k}], [{group}])"] + _assert(
+    return [f"    cached = block_pool.get_cached_block({ctx.names[rid]}.block_hashes[{k}], [{group}])"] + assert_lines(
         "[block.block_id for block in cached or []]", fact, f"step {ctx.step}: {text}")
 
 
@@ -174,7 +124,7 @@ def _hit_tokens(fact: Fact, ctx: Context) -> list[str] | None:
         text = f"it may adopt at most {fact.expected}: {why[0]}"
     elif why:  # where it must start, and why
         text = f"it must start from {fact.expected}: {why[0]}"
-    return _assert(f'{name}.num_computed_tokens - {ctx.output}.num_scheduled_tokens["{rid}"]', fact, (
+    return assert_lines(f'{name}.num_computed_tokens - {ctx.output}.num_scheduled_tokens["{rid}"]', fact, (
         f"step {ctx.step}: {rid}'s prefix-cache lookup served {fact.observed} tokens; {text}"))
 
 
@@ -182,7 +132,7 @@ def _table_block(fact: Fact, ctx: Context) -> list[str] | None:
     rid, group, index, start, positions, *why = fact.args
     # A slice: where vLLM holds the request back, its table is shorter.
     held = dataclasses.replace(fact, expected=[fact.expected])
-    return _assert(f'scheduler.kv_cache_manager.get_block_ids("{rid}")[{group}][{index}:{index + 1}]', held, (
+    return assert_lines(f'scheduler.kv_cache_manager.get_block_ids("{rid}")[{group}][{index}:{index + 1}]', held, (
         f"step {ctx.step}: {rid} computes from position {start} and reads positions {list(positions)} in block "
         f"{fact.observed} (group {group}), " + (why[0] if why else f"which no step filled with their KV under "
                                                                     f"{rid}'s prefix")))
@@ -198,7 +148,7 @@ def _places(fact: Fact, ctx: Context) -> list[str] | None:
         '                            ("kv_holding_waiting", scheduler.kv_holding_waiting))',
         f"        if {ctx.names[rid]} in queue",
         "    ]",
-    ] + _assert(
+    ] + assert_lines(
         "places", fact, (f"after step {ctx.step}, {rid} (neither finished nor aborted) is in {where} of the "
                          "scheduler's places: it must be in exactly one"))
 
@@ -214,7 +164,7 @@ def _status(fact: Fact, ctx: Context) -> list[str] | None:
             else f"{ctx.names[rid]}.status == {statuses[0]}")
     text = (f"step {ctx.step}: {rid} is {fact.observed} after the step, though {why[0]}: it must be {wanted}"
             if why else _status_text(rid, ctx.step, fact.observed, wanted))
-    return [f"    assert {test}, (", *_message(text), "    )"]
+    return [f"    assert {test}, (", *message_lines(text), "    )"]
 
 
 def _status_text(rid: str, step: int, observed: object, wanted: str) -> str:
@@ -224,7 +174,7 @@ def _status_text(rid: str, step: int, observed: object, wanted: str) -> str:
 
 def _handed_blocks(fact: Fact, ctx: Context) -> list[str] | None:
     rid, group = fact.args
-    return _assert(f'list(scheduler.connector.handed["{rid}"][{group}])', fact, (
+    return assert_lines(f'list(scheduler.connector.handed["{rid}"][{group}])', fact, (
         f"step {ctx.step}: request_finished_all_groups handed blocks {fact.observed} of {rid} (group {group}); "
         f"its table holds {fact.expected} for its computed tokens"))
 
@@ -233,14 +183,14 @@ def _encoder_freed(fact: Fact, ctx: Context) -> list[str] | None:
     mm_hash, rid, (offset, length) = fact.args
     if fact.expected is not False:
         return None
-    return _assert(f'"{mm_hash}" not in {ctx.output}.free_encoder_mm_hashes', dataclasses.replace(fact, expected=True), (
+    return assert_lines(f'"{mm_hash}" not in {ctx.output}.free_encoder_mm_hashes', dataclasses.replace(fact, expected=True), (
         f"step {ctx.step}: schedule() tells the worker to free the encoder output of {mm_hash} while {rid} "
         f"still reads it (its placeholder [{offset}, {offset + length}))"))
 
 
 def _encoder_scheduled(fact: Fact, ctx: Context) -> list[str] | None:
     rid, item = fact.args
-    return _assert(f'{item} in {ctx.output}.scheduled_encoder_inputs.get("{rid}", [])', fact, (
+    return assert_lines(f'{item} in {ctx.output}.scheduled_encoder_inputs.get("{rid}", [])', fact, (
         f"step {ctx.step}: {rid} computes inside its item {item}'s placeholder, whose encoder output the "
         "worker does not hold, and no encoder run is scheduled"))
 
@@ -257,7 +207,7 @@ def _stored_event(fact: Fact, ctx: Context) -> list[str] | None:
     read = f"event.token_ids[i * {size}:(i + 1) * {size}]" if field == "token_ids" else f"event.{field}"
     expected = list(fact.expected) if field == "token_ids" else fact.expected  # type: ignore[call-overload]
     place = "i" if field == "token_ids" else "_"
-    return [f"    event, {place} = announced[maybe_convert_block_hash({ctx.names[rid]}.block_hashes[{k}])]"] + _assert(
+    return [f"    event, {place} = announced[maybe_convert_block_hash({ctx.names[rid]}.block_hashes[{k}])]"] + assert_lines(
         read, dataclasses.replace(fact, expected=expected), (
             f"step {ctx.step}: BlockStored announces {rid}'s block over tokens [{tokens - size}, {tokens}) "
             f"with {field}={fact.observed!r}; the block holds {field}={expected!r}"))
@@ -273,7 +223,7 @@ def _same_key(fact: Fact, ctx: Context) -> list[str] | None:
     if fact.expected is not False:
         return None
     distinct = dataclasses.replace(fact, expected=True)
-    return _assert(f"{ctx.names[b]}.block_hashes[{kb}] != {ctx.names[a]}.block_hashes[{ka}]", distinct, (
+    return assert_lines(f"{ctx.names[b]}.block_hashes[{kb}] != {ctx.names[a]}.block_hashes[{ka}]", distinct, (
         f"{b}'s first {tokens_b} tokens get the prefix-cache key of {a}'s first {tokens_a}, another prefix: "
         f"{b} would read {a}'s KV"))
 
@@ -292,7 +242,7 @@ def _preempted_request(fact: Fact, ctx: Context) -> list[str] | None:
     rid, field = fact.args
     if field not in _RESTART_FIELDS:
         return None
-    return _assert(_RESTART_FIELDS[field].format(name=ctx.names[rid], rid=rid), fact, (
+    return assert_lines(_RESTART_FIELDS[field].format(name=ctx.names[rid], rid=rid), fact, (
         f"step {ctx.step}: schedule() preempted {rid} (freeing every block it held) and left its {field} at "
         f"{fact.observed}: a preempted request restarts from {fact.expected}"))
 
@@ -303,7 +253,7 @@ def _evicted_before(fact: Fact, ctx: Context) -> list[str] | None:
     if kb is None or kc is None or fact.expected is not True:
         return None
     return [f"    evicted = block_pool.get_cached_block({ctx.names[rid_b]}.block_hashes[{kb}], [{group}])",
-            f"    ahead = block_pool.get_cached_block({ctx.names[rid_c]}.block_hashes[{kc}], [{group}])"] + _assert(
+            f"    ahead = block_pool.get_cached_block({ctx.names[rid_c]}.block_hashes[{kc}], [{group}])"] + assert_lines(
         "evicted or not ahead", fact, (
         f"step {ctx.step}: allocating evicted block {block_b} ({rid_b}'s first {tokens_b} tokens) while block "
         f"{block_c} ({rid_c}'s first {tokens_c} tokens) stays cached, though vLLM's free order reuses it first: "
@@ -312,7 +262,7 @@ def _evicted_before(fact: Fact, ctx: Context) -> list[str] | None:
 
 def _block_held(fact: Fact, ctx: Context) -> list[str] | None:
     block, rid, group, index, step, start = fact.args
-    return _assert(f"scheduler.kv_cache_manager.block_pool.blocks[{block}].ref_cnt", fact, (
+    return assert_lines(f"scheduler.kv_cache_manager.block_pool.blocks[{block}].ref_cnt", fact, (
         f"step {ctx.step}: schedule() freed block {block} (index {index} of {rid}'s table, group {group}) while "
         f"step {step}, still in flight, computes {rid} from position {start} and reads it"))
 
@@ -323,18 +273,18 @@ def _scheduled(fact: Fact, ctx: Context) -> list[str] | None:
         return None
     test = f'"{rid}" {"in" if fact.expected else "not in"} {ctx.output}.num_scheduled_tokens'
     what = f"leaves {rid} unscheduled" if fact.expected else f"schedules {rid}"
-    return _assert(test, dataclasses.replace(fact, expected=True), f"step {ctx.step}: schedule() {what}, though {why}")
+    return assert_lines(test, dataclasses.replace(fact, expected=True), f"step {ctx.step}: schedule() {what}, though {why}")
 
 
 def _connector_meta(fact: Fact, ctx: Context) -> list[str] | None:
-    return _assert(f"{ctx.output}.kv_connector_metadata is not None", fact, (
+    return assert_lines(f"{ctx.output}.kv_connector_metadata is not None", fact, (
         f"step {ctx.step}: schedule() returned without build_connector_meta: every schedule() with a connector "
         "builds its metadata once (an async load admitted in an empty step starts from it)"))
 
 
 def _sync_loads_flag(fact: Fact, ctx: Context) -> list[str] | None:
     rid, tokens = fact.args
-    return _assert(f"{ctx.output}.has_sync_kv_loads", fact, (
+    return assert_lines(f"{ctx.output}.has_sync_kv_loads", fact, (
         f"step {ctx.step}: {rid} was told to load {tokens} external tokens synchronously in this step, but "
         "the output says has_sync_kv_loads=False"))
 
@@ -343,7 +293,7 @@ def _block_hash(fact: Fact, ctx: Context) -> list[str] | None:
     block, rid, how, policy = fact.args
     if fact.expected is not False:
         return None
-    return _assert(f"scheduler.kv_cache_manager.block_pool.blocks[{block}].block_hash is None",
+    return assert_lines(f"scheduler.kv_cache_manager.block_pool.blocks[{block}].block_hash is None",
                    dataclasses.replace(fact, expected=True), (
         f"step {ctx.step}: block {block} still carries a prefix-cache hash after {rid}'s load into it failed "
         f"({how}, kv_load_failure_policy={policy!r}): another request can adopt its garbage as a hit"))
@@ -351,13 +301,13 @@ def _block_hash(fact: Fact, ctx: Context) -> list[str] | None:
 
 def _computed_tokens(fact: Fact, ctx: Context) -> list[str] | None:
     rid, why = fact.args
-    return _assert(f"{ctx.names[rid]}.num_computed_tokens", fact, (
+    return assert_lines(f"{ctx.names[rid]}.num_computed_tokens", fact, (
         f"step {ctx.step}: {rid} has num_computed_tokens={fact.observed} after the step, though {why}"))
 
 
 def _finished_calls(fact: Fact, ctx: Context) -> list[str] | None:
     rid, method = fact.args
-    return _assert(f'scheduler.connector.finished.count("{rid}")', fact, (
+    return assert_lines(f'scheduler.connector.finished.count("{rid}")', fact, (
         f"step {ctx.step}: the connector heard {method}({rid}) {fact.observed} time(s): it must hear it exactly "
         f"once, when the request finishes"))
 
@@ -368,7 +318,7 @@ def _table_covers(fact: Fact, ctx: Context) -> list[str] | None:
     if group >= len(ctx.block_sizes):
         return None
     size = ctx.block_sizes[group]
-    return _assert(f'len(scheduler.kv_cache_manager.get_block_ids("{rid}")[{group}]) * {size}', fact, (
+    return assert_lines(f'len(scheduler.kv_cache_manager.get_block_ids("{rid}")[{group}]) * {size}', fact, (
         f"step {ctx.step}: {rid} computes positions [{start}, {start + scheduled}) and its drafter writes "
         f"{lookahead} position(s) past them: group {group}'s table (blocks of {size}) covers {fact.observed} "
         f"positions, {fact.expected} needed"))
@@ -377,7 +327,7 @@ def _table_covers(fact: Fact, ctx: Context) -> list[str] | None:
 def _rolled_back(fact: Fact, ctx: Context) -> list[str] | None:
     rid, drafts, accepted = fact.args
     name = ctx.names[rid]
-    return _assert(f"{name}_computed - {name}.num_computed_tokens", fact, (
+    return assert_lines(f"{name}_computed - {name}.num_computed_tokens", fact, (
         f"step {ctx.step}: update_from_output() verified {drafts} drafts of {rid} and the runner accepted "
         f"{accepted}: num_computed_tokens must go down by the {fact.expected} rejected; it went down by "
         f"{fact.observed}"))
@@ -385,7 +335,7 @@ def _rolled_back(fact: Fact, ctx: Context) -> list[str] | None:
 
 def _recorded_token(fact: Fact, ctx: Context) -> list[str] | None:
     rid, position, written = fact.args
-    return _assert(f"{ctx.names[rid]}.all_token_ids[{position}]", fact, (
+    return assert_lines(f"{ctx.names[rid]}.all_token_ids[{position}]", fact, (
         f"step {ctx.step}: the runner computed position {position} of {rid} (step {written}) from token "
         f"{fact.expected}, but vLLM records token {fact.observed} there: its next tokens are sampled from another "
         "sequence"))
@@ -394,7 +344,7 @@ def _recorded_token(fact: Fact, ctx: Context) -> list[str] | None:
 
 def _connector_asked(fact: Fact, ctx: Context) -> list[str] | None:
     rid, why = fact.args
-    return _assert(f'scheduler.connector.asked["{rid}"]', fact, (
+    return assert_lines(f'scheduler.connector.asked["{rid}"]', fact, (
         f"step {ctx.step}: get_num_new_matched_tokens asked about {rid} from num_computed_tokens={fact.observed}, "
         f"though {why}: the connector's answer must start where the local part ends ({fact.expected})"))
 
@@ -402,7 +352,7 @@ def _connector_asked(fact: Fact, ctx: Context) -> list[str] | None:
 def _connector_told(fact: Fact, ctx: Context) -> list[str] | None:
     rid, why = fact.args
     bound = "at most " if fact.relation == "<=" else ""
-    return _assert(f'scheduler.connector.told["{rid}"]', fact, (
+    return assert_lines(f'scheduler.connector.told["{rid}"]', fact, (
         f"step {ctx.step}: update_state_after_alloc told the connector to load {fact.observed} external "
         f"token{'s' * (fact.observed != 1)} "
         f"of {rid}, though {why}: it must load {bound}{fact.expected}"))
@@ -411,7 +361,7 @@ def _connector_told(fact: Fact, ctx: Context) -> list[str] | None:
 def _connector_load_blocks(fact: Fact, ctx: Context) -> list[str] | None:
     rid, group, first, end, null, what = fact.args
     handed = f'scheduler.connector.blocks["{rid}"][{group}][{first}:{end}]'
-    return _assert(f"[block for block in {handed} if block != {null}]", fact, (
+    return assert_lines(f"[block for block in {handed} if block != {null}]", fact, (
         f"step {ctx.step}: update_state_after_alloc handed {rid}'s load blocks {fact.observed} at indices "
         f"[{first}, {end}) of group {group}: it loads {what} and needs a real block (not the null block "
         f"{null}) at each of them"))
@@ -421,7 +371,7 @@ def _started_from(fact: Fact, ctx: Context) -> list[str] | None:
     (rid,) = fact.args
     return [f"    started = {{new.req_id: new.num_computed_tokens for new in {ctx.output}.scheduled_new_reqs}}",
             f"    cached = {ctx.output}.scheduled_cached_reqs",
-            "    started.update(zip(cached.req_ids, cached.num_computed_tokens))"] + _assert(
+            "    started.update(zip(cached.req_ids, cached.num_computed_tokens))"] + assert_lines(
         f'started["{rid}"]', fact, (
             f"step {ctx.step}: schedule() hands the model runner {rid} from num_computed_tokens={fact.observed}, "
             f"with num_tokens={fact.expected}: a request it schedules leaves at least one token to compute "
@@ -433,7 +383,7 @@ def _raises(fact: Fact, ctx: Context) -> list[str] | None:
     who = f" while admitting {', '.join(requests)}" if requests else ""
     detail = str(fact.observed).removeprefix(f"{kind}:").strip()
     return ["    try:", "        scheduler.schedule()", "        raised = None", f"    except {kind} as error:",
-            "        raised = error"] + _assert("raised", fact, (
+            "        raised = error"] + assert_lines("raised", fact, (
         f"step {ctx.step}: schedule() raised {kind}{f' ({detail})' if detail else ''}{who}: no exception may "
         "escape schedule() for a configuration vLLM accepted"))
 
@@ -489,22 +439,11 @@ PRELUDES: dict[str, tuple[list[str], tuple[tuple[str, str], ...]]] = {
     "cached-blocks": (["    block_pool = scheduler.kv_cache_manager.block_pool"], ()),
     "evicted-before": (["    block_pool = scheduler.kv_cache_manager.block_pool"], ()),
     "status": ([], (("vllm.v1.request", "RequestStatus"),)),
-    # Each announced key's BlockStored event and place in it (vLLM publishes them after the step).
-    "stored-event": ([
-        "    announced = {",
-        "        key: (event, i)",
-        "        for event in scheduler.kv_cache_manager.block_pool.kv_event_queue",
-        "        if isinstance(event, BlockStored)",
-        "        for i, key in enumerate(event.block_hashes)",
-        "    }",
-    ], (("vllm.distributed.kv_events", "BlockStored"), ("vllm.v1.core.kv_cache_utils", "maybe_convert_block_hash"))),
+    "stored-event": STORED_EVENTS,
 }
 
 
-# Block ownership, KV events, stale outputs and leaks (their own module,
-# which reads this one's helpers: imported once they exist).
-from fuzz.upstream._pool_facts import POOL_PRELUDES, POOL_SUBJECTS  # noqa: E402
-
+# Block ownership, KV events, stale outputs and leaks (their own module).
 SUBJECTS.update(POOL_SUBJECTS)
 PRELUDES.update(POOL_PRELUDES)
 

@@ -31,11 +31,25 @@ from __future__ import annotations
 import dataclasses
 
 from fuzz.model import Fact
-from fuzz.upstream._facts import PRELUDES, Context, _assert
+from fuzz.upstream._file import Context
+from fuzz.upstream._file import assert_lines as _assert
 
-__all__ = ["POOL_PRELUDES", "POOL_SETUPS", "POOL_SUBJECTS"]
+__all__ = ["POOL_PRELUDES", "POOL_SETUPS", "POOL_SUBJECTS", "STORED_EVENTS"]
 
 _POOL = "scheduler.kv_cache_manager.block_pool"
+
+# Each announced key's BlockStored event and place in it (vLLM publishes them after the step).
+STORED_EVENTS: tuple[list[str], tuple[tuple[str, str], ...]] = (
+    [
+        "    announced = {",
+        "        key: (event, i)",
+        "        for event in scheduler.kv_cache_manager.block_pool.kv_event_queue",
+        "        if isinstance(event, BlockStored)",
+        "        for i, key in enumerate(event.block_hashes)",
+        "    }",
+    ],
+    (("vllm.distributed.kv_events", "BlockStored"), ("vllm.v1.core.kv_cache_utils", "maybe_convert_block_hash")),
+)
 
 
 def _num_tokens(fact: Fact, ctx: Context) -> list[str] | None:
@@ -134,7 +148,7 @@ POOL_PRELUDES: dict[str, tuple[list[str], tuple[tuple[str, str], ...]]] = {
     ], (("vllm.distributed.kv_events", "BlockRemoved"), ("vllm.v1.core.kv_cache_utils", "maybe_convert_block_hash"))),
     "cleared-event": ([f"    queued = {_POOL}.kv_event_queue"], (("vllm.distributed.kv_events", "AllBlocksCleared"),)),
     # Each announced key's BlockStored event (the stored-event subject's).
-    "stored-parent": PRELUDES["stored-event"],
+    "stored-parent": STORED_EVENTS,
 }
 
 # What a subject's facts read that the test records from the start: lines

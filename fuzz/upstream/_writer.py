@@ -51,50 +51,25 @@ from fuzz.model import (
 )
 from fuzz.upstream._answers import connector_answers
 from fuzz.upstream._claims import CLAIMS
+from fuzz.upstream._connector import RECORDS, connector_config, declare_recorder
 from fuzz.upstream._facts import BEFORE_UPDATE, PRELUDES, Context, fact_lines
+from fuzz.upstream._file import CORE as _CORE
+from fuzz.upstream._file import UNIT as _UNIT
+from fuzz.upstream._file import File as _File
+from fuzz.upstream._file import Unwritable as _Unwritable
+from fuzz.upstream._pool_facts import POOL_SETUPS
 from fuzz.upstream._speculation import (
     connector_stands_in,
     draft_lines,
     speculation_args,
     unstated,
 )
-from fuzz.upstream._pool_facts import POOL_SETUPS
 from invariants.table import INVARIANTS
 
-__all__ = ["upstream_form", "upstream_path", "upstream_repro", "upstream_repro_of_failure"]
+__all__ = ["upstream_form", "upstream_path", "upstream_repro"]
 
 # Facts a file asserts at most (the rest are named in a comment).
 MAX_FACTS = 3
-
-_CORE = "tests.v1.core.utils"
-_UNIT = "tests.v1.kv_connector.unit.utils"
-
-
-class _Unwritable(Exception):
-    """The run uses something the writer does not state (yet)."""
-
-
-class _File:
-    """The file's imports and lines, gathered as the test is written."""
-
-    def __init__(self) -> None:
-        self.imports: dict[str, set[str]] = {}
-        self.top: list[str] = []  # module-level code after the imports
-        self.body: list[str] = []
-
-    def need(self, module: str, *names: str) -> None:
-        self.imports.setdefault(module, set()).update(names)
-
-    def import_lines(self) -> list[str]:
-        lines = ["import pytest", *(f"import {m}" for m in sorted(self.imports) if not self.imports[m]), ""]
-        for module in sorted(m for m in self.imports if self.imports[m]):
-            names = sorted(self.imports[module])
-            line = f"from {module} import {', '.join(names)}"
-            if len(line) > 88:
-                line = f"from {module} import (\n" + "".join(f"    {n},\n" for n in names) + ")"
-            lines.append(line)
-        return lines
-
 
 def _name(request_id: str) -> str:
     name = "".join(c if c.isalnum() else "_" for c in request_id)
@@ -138,28 +113,6 @@ def _spec(f: _File, kind: str, block_size: int, params: dict[str, int]) -> str:
     raise _Unwritable(f"a {kind} group")
 
 
-def _connector_config(log: OpLog, config: tuple[int, bool, int] | None = None) -> dict[str, object]:
-    """``MockKVConnector``'s extra config that answers as the run's
-    connector did at first (or as ``config`` says: matched tokens, async,
-    'not yet' answers; a step may change it: :func:`connector_answers`)."""
-    answers = connector_answers(log)
-    if answers is None:
-        raise _Unwritable("connector answers no config states")
-    for add in log.requests:
-        decided = [a for a in log.answers_for(add.request_id) if a.answer is not None]
-        if add.reply is not None and add.reply.kind not in ("zero", "store", "undecided"):
-            raise _Unwritable(f"a {add.reply.kind!r} store reply")
-        if add.reply is not None and not decided and add.reply.store_len:
-            raise _Unwritable("a store answer the run never gave")
-    matched, is_async, defers = config or next(iter(answers.configs.values()), (0, False, 0))
-    extra: dict[str, object] = {"matched_tokens": matched, "is_async": is_async}
-    if defers:
-        extra["num_defers_before_matching"] = defers
-    if log.config.draw.divergent_hits and len(log.config.draw.layout.groups) > 1:
-        extra["supports_divergent_local_hybrid_hits"] = True
-    return extra
-
-
 def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
     cfg, draw = log.config, log.config.draw
     groups = draw.layout.groups
@@ -182,13 +135,13 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
         keeps = any(fact.subject == "handed-blocks" for fact in facts)
         counts = any(fact.subject == "finished-calls" for fact in facts)
         # What the scheduler told the connector, where a fact reads it.
-        records = tuple(r for r in _RECORDS if any(fact.subject == _RECORDS[r][0] for fact in facts))
+        records = tuple(r for r in RECORDS if any(fact.subject == RECORDS[r][0] for fact in facts))
         answers = connector_answers(log)
         store = answers is not None and answers.store
         hand_off = len(groups) > 1 or keeps or counts
         recorder = "HandOffRecorder" if hand_off else "CallRecorder"
         handed = hand_off or bool(records) or store
-        extra = _connector_config(log)
+        extra = connector_config(log)
         b += ["    vllm_config = create_vllm_config(",
               f"        {limits},",
               f'        kv_connector="{recorder if handed else "MockKVConnector"}",'
@@ -197,7 +150,7 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
               "        kv_connector_extra_config={" + ", ".join(f'"{k}": {v!r}' for k, v in extra.items()) + "},",
               "    )"]
         if handed:
-            _recorder(f, draw.kv_role == "kv_producer", keeps, counts, records, hand_off, store)
+            declare_recorder(f, draw.kv_role == "kv_producer", keeps, counts, records, hand_off, store)
         config = "vllm_config"
     else:
         f.need(_CORE, "create_scheduler")
@@ -271,72 +224,6 @@ def _kv_cache_config(f: _File, log: OpLog, specs: list[str]) -> list[str]:
              "        kv_cache_groups=["]
             + [f'            KVCacheGroupSpec(["layer{i}"], {spec}),' for i, spec in enumerate(specs)]
             + ["        ],", "    )"])
-
-
-# What the recording connector keeps of the scheduler's calls: its attribute ->
-# (the fact subject that reads it, the method, its arguments, the value kept
-# per request, its name in the class docstring).
-_ALLOC = ("update_state_after_alloc", "request, blocks, num_external_tokens")
-_RECORDS = {
-    "asked": ("connector-asked", "get_num_new_matched_tokens", "request, num_computed_tokens",
-              "num_computed_tokens", "num_computed_tokens"),
-    "told": ("connector-told", *_ALLOC, "num_external_tokens", "num_external_tokens"),
-    "blocks": ("connector-load-blocks", *_ALLOC, "blocks.get_block_ids()", "block ids"),
-}
-
-
-def _recorder(f: _File, producer: bool, keeps: bool, counts: bool = False, records: tuple[str, ...] = (),
-              hand_off: bool = True, store: bool = False) -> None:
-    """A ``MockKVConnector`` that supports the hybrid allocator's hand-off
-    (``SupportsHMA``), keeping the block ids it is handed, or the requests
-    it hears finished, where a fact reads them; that records, per request,
-    what the scheduler last passed it (``records``: keys of
-    :data:`_RECORDS`); answering as a store of ``matched_tokens`` prompt
-    tokens where the run's answers need one (``store``)."""
-    if store and "asked" in records:
-        raise _Unwritable("a store answer beside the recorded question")
-    f.need(_UNIT, "MockKVConnector")
-    told = f"the {' and '.join(_RECORDS[r][4] for r in records)} it is passed per request"
-    doc = "The mock connector"
-    if hand_off:
-        f.need("vllm.distributed.kv_transfer.kv_connector.v1.base", "SupportsHMA")
-        doc += (" with the hybrid allocator's hand-off"
-                + (", keeping the block ids each finished request is handed" if keeps
-                   else ", recording each request it hears finished" if counts else ""))
-    doc += (f"{';' if hand_off else ','} recording {told}" if records else "") + (
-        "; answering as a store of the first matched_tokens tokens of each prompt" if store else "") + "."
-    lines = [f"class {'HandOffRecorder' if hand_off else 'CallRecorder'}(MockKVConnector"
-             + (", SupportsHMA):" if hand_off else "):"),
-             *(f"    {line}" for line in (textwrap.wrap(f'"""{doc}"""', 92) if records or store else [f'"""{doc}"""'])), ""]
-    fields = [*(["handed"] if keeps else []), *records]
-    if fields or counts:
-        lines += ["    def __init__(self, *args, **kwargs):",
-                  "        super().__init__(*args, **kwargs)",
-                  *(["        self." + ", self.".join(fields) + " = " + ", ".join("{}" for _ in fields)]
-                    if fields else []),
-                  *(["        self.finished = []"] if counts else []),
-                  ""]
-    if store:
-        lines += ["    def get_num_new_matched_tokens(self, request, num_computed_tokens):",
-                  "        # An external store holding the first matched_tokens tokens of each prompt.",
-                  "        stored, is_async = super().get_num_new_matched_tokens(request, num_computed_tokens)",
-                  "        if stored is None:",
-                  "            return None, is_async",
-                  "        return max(0, min(stored, request.num_tokens - 1) - num_computed_tokens), is_async",
-                  ""]
-    for method, arguments in dict.fromkeys(_RECORDS[r][1:3] for r in records):
-        lines.append(f"    def {method}(self, {arguments}):")
-        lines += [f"        self.{r}[request.request_id] = {_RECORDS[r][3]}" for r in records if method in _RECORDS[r]]
-        lines += [f"        return super().{method}({arguments})", ""]
-    if hand_off:
-        lines += [
-            "    def request_finished_all_groups(self, request, block_ids):",
-            *(["        self.handed[request.request_id] = block_ids"] if keeps else []),
-            *(["        self.finished.append(request.request_id)"] if counts else []),
-            "        return " + ("True, None  # a producer holds the blocks until their send is reported done"
-                               if producer else "False, None"),
-        ]
-    f.top += lines if lines[-1] else lines[:-1]
 
 
 def _request(f: _File, add: AddRequest, hash_block_size: int, embeds: tuple[str, ...] = ()) -> list[str]:
@@ -509,7 +396,7 @@ class _Program(OpVisitor[bool]):
         b.append("")
         if op.index in self.answers:
             f.need(_UNIT, "MockKVConfig")
-            fields = ", ".join(f"{k}={v!r}" for k, v in _connector_config(self.log, self.answers[op.index]).items())
+            fields = ", ".join(f"{k}={v!r}" for k, v in connector_config(self.log, self.answers[op.index]).items())
             matched, _, defers = self.answers[op.index]
             b += [f"    # From step {op.index} on, the connector "
                   + (f"holds the first {matched} tokens of each prompt" if self.store else f"matches {matched} tokens")
@@ -643,15 +530,3 @@ def upstream_form(log: OpLog, invariant: str) -> tuple[str, str, InvariantViolat
         if source is not None:
             return f"{upstream_path(violation.oplog)}/test_{invariant.replace('-', '_')}.py", source, violation
     return None
-
-
-def upstream_repro_of_failure(failure: BaseException | None, invariant: str) -> tuple[str, str] | None:
-    """``failure``'s upstream form (:func:`upstream_form` of the log its run
-    attached, :func:`fuzz.runners.scheduler.carrying_oplog`): (its path in
-    vLLM's tests tree, its source); None when the failure carries no facts
-    or no log, or no replay of it yields a file."""
-    log = getattr(failure, "oplog", None)
-    if not isinstance(log, OpLog) or not getattr(failure, "facts", ()):
-        return None
-    form = upstream_form(log, invariant)
-    return None if form is None else form[:2]
