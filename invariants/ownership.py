@@ -361,6 +361,8 @@ def _hazard_violations(step: StepObservation) -> Iterator[InvariantViolation]:
                 group_kind=kind,
                 state=state,
                 instances=(Instance(state, kind, None if g is None else g.index, (reader, writer), (src, dst)),),
+                facts=(Fact("copied-block", (reader, src, dst, writer, "a copy-on-write destination"
+                            if where == WHERE_COPY_ON_WRITE else "a new block"), True, False, after="schedule"),),
             )
     # A recurrent state is read at the start of the step's scan and written
     # at its end: adopting a state block another request writes in the

@@ -23,7 +23,11 @@ Subjects (their ``args``):
 * ``counted-blocks`` (request, counted per group, taken per group): what
   the coordinator's ``get_num_blocks_to_allocate`` counted for the
   request's ``allocate_slots`` in the step (recorded from the start:
-  :data:`POOL_SETUPS`).
+  :data:`POOL_SETUPS`);
+* ``copied-block`` (reader, source, destination, writer, how): the step's
+  ``kv_cache_block_copies`` copy the source block into the reader's
+  destination block (expected False: the writer writes the source in the
+  same step, ``how``, and the model runner applies copies first).
 """
 
 from __future__ import annotations
@@ -125,6 +129,16 @@ def _counted_blocks(fact: Fact, ctx: Context) -> list[str] | None:
         "pool holding exactly the count runs dry"))
 
 
+def _copied_block(fact: Fact, ctx: Context) -> list[str] | None:
+    reader, src, dst, writer, how = fact.args
+    if fact.expected is not False:
+        return None
+    return _assert(f"({src}, {dst}) in {{(c.src_block_id, c.dst_block_id) for c in {ctx.output}.kv_cache_block_copies}}",
+                   fact, (f"step {ctx.step}: {reader}'s copy-on-write copies block {src} into block {dst}, but {writer} "
+                          f"writes block {src} in the same step ({how}): the model runner applies a step's copies "
+                          "before its forward pass, so the copy reads KV not written yet"))
+
+
 POOL_SUBJECTS = {
     "num-tokens": _num_tokens,
     "free-blocks": _free_blocks,
@@ -134,6 +148,7 @@ POOL_SUBJECTS = {
     "stored-parent": _stored_parent,
     "cache-hit": _cache_hit,
     "counted-blocks": _counted_blocks,
+    "copied-block": _copied_block,
 }
 
 # The keys the step's queued BlockRemoved events withdraw.
