@@ -969,7 +969,9 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         analysis=(
             "KVCacheCoordinator passes needs_kv_cache_zeroing= to every single-type "
             "manager; SinkFullAttentionManager.__init__ does not accept it, so any model "
-            "with static-sink attention layers fails at start-up with TypeError."
+            "with static-sink attention layers fails at start-up with TypeError. Upstream: the same "
+            "constructor missed scheduler_block_size when that argument came (PR 44951 reported the "
+            "start-up crash); no report found of this one."
         ),
     ),
     KnownBug(
