@@ -339,9 +339,9 @@ def _recorded_token(fact: Fact, ctx: Context) -> list[str] | None:
         f"step {ctx.step}: the runner computed position {position} of {rid} (step {written}) from token "
         f"{fact.expected}, but vLLM records token {fact.observed} there: its next tokens are sampled from another "
         "sequence"))
+
+
 # What the scheduler told the connector, and the model runner.
-
-
 def _connector_asked(fact: Fact, ctx: Context) -> list[str] | None:
     rid, why = fact.args
     return assert_lines(f'scheduler.connector.asked["{rid}"]', fact, (
