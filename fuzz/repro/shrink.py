@@ -14,11 +14,20 @@ campaign's sidecar keeps it, and ``python -m fuzz replay`` replays it with
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fuzz import adapter
-from fuzz.model import Abort, AddRequest, Evict, InvariantViolation, OpLog, OpVisitor, ResetPrefixCache, Step
+from fuzz.model import (
+    Abort,
+    AddRequest,
+    Evict,
+    InvariantViolation,
+    OpLog,
+    OpVisitor,
+    ResetPrefixCache,
+    Step,
+)
 
 __all__ = ["first_violation", "replay_violation", "shrink_oplog"]
 
@@ -207,71 +216,52 @@ def shrink_oplog(
             needed_connector = requests
         return smaller
 
+    def first_smaller(candidates: Iterator[OpLog], shorter: bool = False) -> OpLog | None:
+        """The first candidate whose replay still breaks ``invariant``
+        (``shorter``: in fewer steps), each replay counted against the budget."""
+        nonlocal tries
+        for candidate in candidates:
+            if tries >= budget:
+                return None
+            tries += 1
+            smaller = _replay_checked(candidate, invariant, checks)
+            if smaller is not None and (not shorter or len(smaller.steps) < len(current.steps)):
+                return smaller
+        return None
+
+    def request_drops(log: OpLog) -> Iterator[OpLog]:
+        return (_without_request(log, r.request_id) for r in list(log.requests))
+
+    def decided_answers(log: OpLog) -> Iterator[OpLog]:
+        for rid in [r.request_id for r in log.requests if r.reply is not None and r.reply.kind == "undecided"
+                    and r.request_id not in undecided_kept]:
+            undecided_kept.add(rid)  # tried once: a request whose answer must wait keeps it
+            yield _decided(log, rid)
+
+    def reset_drops(log: OpLog) -> Iterator[OpLog]:
+        return (OpLog(log.config, [op for op in log.ops if op is not reset])
+                for reset in [op for op in log.ops if isinstance(op, ResetPrefixCache)])
+
     early = True
     undecided_kept: set[str] = set()
     while changed and tries < budget:
-        changed = False
         # An engine-planned configuration keeps its groups: the engine decides them.
         groups = len(current.config.draw.layout.groups) if current.config.draw.engine is None else 0
-        for index in range(groups if groups > 1 else 0):
-            if tries >= budget:
-                break
-            tries += 1
-            smaller = _replay_checked(_without_group(current, index), invariant, checks)
-            if smaller is not None:
-                current, changed = smaller, True
-                break
-        if changed:
-            continue
-        if early:  # once before the request pass too: a program without it replays faster
+        smaller = first_smaller(_without_group(current, i) for i in range(groups if groups > 1 else 0))
+        if smaller is None and early:  # once before the request pass too: a program without it replays faster
             early = False
             smaller = without_connector()
+        for drops in (request_drops, decided_answers, reset_drops):
             if smaller is not None:
-                current, changed = smaller, True
-                continue
-        for req in list(current.requests):
-            if tries >= budget:
                 break
-            tries += 1
-            smaller = _replay_checked(_without_request(current, req.request_id), invariant, checks)
-            if smaller is not None:
-                current, changed = smaller, True
-                break
-        if changed:
+            smaller = first_smaller(drops(current))
+        if smaller is None:
+            smaller = first_smaller((_without_step(current, step.index) for step in reversed(current.steps[:-1])),
+                                    shorter=True)
+        if smaller is not None:
+            current, changed = smaller, True
             continue
-        for req in [r for r in current.requests if r.reply is not None and r.reply.kind == "undecided"
-                    and r.request_id not in undecided_kept]:
-            if tries >= budget:
-                break
-            tries += 1
-            undecided_kept.add(req.request_id)  # tried once: a request whose answer must wait keeps it
-            smaller = _replay_checked(_decided(current, req.request_id), invariant, checks)
-            if smaller is not None:
-                current, changed = smaller, True
-                break
-        if changed:
-            continue
-        for reset in [op for op in current.ops if isinstance(op, ResetPrefixCache)]:
-            if tries >= budget:
-                break
-            tries += 1
-            smaller = _replay_checked(OpLog(current.config, [op for op in current.ops if op is not reset]), invariant,
-                                      checks)
-            if smaller is not None:
-                current, changed = smaller, True
-                break
-        if changed:
-            continue
-        for step in reversed(current.steps[:-1]):
-            if tries >= budget:
-                break
-            tries += 1
-            smaller = _replay_checked(_without_step(current, step.index), invariant, checks)
-            if smaller is not None and len(smaller.steps) < len(current.steps):
-                current, changed = smaller, True
-                break
-        if changed:
-            continue
+        changed = False
         # Once nothing else goes: the connector (tried again once requests
         # are gone, they may be what needed it).
         smaller = without_connector()
