@@ -46,13 +46,6 @@ class Invariant:
     * ``repro``: the standalone repro that retired with issue 48 could state
       it; a scheduler replay without checks of its own
       (:func:`fuzz.repro.shrink.replay_violation`) still checks these rows;
-    * ``watches``: what that repro had to watch for it beyond what every
-      claim needs (kept as data on the claim): ``"pool"`` (blocks taken
-      inside ``schedule()``), ``"tables"`` (block tables right after it),
-      ``"reads"``, ``"contents"``, ``"unwritten"``, ``"tokens"``,
-      ``"namespaces"``, ``"lookahead"``, ``"events"``, ``"preempted"``,
-      ``"in-flight"``, ``"index"``, ``"hits"``, ``"evictions"``, and
-      ``"even-if-it-raises"`` (the check runs even when ``schedule()`` raises).
     """
 
     name: str
@@ -61,16 +54,14 @@ class Invariant:
     planted: tuple[str, ...]
     repro: bool
     real_bug: str | None = None
-    watches: frozenset[str] = frozenset()
 
 
 def _t(name: str, check: Callable[..., None], *planted: str, repro: bool) -> Invariant:
     return Invariant(name, "truncation", check, planted, repro)
 
 
-def _s(name: str, check: Callable[..., None], *planted: str, real_bug: str | None = None, repro: bool = True,
-       watches: str = "") -> Invariant:
-    return Invariant(name, "scheduler", check, planted, repro, real_bug, frozenset(watches.split()))
+def _s(name: str, check: Callable[..., None], *planted: str, real_bug: str | None = None, repro: bool = True) -> Invariant:
+    return Invariant(name, "scheduler", check, planted, repro, real_bug)
 
 
 INVARIANTS: tuple[Invariant, ...] = (
@@ -101,7 +92,6 @@ INVARIANTS: tuple[Invariant, ...] = (
         sched.check_kv_matches_tokens,
         "records_first_sampled_token",
         real_bug="failed-sync-load-recompute-keeps-output-placeholder",
-        watches="tokens",
     ),
     # One admission (invariants/scheduler.py).
     _s("computed-adds-up", sched.check_computed_tokens_add_up, "skip_truncation"),
@@ -140,57 +130,48 @@ INVARIANTS: tuple[Invariant, ...] = (
         "failed_async_load_kept",
     ),
     # Block ownership (invariants/ownership.py).
-    _s("read-blocks-held", own.check_read_blocks_held, "mamba_frees_resume_state", watches="tables reads"),
-    _s("same-step-hazard", own.check_no_same_step_hazard, "mamba_adopts_same_step_state", watches="pool tables reads"),
+    _s("read-blocks-held", own.check_read_blocks_held, "mamba_frees_resume_state"),
+    _s("same-step-hazard", own.check_no_same_step_hazard, "mamba_adopts_same_step_state"),
     _s(
         "reservation-covers-allocation",
         own.check_reservation_covers_allocation,
         "cow_block_not_reserved",
         "mamba_count_goes_negative",
-        watches="pool even-if-it-raises",
     ),
-    _s("lookup-within-limit", own.check_lookup_within_limit, "lookup_rounds_limit_up", watches="pool even-if-it-raises"),
+    _s("lookup-within-limit", own.check_lookup_within_limit, "lookup_rounds_limit_up"),
     # What the blocks hold (fuzz/adapter/_contents.py).
     _s("reads-written", sched.check_reads_written, "partial_hit_shares_its_block", "mamba_adopts_same_step_state",
-       "hash_ignores_parent",
-       watches="contents unwritten reads"),
-    _s("index-written", sched.check_index_written, "caches_async_load_early", "mamba_tail_state_overwritten",
-       watches="contents unwritten reads"),
-    _s("index-names-its-prefix", contents.check_index_names_its_prefix, "evicted_key_stays_indexed", watches="contents index"),
+       "hash_ignores_parent"),
+    _s("index-written", sched.check_index_written, "caches_async_load_early", "mamba_tail_state_overwritten"),
+    _s("index-names-its-prefix", contents.check_index_names_its_prefix, "evicted_key_stays_indexed"),
     _s("encoder-outputs-held", encoder.check_encoder_outputs_held, "encoder_entry_stays_freeable", repro=False),
-    _s("keys-name-one-prefix", contents.check_keys_name_one_prefix, "hash_ignores_parent",
-       watches="contents namespaces index"),
+    _s("keys-name-one-prefix", contents.check_keys_name_one_prefix, "hash_ignores_parent"),
     # What the cache promises (invariants/promises.py).
-    _s("lookahead-allocated", prom.check_lookahead_allocated, "lookahead_not_allocated", watches="contents lookahead"),
-    _s("in-flight-reads-held", prom.check_in_flight_reads_held, "window_frees_in_flight", watches="pool tables reads in-flight"),
+    _s("lookahead-allocated", prom.check_lookahead_allocated, "lookahead_not_allocated"),
+    _s("in-flight-reads-held", prom.check_in_flight_reads_held, "window_frees_in_flight"),
     _s("hits-within-namespace", prom.check_hits_within_namespace, "cache_salt_not_hashed", "lora_not_hashed",
-       "embeds_not_hashed", "mm_not_hashed", watches="contents namespaces"),
-    _s("hits-after-reset", prom.check_hits_after_reset, "reset_keeps_index", watches="contents resets"),
-    _s("events-replay-index", prom.check_events_replay_index, "eviction_announces_nothing", "reset_announces_nothing",
-       watches="events"),
+       "embeds_not_hashed", "mm_not_hashed"),
+    _s("hits-after-reset", prom.check_hits_after_reset, "reset_keeps_index"),
+    _s("events-replay-index", prom.check_events_replay_index, "eviction_announces_nothing", "reset_announces_nothing"),
     _s(
         "events-chain",
         prom.check_events_chain,
         "stored_event_names_itself_parent",
         real_bug="partial-event-names-unannounced-parent",
-        watches="events reads",
     ),
-    _s("events-carry-tokens", prom.check_events_carry_tokens, "stored_event_tokens_shifted", repro=False,
-       watches="events"),
-    _s("events-carry-namespace", prom.check_events_carry_namespace, "stored_event_drops_lora", repro=False,
-       watches="events"),
+    _s("events-carry-tokens", prom.check_events_carry_tokens, "stored_event_tokens_shifted", repro=False),
+    _s("events-carry-namespace", prom.check_events_carry_namespace, "stored_event_drops_lora", repro=False),
     _s(
         "preempted-resumable",
         prom.check_preempted_resumable,
         "preempt_keeps_computed_tokens",
         "preempt_keeps_drafts",
-        watches="preempted",
     ),
     # How long a hit each lookup serves, which cached blocks survive (invariants/hits.py).
     _s("hit-matches-index", hits.check_hit_matches_index, "hit_stops_a_block_early",
        "window_hit_needs_a_block_more", "chunk_hit_stops_a_block_early", "eagle_drop_forgotten",
-       "eagle_drop_reapplied", watches="hits"),
-    _s("eviction-order", hits.check_eviction_order, "free_evicts_head_first", watches="evictions"),
+       "eagle_drop_reapplied"),
+    _s("eviction-order", hits.check_eviction_order, "free_evicts_head_first"),
     # What the prefix cache must still serve, by the harness's own model (invariants/cache.py).
     _s("cache-keeps-entries", cache.check_cache_keeps_entries, "free_forgets_keys", repro=False),
     _s("hit-reaches-model", cache.check_hit_reaches_model, "free_forgets_keys", repro=False),
