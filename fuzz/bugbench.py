@@ -125,41 +125,42 @@ class _SliceOver(BaseException):
     """The slice (or the trial's budget) has had its time."""
 
 
-def _trials(bug_id: str, targets: list[str], seeds: list[int], budget: float) -> dict[str, Any]:
-    from hypothesis import Phase, Verbosity
-    from hypothesis.errors import HypothesisException
+class _Searcher:
+    """The campaign's search in one process: the targets' Hypothesis tests in
+    slices picked by :class:`~fuzz.campaign.schedule.DiscoverySchedule`, each
+    example judged by a predicate (what a trial hunts) and every other
+    failure counted."""
 
-    from fuzz import adapter, known_bugs, telemetry
-    from fuzz.campaign.novelty import features
-    from fuzz.campaign.schedule import DiscoverySchedule
-    from fuzz.hunting import budget_settings, property_test
-    from fuzz.model import InvariantViolation
-    from fuzz.registry import get_target
+    def __init__(self, targets: list[str]) -> None:
+        from fuzz import adapter
+        from fuzz.registry import get_target
 
-    assert not known_bugs.suppressing(), f"run with {SUPPRESS_ENV}=report"
-    version = adapter.VLLM_VERSION
-    adapter.init_hashing()
-    loaded = {name: get_target(name).load() for name in targets}
-    phases = [Phase.generate, Phase.target]
+        adapter.init_hashing()
+        self.version = adapter.VLLM_VERSION
+        self.targets = list(targets)
+        self.loaded = {name: get_target(name).load() for name in targets}
 
-    def shows_bug(exc: BaseException) -> str | None:
-        """The known bug of this release the failure shows, if any."""
-        if isinstance(exc, InvariantViolation):
-            bug = known_bugs.match_violation(exc, version)
-            return bug.id if bug is not None else None
-        return None
+    def label(self, exc: BaseException) -> str:
+        """A failure, by its known bug or its structured facts."""
+        from fuzz import known_bugs
+        from fuzz.model import InvariantViolation
 
-    def label(exc: BaseException) -> str:
-        """Another failure, by its known bug or its structured facts."""
-        bug = shows_bug(exc)
+        bug = known_bugs.match_violation(exc, self.version) if isinstance(exc, InvariantViolation) else None
         if bug is not None:
-            return f"known: {bug}"
+            return f"known: {bug.id}"
         frames = getattr(exc, "frames", ()) or ()
         return (f"{getattr(exc, 'invariant', type(exc).__name__)} ({getattr(exc, 'exception', None)} "
                 f"at {frames[0].split(':')[-1] if frames else getattr(exc, 'where', '?')})")
 
-    def run(name: str, examples: int, seed: int, stop_at: float, state: dict[str, Any]) -> None:
-        strategy, check, machine = loaded[name]
+    def _run(self, name: str, examples: int, seed: int, stop_at: float, state: dict[str, Any]) -> None:
+        from hypothesis import Phase, Verbosity
+        from hypothesis.errors import HypothesisException
+
+        from fuzz import telemetry
+        from fuzz.hunting import budget_settings, property_test
+
+        strategy, check, machine = self.loaded[name]
+        hunted = state["hunted"]
 
         def wrap(inner: Any) -> Any:
             def counted(*args: Any, **kwargs: Any) -> None:
@@ -170,10 +171,10 @@ def _trials(bug_id: str, targets: list[str], seeds: list[int], budget: float) ->
                 except HypothesisException:
                     raise
                 except Exception as exc:  # noqa: BLE001 - every failure is judged
-                    if state["hunting"] and shows_bug(exc) == bug_id:
-                        state["found"] = (time.monotonic() - state["t0"], name)
+                    if hunted is not None and hunted(exc):
+                        state["found"] = (time.monotonic() - state["t0"], name, self.label(exc))
                         raise _Found from None
-                    state["other"][label(exc)] += 1
+                    state["other"][self.label(exc)] += 1
                 finally:
                     telemetry.end_example()
                 if time.monotonic() > stop_at:
@@ -181,7 +182,8 @@ def _trials(bug_id: str, targets: list[str], seeds: list[int], budget: float) ->
 
             return counted
 
-        settings = budget_settings(max_examples=examples, phases=phases, verbosity=Verbosity.quiet)
+        settings = budget_settings(max_examples=examples, phases=[Phase.generate, Phase.target],
+                                   verbosity=Verbosity.quiet)
         test = property_test(settings=settings, strategy=strategy, body=check, machine=machine, seed=seed,
                              wrap=wrap)
         try:
@@ -189,39 +191,67 @@ def _trials(bug_id: str, targets: list[str], seeds: list[int], budget: float) ->
         except (_SliceOver, _Found):
             pass
 
-    # Warm-up: importing each target's module and its first vLLM configuration
-    # (a ModelConfig takes seconds the first time) are start-up, not search.
-    t_warm = time.monotonic()
-    warm = {"examples": 0, "hunting": False, "other": Counter(), "t0": t_warm}
-    for name in targets:
-        run(name, WARMUP_EXAMPLES, 10**9 + 7, time.monotonic() + 30.0, warm)
-    warmup_s = time.monotonic() - t_warm
+    def warm_up(self) -> float:
+        """Each target's module and first vLLM configuration (a ModelConfig
+        takes seconds the first time) are start-up, not search: seconds spent."""
+        from fuzz.hunting import settle_heap
 
-    results = []
-    for seed in seeds:
-        state: dict[str, Any] = {"examples": 0, "hunting": True, "other": Counter(), "found": None,
+        t0 = time.monotonic()
+        state = {"examples": 0, "hunted": None, "other": Counter(), "t0": t0}
+        for name in self.targets:
+            self._run(name, WARMUP_EXAMPLES, 10**9 + 7, time.monotonic() + 30.0, state)
+        settle_heap()  # as a campaign does after its first round
+        return time.monotonic() - t0
+
+    def trial(self, seed: int, budget: float, hunted: Any) -> dict[str, Any]:
+        """One trial: the clock stops at the first example ``hunted(exc)``
+        accepts, or at ``budget`` seconds."""
+        from fuzz.campaign.novelty import features
+        from fuzz.campaign.schedule import DiscoverySchedule
+
+        state: dict[str, Any] = {"examples": 0, "hunted": hunted, "other": Counter(), "found": None,
                                  "t0": time.monotonic()}
-        schedule = DiscoverySchedule(list(targets), budget)
+        schedule = DiscoverySchedule(list(self.targets), budget)
         start = state["t0"]
         seen = features()
         while state["found"] is None and (turn := schedule.next_turn(time.monotonic() - start)) is not None:
             t0, before = time.monotonic(), state["examples"]
-            run(turn.target, turn.examples, seed * 1_000_003 + turn.index,
-                min(t0 + 2 * turn.seconds, start + budget), state)
+            self._run(turn.target, turn.examples, seed * 1_000_003 + turn.index,
+                      min(t0 + 2 * turn.seconds, start + budget), state)
             reached = features()
             schedule.record(turn, seconds=time.monotonic() - t0, examples=state["examples"] - before,
                             novelty=len(reached - seen))
             seen = reached
         found = state["found"]
-        results.append({
+        return {
             "seed": seed, "found": found is not None,
             "seconds": None if found is None else round(found[0], 2),
             "target": None if found is None else found[1],
+            "claim": None if found is None else found[2],
             "examples": state["examples"], "fuzzed_s": round(time.monotonic() - start, 1),
             "other_failures": dict(state["other"]),
-        })
+        }
+
+
+def _trials(bug_id: str, targets: list[str], seeds: list[int], budget: float) -> dict[str, Any]:
+    from fuzz import known_bugs
+    from fuzz.model import InvariantViolation
+
+    assert not known_bugs.suppressing(), f"run with {SUPPRESS_ENV}=report"
+    searcher = _Searcher(targets)
+
+    def shows_bug(exc: BaseException) -> bool:
+        if not isinstance(exc, InvariantViolation):
+            return False
+        bug = known_bugs.match_violation(exc, searcher.version)
+        return bug is not None and bug.id == bug_id
+
+    warmup_s = searcher.warm_up()
+    results = []
+    for seed in seeds:
+        results.append(searcher.trial(seed, budget, shows_bug))
         print(json.dumps({"bug": bug_id, **results[-1]}), flush=True)
-    return {"vllm_version": version, "warmup_s": round(warmup_s, 1), "trials": results}
+    return {"vllm_version": searcher.version, "warmup_s": round(warmup_s, 1), "trials": results}
 
 
 # -- the parent ----------------------------------------------------------------------
@@ -331,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from fuzz.args import EXIT_ERROR, OneLineParser, UsageError
 
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if "--planted" in args_in or "--compare" in args_in:  # planted scheduler bugs: fuzz/plantbench.py
+        from fuzz import plantbench
+
+        return plantbench.main(args_in)
     p = OneLineParser(prog="python -m fuzz bugbench", description=__doc__.splitlines()[0])
     p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds per trial (default %(default)s)")
     p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, help="trials per bug (default %(default)s)")
@@ -338,8 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="release installs (default .cache/vllm-envs)")
     p.add_argument("--json", type=Path, default=ROOT / "fuzz-out" / "bugbench.json", help="where the JSON goes")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--planted", action="store_true", help="time the planted scheduler bugs instead (fuzz/plantbench.py)")
     try:
-        args = p.parse_args(argv)
+        args = p.parse_args(args_in)
     except UsageError as exc:
         print(f"python -m fuzz bugbench: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -98,3 +98,38 @@ def test_the_bench_finds_the_pre_fix_crash_on_0_27_1(tmp_path: Path) -> None:
     (bug,) = json.loads(out.read_text())["bugs"]
     assert bug["vllm_version"] == "0.27.1" and bug["summary"]["found"] == 1, bug
     assert "| `pre-fix-truncate-assert` | 0.27.1 | 0.28.0 |" in proc.stdout
+
+
+def test_every_planted_scheduler_bug_is_benched_with_the_claims_the_table_shows_catching_it() -> None:
+    from fuzz import plantbench
+    from fuzz.adapter import PLANTED_SCHEDULER_BUGS
+    from invariants.table import INVARIANTS
+
+    claims = plantbench.planted_claims()
+    assert set(claims) == set(PLANTED_SCHEDULER_BUGS)
+    assert claims["hash_ignores_parent"] == ("reads-written", "keys-name-one-prefix")
+    listed = {plant for row in INVARIANTS for plant in row.planted}
+    # A sibling plant the table does not list is still timed (any new failure finds it).
+    assert {p for p, c in claims.items() if not c} == set(PLANTED_SCHEDULER_BUGS) - listed
+
+
+def _planted(commit: str, **medians: tuple[int, float | None, float | None]) -> dict:
+    plants = []
+    for name, (found, median, examples) in medians.items():
+        trials = [{"found": i < found, "seconds": median if i < found else None, "target": "t", "examples": 5}
+                  for i in range(5)]
+        plants.append({"plant": name, "summary": dict(bugbench.summarize_trials(trials, 60), median_s=median),
+                       "median_examples": examples, "trials": trials})
+    return {"commit": commit, "budget_s": 60, "plants": plants}
+
+
+def test_the_planted_comparison_flags_fewer_finds_and_a_median_past_twice_and_5_s_but_not_noise() -> None:
+    from fuzz import plantbench
+
+    before = _planted("a", same=(5, 2.0, 40), slower=(5, 4.0, 80), fewer=(5, 1.0, 9), jitter=(5, 0.5, 9),
+                      gone=(5, 1.0, 9))
+    after = _planted("b", same=(5, 2.2, 41), slower=(5, 12.0, 300), fewer=(4, 1.0, 9), jitter=(5, 1.9, 30))
+    table, worse = plantbench.compare(before, after)
+    assert worse == ["slower", "fewer"]  # 0.5 s -> 1.9 s is under 5 s apart: noise at five seeds
+    assert "| `slower` | 5/5 | 5/5 | 4.0 → 12.0 | 80 → 300 | 3.00 |" in table
+    assert "gone" not in table  # timed on one side only: not compared
