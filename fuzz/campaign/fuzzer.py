@@ -41,7 +41,7 @@ from fuzz.campaign.findings import Findings, failing_choices
 from fuzz.campaign.progress import Progress
 from fuzz.campaign.novelty import features
 from fuzz.campaign.schedule import DiscoverySchedule, Turn
-from fuzz.hunting import budget_settings, property_test
+from fuzz.hunting import budget_settings, property_test, settle_heap
 from fuzz.model import HarnessError
 from fuzz.outcomes import Outcome, classify
 from fuzz.registry import get_target
@@ -235,6 +235,7 @@ def run_slot(config: CampaignConfig, slot: int, targets: list[str], *, database:
 
     schedule = DiscoverySchedule(list(targets), config.budget)
     seen = features()  # what start-up reached is nobody's discovery
+    settled = False
     while (turn := schedule.next_turn(time.monotonic() - start)) is not None:
         check_database(database)
         f = fuzzer(turn.target)
@@ -250,6 +251,9 @@ def run_slot(config: CampaignConfig, slot: int, targets: list[str], *, database:
         novelty = len(reached - seen)
         seen = reached
         schedule.record(turn, seconds=seconds, examples=examples, novelty=novelty, generated=not replay)
+        if not settled and all(schedule.turns[t] for t in targets):
+            settle_heap()  # every target has built its first configurations: start-up is over
+            settled = True
         progress.totals.turns.setdefault(progress.worker, []).append(turn.target)
         progress.totals.slices.setdefault(progress.worker, []).append(
             [turn.target, turn.why, round(seconds, 3), examples, novelty])
