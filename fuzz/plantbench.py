@@ -179,8 +179,8 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, list[st
     other's and over 5 s apart (seconds move with the host's load; a single
     doubling under a few seconds is noise at five seeds)."""
     by_plant = {p["plant"]: p for p in before["plants"] if p["summary"]}
-    rows = [f"| planted bug | found, {before['commit']} | found, {after['commit']} | median s | "
-            "median examples | after/before (median s) |", "|---|---:|---:|---|---|---:|"]
+    rows = [(f"| planted bug | found, {before['commit']} | found, {after['commit']} | median s | "
+             "median examples | after/before (median s) |"), "|---|---:|---:|---|---|---:|"]
     worse = []
     for p in after["plants"]:
         b = by_plant.get(p["plant"])

@@ -263,7 +263,7 @@ def _child_target(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     adapter.init_hashing()
     import_s = time.perf_counter() - t0
-    from fuzz.hunting import hunt
+    from fuzz.hunting import hunt, settle_heap
     from fuzz.registry import get_target
 
     target = get_target(name)
@@ -272,6 +272,7 @@ def _child_target(name: str, args: argparse.Namespace) -> dict[str, Any]:
     hunt(check, strategy, machine=machine, max_examples=1, seed=0)
     first_s = time.perf_counter() - t1
     warmup = _raw_run(target, args.examples, seed=999)
+    settle_heap()  # as the campaign does once its first round is over
     raw, campaign, same = [], [], []
     for r in range(args.repeats):
         raw.append(_raw_run(target, args.examples, seed=1000 + r))
@@ -304,12 +305,14 @@ def _child_ownership_cost(name: str, args: argparse.Namespace) -> dict[str, Any]
     per-step time of its observation and checks."""
     from fuzz import adapter
     from fuzz.adapter._ownership import OwnershipSpy
+    from fuzz.hunting import settle_heap
     from fuzz.registry import get_target
     from invariants import ownership
 
     adapter.init_hashing()
     target = get_target(name)
     _raw_run(target, max(args.examples // 4, 20), seed=999)  # warm-up
+    settle_heap()
     on, off = [], []
     for r in range(args.repeats):
         on.append(_raw_run(target, args.examples, seed=1000 + r)[0])

@@ -203,11 +203,13 @@ def child_model_cost(name: str, examples: int, repeats: int, raw_run: Callable[.
     """``repeats`` plain runs of ``name`` (examples/s, steps) alternated with
     as many timed ones on the same seeds (``raw_run``: fuzz.bench's)."""
     from fuzz import adapter
+    from fuzz.hunting import settle_heap
     from fuzz.registry import get_target
 
     adapter.init_hashing()
     target = get_target(name)
     raw_run(target, max(examples // 4, 5), seed=999)  # warm-up
+    settle_heap()  # as the campaign does once its first round is over
     plain, timed = [], []
     for r in range(repeats):
         plain.append(list(raw_run(target, examples, seed=1000 + r)))
