@@ -271,7 +271,8 @@ def _longest_request(layout: LayoutDraw, free_blocks: int, lookahead: int) -> in
 
 
 @st.composite
-def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw]) -> SchedulerDraw:
+def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw],
+                     connector_optional: bool = False) -> SchedulerDraw:
     config = draw(configs, label="config")
     layout = config.layout
     # Room for about one long request, plus some: requests from the machine
@@ -311,8 +312,16 @@ def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw])
     # (--kv-events-config; the harness replays them as a router would), the
     # engine's metrics (log_stats, as `vllm serve` runs; SchedulerDraw.metrics),
     # and finished-id sets (a data-parallel engine core).
-    options = draw(st.integers(0, 7), label="kv events | engine metrics | finished-id sets")
+    # In the same draw, for the general machine (its high three bits all
+    # set: about one configuration in eight), an engine without a KV
+    # connector, vLLM's default: the scheduler's connector-less paths (no
+    # lookup, no metadata, no hand-off), with no connector role or
+    # connector answers left to draw.
+    options = draw(st.integers(0, 63 if connector_optional else 7),
+                   label="kv events | engine metrics | finished-id sets | no connector")
     kv_events, metrics, finished_sets = bool(options & 1), bool(options & 2), bool(options & 4)
+    if options >> 3 == 7:
+        config = dataclasses.replace(config, connector=False, kv_role="kv_both", divergent_hits=False)
     return dataclasses.replace(
         config,
         layout=dataclasses.replace(layout, num_blocks=num_blocks, max_model_len=limit),
@@ -335,14 +344,15 @@ def machine_configs(
     family, the core case first) with a pool sized from one ~6-block
     request up to three times that, in three configurations in eight a
     prefill cadence (``prefill_schedule_interval`` 2-4), in one in four a
-    context (``max_model_len``) of 2-8 scheduler blocks, and in half each KV
-    events, the engine's metrics and finished-id sets on. Shrinks towards the
-    smallest pool, no cadence, a roomy context, no events and no metrics."""
+    context (``max_model_len``) of 2-8 scheduler blocks, in half each KV
+    events, the engine's metrics and finished-id sets on, and in about one in
+    eight no KV connector. Shrinks towards the smallest pool, no cadence, a
+    roomy context, no events, no metrics and a connector."""
     if configs is None:
         configs = scheduler_draws(
             layouts=scheduler_layouts(weights=_LAYOUT_WEIGHTS), asynchronous=True, producers=True, speculative=True
         )
-    return _machine_configs(configs)
+    return _machine_configs(configs, connector_optional=True)
 
 
 @functools.cache
