@@ -306,6 +306,23 @@ def prefix_cache_map(block_pool: Any) -> Any | None:
     return inner if isinstance(inner, dict) else None
 
 
+def hash_lookahead(scheduler: Any) -> int:
+    """Tokens after each block its hash covers on ``scheduler``'s engine
+    (``VllmConfig.num_hash_lookahead_tokens``: an EAGLE drafter without a KV
+    connector, from 0.33.0); 0 where a release hashes blocks alone."""
+    return int(getattr(scheduler, "num_hash_lookahead_tokens", 0) or 0)
+
+
+def request_block_hasher(hash_block_size: int, lookahead: int = 0) -> Any:
+    """A request's block hasher as ``EngineCore`` builds it for the engine's
+    hash block size and hash lookahead (the suite's hash function)."""
+    from fuzz.adapter._env import sha256
+
+    if lookahead:
+        return _kcu.get_request_block_hasher(hash_block_size, sha256, lookahead)
+    return _kcu.get_request_block_hasher(hash_block_size, sha256)
+
+
 def group_of_key(key: Any) -> int:
     """The KV-cache group a prefix-cache key belongs to."""
     return int(_get_group_id(key))

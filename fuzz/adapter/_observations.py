@@ -18,14 +18,12 @@ from typing import Any
 
 from fuzz.adapter import _compat
 from fuzz.adapter._connector import ConnectorScript
-from fuzz.adapter._env import sha256
 from fuzz.adapter._events import EventLog, IndexTally
 from fuzz.adapter._event_payloads import PayloadJudge, PayloadLog
 from fuzz.adapter._observe import Spies
 from fuzz.adapter._reports import computed_before, newly_scheduled
 
 from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
 from fuzz.model import (  # noqa: E402
@@ -209,7 +207,7 @@ class Observer:
             prompt_token_ids=list(tokens),
             sampling_params=SamplingParams(max_tokens=1),
             pooling_params=None,
-            block_hasher=get_request_block_hasher(self.hash_block_size, sha256),
+            block_hasher=_compat.request_block_hasher(self.hash_block_size, _compat.hash_lookahead(self.scheduler)),
         )
         coord = self.manager.coordinator
         limit = req.num_tokens - 1
@@ -367,6 +365,7 @@ class Observer:
                 self.quiet_steps,
                 r.request_id in recomputed,
                 self.encoder is not None and self.encoder.holds_past(r.request_id, r.num_computed_tokens),
+                self.encoder is not None and self.encoder.needs_uncached(r.request_id, r.num_computed_tokens),
             )
             for r in self.scheduler.running
         )

@@ -18,10 +18,8 @@ from typing import Any
 from fuzz.adapter import _compat, _connector
 from fuzz.adapter._build import build_scheduler
 from fuzz.adapter._config import _MODEL_CONFIGS
-from fuzz.adapter._env import sha256
 
 from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
 from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
@@ -99,13 +97,17 @@ def model_runner_output(fed: FedOutput) -> Any:
     )
 
 
-def request_of(op: AddRequest, hash_block_size: int) -> Request:
+def request_of(op: AddRequest, hash_block_size: int, lookahead: int = 0) -> Request:
     """The vLLM ``Request`` that ``op`` adds (the harness's and a replay's):
     ``SamplingParams.skip_reading_prefix_cache`` only when set (None is
     vLLM's default), its cache salt, LoRA adapter and multimodal items
     (the caller grants the scheduler an encoder budget first:
     :func:`grant_budget_for`); a request sending
-    prompt embeddings has no token ids and no skip."""
+    prompt embeddings has no token ids and no skip. ``lookahead``: the
+    tokens after each block its hash covers, as ``EngineCore`` builds the
+    hasher (``VllmConfig.num_hash_lookahead_tokens``: an EAGLE drafter
+    without a KV connector); 0, the legacy hashes."""
+    hasher = _compat.request_block_hasher(hash_block_size, lookahead)
     return Request(
         request_id=op.request_id,
         prompt_token_ids=list(op.token_ids),
@@ -115,7 +117,7 @@ def request_of(op: AddRequest, hash_block_size: int) -> Request:
             **({"skip_reading_prefix_cache": True} if op.skip_reading_prefix_cache else {}),
         ),
         pooling_params=None,
-        block_hasher=get_request_block_hasher(hash_block_size, sha256),
+        block_hasher=hasher,
         **({"cache_salt": op.cache_salt} if op.cache_salt else {}),
         **_compat.request_lora_kw(op.lora),
         **_compat.request_mm_kw(op.mm),
@@ -125,7 +127,7 @@ def request_of(op: AddRequest, hash_block_size: int) -> Request:
         prompt_embeds=_compat.prompt_embeds(op.embeds, len(op.token_ids)),
         sampling_params=SamplingParams(max_tokens=op.max_tokens, ignore_eos=op.ignore_eos),
         pooling_params=None,
-        block_hasher=get_request_block_hasher(hash_block_size, sha256),
+        block_hasher=hasher,
         **({"cache_salt": op.cache_salt} if op.cache_salt else {}),
         **_compat.request_lora_kw(op.lora),
     )
@@ -162,7 +164,7 @@ class _Replay(OpVisitor[bool]):
         if op.reply is not None:
             self.script.replies[op.request_id] = op.reply
         grant_budget_for(self.sched, op)
-        self.sched.add_request(request_of(op, self.built.hash_block_size))
+        self.sched.add_request(request_of(op, self.built.hash_block_size, _compat.hash_lookahead(self.sched)))
         return True
 
     def on_abort(self, op: Abort) -> bool:

@@ -216,7 +216,7 @@ class SchedulerHarness:
         op = AddRequest(rid, tuple(tokens), max_tokens, reply, self.step_index, skip_reading_prefix_cache=skip,
                         cache_salt=cache_salt or None, lora=lora, embeds=embeds, mm=tuple(mm))
         _oplog.grant_budget_for(self.scheduler, op)
-        req = _oplog.request_of(op, self.hash_block_size)
+        req = _oplog.request_of(op, self.hash_block_size, _compat.hash_lookahead(self.scheduler))
         if reply is not None:
             self.script.replies[rid] = reply
         self._requests[rid] = req

@@ -190,3 +190,28 @@ def test_the_extra_keys_a_block_must_carry() -> None:
     assert expected_extra_keys(add, 4, 8) == ("adapter-b", ("image-a", -2))
     assert expected_extra_keys(add, 8, 12) == ("adapter-b",)
     assert expected_extra_keys(AddRequest("r2", (0,) * 8, 2, None, 0), 4, 8) is None
+
+
+def test_requests_hash_as_the_engine_does_when_an_eagle_hash_looks_ahead() -> None:
+    """An EAGLE drafter without a KV connector: each block's hash also covers
+    the token after it (``VllmConfig.num_hash_lookahead_tokens``), as
+    ``EngineCore`` builds every request's hasher. The harness's requests
+    must hash the same way: built with the legacy hasher, a request whose
+    image starts right after its first block got the first block's key of a
+    request without it there, while the pool announced that key with the
+    image's extra key (an events-carry-namespace failure of the harness's
+    own making, met by the model-cost bench's machine hunt)."""
+    layout = LayoutDraw((SpecDraw("FullAttentionSpec", 4),), hash_block_size=4, num_blocks=24)
+    harness = harness_of(layout, batch=32, seqs=1, kv_events=True, connector=False, divergent_hits=False,
+                         speculative_method="eagle", num_speculative_tokens=1, draft_acceptance=(0,))
+    assert harness.scheduler.num_hash_lookahead_tokens == 1  # vLLM 0.33.0's engine hashes so
+    tokens = tuple(range(100, 116))
+    harness.add_request(tokens, max_tokens=2, request_id="r0", mm=(("image-a", 8, 4),))
+    first = harness.scheduler.requests["r0"].block_hashes[0]
+    steps = harness.drain()
+    harness.add_request(tokens, max_tokens=2, request_id="r1", mm=(("image-a", 4, 4),))
+    # The first block's hash covers token 4, where r1's image starts: not r0's key.
+    assert harness.scheduler.requests["r1"].block_hashes[0] != first
+    steps += harness.drain()
+    for step in steps:
+        check_events_carry_namespace(step)
