@@ -47,8 +47,8 @@ from fuzz.model._classification import CLASSIFIED
 from invariants.handoff import HANDS_UNHELD_KV
 from invariants.promises import EVENTS_ORPHANED_PARTIAL
 from invariants.stranded import (
-    STRANDED_BEHIND_PLACEHOLDERS_AFTER_FAILED_LOAD, STRANDED_ENCODER_AFTER_FAILED_LOAD,
-    STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD,
+    STRANDED_BEHIND_ENCODER_AFTER_FAILED_LOAD, STRANDED_BEHIND_PLACEHOLDERS_AFTER_FAILED_LOAD,
+    STRANDED_ENCODER_AFTER_FAILED_LOAD, STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD,
 )
 from invariants.fate import UNBLOCKED_AFTER_FAILED_ASYNC_LOAD
 from invariants.contents import UNWRITTEN_READ_AFTER_ROLLBACK as _READ_AFTER_ROLLBACK
@@ -1046,6 +1046,10 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         signatures=(
             Signature("running-request-progresses", where="Scheduler._update_requests_with_invalid_blocks",
                       group_kind=NO_GROUP, state=STRANDED_ENCODER_AFTER_FAILED_LOAD),
+            # ... and a request whose next image needs the room that output
+            # holds (the same step; it waits for the encoder and nothing else).
+            Signature("running-request-progresses", where="Scheduler._update_requests_with_invalid_blocks",
+                      group_kind=NO_GROUP, state=STRANDED_BEHIND_ENCODER_AFTER_FAILED_LOAD),
         ),
         reach=ENGINE_IN_PRINCIPLE,
         sibling="max_tokens_skip_unguarded",

@@ -10,6 +10,7 @@ from fuzz.model import StrandedRequest
 
 __all__ = [
     "STRANDED",
+    "STRANDED_BEHIND_ENCODER_AFTER_FAILED_LOAD",
     "STRANDED_BEHIND_PLACEHOLDERS",
     "STRANDED_BEHIND_PLACEHOLDERS_AFTER_FAILED_LOAD",
     "STRANDED_ENCODER_AFTER_FAILED_LOAD",
@@ -30,6 +31,12 @@ STRANDED_ENCODER_AFTER_FAILED_LOAD = "an encoder output past a failed-load rollb
 # encoder output), as a 600 s campaign met on unmodified vLLM.
 STRANDED_BEHIND_PLACEHOLDERS_AFTER_FAILED_LOAD = "behind a request's output placeholders after a failed-load recompute"
 STRANDED_BEHIND_PLACEHOLDERS = "behind a request's output placeholders"
+# Nothing of its own but an image whose encoder output it waits for, in a
+# step where a request rolled back by a failed load holds a later image's
+# output: the cache's room is held by a request that never runs again
+# (met by the model-cost bench's machine hunt on unmodified vLLM 0.33.0:
+# a cache of 9 embeddings held whole by the stuck request's later image).
+STRANDED_BEHIND_ENCODER_AFTER_FAILED_LOAD = "waiting for room an encoder output past a failed-load rollback holds"
 
 _BEHIND = {
     STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD: STRANDED_BEHIND_PLACEHOLDERS_AFTER_FAILED_LOAD,
@@ -41,6 +48,7 @@ _PLACEHOLDERS = "AsyncScheduler._update_after_schedule"
 _WHERE = {
     **{s: _PLACEHOLDERS for pair in _BEHIND.items() for s in pair},
     STRANDED_ENCODER_AFTER_FAILED_LOAD: "Scheduler._update_requests_with_invalid_blocks",
+    STRANDED_BEHIND_ENCODER_AFTER_FAILED_LOAD: "Scheduler._update_requests_with_invalid_blocks",
 }
 
 
@@ -54,10 +62,21 @@ def _own_state(r: StrandedRequest) -> str:
 
 def stranded_states(stranded: Sequence[StrandedRequest]) -> list[str]:
     """Each stranded request's state, in order: its own, or, with nothing of
-    its own, behind the first request of the step holding placeholders."""
+    its own, behind the first request of the step holding placeholders, or
+    else, waiting for an encoder output, behind a request that holds the
+    encoder cache past a failed-load rollback."""
     states = [_own_state(r) for r in stranded]
     head = next((s for s in states if s in _BEHIND), None)
-    return [_BEHIND[head] if s == STRANDED and head is not None else s for s in states]
+    encoder_held = STRANDED_ENCODER_AFTER_FAILED_LOAD in states
+
+    def behind(r: StrandedRequest, s: str) -> str:
+        if s != STRANDED:
+            return s
+        if head is not None:
+            return _BEHIND[head]
+        return STRANDED_BEHIND_ENCODER_AFTER_FAILED_LOAD if encoder_held and r.needs_encoder_output else s
+
+    return [behind(r, s) for r, s in zip(stranded, states)]
 
 
 def stranded_where(state: str, default: str) -> str:

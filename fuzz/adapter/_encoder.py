@@ -44,6 +44,13 @@ class EncoderWatch:
         pending.sort()
         return pending[0][1] not in self.held and any(i in self.held for o, i in pending[1:] if o >= computed)
 
+    def needs_uncached(self, request_id: str, computed: int) -> bool:
+        """Whether the first item of ``request_id`` not yet wholly computed
+        past ``computed`` has no output in the cache (the request cannot go
+        on before the encoder runs it, and that needs room)."""
+        pending = sorted((o, i) for i, o, n in self.items.get(request_id, ()) if o + n > computed)
+        return bool(pending) and pending[0][1] not in self.held
+
     def step(self, out: Any, step: int) -> tuple[MissingEncoderOutput, ...]:
         """The worker runs ``out`` (scheduled at ``step``): each item output
         a scheduled request's positions need that the cache lacks."""

@@ -394,6 +394,9 @@ class StrandedRequest:
     # The worker's encoder cache holds the output of one of its items that
     # lies past where it resumes, but not that of the item it reaches next.
     holds_later_encoder_output: bool = False
+    # The next item it reaches has no output in the worker's encoder cache:
+    # it waits for the encoder, and so for room in the cache.
+    needs_encoder_output: bool = False
 
     def describe(self) -> str:
         return (
@@ -404,6 +407,8 @@ class StrandedRequest:
             + (", rolled back by a failed synchronous load (recompute)" if self.recomputed_failed_load else "")
             + (", the worker's encoder cache holding a later image's output and not the next one's"
                if self.holds_later_encoder_output else "")
+            + (", waiting for its next image's encoder output"
+               if self.needs_encoder_output and not self.holds_later_encoder_output else "")
         )
 
 

@@ -23,7 +23,9 @@ from invariants.scheduler import (
 )
 from invariants.stranded import (
     STRANDED,
+    STRANDED_BEHIND_ENCODER_AFTER_FAILED_LOAD,
     STRANDED_BEHIND_PLACEHOLDERS_AFTER_FAILED_LOAD,
+    STRANDED_ENCODER_AFTER_FAILED_LOAD,
     STRANDED_PLACEHOLDERS_AFTER_FAILED_LOAD,
 )
 from tests.known_bugs.runs import FULL_PROMPT_ASYNC_LOAD, reset_running, rolled_back_over_a_step_in_flight
@@ -74,9 +76,10 @@ def _step(**fields: object) -> StepObservation:
     )
 
 
-def _stranded(rid: str, *, placeholders: int = 0, failed_load: bool = False, encoder: bool = False) -> StrandedRequest:
+def _stranded(rid: str, *, placeholders: int = 0, failed_load: bool = False, encoder: bool = False,
+              needs_encoder: bool = False) -> StrandedRequest:
     return StrandedRequest(rid, 8, 9, 8, 1, placeholders, 5, recomputed_failed_load=failed_load,
-                           holds_later_encoder_output=encoder)
+                           holds_later_encoder_output=encoder, needs_encoder_output=needs_encoder or encoder)
 
 
 def test_each_stranded_request_is_its_own_instance() -> None:
@@ -95,6 +98,26 @@ def test_each_stranded_request_is_its_own_instance() -> None:
     unknown, known = triage(step, (check_running_requests_progress,))
     assert known == ["encoder-output-held-past-failed-load-rollback"], known
     assert [[i.state for i in u.instances] for u in unknown] == [[STRANDED]], unknown
+
+
+def test_a_request_waiting_for_the_encoder_room_a_stuck_rollback_holds_is_that_bug_and_no_other() -> None:
+    """The encoder cache held whole by a request the failed-load rollback
+    stranded (the model-cost bench's machine hunt on unmodified vLLM 0.33.0:
+    a cache of 9 embeddings, the stuck request's later image in it, another
+    request's next image of 9 never given room): a request whose next image
+    has no output yet waits behind it and is set aside with it. A request
+    stranded for another reason in the same step, and one waiting for the
+    encoder in a step with no such holder, are still reported."""
+    step = _step(stranded=(_stranded("r2", failed_load=True, encoder=True), _stranded("r6", needs_encoder=True)))
+    (v,) = check_running_requests_progress.violations(step)
+    assert [i.state for i in v.instances] == [STRANDED_ENCODER_AFTER_FAILED_LOAD, STRANDED_BEHIND_ENCODER_AFTER_FAILED_LOAD]
+    assert triage(step, (check_running_requests_progress,)) == ([], ["encoder-output-held-past-failed-load-rollback"])
+    step = _step(stranded=(_stranded("r2", failed_load=True, encoder=True), _stranded("r6")))
+    unknown, known = triage(step, (check_running_requests_progress,))
+    assert known == ["encoder-output-held-past-failed-load-rollback"] and [
+        [i.state for i in u.instances] for u in unknown] == [[STRANDED]], (known, unknown)
+    unknown, known = triage(_step(stranded=(_stranded("r6", needs_encoder=True),)), (check_running_requests_progress,))
+    assert known == [] and [[i.state for i in u.instances] for u in unknown] == [[STRANDED]], unknown
 
 
 def test_kv_from_other_tokens_is_judged_per_request() -> None:
