@@ -361,21 +361,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from fuzz.args import EXIT_ERROR, OneLineParser, UsageError
 
-    args_in = list(sys.argv[1:] if argv is None else argv)
-    if "--planted" in args_in or "--compare" in args_in:  # planted scheduler bugs: fuzz/plantbench.py
-        from fuzz import plantbench
-
-        return plantbench.main(args_in)
-    p = OneLineParser(prog="python -m fuzz bugbench", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m fuzz bugbench", description=__doc__.splitlines()[0],
+                      epilog="--planted: the planted scheduler bugs instead (fuzz/plantbench.py)")
     p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds per trial (default %(default)s)")
     p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, help="trials per bug (default %(default)s)")
     p.add_argument("--bug", action="append", default=[], help="only this bug id (repeatable)")
     p.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="release installs (default .cache/vllm-envs)")
     p.add_argument("--json", type=Path, default=ROOT / "fuzz-out" / "bugbench.json", help="where the JSON goes")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--planted", action="store_true", help="time the planted scheduler bugs instead (fuzz/plantbench.py)")
     try:
-        args = p.parse_args(args_in)
+        args = p.parse_args(argv)
     except UsageError as exc:
         print(f"python -m fuzz bugbench: {exc}", file=sys.stderr)
         return EXIT_ERROR

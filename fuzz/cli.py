@@ -128,7 +128,7 @@ def _build_parser() -> argparse.ArgumentParser:
     merge.add_argument("campaigns", nargs="+", help="campaign.json files (or the report dirs holding them)")
     merge.add_argument("--report-dir", default=str(ROOT / "fuzz-out" / "report"), help="where the merged report goes")
     merge.add_argument("--repro-dir", default=str(ROOT / "fuzz-out" / "repros"), help="where the shards' repros were gathered")
-    sub.add_parser("bugbench", help="time to find each known vLLM bug over repeated trials (fuzz/bugbench.py)",
+    sub.add_parser("bugbench", help="time to find each known (--planted: each planted) vLLM bug over repeated trials",
                    add_help=False)
     matrix = sub.add_parser("matrix", help="run the targets on every supported vLLM release",
                             description="Run the targets on every supported vLLM release (see fuzz/matrix/).")
@@ -486,7 +486,11 @@ _COMMANDS = {"list": lambda args: _cmd_list(), "replay": _cmd_replay, "merge": _
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv) or ["run"]
-    if argv[0] == "bugbench":  # its own options: fuzz/bugbench.py
+    if argv[0] == "bugbench":  # its own options: fuzz/bugbench.py (planted bugs: fuzz/plantbench.py)
+        if "--planted" in argv or "--compare" in argv:
+            from fuzz import plantbench
+
+            return plantbench.main(argv[1:])
         from fuzz import bugbench
 
         return bugbench.main(argv[1:])

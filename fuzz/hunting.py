@@ -153,21 +153,12 @@ def hunt(
     return HuntResult(None, time.perf_counter() - start, count)
 
 
-# Young-generation threshold once start-up is settled: an example allocates
-# thousands of short-lived objects (requests, block lists, records), and at
-# Python's default of 700 a machine example ran about ten young collections.
-YOUNG_GC_THRESHOLD = 20_000
-
-
 def settle_heap() -> None:
     """Once a fuzzing process has imported vLLM and built its first
     configurations: move the ~650,000 objects start-up left into the
-    permanent generation (:func:`gc.freeze`), so no later collection walks
-    them again, and collect the young generation less often. Campaign slices
-    and bench trials then spend about half the time they spent in the
-    collector (12-13% of a machine example's wall time before, 5-6% after:
-    docs/campaign-profile.md). A second call freezes what the first left."""
+    permanent generation (:func:`gc.freeze`), so that no full collection
+    walks them again (each took about 0.4 s, one every few seconds of
+    machine examples: scripts/gc_settle.py, docs/campaign-profile.md). A
+    second call freezes what the first left."""
     gc.collect()
     gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(YOUNG_GC_THRESHOLD, older, oldest)

@@ -213,17 +213,14 @@ def test_new_behaviour_counts_labels_and_pairs_of_one_example() -> None:
     assert features() - alone == {f"pair: {a} & {b}"}
 
 
-def test_settling_the_heap_freezes_start_up_and_collects_the_young_generation_less_often() -> None:
+def test_settling_the_heap_freezes_what_start_up_left() -> None:
     import gc
 
-    from fuzz.hunting import YOUNG_GC_THRESHOLD, settle_heap
+    from fuzz.hunting import settle_heap
 
-    saved = gc.get_threshold()
     try:
         start_up = [object() for _ in range(10)]  # noqa: F841 - live objects start-up leaves
         settle_heap()
         assert gc.get_freeze_count() > 0
-        assert gc.get_threshold() == (YOUNG_GC_THRESHOLD, *saved[1:])
     finally:
         gc.unfreeze()
-        gc.set_threshold(*saved)
