@@ -59,7 +59,7 @@ from typing import Any
 
 from fuzz.known_bugs import KNOWN_BUGS, SUPPRESS_ENV, KnownBug, _release
 
-__all__ = ["BenchBug", "bench_bugs", "main", "summarize_trials"]
+__all__ = ["BenchBug", "bench_bugs", "main", "parse_or_exit_code", "summarize_trials"]
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BUDGET_S = 120.0
@@ -356,10 +356,24 @@ def run_bench(bugs: list[BenchBug], *, budget: float, seeds: int, timeout_slack:
     return report
 
 
+def parse_or_exit_code(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | int:
+    """``parser``'s arguments, or the exit code when they end the command (a
+    usage error, one line on stderr: 2; ``--help``: 0)."""
+    from fuzz.args import EXIT_ERROR, UsageError
+
+    try:
+        return parser.parse_args(argv)
+    except UsageError as exc:
+        print(f"python -m fuzz bugbench: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except SystemExit as exc:  # --help
+        return 0 if exc.code in (0, None) else EXIT_ERROR
+
+
 def main(argv: list[str] | None = None) -> int:
     from fuzz.matrix.envs import DEFAULT_ROOT
 
-    from fuzz.args import EXIT_ERROR, OneLineParser, UsageError
+    from fuzz.args import OneLineParser
 
     p = OneLineParser(prog="python -m fuzz bugbench", description=__doc__.splitlines()[0],
                       epilog="--planted: the planted scheduler bugs instead (fuzz/plantbench.py)")
@@ -369,13 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="release installs (default .cache/vllm-envs)")
     p.add_argument("--json", type=Path, default=ROOT / "fuzz-out" / "bugbench.json", help="where the JSON goes")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    try:
-        args = p.parse_args(argv)
-    except UsageError as exc:
-        print(f"python -m fuzz bugbench: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except SystemExit as exc:  # --help
-        return 0 if exc.code in (0, None) else EXIT_ERROR
+    args = parse_or_exit_code(p, argv)
+    if isinstance(args, int):
+        return args
     if args.child is not None:
         job = json.loads(args.child)
         result = _trials(job["bug"], job["targets"], job["seeds"], job["budget"])

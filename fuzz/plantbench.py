@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fuzz.bugbench import ROOT, _commit, _Searcher, machine, summarize_trials
+from fuzz.bugbench import ROOT, _commit, _Searcher, machine, parse_or_exit_code, summarize_trials
 
 __all__ = ["compare", "planted_claims", "run_planted"]
 
@@ -201,7 +201,7 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, list[st
 def main(argv: list[str]) -> int:
     """``--planted [--plant NAME ...] [--seeds N] [--budget S] [--json PATH]``
     or ``--compare BEFORE AFTER`` (called by :func:`fuzz.bugbench.main`)."""
-    from fuzz.args import EXIT_ERROR, OneLineParser, UsageError
+    from fuzz.args import EXIT_ERROR, OneLineParser
 
     p = OneLineParser(prog="python -m fuzz bugbench --planted", description=__doc__.splitlines()[0])
     p.add_argument("--planted", action="store_true")
@@ -211,13 +211,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", type=Path, default=ROOT / "fuzz-out" / "plantbench.json", help="where the JSON goes")
     p.add_argument("--compare", nargs=2, type=Path, default=None, metavar=("BEFORE", "AFTER"),
                    help="two planted benches' JSON side by side (runs nothing)")
-    try:
-        args = p.parse_args(argv)
-    except UsageError as exc:
-        print(f"python -m fuzz bugbench: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except SystemExit as exc:  # --help
-        return 0 if exc.code in (0, None) else EXIT_ERROR
+    args = parse_or_exit_code(p, argv)
+    if isinstance(args, int):
+        return args
     if args.compare:
         before, after = (json.loads(path.read_text()) for path in args.compare)
         table, worse = compare(before, after)
