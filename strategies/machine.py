@@ -345,13 +345,15 @@ def machine_configs(
     request up to three times that, in three configurations in eight a
     prefill cadence (``prefill_schedule_interval`` 2-4), in one in four a
     context (``max_model_len``) of 2-8 scheduler blocks, in half each KV
-    events, the engine's metrics and finished-id sets on, and in about one in
-    eight no KV connector. Shrinks towards the smallest pool, no cadence, a
-    roomy context, no events, no metrics and a connector."""
-    if configs is None:
-        configs = scheduler_draws(
-            layouts=scheduler_layouts(weights=_LAYOUT_WEIGHTS), asynchronous=True, producers=True, speculative=True
-        )
+    events, the engine's metrics and finished-id sets on, and (the default
+    configurations only) in about one in eight no KV connector. Shrinks
+    towards the smallest pool, no cadence, a roomy context, no events, no
+    metrics and a connector."""
+    if configs is not None:  # a caller's own configurations keep their connector (and their draws)
+        return _machine_configs(configs)
+    configs = scheduler_draws(
+        layouts=scheduler_layouts(weights=_LAYOUT_WEIGHTS), asynchronous=True, producers=True, speculative=True
+    )
     return _machine_configs(configs, connector_optional=True)
 
 
