@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fuzz.bugbench import ROOT, _commit, _Searcher, machine, parse_or_exit_code, summarize_trials
+from fuzz.bugbench import ROOT, _commit, _Searcher, _seconds, machine, parse_or_exit_code, summarize_trials
 
 __all__ = ["compare", "planted_claims", "run_planted"]
 
@@ -160,13 +160,9 @@ def format_planted(report: dict[str, Any]) -> str:
             rows.append(f"| `{p['plant']}` | not run | | | | {report['errors'].get(p['plant'], '')[:80]} |")
             continue
         claims = sorted({t["claim"].split(" (")[0] for t in p["trials"] if t["found"]})
-        rows.append(f"| `{p['plant']}` | {s['found']}/{s['trials']} | {_s(s['median_s'], budget)} | "
-                    f"{_s(s['worst_s'], budget)} | {_n(p['median_examples'])} | {', '.join(claims) or '-'} |")
+        rows.append(f"| `{p['plant']}` | {s['found']}/{s['trials']} | {_seconds(s['median_s'], budget)} | "
+                    f"{_seconds(s['worst_s'], budget)} | {_n(p['median_examples'])} | {', '.join(claims) or '-'} |")
     return "\n".join(rows)
-
-
-def _s(value: float | None, budget: float) -> str:
-    return f"> {budget:.0f}" if value is None else f"{value:.1f}"
 
 
 def _n(value: float | None) -> str:
@@ -193,7 +189,7 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, list[st
         if sa["found"] < sb["found"] or (ma > 2 * mb and ma - mb > 5):
             worse.append(p["plant"])
         rows.append(f"| `{p['plant']}` | {sb['found']}/{sb['trials']} | {sa['found']}/{sa['trials']} | "
-                    f"{_s(sb['median_s'], before['budget_s'])} → {_s(sa['median_s'], after['budget_s'])} | "
+                    f"{_seconds(sb['median_s'], before['budget_s'])} → {_seconds(sa['median_s'], after['budget_s'])} | "
                     f"{_n(b['median_examples'])} → {_n(p['median_examples'])} | {ratio} |")
     return "\n".join(rows), worse
 

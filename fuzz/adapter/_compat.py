@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from fuzz.adapter._env import VLLM_VERSION
+from fuzz.adapter._env import VLLM_VERSION, sha256
 
 import vllm.config.vllm as _vllm_config_mod  # noqa: E402
 from vllm.v1.core import kv_cache_coordinator as _coordinators  # noqa: E402
@@ -316,8 +316,6 @@ def hash_lookahead(scheduler: Any) -> int:
 def request_block_hasher(hash_block_size: int, lookahead: int = 0) -> Any:
     """A request's block hasher as ``EngineCore`` builds it for the engine's
     hash block size and hash lookahead (the suite's hash function)."""
-    from fuzz.adapter._env import sha256
-
     if lookahead:
         return _kcu.get_request_block_hasher(hash_block_size, sha256, lookahead)
     return _kcu.get_request_block_hasher(hash_block_size, sha256)

@@ -138,7 +138,7 @@ class Observer:
         if self._payload_judge is None:
             self._payload_judge = PayloadJudge(
                 [g.block_size for g in self.groups], [rule[0] != "full" for rule in read_rules], self.hash_block_size,
-                getattr(self.manager.block_pool, "num_hash_lookahead_tokens", 0) or 0, _compat.external_hash)
+                _compat.hash_lookahead(self.scheduler), _compat.external_hash)
         return self._payload_judge.payloads(self.events.take_stored(), keys, ops)
 
     def event_orphans(self, read_rules: tuple[tuple[str, int], ...], keys: Any = None) -> tuple[EventOrphan, ...]:

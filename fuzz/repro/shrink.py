@@ -69,17 +69,14 @@ def first_violation(log: OpLog, checks: tuple[Callable[..., None], ...] | None =
 
 def _play(harness: adapter.SchedulerHarness, log: OpLog,
           checks: tuple[Callable[..., None], ...] | None) -> InvariantViolation | None:
-    from fuzz.runners.scheduler import ALL_CHECKS, Stepper
+    from fuzz.runners.scheduler import ALL_CHECKS, Stepper, checks_for
     from invariants.scheduler import check_no_leaked_blocks
     from invariants.table import INVARIANTS
 
     if checks is None:
         unstated = {row.check for row in INVARIANTS if row.tier == "scheduler" and not row.repro}
         checks = tuple(c for c in ALL_CHECKS if c not in unstated)
-    if not log.config.draw.connector:  # the connector's claims judge its records: with none, there are none
-        checks = tuple(c for c in checks if c.__module__ != "invariants.connector")
-
-    run = Stepper(harness, checks)
+    run = Stepper(harness, checks_for(log.config.draw, checks))
     # The steps whose own schedule() admitted the synchronous loads a fed
     # output reports invalid (with async scheduling, fed one step late).
     sync_failing = {op.fed_step or op.index for op in log.steps if op.fed and op.fed.invalid_block_ids}

@@ -44,7 +44,7 @@ from fuzz.adapter import missing_capabilities
 from fuzz.registry import SCHEDULER_TIER
 from fuzz.targets._machine_images import ImageRules
 from fuzz.model import ExternalReply, SchedulerDraw, SingleShotScenario
-from fuzz.runners.scheduler import ALL_CHECKS, Stepper, build_harness, carrying_oplog, run_single_shot
+from fuzz.runners.scheduler import ALL_CHECKS, Stepper, build_harness, carrying_oplog, checks_for, run_single_shot
 from invariants.scheduler import check_no_leaked_blocks
 from strategies.engine_models import engine_single_shot_scenarios
 from strategies.machine import (
@@ -212,9 +212,7 @@ class SchedulerMachine(ImageRules, RuleBasedStateMachine):
         config = data.draw(self.config_draws(failing_load), label="config")
         note(f"config: {config!r}")
         harness = build_harness(config)
-        checks = _machine_checks if config.connector else tuple(
-            c for c in _machine_checks if c.__module__ != "invariants.connector")  # no connector, no records
-        self.stepper = None if harness is None else Stepper(harness, checks)
+        self.stepper = None if harness is None else Stepper(harness, checks_for(config, _machine_checks))
         self.block, self.unit = config.layout.scheduler_block_size, config.layout.hash_block_size
         self.image_len = data.draw(image_lengths(self.block, config.max_num_batched_tokens), label="image tokens")
         # A failing load spans at least two blocks before the token left to
