@@ -131,9 +131,14 @@ class WorkerRecord:
         # A request the runner adds to its batch anew (new, or resumed after a
         # preemption: a prefix-cache reset's may resume while its old step is
         # in flight) starts where the output says; the rejected drafts of
-        # that old, stale step do not move it.
+        # that old, stale step do not move it. One the same output reports
+        # preempted (a reset's preemption, reported by the schedule() that
+        # admits it again) lost its KV with its blocks before this step.
+        preempted = set(out.preempted_req_ids or ())
         for rid in [n.req_id for n in out.scheduled_new_reqs] + list(getattr(cached, "resumed_req_ids", None) or ()):
             self.unfed_rejections.pop(rid, None)
+            if rid in preempted:
+                self.written.pop(rid, None)
 
     def start(self, request_id: str, before: Mapping[str, int]) -> int:
         """Where ``request_id``'s scheduled tokens really start: the
@@ -213,7 +218,9 @@ class WorkerRecord:
         positions whose token vLLM records differently (:meth:`unsettled`),
         as (request id, position, token computed from, token recorded, step).
         The KV of a request ``preempted`` in the step is gone with its
-        blocks, as is a departed one's: their record starts over."""
+        blocks, as is a departed one's: their record starts over (one the
+        step admitted again was started over by :meth:`resync`: the caller
+        leaves it out of ``preempted``)."""
         gone = set(preempted)
         wrong = []
         for rid in list(self.written):

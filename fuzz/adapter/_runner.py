@@ -340,7 +340,9 @@ class ScriptedRunner:
         computed for a live request, below its num_computed_tokens, whose
         token vLLM now records differently (see WorkerRecord.settle);
         ``recomputed``: the requests a failed sync load ever rolled back."""
-        preempted = (out.preempted_req_ids or ()) if out is not None else ()
+        # A request the step both reports preempted and schedules (a reset's
+        # preemption, admitted again by this schedule()) keeps what this step computed.
+        preempted = set(out.preempted_req_ids or ()) - set(out.num_scheduled_tokens) if out is not None else ()
         return tuple(
             KvFromOtherToken(rid, position, token, recorded, step, rid in recomputed)
             for rid, position, token, recorded, step in self.worker.settle(requests, preempted)

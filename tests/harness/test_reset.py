@@ -14,7 +14,7 @@ import pytest
 
 from fuzz.adapter import FIXED_RUNS
 from fuzz.model import ExternalReply, LayoutDraw, SpecDraw
-from fuzz.runners.scheduler import ALL_CHECKS, Stepper, run_fixed
+from fuzz.runners.scheduler import ALL_CHECKS, Stepper, checks_for, run_fixed
 from fuzz.targets.target_scheduler import UNSUPPORTED
 from tests.support.harnesses import harness_of
 
@@ -99,6 +99,31 @@ def test_a_reset_drops_the_drafts_of_the_step_in_flight() -> None:
     run.drain()
     assert harness.resets[0][1] and not harness.live_request_ids
 
+
+
+def test_the_step_that_admits_a_reset_request_again_keeps_its_own_drafts() -> None:
+    """Shrunk from a scheduler-machine campaign (a misfit of reads-written,
+    fixed): async ngram (k = 1, every draft rejected) on the V2 runner, no
+    connector, a 3-token chunked-local window. The reset preempts the
+    request while its first step is in flight; the next schedule() admits
+    it again and reports it preempted. What that step computed, and the
+    draft it rejected, belong to the request as admitted again: the step
+    after it starts one position back (at 4, not 5) and reads nothing
+    unwritten. The harness once forgot both after the step, as for a
+    request gone."""
+    layout = LayoutDraw((SpecDraw("ChunkedLocalAttentionSpec", 3, (("attention_chunk_size", 3),)),),
+                        hash_block_size=3, num_blocks=7, max_model_len=17)
+    harness = harness_of(layout, batch=4, seqs=1, model_runner="v2", async_scheduling=True, connector=False,
+                         divergent_hits=False, speculative_method="ngram", num_speculative_tokens=1,
+                         draft_acceptance=(0,))
+    run = Stepper(harness, checks_for(harness.draw, ALL_CHECKS))
+    rid = harness.add_request((0, 7, 14, 4128), max_tokens=2)
+    assert run.step().num_scheduled == {rid: 2}  # the last prompt token and a draft slot
+    harness.reset_prefix_cache(reset_running=True)
+    readmitted = run.step()
+    assert readmitted.num_scheduled == {rid: 2}, readmitted.describe()
+    run.drain()
+    assert harness.resets[0][1] and not harness.live_request_ids
 
 
 def test_two_resets_asked_between_steps_are_both_done_as_logged() -> None:
