@@ -21,22 +21,29 @@ Stated for layouts whose groups are all full attention
   token 0 that every group files under the request's keys, capped at the
   caller's limit, cut to the hit alignment, less an EAGLE drop. Shorter is
   a missed hit.
+* ``caching-off-caches-nothing``: an engine started with prefix caching off
+  (the configuration's flag, not vLLM's) files no entry in the index, in
+  any layout: after every step the index is empty. An entry there names KV
+  the engine was told never to share (a later lookup, or a connector
+  reading the index, could serve it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from fuzz.model import Fact, Instance, MissedHit, StepObservation, group_kind
+from fuzz.model import Fact, Instance, InvariantViolation, MissedHit, StepObservation, group_kind
 
-__all__ = ["CACHE_CHECKS", "ENTRY_FORGOTTEN", "HIT_BELOW_MODEL", "check_cache_keeps_entries",
-           "check_hit_reaches_model"]
+__all__ = ["CACHED_WHILE_OFF", "CACHE_CHECKS", "ENTRY_FORGOTTEN", "HIT_BELOW_MODEL",
+           "check_cache_keeps_entries", "check_caching_off_caches_nothing", "check_hit_reaches_model"]
 
 # The failing conditions (deduplication and known-bug matching name them).
 ENTRY_FORGOTTEN = "a full-block entry the cache must keep is gone from the index"
 HIT_BELOW_MODEL = "a hit shorter than the cache model guarantees"
 ENTRY_WHERE = "BlockPool"  # whichever of its calls dropped the keys
 HIT_WHERE = "KVCacheManager.get_computed_blocks"
+CACHED_WHILE_OFF = "an entry in the prefix-cache index with prefix caching off"
+CACHED_WHILE_OFF_WHERE = "KVCacheCoordinator.cache_blocks"
 
 
 def _kind(step: StepObservation, group: int) -> str | None:
@@ -93,5 +100,24 @@ def check_hit_reaches_model(step: StepObservation) -> None:
     )
 
 
+def check_caching_off_caches_nothing(step: StepObservation) -> None:
+    """With prefix caching off, the index holds no entry after the step."""
+    if step.error or not step.cached_while_off:
+        return
+    raise InvariantViolation(
+        "caching-off-caches-nothing",
+        f"step {step.step}: the engine runs with prefix caching off (--no-enable-prefix-caching), yet its "
+        f"prefix-cache index holds {len(step.cached_while_off)} entr(ies):\n  "
+        + "\n  ".join(e.describe() for e in step.cached_while_off)
+        + f"\n{step.describe()}"
+        + (f"\n  scenario: {step.context}" if step.context else ""),
+        where=CACHED_WHILE_OFF_WHERE,
+        state=CACHED_WHILE_OFF,
+        instances=tuple(Instance(CACHED_WHILE_OFF, _kind(step, e.group), e.group, (), (e.block,))
+                        for e in step.cached_while_off),
+    )
+
+
 # Step checks (invariants/scheduler.py runs them with the other missed hits, last).
-CACHE_CHECKS: tuple[Callable[[StepObservation], None], ...] = (check_hit_reaches_model, check_cache_keeps_entries)
+CACHE_CHECKS: tuple[Callable[[StepObservation], None], ...] = (
+    check_hit_reaches_model, check_cache_keeps_entries, check_caching_off_caches_nothing)

@@ -175,6 +175,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     # What the prefix cache must still serve, by the harness's own model (invariants/cache.py).
     _s("cache-keeps-entries", cache.check_cache_keeps_entries, "free_forgets_keys", repro=False),
     _s("hit-reaches-model", cache.check_hit_reaches_model, "free_forgets_keys", repro=False),
+    _s("caching-off-caches-nothing", cache.check_caching_off_caches_nothing, "caches_with_caching_off", repro=False),
 )
 
 

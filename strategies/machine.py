@@ -40,22 +40,24 @@ __all__ = [
 
 
 # What a request's blocks are hashed under besides its tokens: nothing, a
-# tenant's cache salt, or a LoRA adapter (requests draw prompts from shared
-# prefixes, so every namespace sends the same tokens).
+# tenant's cache salt, or one of two LoRA adapters (requests draw prompts
+# from shared prefixes, so every namespace sends the same tokens).
 _NAMESPACES: tuple[tuple[str | None, str | None, str | None], ...] = (
     (None, None, None), (None, None, None), ("tenant-a", None, None), (None, "adapter-b", None),
-    (None, None, "embeds-a"), (None, None, "embeds-b"),
+    (None, None, "embeds-a"), (None, None, "embeds-b"), (None, "adapter-c", None),
 )
-# The LoRA adapters the machine's requests run under (--max-loras).
+# The LoRA adapters a step of the machine may batch (--max-loras): one, so
+# requests of its two adapters compete for the slot (a waiting request of
+# the other adapter is skipped while one runs).
 MACHINE_MAX_LORAS = 1
 
 
 def namespaces() -> st.SearchStrategy[tuple[str | None, str | None, str | None]]:
     """A request's (``cache_salt``, LoRA adapter, prompt-embeddings tag):
-    none in a third of the requests, a tenant's salt in a sixth, the
-    adapter in a sixth, and in a third prompt embeddings in place of its
-    token ids, of one of two tags (requests of one tag may share cached KV,
-    of two tags never). Drawn inside the range; shrinks to none."""
+    none in two requests of seven, a tenant's salt in one, one of two
+    adapters in two, and in two prompt embeddings in place of its token
+    ids, of one of two tags (requests of one tag may share cached KV, of
+    two tags never). Drawn inside the range; shrinks to none."""
     return st.integers(0, len(_NAMESPACES) - 1).map(lambda k: _NAMESPACES[k])
 
 
@@ -316,20 +318,35 @@ def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw],
     # set: about one configuration in eight), an engine without a KV
     # connector, vLLM's default: the scheduler's connector-less paths (no
     # lookup, no metadata, no hand-off), with no connector role or
-    # connector answers left to draw.
+    # connector answers left to draw. Those bits at 6 (another eighth), for
+    # a layout without a Mamba group: prefix caching off
+    # (--no-enable-prefix-caching): the pool caches nothing, only the
+    # connector's external tokens are ever computed ahead. At 5 (another
+    # eighth), for a layout without a Mamba group: chunked prefill off
+    # (--no-enable-chunked-prefill), a prompt scheduled whole or not at all;
+    # the context is then cut to the step's token budget, as vLLM requires
+    # (where the long-prefill threshold allows it).
     options = draw(st.integers(0, 63 if connector_optional else 7),
-                   label="kv events | engine metrics | finished-id sets | no connector")
+                   label="kv events | engine metrics | finished-id sets | no connector | no prefix caching | "
+                         "no chunked prefill")
     kv_events, metrics, finished_sets = bool(options & 1), bool(options & 2), bool(options & 4)
+    chunked = True
     if options >> 3 == 7:
         config = dataclasses.replace(config, connector=False, kv_role="kv_both", divergent_hits=False)
+    elif options >> 3 == 6 and not any("Mamba" in g.kind for g in layout.groups):
+        config = dataclasses.replace(config, prefix_caching=False)
+    elif (options >> 3 == 5 and not any("Mamba" in g.kind for g in layout.groups)
+          and config.long_prefill_token_threshold <= config.max_num_batched_tokens):
+        chunked, limit = False, min(limit, config.max_num_batched_tokens)
     return dataclasses.replace(
         config,
+        chunked_prefill=chunked,
         layout=dataclasses.replace(layout, num_blocks=num_blocks, max_model_len=limit),
         prefill_schedule_interval=interval,
         kv_events=kv_events,
         metrics=metrics,
         finished_sets=finished_sets,
-        max_loras=MACHINE_MAX_LORAS,  # LoRA on: a quarter of the requests run under an adapter (namespaces)
+        max_loras=MACHINE_MAX_LORAS,  # LoRA on: two requests in seven run under one of two adapters (namespaces)
     )
 
 
@@ -346,9 +363,11 @@ def machine_configs(
     prefill cadence (``prefill_schedule_interval`` 2-4), in one in four a
     context (``max_model_len``) of 2-8 scheduler blocks, in half each KV
     events, the engine's metrics and finished-id sets on, and (the default
-    configurations only) in about one in eight no KV connector. Shrinks
-    towards the smallest pool, no cadence, a roomy context, no events, no
-    metrics and a connector."""
+    configurations only) in about one in eight no KV connector and, for a
+    layout without a Mamba group, in another eighth prefix caching off and
+    in another chunked prefill off (the context cut to the token budget).
+    Shrinks towards the smallest pool, no cadence, a roomy context, no
+    events, no metrics, a connector, prefix caching and chunked prefill on."""
     if configs is not None:  # a caller's own configurations keep their connector (and their draws)
         return _machine_configs(configs)
     configs = scheduler_draws(

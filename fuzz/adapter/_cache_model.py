@@ -29,6 +29,11 @@ index. The model is kept only where it is exact: every group full
 attention (``FullAttentionManager`` itself, one block pool, no DCP/PCP,
 prefix-cacheable) with prefix caching on; partial (sub-block) entries are
 not modelled.
+
+With prefix caching off (the draw's ``--no-enable-prefix-caching``, told by
+the harness, never read from vLLM's manager) the model files nothing and
+the index must stay empty whatever the layout: every entry it holds after
+a step is reported (``cached_while_off``).
 """
 
 from __future__ import annotations
@@ -41,10 +46,10 @@ from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-from fuzz.adapter._compat import prefix_cache_map
+from fuzz.adapter._compat import group_of_key, prefix_cache_map
 from fuzz.adapter._reports import take_handed_tables
 from fuzz.model import AdmissionObservation
-from fuzz.model._cache import ForgottenEntry, ShortHit
+from fuzz.model._cache import CachedWhileOff, ForgottenEntry, ShortHit
 
 __all__ = ["CacheModel"]
 
@@ -52,7 +57,7 @@ __all__ = ["CacheModel"]
 def _exact(manager: Any) -> bool:
     """The layout is one the model follows exactly."""
     coordinator = manager.coordinator
-    if not manager.enable_caching or int(getattr(coordinator, "pcp_world_size", 1) or 1) > 1:
+    if int(getattr(coordinator, "pcp_world_size", 1) or 1) > 1:
         return False
     for group, single in zip(manager.kv_cache_config.kv_cache_groups, coordinator.single_type_managers):
         if type(single) is not FullAttentionManager or not isinstance(group.kv_cache_spec, FullAttentionSpec):
@@ -67,11 +72,13 @@ def _exact(manager: Any) -> bool:
 class CacheModel:
     """The entries one scheduler's index must file. ``watch``: the pool's
     :class:`~fuzz.adapter._evictions.EvictionWatch`; ``step``: the engine
-    step now."""
+    step now; ``prefix_caching``: whether the engine was started with prefix
+    caching (the configuration's flag)."""
 
-    def __init__(self, scheduler: Any, watch: Any, step: Callable[[], int]) -> None:
+    def __init__(self, scheduler: Any, watch: Any, step: Callable[[], int], *, prefix_caching: bool = True) -> None:
         manager = scheduler.kv_cache_manager
-        self.on = bool(watch.on) and _exact(manager)
+        self.caching = prefix_caching
+        self.on = prefix_caching and bool(watch.on) and _exact(manager)
         self._watch, self._step = watch, step
         self._pool = manager.block_pool
         self._sizes = tuple(int(m.block_size) for m in manager.coordinator.single_type_managers)
@@ -143,6 +150,8 @@ class CacheModel:
         than the model guaranteed them."""
         self._take_drops()
         reaches, self._reaches = self._reaches, {}
+        if not self.caching:
+            return {"cached_while_off": self._cached_while_off()}
         if not self.on:
             return {}
         short = [hit for adm in admissions if (hit := self._short(adm, reaches.get(adm.request_id))) is not None]
@@ -154,6 +163,15 @@ class CacheModel:
                 if held is None or not (block in held if isinstance(held, dict) else held.block_id == block):
                     missing.append(ForgottenEntry(rid, group, block, tokens, bytes(key[:4]).hex(), step))
         return {"forgotten_entries": tuple(missing), "short_hits": tuple(short)}
+
+    def _cached_while_off(self) -> tuple[CachedWhileOff, ...]:
+        """Every entry of the index (prefix caching is off: there must be none)."""
+        entries = []
+        for key, held in (prefix_cache_map(self._pool) or {}).items():
+            for block in held.values() if isinstance(held, dict) else (held,):
+                entries.append(CachedWhileOff(group_of_key(key), int(block.block_id), bytes(key[:4]).hex(),
+                                              self._step()))
+        return tuple(sorted(entries, key=lambda e: (e.group, e.block)))
 
     # -- the model ----------------------------------------------------------------
     def _file(self, rid: str, computed: int, requests: Mapping[str, Any]) -> None:

@@ -192,6 +192,8 @@ def _vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: int | 
         draw.max_loras,
         draw.connector,
         draw.metrics,
+        draw.prefix_caching,
+        draw.chunked_prefill,
     )
     config = _VLLM_CONFIGS.get(key)
     if config is None:
@@ -234,7 +236,7 @@ def _new_vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: in
         scheduler_config=scheduler_config(draw, draw.layout.max_model_len),
         cache_config=CacheConfig(
             block_size=block_size,
-            enable_prefix_caching=True,
+            enable_prefix_caching=draw.prefix_caching,
             mamba_cache_mode="align",
             prefix_match_unit=prefix_match_unit,
             cache_dtype="auto",
@@ -251,14 +253,14 @@ def _new_vllm_config(draw: SchedulerDraw, block_size: int, prefix_match_unit: in
 
 def scheduler_config(draw: SchedulerDraw, max_model_len: int) -> SchedulerConfig:
     """The ``SchedulerConfig`` of ``draw``'s scheduler flags (budgets,
-    long-prefill threshold, scheduling mode, prefill cadence), chunked
-    prefill on, for scheduler-API and engine-planned configurations alike."""
+    long-prefill threshold, scheduling mode, prefill cadence, chunked
+    prefill), for scheduler-API and engine-planned configurations alike."""
     return SchedulerConfig(
         max_num_seqs=draw.max_num_seqs,
         max_num_batched_tokens=draw.max_num_batched_tokens,
         max_model_len=max_model_len,
         long_prefill_token_threshold=draw.long_prefill_token_threshold,
-        enable_chunked_prefill=True,
+        enable_chunked_prefill=draw.chunked_prefill,
         is_encoder_decoder=False,
         **async_scheduling_kw(draw),
         **_compat.prefill_cadence_kw(draw.prefill_schedule_interval),

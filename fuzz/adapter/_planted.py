@@ -728,6 +728,14 @@ _MANAGER_EDITS["free_forgets_keys"] = (
       "if self._maybe_evict_cached_block(block) or block.block_hash is None or not self.enable_caching:"),),
 )
 
+# With prefix caching off (invariants/cache.py: caching-off-caches-nothing).
+_MANAGER_EDITS["caches_with_caching_off"] = (
+    "KVCacheCoordinator.cache_blocks files every group's full blocks whatever the manager's "
+    "enable_caching: an engine started without prefix caching fills its prefix-cache index",
+    ("vllm.v1.core.kv_cache_coordinator", "KVCacheCoordinator", "cache_blocks"),
+    (("if not manager.enable_caching:", "if False:"),),
+)
+
 # name: (description, (vLLM module, function), edits): planted bugs in a
 # module-level function of vLLM's (the block hashing), compiled as the
 # method edits are and swapped into the module for the duration.
@@ -1105,6 +1113,9 @@ FIXED_RUNS: dict[str, FixedRun] = {
     "hit_stops_a_block_early": _REPEATED,
     # The first request's free drops its 3 full blocks' keys: the resend hits 0, not 12.
     "free_forgets_keys": _REPEATED,
+    # Prefix caching off: the resend hits nothing, and the index must stay empty.
+    "caches_with_caching_off": dataclasses.replace(
+        _REPEATED, config=dataclasses.replace(_REPEATED.config, prefix_caching=False), hits=(0, 0)),
     # A 5-token window needs the last block before a hit, and the group keeps
     # only that one cached; an 8-token chunk needs the blocks of the hit's last chunk.
     "window_hit_needs_a_block_more": _beside(SpecDraw("SlidingWindowSpec", 4, (("sliding_window", 5),))),

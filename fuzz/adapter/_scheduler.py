@@ -130,7 +130,8 @@ class SchedulerHarness:
         self.ownership = OwnershipSpy(self.scheduler, self.groups, self.spans)
         self.evictions = EvictionWatch(  # wraps the spy's wrappers
             self.scheduler, lambda: self.step_index, _compat.prefix_cache_map, _compat.group_of_key)
-        self.cache_model = CacheModel(self.scheduler, self.evictions, lambda: self.step_index)
+        self.cache_model = CacheModel(self.scheduler, self.evictions, lambda: self.step_index,
+                                      prefix_caching=draw.prefix_caching)
         self.fate = _fate.FateRecord(self.scheduler, self._requests, self.oplog, self.script, self.evictions, draw.num_speculative_tokens)
         self.read_rules = read_rules(
             built.kv_config, self.groups, self.spans, tuple(_group_behaviour(g).value for g in self.groups))

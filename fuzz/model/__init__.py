@@ -40,7 +40,7 @@ rest of the suite survive vLLM's moving internal API.
   (:class:`Eviction`), and vLLM's free order among them
   (:func:`reused_before`, :func:`evicted_out_of_order`);
 * ``_cache``: where vLLM's index or a lookup fell short of the harness's
-  model of the prefix cache (:class:`ForgottenEntry`, :class:`ShortHit`);
+  model of the prefix cache (:class:`ForgottenEntry`, :class:`ShortHit`, :class:`CachedWhileOff`);
 * ``_hits``: how long a hit the prefix-cache index allows a lookup
   (:func:`allowed_hit`);
 * ``_fate``: where each request the harness added is after a step
@@ -74,7 +74,7 @@ from fuzz.model._groups import answer_acted_on, cdiv, group_behaviour, group_kin
 from fuzz.model._kv import first_needed_token, saved_prefix
 from fuzz.model._ownership import AllocationRecord, HeldTable, LookupRecord, OwnershipObservation
 from fuzz.model._evictions import Eviction, FreedBlock, describe_out_of_order, evicted_out_of_order, reused_before
-from fuzz.model._cache import ForgottenEntry, ShortHit
+from fuzz.model._cache import CachedWhileOff, ForgottenEntry, ShortHit
 from fuzz.model._fate import RequestPlaces, WaitingRequest
 from fuzz.model._events import EventPayload
 from fuzz.model._hits import allowed_hit
@@ -212,6 +212,7 @@ __all__ = [
     "stale_outputs_of",
     "stale_shares_of",
     "ForeignHit",
+    "CachedWhileOff",
     "ForgottenEntry",
     "HitAcrossReset",
     "FreedBlock",

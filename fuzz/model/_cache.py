@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["ForgottenEntry", "ShortHit"]
+__all__ = ["CachedWhileOff", "ForgottenEntry", "ShortHit"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +37,24 @@ class ForgottenEntry:
             f"group {self.group} block {self.block}: the entry for {self.request_id}'s first {self.tokens} "
             f"token(s) (key {self.key}), filed at step {self.step}, is gone from the index, though no "
             "allocation took the block, no eviction named it and no reset succeeded since"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class CachedWhileOff:
+    """An entry in the prefix-cache index of an engine started with prefix
+    caching off (``--no-enable-prefix-caching``): ``group``'s ``block`` under
+    the key ``key`` (the hash's first bytes, hex), there after ``step``."""
+
+    group: int
+    block: int
+    key: str
+    step: int
+
+    def describe(self) -> str:
+        return (
+            f"group {self.group} block {self.block} is in the prefix-cache index under key {self.key} after "
+            f"step {self.step}, though the engine runs with prefix caching off"
         )
 
 

@@ -23,7 +23,7 @@ from fuzz.model._contents import (
     UnwrittenRead,
 )
 from fuzz.model._engine import EngineDraw, reach_label
-from fuzz.model._cache import ForgottenEntry, ShortHit
+from fuzz.model._cache import CachedWhileOff, ForgottenEntry, ShortHit
 from fuzz.model._evictions import Eviction
 from fuzz.model._events import EventPayload
 from fuzz.model._fate import RequestPlaces, WaitingRequest
@@ -118,8 +118,28 @@ class SchedulerDraw:
     # and returns the ids of requests finished since its last output, per
     # front-end client.
     finished_sets: bool = False
+    # ``--enable-prefix-caching`` (vLLM's default) or ``--no-enable-prefix-caching``:
+    # off, the pool caches no block, so nothing is ever found local (a
+    # connector may still supply external tokens). Only for layouts without
+    # a Mamba group: vLLM then runs Mamba in its "none" mode, one state
+    # block of max_model_len tokens, a layout the adapter does not build.
+    # And with a connector: with neither, EngineCore builds no block hasher,
+    # and the harness's requests always carry block hashes.
+    prefix_caching: bool = True
+    # ``--no-enable-chunked-prefill`` when False: a prompt is scheduled whole
+    # or not at all (schedule() stops at the first waiting request whose
+    # prompt exceeds the step's token budget). vLLM then refuses a
+    # max_model_len above max_num_batched_tokens, and Mamba prefix caching
+    # needs chunked prefill: only for layouts without a Mamba group.
+    chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
+        if not self.chunked_prefill and (self.layout.max_model_len > self.max_num_batched_tokens
+                                         or any("Mamba" in g.kind for g in self.layout.groups)):
+            raise ValueError("chunked_prefill=False needs max_model_len <= max_num_batched_tokens "
+                             "and a layout without a Mamba group")
+        if not self.prefix_caching and (not self.connector or any("Mamba" in g.kind for g in self.layout.groups)):
+            raise ValueError("prefix_caching=False needs a KV connector and a layout without a Mamba group")
         if self.kv_role not in KV_ROLES:
             raise ValueError(f"kv_role={self.kv_role!r} is not one of {KV_ROLES}")
         if not self.connector and (self.divergent_hits or self.kv_role != "kv_both"):  # vLLM asks the connector
@@ -174,6 +194,8 @@ class SchedulerDraw:
             f"{'' if self.kv_role == 'kv_both' else f', kv_role={self.kv_role!r}'}"
             f"{', log_stats=True' if self.metrics else ''}"
             f"{', include_finished_set=True' if self.finished_sets else ''}"
+            f"{'' if self.prefix_caching else ', enable_prefix_caching=False'}"
+            f"{'' if self.chunked_prefill else ', enable_chunked_prefill=False'}"
             f"{'' if self.speculative_method is None else f', speculative_config={{method={self.speculative_method!r}, num_speculative_tokens={self.num_speculative_tokens}}}, draft_acceptance={self.draft_acceptance}'}"
             f"{'' if self.engine is None else f', engine={self.engine!r}'})"
         )
@@ -529,6 +551,9 @@ class StepObservation:
     # lookups that served less than it guarantees.
     forgotten_entries: tuple[ForgottenEntry, ...] = ()
     short_hits: tuple[ShortHit, ...] = ()
+    # With prefix caching off (the draw's flag, not vLLM's): every entry the
+    # index holds after the step (there must be none).
+    cached_while_off: tuple[CachedWhileOff, ...] = ()
     # The operation-log entry of this step, the very object the harness's log
     # holds: one record of the step (see recorded). None: built by hand.
     op: Step | None = dataclasses.field(default=None, compare=False, repr=False)

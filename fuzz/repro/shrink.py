@@ -166,13 +166,15 @@ def _may_drop_connector(log: OpLog, invariant: str) -> bool:
     """Whether a replay without the connector can show ``invariant``'s
     failure: not a claim about the connector itself (with none, its records
     are empty and its checks would judge that), and no load the run fails
-    on purpose (those are the connector's)."""
+    on purpose (those are the connector's), and prefix caching on (with
+    neither, the engine hashes no block: :class:`fuzz.model.SchedulerDraw`)."""
     from invariants.table import INVARIANTS
 
     about_connector = any(row.name == invariant and row.check.__module__ == "invariants.connector"
                           for row in INVARIANTS)
     failing = any(op.fed is not None and (op.fed.failed_recving or op.fed.invalid_block_ids) for op in log.steps)
-    return log.config.draw.connector and not about_connector and not failing
+    draw = log.config.draw
+    return draw.connector and draw.prefix_caching and not about_connector and not failing
 
 
 def _without_group(log: OpLog, index: int) -> OpLog:

@@ -157,6 +157,8 @@ RUNNING_RESET = "prefix cache reset with running requests preempted"
 # The label of a run where a request carrying an image adopted cached KV
 # past its first image's placeholder start (the hit the images' keys guard).
 IMAGE_HIT = "hit past an image's placeholder start"
+# The label of a run of an engine started with prefix caching off.
+NO_PREFIX_CACHING = "prefix caching off"
 
 # Per state-machine run: how many runs reached each branch label ("runs" = total).
 MACHINE_REACH: Counter[str] = Counter()
@@ -213,6 +215,8 @@ class SchedulerMachine(ImageRules, RuleBasedStateMachine):
         note(f"config: {config!r}")
         harness = build_harness(config)
         self.stepper = None if harness is None else Stepper(harness, checks_for(config, _machine_checks))
+        if not config.prefix_caching:
+            self.labels.add(NO_PREFIX_CACHING)
         self.block, self.unit = config.layout.scheduler_block_size, config.layout.hash_block_size
         self.image_len = data.draw(image_lengths(self.block, config.max_num_batched_tokens), label="image tokens")
         # A failing load spans at least two blocks before the token left to

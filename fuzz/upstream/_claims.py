@@ -9,6 +9,8 @@ __all__ = ["CLAIMS"]
 CLAIMS = {
     "cache-keeps-entries": "Freeing a request keeps its full blocks' prefix-cache entries: only reusing a block, "
                            "evict_blocks or a reset drops an entry, so the same prompt sent again hits them.",
+    "caching-off-caches-nothing": "An engine started with enable_prefix_caching=False files no block in its "
+                                  "prefix-cache index.",
     "hit-reaches-model": "A lookup serves every full block of the request's prefix that the prefix cache still "
                          "holds, up to the hit limit.",
     "request-in-one-place": "After every step, a request that has neither finished nor been aborted is in exactly "

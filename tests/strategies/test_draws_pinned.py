@@ -57,8 +57,9 @@ PINNED = {
     # prefill_schedule_interval, and KV events (last); moved again with the sixth layout family
     # (full attention beside a sliding window, and a third group of either kind); both moved
     # when the machine began drawing KV events, the engine's metrics and finished-id sets in one draw (last);
-    # machine_configs alone when that draw's high bits began to leave the KV connector out.
-    "machine_configs": "ed532be0517c321566321a024a07e801f61c148081e2a479dd02952f62a8ade8",
+    # machine_configs alone when that draw's high bits began to leave the KV connector out,
+    # and again when they began to turn prefix caching off and chunked prefill off.
+    "machine_configs": "58bd47f67382b2cebe6a8704a5f1572b340945b1c2f7b1cdc71403e6e5af0af1",
     "failing_load_configs": "5efd16241c68432baa3a536ce01262976067f48d92b3c0660b89181461b4b0c9",
 }
 
@@ -141,6 +142,32 @@ def test_machine_configs_leave_the_connector_out_in_a_minority() -> None:
     assert 0.05 <= len(off) / len(configs) <= 0.25, f"{len(off)} of {len(configs)} without a connector"
     assert all(c.kv_role == "kv_both" and not c.divergent_hits for c in off), off[:2]
     assert all(c.connector for c in examples(failing_load_configs(), n=100))
+
+
+def test_machine_configs_turn_prefix_caching_off_in_a_minority() -> None:
+    """An engine started with prefix caching off in about one general
+    machine configuration in eight of those without a Mamba group (vLLM
+    would run Mamba in its "none" mode), always with a connector (with
+    neither, the engine hashes no block); never a failing-load run."""
+    configs = examples(machine_configs(), n=300)
+    off = [c for c in configs if not c.prefix_caching]
+    mamba_free = [c for c in configs if not any("Mamba" in g.kind for g in c.layout.groups)]
+    assert 0.03 <= len(off) / len(mamba_free) <= 0.3, f"{len(off)} of {len(mamba_free)} with prefix caching off"
+    assert all(c.connector and not any("Mamba" in g.kind for g in c.layout.groups) for c in off), off[:2]
+    assert all(c.prefix_caching for c in examples(failing_load_configs(), n=100))
+
+
+def test_machine_configs_turn_chunked_prefill_off_only_where_vllm_allows() -> None:
+    """Chunked prefill off in a few general machine configurations (the
+    same draw's bits, so about as rare as prefix caching off), each one
+    without a Mamba group and with its context cut to the token budget
+    (vLLM refuses a longer one); the first 300 draws hold at least one."""
+    configs = examples(machine_configs(), n=300)
+    off = [c for c in configs if not c.chunked_prefill]
+    assert off, "no configuration with chunked prefill off in 300"
+    assert len(off) / len(configs) <= 0.2, f"{len(off)} of {len(configs)} with chunked prefill off"
+    assert all(c.layout.max_model_len <= c.max_num_batched_tokens and c.prefix_caching
+               and not any("Mamba" in g.kind for g in c.layout.groups) for c in off), off[:2]
 
 
 def test_failing_load_configs_have_one_group_and_both_policies() -> None:
