@@ -318,11 +318,11 @@ def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw],
     # set: about one configuration in eight), an engine without a KV
     # connector, vLLM's default: the scheduler's connector-less paths (no
     # lookup, no metadata, no hand-off), with no connector role or
-    # connector answers left to draw. Those bits at 6 (another eighth), for
-    # a layout without a Mamba group: prefix caching off
+    # connector answers left to draw. Those bits at 6, for a layout
+    # without a Mamba group: prefix caching off
     # (--no-enable-prefix-caching): the pool caches nothing, only the
-    # connector's external tokens are ever computed ahead. At 5 (another
-    # eighth), for a layout without a Mamba group: chunked prefill off
+    # connector's external tokens are ever computed ahead. At 5, for a
+    # layout without a Mamba group: chunked prefill off
     # (--no-enable-chunked-prefill), a prompt scheduled whole or not at all;
     # the context is then cut to the step's token budget, as vLLM requires
     # (where the long-prefill threshold allows it).
@@ -364,8 +364,9 @@ def machine_configs(
     context (``max_model_len``) of 2-8 scheduler blocks, in half each KV
     events, the engine's metrics and finished-id sets on, and (the default
     configurations only) in about one in eight no KV connector and, for a
-    layout without a Mamba group, in another eighth prefix caching off and
-    in another chunked prefill off (the context cut to the token budget).
+    layout without a Mamba group (about a third), in about one in ten each
+    prefix caching off and chunked prefill off (the context cut to the
+    token budget; 8 and 10 of the 96 such in 300 derandomized draws).
     Shrinks towards the smallest pool, no cadence, a roomy context, no
     events, no metrics, a connector, prefix caching and chunked prefill on."""
     if configs is not None:  # a caller's own configurations keep their connector (and their draws)

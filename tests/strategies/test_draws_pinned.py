@@ -146,7 +146,7 @@ def test_machine_configs_leave_the_connector_out_in_a_minority() -> None:
 
 def test_machine_configs_turn_prefix_caching_off_in_a_minority() -> None:
     """An engine started with prefix caching off in about one general
-    machine configuration in eight of those without a Mamba group (vLLM
+    machine configuration in ten of those without a Mamba group (vLLM
     would run Mamba in its "none" mode), always with a connector (with
     neither, the engine hashes no block); never a failing-load run."""
     configs = examples(machine_configs(), n=300)
