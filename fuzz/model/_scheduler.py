@@ -134,6 +134,9 @@ class SchedulerDraw:
     chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
+        if self.engine is not None and self.engine.enable_prefix_caching != self.prefix_caching:
+            raise ValueError(f"prefix_caching={self.prefix_caching} disagrees with the engine draw's "
+                             f"enable_prefix_caching={self.engine.enable_prefix_caching}")
         if not self.chunked_prefill and (self.layout.max_model_len > self.max_num_batched_tokens
                                          or any("Mamba" in g.kind for g in self.layout.groups)):
             raise ValueError("chunked_prefill=False needs max_model_len <= max_num_batched_tokens "
