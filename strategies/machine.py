@@ -24,7 +24,9 @@ from strategies.scheduler import (
 from strategies.specs import drawable_kinds, kv_cache_layouts
 
 __all__ = [
+    "MACHINE_ADAPTERS",
     "MACHINE_MAX_LORAS",
+    "adapter_of",
     "drafting_configs",
     "drafting_pressures",
     "failing_load_configs",
@@ -40,24 +42,34 @@ __all__ = [
 
 
 # What a request's blocks are hashed under besides its tokens: nothing, a
-# tenant's cache salt, or one of two LoRA adapters (requests draw prompts
-# from shared prefixes, so every namespace sends the same tokens).
+# tenant's cache salt, or a LoRA adapter (requests draw prompts from shared
+# prefixes, so every namespace sends the same tokens).
 _NAMESPACES: tuple[tuple[str | None, str | None, str | None], ...] = (
     (None, None, None), (None, None, None), ("tenant-a", None, None), (None, "adapter-b", None),
-    (None, None, "embeds-a"), (None, None, "embeds-b"), (None, "adapter-c", None),
+    (None, None, "embeds-a"), (None, None, "embeds-b"),
 )
 # The LoRA adapters a step of the machine may batch (--max-loras): one, so
-# requests of its two adapters compete for the slot (a waiting request of
-# the other adapter is skipped while one runs).
+# requests of its two adapters (adapter_of) compete for the slot (a waiting
+# request of the other adapter is skipped while one runs).
 MACHINE_MAX_LORAS = 1
+MACHINE_ADAPTERS = ("adapter-b", "adapter-c")
+
+
+def adapter_of(lora: str | None, max_tokens: int) -> str | None:
+    """The adapter a request drawn under one (:func:`namespaces`) runs
+    under: one of :data:`MACHINE_ADAPTERS` by the parity of its drawn
+    ``max_tokens``, so the second adapter costs no draw of its own (the
+    choice sequence, and every run not under an adapter, are unchanged)."""
+    return None if lora is None else MACHINE_ADAPTERS[max_tokens % 2]
 
 
 def namespaces() -> st.SearchStrategy[tuple[str | None, str | None, str | None]]:
     """A request's (``cache_salt``, LoRA adapter, prompt-embeddings tag):
-    none in two requests of seven, a tenant's salt in one, one of two
-    adapters in two, and in two prompt embeddings in place of its token
-    ids, of one of two tags (requests of one tag may share cached KV, of
-    two tags never). Drawn inside the range; shrinks to none."""
+    none in a third of the requests, a tenant's salt in a sixth, an
+    adapter in a sixth (which one: :func:`adapter_of`), and in a third
+    prompt embeddings in place of its token ids, of one of two tags
+    (requests of one tag may share cached KV, of two tags never). Drawn
+    inside the range; shrinks to none."""
     return st.integers(0, len(_NAMESPACES) - 1).map(lambda k: _NAMESPACES[k])
 
 
@@ -346,7 +358,7 @@ def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw],
         kv_events=kv_events,
         metrics=metrics,
         finished_sets=finished_sets,
-        max_loras=MACHINE_MAX_LORAS,  # LoRA on: two requests in seven run under one of two adapters (namespaces)
+        max_loras=MACHINE_MAX_LORAS,  # LoRA on: a sixth of the requests run under one of two adapters (namespaces)
     )
 
 

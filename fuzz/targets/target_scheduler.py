@@ -48,6 +48,7 @@ from fuzz.runners.scheduler import ALL_CHECKS, Stepper, build_harness, carrying_
 from invariants.scheduler import check_no_leaked_blocks
 from strategies.engine_models import engine_single_shot_scenarios
 from strategies.machine import (
+    adapter_of,
     drafting_pressures,
     namespaces,
     failing_load_configs,
@@ -317,6 +318,7 @@ class SchedulerMachine(ImageRules, RuleBasedStateMachine):
         # One request in eight skips the prefix cache its predecessors filled.
         skip = data.draw(prefix_cache_skips(), label="skip_reading_prefix_cache")
         salt, lora, embeds = data.draw(namespaces(), label="cache_salt, lora, prompt embeddings")
+        lora = adapter_of(lora, max_tokens)
         image = prefix_image(prefix, self.block)
         anchored = image if image is not None and image + self.image_len <= cut else None
         mm = () if embeds or not self.draws_images else data.draw(
