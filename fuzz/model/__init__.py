@@ -19,9 +19,9 @@ rest of the suite survive vLLM's moving internal API.
 * ``_outputs``: what a fed-back output did to its requests
   (:class:`StaleOutput`, :class:`DraftVerification`), and the helpers that
   build them for the harness;
+* ``_replies``: the connector's scripted answers (:class:`ExternalReply`);
 * ``_scheduler``: a scheduler configuration (:class:`SchedulerDraw`), the
-  connector's scripted answers (:class:`ExternalReply`) and the protocol
-  calls it saw (:class:`ConnectorAlloc`, :class:`ConnectorMeta`,
+  protocol calls the connector saw (:class:`ConnectorAlloc`, :class:`ConnectorMeta`,
   :class:`ConnectorFinish`), one step
   (:class:`StepObservation`, :class:`AdmissionObservation`) and the idle
   pool (:class:`PoolObservation`);
@@ -95,14 +95,13 @@ from fuzz.model._oplog import (
 )
 from fuzz.model._oplog_json import decode_oplog, encode_oplog
 from fuzz.model._connector import HandOff
+from fuzz.model._replies import REPLY_KINDS, ExternalReply
 from fuzz.model._scheduler import (
-    REPLY_KINDS,
     AdmissionObservation,
     ConnectorAlloc,
     ConnectorFinish,
     ConnectorMeta,
     DraftVerification,
-    ExternalReply,
     FailedLoad,
     KvFromOtherToken,
     MisnamedEntry,

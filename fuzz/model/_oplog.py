@@ -25,7 +25,8 @@ import dataclasses
 from typing import Any, ClassVar, Generic, TypeVar, Union
 
 from fuzz.model._kv import GroupInfo
-from fuzz.model._scheduler import ExternalReply, SchedulerDraw
+from fuzz.model._replies import ExternalReply
+from fuzz.model._scheduler import SchedulerDraw
 
 __all__ = [
     "Abort",

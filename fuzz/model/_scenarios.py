@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fuzz.model._kv import EagleDraw, LayoutDraw
-from fuzz.model._scheduler import ExternalReply, SchedulerDraw
+from fuzz.model._replies import ExternalReply
+from fuzz.model._scheduler import SchedulerDraw
 
 __all__ = ["EndpointRule", "FixedPrompt", "FixedRun", "PromptDraw", "SingleShotScenario", "TruncationScenario"]
 

@@ -48,16 +48,8 @@ from fuzz.runners.scheduler import ALL_CHECKS, Stepper, build_harness, carrying_
 from invariants.scheduler import check_no_leaked_blocks
 from strategies.engine_models import engine_single_shot_scenarios
 from strategies.machine import (
-    adapter_of,
-    drafting_pressures,
-    namespaces,
-    failing_load_configs,
-    generation_lengths,
-    image_lengths,
-    images,
-    machine_configs,
-    prefix_image,
-    pressure_lengths,
+    adapter_of, drafting_pressures, failing_load_configs, generation_lengths, image_lengths, images, machine_configs,
+    namespaces, prefix_image, pressure_lengths,
 )
 from strategies.scheduler import external_replies, prefix_cache_skips, scheduler_draws, scheduler_layouts
 from strategies.single_shot import PREEMPTED_THEN_RESUMED, single_shot_scenarios
