@@ -345,9 +345,9 @@ def _machine_configs(draw: st.DrawFn, configs: st.SearchStrategy[SchedulerDraw],
     chunked = True
     if options >> 3 == 7:
         config = dataclasses.replace(config, connector=False, kv_role="kv_both", divergent_hits=False)
-    elif options >> 3 == 6 and not any("Mamba" in g.kind for g in layout.groups):
+    elif options >> 3 == 6 and not layout.has_mamba:
         config = dataclasses.replace(config, prefix_caching=False)
-    elif (options >> 3 == 5 and not any("Mamba" in g.kind for g in layout.groups)
+    elif (options >> 3 == 5 and not layout.has_mamba
           and config.long_prefill_token_threshold <= config.max_num_batched_tokens):
         chunked, limit = False, min(limit, config.max_num_batched_tokens)
     return dataclasses.replace(

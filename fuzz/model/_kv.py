@@ -44,6 +44,12 @@ class LayoutDraw:
     max_model_len: int = 1024
 
     @property
+    def has_mamba(self) -> bool:
+        """Whether a group holds Mamba state (its own spec, or one it wraps):
+        vLLM's prefix-caching-off and chunked-prefill-off paths differ for it."""
+        return any("Mamba" in s.kind for g in self.groups for s in (g, *g.inner))
+
+    @property
     def scheduler_block_size(self) -> int:
         """vLLM's rule: the LCM of every group's block size."""
         return math.lcm(*(g.block_size for g in self.groups))

@@ -137,10 +137,10 @@ class SchedulerDraw:
             raise ValueError(f"prefix_caching={self.prefix_caching} disagrees with the engine draw's "
                              f"enable_prefix_caching={self.engine.enable_prefix_caching}")
         if not self.chunked_prefill and (self.layout.max_model_len > self.max_num_batched_tokens
-                                         or any("Mamba" in g.kind for g in self.layout.groups)):
+                                         or self.layout.has_mamba):
             raise ValueError("chunked_prefill=False needs max_model_len <= max_num_batched_tokens "
                              "and a layout without a Mamba group")
-        if not self.prefix_caching and (not self.connector or any("Mamba" in g.kind for g in self.layout.groups)):
+        if not self.prefix_caching and (not self.connector or self.layout.has_mamba):
             raise ValueError("prefix_caching=False needs a KV connector and a layout without a Mamba group")
         if self.kv_role not in KV_ROLES:
             raise ValueError(f"kv_role={self.kv_role!r} is not one of {KV_ROLES}")

@@ -151,9 +151,9 @@ def test_machine_configs_turn_prefix_caching_off_in_a_minority() -> None:
     neither, the engine hashes no block); never a failing-load run."""
     configs = examples(machine_configs(), n=300)
     off = [c for c in configs if not c.prefix_caching]
-    mamba_free = [c for c in configs if not any("Mamba" in g.kind for g in c.layout.groups)]
+    mamba_free = [c for c in configs if not c.layout.has_mamba]
     assert 0.03 <= len(off) / len(mamba_free) <= 0.3, f"{len(off)} of {len(mamba_free)} with prefix caching off"
-    assert all(c.connector and not any("Mamba" in g.kind for g in c.layout.groups) for c in off), off[:2]
+    assert all(c.connector and not c.layout.has_mamba for c in off), off[:2]
     assert all(c.prefix_caching for c in examples(failing_load_configs(), n=100))
 
 
@@ -167,7 +167,7 @@ def test_machine_configs_turn_chunked_prefill_off_only_where_vllm_allows() -> No
     assert off, "no configuration with chunked prefill off in 300"
     assert len(off) / len(configs) <= 0.2, f"{len(off)} of {len(configs)} with chunked prefill off"
     assert all(c.layout.max_model_len <= c.max_num_batched_tokens and c.prefix_caching
-               and not any("Mamba" in g.kind for g in c.layout.groups) for c in off), off[:2]
+               and not c.layout.has_mamba for c in off), off[:2]
 
 
 def test_failing_load_configs_have_one_group_and_both_policies() -> None:
