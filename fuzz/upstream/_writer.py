@@ -118,6 +118,11 @@ def _scheduler(f: _File, log: OpLog, facts: tuple[Fact, ...]) -> None:
     groups = draw.layout.groups
     if draw.prefill_schedule_interval != 1:
         raise _Unwritable("a prefill interval")
+    # The helpers build schedulers with both on: a file would replay another engine.
+    if not draw.prefix_caching:
+        raise _Unwritable("prefix caching off")
+    if not draw.chunked_prefill:
+        raise _Unwritable("chunked prefill off")
     if unstated(log):
         raise _Unwritable(unstated(log))
     connector = _has_connector(log)

@@ -15,6 +15,7 @@ subprocess for all, each file's tests under their own plant).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import importlib.util
 import subprocess
@@ -234,6 +235,21 @@ def test_a_run_without_facts_gets_no_upstream_file() -> None:
     _, _, violation = written(*CASES[1])
     bare = InvariantViolation(violation.invariant, str(violation))
     assert upstream_repro(violation.oplog, bare) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("flag", ["prefix_caching", "chunked_prefill"])
+def test_a_run_with_prefix_caching_or_chunked_prefill_off_gets_no_upstream_file(flag: str) -> None:
+    """vLLM's test helpers build schedulers with both on: a file written for
+    a run with either off would replay another engine, so none is written
+    (the campaign's own sidecar replays it)."""
+    _, _, violation = written(*CASES[1])
+    log = violation.oplog
+    assert upstream_repro(log, violation) is not None  # type: ignore[arg-type]
+    draw = log.config.draw
+    layout = dataclasses.replace(draw.layout, max_model_len=min(draw.layout.max_model_len, draw.max_num_batched_tokens))
+    off = dataclasses.replace(draw, layout=layout, connector=True, **{flag: False})  # caching off needs a connector
+    changed = dataclasses.replace(log, config=dataclasses.replace(log.config, draw=off))
+    assert upstream_repro(changed, violation) is None  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
